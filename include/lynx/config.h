@@ -1,0 +1,82 @@
+// lynx: layer shape, tuning knobs, and the pure host functions that resolve them.
+#pragma once
+
+#include <cstdint>
+
+namespace lynx {
+
+// The sizes of one MoE layer as seen by one expert-parallel rank.
+struct LayerShape {
+  int64_t tokens = 0;               // T: tokens on this rank
+  int64_t hidden = 0;               // H
+  int64_t intermediate = 0;         // I: routed expert intermediate size
+  int64_t num_experts = 0;          // E: experts over all ranks
+  int64_t top_k = 0;                // k
+  int64_t shared_intermediate = 0;  // I_s: shared expert intermediate size, 0 = no shared expert
+  int32_t num_ranks = 1;            // R
+  int32_t rank = 0;                 // this rank, in [0, R)
+
+  int64_t local_experts() const { return num_ranks > 0 ? num_experts / num_ranks : 0; }
+};
+
+enum class Backend : int32_t {
+  kAuto = 0,     // the fastest implemented path for the shape
+  kUnfused = 1,  // schedule + gather + cuBLAS grouped GEMMs + SwiGLU + combine (the baseline)
+};
+
+// Tuning knobs. A zero means "choose for me" (see resolve_config).
+struct Config {
+  int32_t num_comm_sms = 0;         // SMs doing dispatch/combine in the fused kernels
+  int32_t minibatch_rows = 0;       // rows per minibatch; multiple of kTileRows
+  int64_t ring_rows = 0;            // rows of the dispatch ring; multiple of minibatch_rows
+  int64_t schedule_capacity = 0;    // most routed rows (after padding) one call may schedule
+  bool deterministic = true;        // bitwise-identical results for identical inputs
+  bool save_forward_context = true; // forward keeps what backward needs (else: recompute_forward_context)
+  Backend backend = Backend::kAuto;
+};
+
+// Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
+constexpr int64_t kTileRows = 128;
+
+// Limits of what the kernels accept; validate_shape enforces them.
+struct Limits {
+  static constexpr int64_t kMaxTokens = int64_t(1) << 20;
+  static constexpr int64_t kHiddenAlign = 64;
+  static constexpr int64_t kMaxHidden = 32768;
+  static constexpr int64_t kIntermediateAlign = 64;
+  static constexpr int64_t kMaxIntermediate = 65536;
+  static constexpr int64_t kMaxExperts = 4096;
+  static constexpr int64_t kMaxTopK = 32;
+  static constexpr int32_t kMaxRanks = 64;
+  static constexpr int64_t kMaxRoutedRows = (int64_t(1) << 31) - 1;  // rows are int32-indexed
+};
+
+// What the device offers that the heuristics depend on.
+struct DeviceInfo {
+  int32_t sm_count = 132;
+  int64_t global_memory_bytes = int64_t(141) << 30;
+};
+
+// Config with every zero replaced by a concrete choice.
+struct ResolvedConfig {
+  int32_t num_comm_sms;
+  int32_t minibatch_rows;
+  int64_t ring_rows;
+  int64_t schedule_capacity;
+  bool deterministic;
+  bool save_forward_context;
+  Backend backend;
+};
+
+// Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.
+void validate_shape(const LayerShape& shape);
+
+// Most rows a rank's schedule can need: every routed row of every rank lands here, and each local
+// expert that receives any row is padded up to kTileRows.
+int64_t worst_case_schedule_rows(const LayerShape& shape);
+
+// Pure host function: fills the zeros of `config` for `shape` on `device`, and throws lynx::Error
+// naming the field ("config.ring_rows", ...) for values that are out of range.
+ResolvedConfig resolve_config(const LayerShape& shape, const Config& config, const DeviceInfo& device);
+
+}  // namespace lynx

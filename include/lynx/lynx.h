@@ -1,0 +1,7 @@
+// lynx: umbrella header of the public API.
+#pragma once
+
+#include "lynx/config.h"
+#include "lynx/error.h"
+#include "lynx/moe.h"
+#include "lynx/tensor.h"

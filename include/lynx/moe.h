@@ -1,0 +1,104 @@
+// lynx: the MoE layer's public entry points.
+//
+//   y[t] = shared(x[t]) + Σ_j topk_weights[t,j] · f_e(x[t]),  e = topk_ids[t,j]
+//   f_e(v) = w_down[e] · (silu(w_gate[e]·v) ⊙ (w_up[e]·v))
+//
+// Every call validates all its arguments on the host before it launches anything, and throws
+// lynx::Error naming the argument at fault. Routing values that live on the device (expert ids out of
+// range, non-finite router weights) are checked by the first kernel of the call; the error is
+// reported by the call itself (paths that read back from the device) or by Workspace::check().
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "lynx/config.h"
+#include "lynx/tensor.h"
+
+namespace lynx {
+
+// Expert weights, nn.Linear layout ("out × in", row-major, contiguous).
+struct ExpertWeights {
+  TensorView w_gate;   // [E_loc, I, H] bf16
+  TensorView w_up;     // [E_loc, I, H] bf16
+  TensorView w_down;   // [E_loc, H, I] bf16
+  TensorView ws_gate;  // [I_s, H] bf16, absent when shape.shared_intermediate == 0
+  TensorView ws_up;    // [I_s, H] bf16, absent when shape.shared_intermediate == 0
+  TensorView ws_down;  // [H, I_s] bf16, absent when shape.shared_intermediate == 0
+};
+
+// The inputs of one layer call on this rank. All tensors are device memory, contiguous.
+struct LayerInputs {
+  TensorView x;             // [T, H] bf16
+  TensorView topk_ids;      // [T, k] int32 or int64, global expert ids in [0, E)
+  TensorView topk_weights;  // [T, k] fp32, finite
+  ExpertWeights weights;
+};
+
+// Outputs of backward. Weight gradients are overwritten, not accumulated.
+struct Gradients {
+  TensorView dx;              // [T, H] bf16
+  TensorView d_topk_weights;  // [T, k] fp32
+  TensorView dw_gate;         // [E_loc, I, H] bf16
+  TensorView dw_up;           // [E_loc, I, H] bf16
+  TensorView dw_down;         // [E_loc, H, I] bf16
+  TensorView dws_gate;        // [I_s, H] bf16, absent when there is no shared expert
+  TensorView dws_up;          // [I_s, H] bf16
+  TensorView dws_down;        // [H, I_s] bf16
+};
+
+// The device-side schedule: the ordered routed rows this rank computes (ARCHITECTURE.md §4, step 2).
+// Every pointer is device memory owned by the Workspace, valid until the next call that rebuilds it.
+struct Schedule {
+  const int32_t* row_token_slot = nullptr;  // [capacity]  token*k + j of each row, -1 for padding
+  const int32_t* row_src_rank = nullptr;    // [capacity]  source rank of each row, -1 for padding
+  const int32_t* expert_offset = nullptr;   // [E_loc + 1] first row of each local expert (padded)
+  const int32_t* expert_rows = nullptr;     // [E_loc]     real (unpadded) rows of each local expert
+  const int32_t* slot_row = nullptr;        // [T*k]       row of (t, j) when its expert is local, else -1
+  int64_t capacity = 0;
+  int64_t local_experts = 0;
+};
+
+class Workspace {
+ public:
+  // Allocates every buffer the layer needs for `shape` on the current CUDA device.
+  Workspace(const LayerShape& shape, const Config& config = {});
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  const LayerShape& shape() const;
+  const ResolvedConfig& config() const;
+  int64_t device_bytes() const;  // device memory this workspace owns
+  Schedule schedule() const;     // the schedule of the last forward / recompute call
+
+  // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error.
+  void check(cudaStream_t stream) const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// y: [T, H] bf16. Builds the schedule, runs the layer, and (config.save_forward_context) keeps what
+// backward needs in the workspace.
+void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
+
+// Rebuilds what backward needs from the inputs without producing y.
+void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream);
+
+// dy: [T, H] bf16. Needs the context of forward (saved) or recompute_forward_context for the same
+// inputs.
+void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+              cudaStream_t stream);
+
+// Host-side argument checks (used by the calls above; public so bindings can check early).
+void validate_inputs(const LayerShape& shape, const LayerInputs& in);
+void validate_output(const LayerShape& shape, const TensorView& y);
+void validate_gradients(const LayerShape& shape, const TensorView& dy, const Gradients& grads);
+
+}  // namespace lynx

@@ -1,0 +1,27 @@
+// The device status word: how kernels report errors without a host synchronisation.
+#pragma once
+
+#include <cstdint>
+
+namespace lynx {
+
+enum class StatusCode : int32_t {
+  kOk = 0,
+  kCapacityOverflow = 1,  // a = rows needed, b = schedule capacity
+  kExpertOutOfRange = 2,  // a = flat index t*k+j, b = the id, c = E
+  kNonFiniteWeight = 3,   // a = flat index t*k+j, b = the weight's bits
+  kWaitTimeout = 4,       // a = which wait, b = task, c = counter value seen
+};
+
+// One per workspace, in device memory; zeroed at workspace creation and by the host after it reads
+// an error. The first error wins (codes are set by atomicCAS from kOk).
+struct DeviceStatus {
+  int32_t code;
+  int32_t rank;
+  int64_t a, b, c;
+  // Lowest offending routing index seen by validation (atomicMin), UINT64_MAX when none: keeps the
+  // reported routing error deterministic when many entries are bad.
+  unsigned long long first_bad_route;
+};
+
+}  // namespace lynx

@@ -1,0 +1,54 @@
+// Double-precision CPU reference of the whole MoE layer (R = 1), forward and backward.
+//
+// Inputs are read through `Src` (double, or HostBf16 for the bf16 tensors the GPU consumes) and
+// converted to double; every sum is in double. Shapes and layouts are those of include/lynx/moe.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/bf16.h"
+
+namespace lynx::ref {
+
+template <class Src>
+struct Layer {
+  int64_t T = 0, H = 0, I = 0, E = 0, k = 0, I_shared = 0;
+  const Src* x = nullptr;               // [T, H]
+  const int32_t* topk_ids = nullptr;    // [T, k] in [0, E)
+  const double* topk_weights = nullptr; // [T, k]
+  const Src* w_gate = nullptr;          // [E, I, H]
+  const Src* w_up = nullptr;            // [E, I, H]
+  const Src* w_down = nullptr;          // [E, H, I]
+  const Src* ws_gate = nullptr;         // [I_shared, H]  (unused when I_shared == 0)
+  const Src* ws_up = nullptr;           // [I_shared, H]
+  const Src* ws_down = nullptr;         // [H, I_shared]
+};
+
+struct Gradients {
+  std::vector<double> dx;              // [T, H]
+  std::vector<double> d_topk_weights;  // [T, k]
+  std::vector<double> dw_gate, dw_up;  // [E, I, H]
+  std::vector<double> dw_down;         // [E, H, I]
+  std::vector<double> dws_gate, dws_up;  // [I_shared, H] (empty when I_shared == 0)
+  std::vector<double> dws_down;          // [H, I_shared]
+};
+
+// y: [T, H].
+template <class Src>
+std::vector<double> forward(const Layer<Src>& layer);
+
+// One token's output row (y[t], H values): cheap enough to spot-check shapes too large for forward().
+template <class Src>
+void forward_token(const Layer<Src>& layer, int64_t t, double* y_row);
+
+// dy: [T, H]. All gradients of the scalar <y, dy>.
+template <class Src>
+Gradients backward(const Layer<Src>& layer, const double* dy);
+
+// One token's input gradients: dx[t] (H values) and d_topk_weights[t] (k values) from dy[t].
+template <class Src>
+void backward_token(const Layer<Src>& layer, int64_t t, const double* dy_row, double* dx_row,
+                    double* d_topk_row);
+
+}  // namespace lynx::ref

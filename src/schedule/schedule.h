@@ -1,0 +1,78 @@
+// The schedule builder (ARCHITECTURE.md §4 steps 1–2): which routed rows this rank computes, in which
+// order. The row-placement rules live in schedule_core.h and compile for host and device; the host
+// builder (tests, reference) and the device builder (every forward) produce identical schedules.
+//
+// Placement rule, for this rank r with local experts e = 0 .. E_loc-1 (global id r*E_loc + e):
+//  * Rows are expert-major: expert e's block starts at expert_offset[e]; its length is padded up to a
+//    multiple of kTileRows (experts with no rows take no space). expert_offset[E_loc] = total rows.
+//  * Inside expert e's block, source ranks are interleaved: L_s = the (t, j) pairs of source rank s
+//    routed to e, in increasing t*k + j order. Row q of L_s goes to position
+//        Σ_{s'} min(q, |L_s'|) + #{ s' < s : |L_s'| > q }
+//    i.e. round-robin over sources, skipping exhausted ones.
+//  * Padding rows have row_token_slot = row_src_rank = -1.
+//  * slot_row[t*k + j] (for this rank's own tokens) is the row of (t, j) if its expert is local to this
+//    rank, else -1.
+//  * If the padded total exceeds the capacity, nothing is written to the row arrays or slot_row,
+//    expert_offset/expert_rows are still written, and the status reports kCapacityOverflow.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "lynx/config.h"
+
+namespace lynx::sched {
+
+struct Problem {
+  int32_t num_ranks = 1;   // R
+  int32_t rank = 0;        // r
+  int64_t tokens = 0;      // T per rank
+  int64_t top_k = 0;       // k
+  int64_t num_experts = 0; // E (global); E % R == 0
+  int64_t capacity = 0;    // rows available in the row arrays
+
+  int64_t local_experts() const { return num_experts / num_ranks; }
+};
+
+struct HostSchedule {
+  std::vector<int32_t> row_token_slot;  // [capacity]
+  std::vector<int32_t> row_src_rank;    // [capacity]
+  std::vector<int32_t> expert_offset;   // [E_loc + 1]
+  std::vector<int32_t> expert_rows;     // [E_loc]
+  std::vector<int32_t> slot_row;        // [T*k]
+};
+
+struct HostResult {
+  StatusCode code = StatusCode::kOk;
+  int64_t rows_needed = 0;  // padded total (also when it overflows)
+};
+
+// topk_ids[s] points to rank s's [T, k] int32 ids (host memory), all assumed in [0, E).
+HostResult build_schedule_host(const Problem& p, const int32_t* const* topk_ids, HostSchedule& out);
+
+// Device buffers of one schedule (all device memory).
+struct DeviceBuffers {
+  int32_t* row_token_slot;  // [capacity]
+  int32_t* row_src_rank;    // [capacity]
+  int32_t* expert_offset;   // [E_loc + 1]
+  int32_t* expert_rows;     // [E_loc]
+  int32_t* slot_row;        // [T*k]
+  int32_t* scratch;         // [device_scratch_ints(p)]
+  DeviceStatus* status;
+};
+
+// The R ranks' ids as device pointers (through the transport's peer table; all local at R = 1).
+struct DeviceRouting {
+  const int32_t* topk_ids[Limits::kMaxRanks];
+};
+
+int64_t device_scratch_ints(const Problem& p);
+
+// Enqueues the builder on `stream`; no host synchronisation. Reports through buffers.status.
+void build_schedule_device(const Problem& p, const DeviceRouting& routing, const DeviceBuffers& buffers,
+                           cudaStream_t stream);
+
+}  // namespace lynx::sched

@@ -1,0 +1,53 @@
+#include "gpu/gpu_test.h"
+
+namespace lynx::test {
+
+const std::string& gpu_unavailable_reason() {
+  static const std::string reason = [] {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      return std::string("no CUDA GPU (") + (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return std::string("cannot read device properties");
+    if (prop.major != 9) {
+      return std::string("GPU 0 is ") + prop.name + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+             "), lynx needs Hopper sm_90";
+    }
+    return std::string();
+  }();
+  return reason;
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    ADD_FAILURE() << what << " failed: " << cudaGetErrorString(err);
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) LYNX_TEST_CUDA(cudaMalloc(&ptr_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::fill_bytes(int byte) {
+  if (bytes_) LYNX_TEST_CUDA(cudaMemset(ptr_, byte, bytes_));
+}
+
+}  // namespace lynx::test
