@@ -2,6 +2,9 @@
 //
 // Inputs are read through `Src` (double, or HostBf16 for the bf16 tensors the GPU consumes) and
 // converted to double; every sum is in double. Shapes and layouts are those of include/lynx/moe.h.
+// Each token's terms are summed in a fixed order (shared expert, then j = 0..k-1), so the per-token
+// entry points give bitwise the rows of forward() / backward(). Duplicate ids in a token's top-k
+// are allowed; an id outside [0, E) throws std::out_of_range.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +45,8 @@ std::vector<double> forward(const Layer<Src>& layer);
 template <class Src>
 void forward_token(const Layer<Src>& layer, int64_t t, double* y_row);
 
-// dy: [T, H]. All gradients of the scalar <y, dy>.
+// dy: [T, H]. All gradients of the scalar <y, dy>. d_topk_weights[t,j] = <dy[t], f_e(x[t])> is
+// computed as <w_down[e]^T dy[t], silu(g) ⊙ u>, as the GPU backward does.
 template <class Src>
 Gradients backward(const Layer<Src>& layer, const double* dy);
 

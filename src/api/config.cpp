@@ -1,0 +1,113 @@
+// Shape limits and the config heuristics: pure host functions, tested on the CPU.
+#include <algorithm>
+#include <string>
+
+#include "lynx/config.h"
+#include "lynx/error.h"
+
+namespace lynx {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void require(bool ok, const char* field, const std::string& message) {
+  if (!ok) throw Error(field, message);
+}
+
+void require_dim(int64_t v, const char* field, int64_t align, int64_t max) {
+  require(v > 0, field, "must be positive, got " + str(v));
+  require(v % align == 0, field, "must be a multiple of " + str(align) + " (the kernels' K/N tile), got " + str(v));
+  require(v <= max, field, "must be at most " + str(max) + ", got " + str(v));
+}
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
+
+void validate_shape(const LayerShape& s) {
+  require(s.tokens >= 1 && s.tokens <= Limits::kMaxTokens, "shape.tokens",
+          "must be in [1, " + str(Limits::kMaxTokens) + "], got " + str(s.tokens));
+  require_dim(s.hidden, "shape.hidden", Limits::kHiddenAlign, Limits::kMaxHidden);
+  require_dim(s.intermediate, "shape.intermediate", Limits::kIntermediateAlign, Limits::kMaxIntermediate);
+  if (s.shared_intermediate != 0) {
+    require_dim(s.shared_intermediate, "shape.shared_intermediate", Limits::kIntermediateAlign,
+                Limits::kMaxIntermediate);
+  }
+  require(s.num_ranks >= 1 && s.num_ranks <= Limits::kMaxRanks, "shape.num_ranks",
+          "must be in [1, " + str(Limits::kMaxRanks) + "], got " + str(s.num_ranks));
+  require(s.rank >= 0 && s.rank < s.num_ranks, "shape.rank",
+          "must be in [0, num_ranks = " + str(s.num_ranks) + "), got " + str(s.rank));
+  require(s.num_experts >= 1 && s.num_experts <= Limits::kMaxExperts, "shape.num_experts",
+          "must be in [1, " + str(Limits::kMaxExperts) + "], got " + str(s.num_experts));
+  require(s.num_experts % s.num_ranks == 0, "shape.num_experts",
+          "E = " + str(s.num_experts) + " is not divisible by num_ranks = " + str(s.num_ranks));
+  require(s.top_k >= 1, "shape.top_k", "must be at least 1, got " + str(s.top_k));
+  require(s.top_k <= s.num_experts, "shape.top_k",
+          "k = " + str(s.top_k) + " is larger than the number of experts E = " + str(s.num_experts));
+  require(s.top_k <= Limits::kMaxTopK, "shape.top_k", "must be at most " + str(Limits::kMaxTopK) + ", got " + str(s.top_k));
+  const int64_t routed = s.tokens * s.top_k * s.num_ranks;
+  require(routed <= Limits::kMaxRoutedRows, "shape.tokens",
+          "tokens * top_k * num_ranks = " + str(routed) + " exceeds " + str(Limits::kMaxRoutedRows));
+}
+
+int64_t worst_case_schedule_rows(const LayerShape& s) {
+  const int64_t routed = s.tokens * s.top_k * s.num_ranks;
+  const int64_t padded_experts = std::min(s.local_experts(), routed);
+  return round_up(routed + padded_experts * (kTileRows - 1), kTileRows);
+}
+
+ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const DeviceInfo& device) {
+  validate_shape(shape);
+  require(device.sm_count >= 2, "device.sm_count", "needs at least 2 SMs, got " + str(device.sm_count));
+  ResolvedConfig r{};
+  const int64_t worst = worst_case_schedule_rows(shape);
+
+  if (c.schedule_capacity == 0) {
+    r.schedule_capacity = worst;
+  } else {
+    require(c.schedule_capacity > 0 && c.schedule_capacity % kTileRows == 0, "config.schedule_capacity",
+            "must be a positive multiple of " + str(kTileRows) + ", got " + str(c.schedule_capacity));
+    require(c.schedule_capacity <= Limits::kMaxRoutedRows + 1 - kTileRows, "config.schedule_capacity",
+            "must be at most " + str(Limits::kMaxRoutedRows + 1 - kTileRows) + ", got " + str(c.schedule_capacity));
+    // More than the worst case can never be used: clamp instead of wasting memory.
+    r.schedule_capacity = std::min(c.schedule_capacity, worst);
+  }
+
+  // NOTES: 2048-row minibatches keep one minibatch's gather (2048 x H bf16 = 8 MiB at H = 2048)
+  // well inside L2 while leaving 16+ GEMM tiles per minibatch to spread over the compute SMs.
+  if (c.minibatch_rows == 0) {
+    r.minibatch_rows = static_cast<int32_t>(std::min<int64_t>(2048, r.schedule_capacity));
+  } else {
+    require(c.minibatch_rows > 0 && c.minibatch_rows % kTileRows == 0, "config.minibatch_rows",
+            "must be a positive multiple of " + str(kTileRows) + ", got " + str(c.minibatch_rows));
+    r.minibatch_rows = c.minibatch_rows;
+  }
+
+  // NOTES: four minibatches in flight: one being dispatched, two in the GEMMs, one being combined.
+  if (c.ring_rows == 0) {
+    r.ring_rows = std::min<int64_t>(4 * int64_t(r.minibatch_rows), round_up(r.schedule_capacity, r.minibatch_rows));
+  } else {
+    require(c.ring_rows >= r.minibatch_rows && c.ring_rows % r.minibatch_rows == 0, "config.ring_rows",
+            "must be a positive multiple of minibatch_rows = " + str(r.minibatch_rows) + ", got " + str(c.ring_rows));
+    r.ring_rows = c.ring_rows;
+  }
+
+  // NOTES: provisional until the fused kernels' sweep: one comm SM per 16 SMs, at least 2.
+  if (c.num_comm_sms == 0) {
+    r.num_comm_sms = std::max(2, device.sm_count / 16);
+  } else {
+    require(c.num_comm_sms >= 1 && c.num_comm_sms < device.sm_count, "config.num_comm_sms",
+            "must be in [1, " + str(device.sm_count - 1) + "] on a device of " + str(device.sm_count) + " SMs, got " +
+                str(c.num_comm_sms));
+    r.num_comm_sms = c.num_comm_sms;
+  }
+
+  require(c.backend == Backend::kAuto || c.backend == Backend::kUnfused, "config.backend",
+          "unknown backend " + str(static_cast<int64_t>(c.backend)));
+  r.backend = Backend::kUnfused;  // the only path implemented so far
+  r.deterministic = c.deterministic;
+  r.save_forward_context = c.save_forward_context;
+  return r;
+}
+
+}  // namespace lynx

@@ -1,0 +1,46 @@
+// The public entry points: validate everything on the host, then hand over to the chosen path.
+#include "lynx/moe.h"
+
+#include "api/workspace_impl.h"
+#include "lynx/error.h"
+#include "unfused/unfused.h"
+
+namespace lynx {
+namespace {
+
+void check_device(const Workspace::Impl& w) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device != w.device) {
+    throw Error("stream", "the current CUDA device (" + std::to_string(device) + ") is not the workspace's device (" +
+                              std::to_string(w.device) + ")");
+  }
+}
+
+}  // namespace
+
+void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
+  Workspace::Impl& w = ws.impl();
+  validate_inputs(w.shape, in);
+  validate_output(w.shape, y);
+  if (y.data == in.x.data) throw Error("y", "must not alias x");
+  check_device(w);
+  unfused::forward(w, in, y, stream);
+}
+
+void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream) {
+  Workspace::Impl& w = ws.impl();
+  validate_inputs(w.shape, in);
+  check_device(w);
+  unfused::recompute_forward_context(w, in, stream);
+}
+
+void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t stream) {
+  Workspace::Impl& w = ws.impl();
+  validate_inputs(w.shape, in);
+  validate_gradients(w.shape, dy, grads);
+  if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
+  check_device(w);
+  unfused::backward(w, in, dy, grads, stream);
+}
+
+}  // namespace lynx

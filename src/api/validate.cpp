@@ -1,0 +1,100 @@
+// Host-side checks of every tensor argument: presence, dtype, shape, strides, alignment.
+#include <string>
+
+#include "lynx/error.h"
+#include "lynx/moe.h"
+
+namespace lynx {
+namespace {
+
+std::string shape_str(const TensorView& v) {
+  std::string s = "[";
+  for (int d = 0; d < v.rank; ++d) s += (d ? ", " : "") + std::to_string(v.shape[d]);
+  return s + "]";
+}
+
+std::string shape_str(std::initializer_list<int64_t> shape) {
+  std::string s = "[";
+  bool first = true;
+  for (int64_t d : shape) {
+    s += (first ? "" : ", ") + std::to_string(d);
+    first = false;
+  }
+  return s + "]";
+}
+
+// NOTES: 16-byte alignment is what TMA and 128-bit vector loads need; every allocator gives it.
+constexpr uintptr_t kAlignment = 16;
+
+void check_tensor(const TensorView& v, const std::string& name, std::initializer_list<DType> dtypes,
+                  std::initializer_list<int64_t> shape) {
+  if (!v.present()) throw Error(name, "is required but absent (null data pointer)");
+  bool dtype_ok = false;
+  std::string expected_dtypes;
+  for (DType t : dtypes) {
+    dtype_ok |= v.dtype == t;
+    expected_dtypes += (expected_dtypes.empty() ? "" : " or ") + std::string(dtype_name(t));
+  }
+  if (!dtype_ok) throw Error(name, "dtype must be " + expected_dtypes + ", got " + dtype_name(v.dtype));
+  bool shape_ok = v.rank == static_cast<int32_t>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) shape_ok = shape_ok && v.shape[d++] == s;
+  if (!shape_ok) throw Error(name, "shape must be " + shape_str(shape) + ", got " + shape_str(v));
+  if (!v.is_contiguous()) throw Error(name, "must be contiguous row-major (innermost stride 1, no padding)");
+  if (reinterpret_cast<uintptr_t>(v.data) % kAlignment != 0) {
+    throw Error(name, "data pointer must be " + std::to_string(kAlignment) + "-byte aligned");
+  }
+}
+
+void check_absent(const TensorView& v, const std::string& name) {
+  if (v.present()) throw Error(name, "must be absent: the layer has no shared expert (shape.shared_intermediate == 0)");
+}
+
+}  // namespace
+
+void validate_inputs(const LayerShape& s, const LayerInputs& in) {
+  validate_shape(s);
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E_loc = s.local_experts();
+  check_tensor(in.x, "x", {DType::kBF16}, {T, H});
+  check_tensor(in.topk_ids, "topk_ids", {DType::kI32, DType::kI64}, {T, k});
+  check_tensor(in.topk_weights, "topk_weights", {DType::kF32}, {T, k});
+  check_tensor(in.weights.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H});
+  check_tensor(in.weights.w_up, "w_up", {DType::kBF16}, {E_loc, I, H});
+  check_tensor(in.weights.w_down, "w_down", {DType::kBF16}, {E_loc, H, I});
+  if (s.shared_intermediate > 0) {
+    const int64_t Is = s.shared_intermediate;
+    check_tensor(in.weights.ws_gate, "ws_gate", {DType::kBF16}, {Is, H});
+    check_tensor(in.weights.ws_up, "ws_up", {DType::kBF16}, {Is, H});
+    check_tensor(in.weights.ws_down, "ws_down", {DType::kBF16}, {H, Is});
+  } else {
+    check_absent(in.weights.ws_gate, "ws_gate");
+    check_absent(in.weights.ws_up, "ws_up");
+    check_absent(in.weights.ws_down, "ws_down");
+  }
+}
+
+void validate_output(const LayerShape& s, const TensorView& y) {
+  check_tensor(y, "y", {DType::kBF16}, {s.tokens, s.hidden});
+}
+
+void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradients& g) {
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E_loc = s.local_experts();
+  check_tensor(dy, "dy", {DType::kBF16}, {T, H});
+  check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});
+  check_tensor(g.d_topk_weights, "d_topk_weights", {DType::kF32}, {T, k});
+  check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H});
+  check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H});
+  check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I});
+  if (s.shared_intermediate > 0) {
+    const int64_t Is = s.shared_intermediate;
+    check_tensor(g.dws_gate, "dws_gate", {DType::kBF16}, {Is, H});
+    check_tensor(g.dws_up, "dws_up", {DType::kBF16}, {Is, H});
+    check_tensor(g.dws_down, "dws_down", {DType::kBF16}, {H, Is});
+  } else {
+    check_absent(g.dws_gate, "dws_gate");
+    check_absent(g.dws_up, "dws_up");
+    check_absent(g.dws_down, "dws_down");
+  }
+}
+
+}  // namespace lynx

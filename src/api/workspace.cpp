@@ -1,0 +1,144 @@
+#include <string>
+
+#include "api/routing_check.h"
+#include "api/workspace_impl.h"
+#include "common/cuda_check.h"
+
+namespace lynx {
+namespace {
+
+DeviceInfo query_device(int device) {
+  DeviceInfo info;
+  LYNX_CUDA(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+  size_t free_bytes = 0, total_bytes = 0;
+  LYNX_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  info.global_memory_bytes = static_cast<int64_t>(total_bytes);
+  return info;
+}
+
+}  // namespace
+
+void* Workspace::Impl::alloc_bytes(int64_t n) {
+  if (n == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(n));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for the workspace (" +
+                        std::to_string(bytes) + " bytes already held): " + cudaGetErrorString(err));
+  }
+  allocations.push_back(p);
+  bytes += n;
+  return p;
+}
+
+Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
+  validate_shape(s);
+  LYNX_CUDA(cudaGetDevice(&device));
+  int major = 0;
+  LYNX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) {
+    throw Error("", "device " + std::to_string(device) + " has compute capability " + std::to_string(major) +
+                        ".x; lynx needs Hopper (sm_90)");
+  }
+  config = resolve_config(s, c, query_device(device));
+  try {
+    const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;
+    const int64_t E_loc = s.local_experts(), cap = config.schedule_capacity;
+
+    status = alloc<DeviceStatus>(1);
+    LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
+    LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
+    LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
+    ids32 = alloc<int32_t>(T * k);
+
+    problem.num_ranks = s.num_ranks;
+    problem.rank = s.rank;
+    problem.tokens = T;
+    problem.top_k = k;
+    problem.num_experts = s.num_experts;
+    problem.capacity = cap;
+    schedule.row_token_slot = alloc<int32_t>(cap);
+    schedule.row_src_rank = alloc<int32_t>(cap);
+    schedule.expert_offset = alloc<int32_t>(E_loc + 1);
+    schedule.expert_rows = alloc<int32_t>(E_loc);
+    schedule.slot_row = alloc<int32_t>(T * k);
+    schedule.scratch = alloc<int32_t>(sched::device_scratch_ints(problem));
+    schedule.status = status;
+    LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
+    LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
+
+    un.xg = alloc<unfused::bf16_t>(cap * H);
+    un.g = alloc<unfused::bf16_t>(cap * I);
+    un.u = alloc<unfused::bf16_t>(cap * I);
+    un.h = alloc<unfused::bf16_t>(cap * I);
+    un.rows_a = alloc<unfused::bf16_t>(cap * H);
+    un.rows_b = alloc<unfused::bf16_t>(cap * H);
+    un.da = alloc<unfused::bf16_t>(cap * I);
+    un.dg = alloc<unfused::bf16_t>(cap * I);
+    un.du = alloc<unfused::bf16_t>(cap * I);
+    if (Is > 0) {
+      un.gs = alloc<unfused::bf16_t>(T * Is);
+      un.us = alloc<unfused::bf16_t>(T * Is);
+      un.hs = alloc<unfused::bf16_t>(T * Is);
+      un.ys = alloc<float>(T * H);
+      un.dhs = alloc<unfused::bf16_t>(T * Is);
+      un.dgs = alloc<unfused::bf16_t>(T * Is);
+      un.dus = alloc<unfused::bf16_t>(T * Is);
+    }
+    LYNX_CUBLAS(cublasCreate(&cublas));
+    // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
+    // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).
+    grouped = std::make_unique<unfused::GroupedGemm>(9 * E_loc);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Workspace::Impl::~Impl() { release(); }
+
+void Workspace::Impl::release() {
+  grouped.reset();
+  if (cublas) cublasDestroy(cublas);
+  if (counts_ready) cudaEventDestroy(counts_ready);
+  if (counts_host) cudaFreeHost(counts_host);
+  if (status_host) cudaFreeHost(status_host);
+  for (void* p : allocations) cudaFree(p);
+  cublas = nullptr;
+  counts_ready = nullptr;
+  counts_host = nullptr;
+  status_host = nullptr;
+  allocations.clear();
+}
+
+void Workspace::Impl::throw_if_status_error() const {
+  if (status_host->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*status_host, shape.top_k));
+}
+
+Workspace::Workspace(const LayerShape& shape, const Config& config) : impl_(std::make_unique<Impl>(shape, config)) {}
+Workspace::~Workspace() = default;
+
+const LayerShape& Workspace::shape() const { return impl_->shape; }
+const ResolvedConfig& Workspace::config() const { return impl_->config; }
+int64_t Workspace::device_bytes() const { return impl_->bytes; }
+
+Schedule Workspace::schedule() const {
+  Schedule s;
+  s.row_token_slot = impl_->schedule.row_token_slot;
+  s.row_src_rank = impl_->schedule.row_src_rank;
+  s.expert_offset = impl_->schedule.expert_offset;
+  s.expert_rows = impl_->schedule.expert_rows;
+  s.slot_row = impl_->schedule.slot_row;
+  s.capacity = impl_->problem.capacity;
+  s.local_experts = impl_->problem.local_experts();
+  return s;
+}
+
+void Workspace::check(cudaStream_t stream) const {
+  LYNX_CUDA(cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream));
+  LYNX_CUDA(cudaStreamSynchronize(stream));
+  impl_->throw_if_status_error();
+}
+
+}  // namespace lynx

@@ -1,0 +1,89 @@
+// What a Workspace owns: every device buffer of every path, the cuBLAS handle, the status word.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "lynx/moe.h"
+#include "schedule/schedule.h"
+#include "unfused/grouped_gemm.h"
+#include "unfused/kernels.h"
+
+namespace lynx {
+
+// Buffers of the unfused path. cap = schedule capacity rows. Comments give [rows, cols] and what each
+// holds in forward / backward (buffers are reused between the two passes where lifetimes allow).
+struct UnfusedBuffers {
+  using bf16_t = unfused::bf16_t;
+  bf16_t* xg;       // [cap, H]  gathered x rows (saved context)
+  bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
+  bf16_t* u;        // [cap, I]  up projection (saved context)
+  bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
+  bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd: gathered dy rows
+  bf16_t* rows_b;   // [cap, H]  bwd: per-row dx
+  bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e]
+  bf16_t* dg;       // [cap, I]  bwd
+  bf16_t* du;       // [cap, I]  bwd
+  // Shared expert (null when I_s == 0).
+  bf16_t* gs;       // [T, I_s]  saved context
+  bf16_t* us;       // [T, I_s]  saved context
+  bf16_t* hs;       // [T, I_s]  fwd: silu(gs)⊙us;  bwd: recomputed for dws_down
+  float* ys;        // [T, H]    fwd: shared output (fp32); bwd: shared dx (fp32)
+  bf16_t* dhs;      // [T, I_s]  bwd
+  bf16_t* dgs;      // [T, I_s]  bwd
+  bf16_t* dus;      // [T, I_s]  bwd
+};
+
+// Identifies the inputs a saved forward context belongs to.
+struct ContextKey {
+  const void* x = nullptr;
+  const void* topk_ids = nullptr;
+  const void* topk_weights = nullptr;
+  bool operator==(const ContextKey&) const = default;
+};
+
+struct Workspace::Impl {
+  LayerShape shape;
+  ResolvedConfig config;
+  int device = 0;
+  int64_t bytes = 0;
+  std::vector<void*> allocations;
+
+  DeviceStatus* status = nullptr;       // device
+  DeviceStatus* status_host = nullptr;  // pinned
+  int32_t* ids32 = nullptr;             // [T*k] validated int32 copy of topk_ids
+  sched::Problem problem;
+  sched::DeviceBuffers schedule;
+  int32_t* counts_host = nullptr;       // pinned: expert_offset [E_loc+1], then expert_rows [E_loc]
+  cudaEvent_t counts_ready = nullptr;
+
+  UnfusedBuffers un{};
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<unfused::GroupedGemm> grouped;
+
+  bool context_valid = false;
+  ContextKey context;
+
+  Impl(const LayerShape& shape, const Config& config);
+  ~Impl();
+  void release();  // frees everything; safe to call twice
+
+  template <class T>
+  T* alloc(int64_t count) {
+    return static_cast<T*>(alloc_bytes(count * int64_t(sizeof(T))));
+  }
+  void* alloc_bytes(int64_t bytes);
+
+  const int32_t* host_expert_offset() const { return counts_host; }
+  const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }
+  const int32_t* device_total_rows() const { return schedule.expert_offset + problem.local_experts(); }
+
+  // Throws lynx::Error when *status_host (already copied back and waited for) reports an error.
+  void throw_if_status_error() const;
+};
+
+}  // namespace lynx

@@ -1,0 +1,45 @@
+// The schedule's placement rules (see schedule.h), as small functions that compile for host and device.
+// build_schedule_host and the device kernels both place rows only through these, so the two builders
+// cannot drift apart.
+#pragma once
+
+#include <cstdint>
+
+#include "common/hd.h"
+#include "lynx/config.h"
+
+namespace lynx::sched::core {
+
+// Local index (0 .. E_loc-1) of global expert `id` on rank `rank`, or -1 when another rank owns it.
+// NOTES: an id outside [0, E) falls outside every rank's range, so it is simply non-local; the
+// difference is taken in 64 bits so no id can overflow it.
+LYNX_HD int32_t local_expert(int32_t id, int32_t rank, int32_t local_experts) {
+  const int64_t e = int64_t(id) - int64_t(rank) * local_experts;
+  return (e >= 0 && e < local_experts) ? int32_t(e) : -1;
+}
+
+// Rows an expert's block takes: its row count rounded up to the tile height (0 stays 0).
+LYNX_HD int64_t padded_rows(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
+
+// Whether a schedule of `total` padded rows fits in the row arrays.
+LYNX_HD bool fits_capacity(int64_t total, int64_t capacity) { return total <= capacity; }
+
+// Index of the (local expert e, source rank s) pair in per-pair tables: expert-major, sources inner,
+// so one expert's per-source row counts are contiguous (what interleaved_position reads).
+LYNX_HD int32_t pair_index(int32_t e, int32_t s, int32_t num_sources) { return e * num_sources + s; }
+
+// Position, inside its expert's block, of row q of source s, where source_rows[s'] = |L_s'| is the
+// number of rows source s' sends to this expert:
+//     sum_{s'} min(q, |L_s'|) + #{ s' < s : |L_s'| > q }
+// i.e. rounds q = 0, 1, ... each visit the sources still holding a row q, in increasing s'.
+LYNX_HD int64_t interleaved_position(int64_t q, int32_t s, const int32_t* source_rows, int32_t num_sources) {
+  int64_t pos = 0;
+  for (int32_t other = 0; other < num_sources; ++other) {
+    const int64_t n = source_rows[other];
+    pos += n < q ? n : q;
+    if (other < s && n > q) ++pos;
+  }
+  return pos;
+}
+
+}  // namespace lynx::sched::core

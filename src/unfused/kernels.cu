@@ -1,0 +1,235 @@
+#include <cuda_bf16.h>
+
+#include <climits>
+
+#include "api/routing_check.h"
+#include "common/cuda_check.h"
+#include "unfused/kernels.h"
+
+namespace lynx::unfused {
+namespace {
+
+// Eight bf16 values: one 16-byte access.
+struct alignas(16) Vec8 {
+  __nv_bfloat162 v[4];
+};
+
+__device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
+
+__device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_slot, const int32_t* total_rows) {
+  if (total_rows && row >= *total_rows) return false;
+  return !row_token_slot || row_token_slot[row] >= 0;
+}
+
+int blocks_for(int64_t threads, int block) {
+  const int64_t b = (threads + block - 1) / block;
+  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+// grid-stride over T*k entries.
+template <class Id>
+__global__ void validate_routing_kernel(const Id* ids, const float* weights, int64_t entries, int64_t num_experts,
+                                        int32_t* ids_out, DeviceStatus* status) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (check_route(id, __float_as_uint(weights[i]), num_experts) != StatusCode::kOk) {
+      atomicMin(&status->first_bad_route, static_cast<unsigned long long>(i));
+    }
+    ids_out[i] = (id >= 0 && id < num_experts) ? static_cast<int32_t>(id) : -1;
+  }
+}
+
+// One thread: turns the lowest offending index into a status report.
+template <class Id>
+__global__ void report_routing_kernel(const Id* ids, const float* weights, int64_t num_experts, int32_t rank,
+                                      DeviceStatus* status) {
+  const unsigned long long i = status->first_bad_route;
+  if (i == ULLONG_MAX) return;
+  const int64_t id = static_cast<int64_t>(ids[i]);
+  const uint32_t bits = __float_as_uint(weights[i]);
+  const StatusCode code = check_route(id, bits, num_experts);
+  if (atomicCAS(&status->code, int32_t(StatusCode::kOk), int32_t(code)) == int32_t(StatusCode::kOk)) {
+    status->rank = rank;
+    status->a = static_cast<int64_t>(i);
+    status->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(bits);
+    status->c = num_experts;
+  }
+}
+
+// One warp per row, 16-byte copies.
+__global__ void gather_rows_kernel(Vec8* dst, const Vec8* src, const int32_t* row_token_slot, const int32_t* total_rows,
+                                   int64_t capacity, int64_t top_k, int64_t vecs_per_row) {
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t total = *total_rows;
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < total && row < capacity;
+       row += warps) {
+    const int32_t slot = row_token_slot[row];
+    if (slot < 0) continue;
+    const Vec8* s = src + (slot / top_k) * vecs_per_row;
+    Vec8* d = dst + row * vecs_per_row;
+    for (int64_t v = threadIdx.x % 32; v < vecs_per_row; v += 32) d[v] = s[v];
+  }
+}
+
+// One thread per 8 elements.
+__global__ void swiglu_forward_kernel(Vec8* h, const Vec8* g, const Vec8* u, const int32_t* row_token_slot,
+                                      const int32_t* total_rows, int64_t rows, int64_t vecs_per_row) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * vecs_per_row;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (!row_valid(i / vecs_per_row, row_token_slot, total_rows)) continue;
+    const Vec8 gv = g[i], uv = u[i];
+    Vec8 out;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 gf = __bfloat1622float2(gv.v[p]), uf = __bfloat1622float2(uv.v[p]);
+      out.v[p] = __floats2bfloat162_rn(silu(gf.x) * uf.x, silu(gf.y) * uf.y);
+    }
+    h[i] = out;
+  }
+}
+
+constexpr int kRowBlock = 128;
+
+// One block of kRowBlock threads per row.
+// NOTES: the d_topk_weights sum is reduced in a fixed order (per-thread strided sums, then a shuffle
+// tree, then warps in index order), so it is bitwise reproducible.
+__global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
+    Vec8* dg, Vec8* du, Vec8* hw, float* d_topk_weights, const Vec8* da, const Vec8* g, const Vec8* u,
+    const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows, int64_t rows,
+    int64_t vecs_per_row) {
+  __shared__ float warp_sums[kRowBlock / 32];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    if (!row_valid(row, row_token_slot, total_rows)) continue;
+    const float w = topk_weights ? topk_weights[row_token_slot[row]] : 1.0f;
+    float dot = 0.0f;
+    for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
+      const int64_t i = row * vecs_per_row + v;
+      const Vec8 dav = da[i], gv = g[i], uv = u[i];
+      Vec8 dgv, duv, hwv;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const float2 a = __bfloat1622float2(dav.v[p]), gf = __bfloat1622float2(gv.v[p]), uf = __bfloat1622float2(uv.v[p]);
+        const float sx = sigmoid(gf.x), sy = sigmoid(gf.y);
+        const float silx = gf.x * sx, sily = gf.y * sy;
+        dot += a.x * silx * uf.x + a.y * sily * uf.y;
+        const float dhx = w * a.x, dhy = w * a.y;
+        dgv.v[p] = __floats2bfloat162_rn(dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)),
+                                         dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
+        duv.v[p] = __floats2bfloat162_rn(dhx * silx, dhy * sily);
+        hwv.v[p] = __floats2bfloat162_rn(w * silx * uf.x, w * sily * uf.y);
+      }
+      dg[i] = dgv;
+      du[i] = duv;
+      if (hw) hw[i] = hwv;
+    }
+    if (d_topk_weights) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int wi = 0; wi < kRowBlock / 32; ++wi) sum += warp_sums[wi];
+        d_topk_weights[row_token_slot[row]] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// One block per token, threads over 8-element vectors.
+__global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_row, const float* topk_weights,
+                               const float4* base, int64_t tokens, int64_t top_k, int64_t vecs_per_row) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
+      float acc[8];
+      if (base) {
+        const float4 b0 = base[(t * vecs_per_row + v) * 2], b1 = base[(t * vecs_per_row + v) * 2 + 1];
+        acc[0] = b0.x, acc[1] = b0.y, acc[2] = b0.z, acc[3] = b0.w;
+        acc[4] = b1.x, acc[5] = b1.y, acc[6] = b1.z, acc[7] = b1.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+      }
+      for (int64_t j = 0; j < top_k; ++j) {
+        const int32_t row = slot_row[t * top_k + j];
+        if (row < 0) continue;
+        const float w = topk_weights ? topk_weights[t * top_k + j] : 1.0f;
+        const Vec8 r = rows[int64_t(row) * vecs_per_row + v];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float2 f = __bfloat1622float2(r.v[p]);
+          acc[2 * p] = fmaf(w, f.x, acc[2 * p]);
+          acc[2 * p + 1] = fmaf(w, f.y, acc[2 * p + 1]);
+        }
+      }
+      Vec8 o;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) o.v[p] = __floats2bfloat162_rn(acc[2 * p], acc[2 * p + 1]);
+      out[t * vecs_per_row + v] = o;
+    }
+  }
+}
+
+}  // namespace
+
+void reset_status(DeviceStatus* status, cudaStream_t stream) {
+  LYNX_CUDA(cudaMemsetAsync(status, 0, sizeof(DeviceStatus), stream));
+  LYNX_CUDA(cudaMemsetAsync(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route), stream));
+}
+
+void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
+                      int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream) {
+  const int grid = blocks_for(entries, 256);
+  if (id_dtype == DType::kI64) {
+    const auto* ids = static_cast<const int64_t*>(topk_ids);
+    validate_routing_kernel<<<grid, 256, 0, stream>>>(ids, topk_weights, entries, num_experts, ids_out, status);
+    LYNX_CHECK_LAUNCH();
+    report_routing_kernel<<<1, 1, 0, stream>>>(ids, topk_weights, num_experts, rank, status);
+  } else {
+    const auto* ids = static_cast<const int32_t*>(topk_ids);
+    validate_routing_kernel<<<grid, 256, 0, stream>>>(ids, topk_weights, entries, num_experts, ids_out, status);
+    LYNX_CHECK_LAUNCH();
+    report_routing_kernel<<<1, 1, 0, stream>>>(ids, topk_weights, num_experts, rank, status);
+  }
+  LYNX_CHECK_LAUNCH();
+}
+
+void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
+                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream) {
+  gather_rows_kernel<<<blocks_for(capacity * 32, 256), 256, 0, stream>>>(
+      reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), row_token_slot, total_rows, capacity, top_k,
+      width / 8);
+  LYNX_CHECK_LAUNCH();
+}
+
+void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* row_token_slot,
+                    const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
+  swiglu_forward_kernel<<<blocks_for(rows * width / 8, 256), 256, 0, stream>>>(
+      reinterpret_cast<Vec8*>(h), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u), row_token_slot,
+      total_rows, rows, width / 8);
+  LYNX_CHECK_LAUNCH();
+}
+
+void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, const bf16_t* da, const bf16_t* g,
+                     const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
+                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
+  const int grid = static_cast<int>(rows < 65535 * 8 ? (rows > 0 ? rows : 1) : 65535 * 8);
+  swiglu_backward_kernel<<<grid, kRowBlock, 0, stream>>>(
+      reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), reinterpret_cast<Vec8*>(hw), d_topk_weights,
+      reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
+      topk_weights, row_token_slot, total_rows, rows, width / 8);
+  LYNX_CHECK_LAUNCH();
+}
+
+void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
+             int64_t tokens, int64_t top_k, int64_t width, cudaStream_t stream) {
+  const int grid = static_cast<int>(tokens < 65535 * 8 ? tokens : 65535 * 8);
+  combine_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<Vec8*>(out), reinterpret_cast<const Vec8*>(rows),
+                                           slot_row, topk_weights, reinterpret_cast<const float4*>(base), tokens,
+                                           top_k, width / 8);
+  LYNX_CHECK_LAUNCH();
+}
+
+}  // namespace lynx::unfused

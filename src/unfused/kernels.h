@@ -1,0 +1,45 @@
+// The small kernels of the unfused path: routing validation, gather, SwiGLU, combine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "lynx/tensor.h"
+
+namespace lynx::unfused {
+
+using bf16_t = uint16_t;  // bf16 storage; the kernels convert with cuda_bf16.h
+
+// Resets the status word: code kOk, no routing error seen.
+void reset_status(DeviceStatus* status, cudaStream_t stream);
+
+// Checks every (id, weight) of this rank (check_route), copies the ids to int32, and reports the
+// lowest offending index through `status` (kExpertOutOfRange or kNonFiniteWeight).
+void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
+                      int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream);
+
+// dst[row, :] = src[row_token_slot[row] / k, :] for the non-padding rows below *total_rows.
+void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
+                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
+
+// h = silu(g) ⊙ u over [rows, width]; rows that are padding (row_token_slot < 0) or at/after
+// *total_rows are skipped. row_token_slot and total_rows may be null: every row is valid.
+void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* row_token_slot,
+                    const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
+
+// Per valid row with router weight w (topk_weights[row_token_slot[row]], or 1 when topk_weights is
+// null), from da = dL/d(unweighted expert hidden) and the saved g, u:
+//   d_topk_weights[slot] = <da, silu(g) ⊙ u>   (fixed-order fp32 sum; skipped when null)
+//   dg = w·da ⊙ u ⊙ silu'(g),  du = w·da ⊙ silu(g),  hw = w · silu(g) ⊙ u   (hw skipped when null)
+void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, const bf16_t* da, const bf16_t* g,
+                     const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
+                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
+
+// out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
+// base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.
+void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
+             int64_t tokens, int64_t top_k, int64_t width, cudaStream_t stream);
+
+}  // namespace lynx::unfused

@@ -1,0 +1,237 @@
+// Host-side validation: every bad argument is rejected with an error that names it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "api/routing_check.h"
+#include "lynx/lynx.h"
+
+namespace lynx {
+namespace {
+
+// Distinct, 16-byte aligned fake device addresses: validation never dereferences them.
+void* fake(int i) { return reinterpret_cast<void*>(uintptr_t(0x10000) * (i + 1)); }
+
+LayerShape small_shape(int64_t shared = 64) {
+  LayerShape s;
+  s.tokens = 10;
+  s.hidden = 128;
+  s.intermediate = 64;
+  s.num_experts = 8;
+  s.top_k = 2;
+  s.shared_intermediate = shared;
+  return s;
+}
+
+LayerInputs good_inputs(const LayerShape& s) {
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts();
+  LayerInputs in;
+  in.x = make_view(fake(0), DType::kBF16, {T, H});
+  in.topk_ids = make_view(fake(1), DType::kI32, {T, k});
+  in.topk_weights = make_view(fake(2), DType::kF32, {T, k});
+  in.weights.w_gate = make_view(fake(3), DType::kBF16, {E, I, H});
+  in.weights.w_up = make_view(fake(4), DType::kBF16, {E, I, H});
+  in.weights.w_down = make_view(fake(5), DType::kBF16, {E, H, I});
+  if (s.shared_intermediate > 0) {
+    const int64_t Is = s.shared_intermediate;
+    in.weights.ws_gate = make_view(fake(6), DType::kBF16, {Is, H});
+    in.weights.ws_up = make_view(fake(7), DType::kBF16, {Is, H});
+    in.weights.ws_down = make_view(fake(8), DType::kBF16, {H, Is});
+  }
+  return in;
+}
+
+Gradients good_gradients(const LayerShape& s) {
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts();
+  Gradients g;
+  g.dx = make_view(fake(10), DType::kBF16, {T, H});
+  g.d_topk_weights = make_view(fake(11), DType::kF32, {T, k});
+  g.dw_gate = make_view(fake(12), DType::kBF16, {E, I, H});
+  g.dw_up = make_view(fake(13), DType::kBF16, {E, I, H});
+  g.dw_down = make_view(fake(14), DType::kBF16, {E, H, I});
+  if (s.shared_intermediate > 0) {
+    const int64_t Is = s.shared_intermediate;
+    g.dws_gate = make_view(fake(15), DType::kBF16, {Is, H});
+    g.dws_up = make_view(fake(16), DType::kBF16, {Is, H});
+    g.dws_down = make_view(fake(17), DType::kBF16, {H, Is});
+  }
+  return g;
+}
+
+// Runs `f`, expects a lynx::Error whose argument() is `argument` and whose message contains `needle`.
+template <class F>
+void expect_error(F&& f, const std::string& argument, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown; expected one naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << e.what();
+  }
+}
+
+TEST(Validation, GoodInputsPass) {
+  for (int64_t shared : {0, 64}) {
+    const LayerShape s = small_shape(shared);
+    EXPECT_NO_THROW(validate_inputs(s, good_inputs(s)));
+    EXPECT_NO_THROW(validate_output(s, make_view(fake(20), DType::kBF16, {s.tokens, s.hidden})));
+    EXPECT_NO_THROW(validate_gradients(s, make_view(fake(21), DType::kBF16, {s.tokens, s.hidden}), good_gradients(s)));
+  }
+  LayerInputs in = good_inputs(small_shape());
+  in.topk_ids.dtype = DType::kI64;  // int64 ids are accepted at the API
+  EXPECT_NO_THROW(validate_inputs(small_shape(), in));
+}
+
+TEST(Validation, WrongShapeNamesTheArgument) {
+  const LayerShape s = small_shape();
+  LayerInputs in = good_inputs(s);
+  in.x = make_view(fake(0), DType::kBF16, {s.tokens + 1, s.hidden});
+  expect_error([&] { validate_inputs(s, in); }, "x", "[10, 128]");
+  in = good_inputs(s);
+  in.weights.w_down = make_view(fake(5), DType::kBF16, {s.num_experts, s.intermediate, s.hidden});
+  expect_error([&] { validate_inputs(s, in); }, "w_down", "shape");
+  in = good_inputs(s);
+  in.topk_weights = make_view(fake(2), DType::kF32, {s.tokens * s.top_k});
+  expect_error([&] { validate_inputs(s, in); }, "topk_weights", "shape");
+}
+
+TEST(Validation, WrongDtypeNamesTheArgument) {
+  const LayerShape s = small_shape();
+  LayerInputs in = good_inputs(s);
+  in.topk_ids.dtype = DType::kF32;
+  expect_error([&] { validate_inputs(s, in); }, "topk_ids", "int32 or int64");
+  in = good_inputs(s);
+  in.topk_weights.dtype = DType::kBF16;
+  expect_error([&] { validate_inputs(s, in); }, "topk_weights", "fp32");
+  in = good_inputs(s);
+  in.weights.ws_up.dtype = DType::kF32;
+  expect_error([&] { validate_inputs(s, in); }, "ws_up", "bf16");
+}
+
+TEST(Validation, StridesAndAlignment) {
+  const LayerShape s = small_shape();
+  LayerInputs in = good_inputs(s);
+  std::swap(in.x.strides[0], in.x.strides[1]);  // a transposed view
+  expect_error([&] { validate_inputs(s, in); }, "x", "contiguous");
+  in = good_inputs(s);
+  in.weights.w_gate.strides[0] += 8;  // padded experts
+  expect_error([&] { validate_inputs(s, in); }, "w_gate", "contiguous");
+  in = good_inputs(s);
+  in.x.data = static_cast<char*>(in.x.data) + 2;
+  expect_error([&] { validate_inputs(s, in); }, "x", "aligned");
+}
+
+TEST(Validation, MissingAndUnexpectedTensors) {
+  const LayerShape s = small_shape();
+  LayerInputs in = good_inputs(s);
+  in.weights.w_up = TensorView{};
+  expect_error([&] { validate_inputs(s, in); }, "w_up", "absent");
+  in = good_inputs(s);
+  in.weights.ws_gate = TensorView{};
+  expect_error([&] { validate_inputs(s, in); }, "ws_gate", "absent");
+  const LayerShape no_shared = small_shape(0);
+  in = good_inputs(s);  // carries shared weights
+  expect_error([&] { validate_inputs(no_shared, in); }, "ws_gate", "no shared expert");
+  Gradients g = good_gradients(s);
+  g.d_topk_weights = TensorView{};
+  expect_error([&] { validate_gradients(s, make_view(fake(21), DType::kBF16, {s.tokens, s.hidden}), g); },
+               "d_topk_weights", "absent");
+  g = good_gradients(s);
+  expect_error([&] { validate_gradients(s, make_view(fake(21), DType::kF32, {s.tokens, s.hidden}), g); }, "dy",
+               "bf16");
+}
+
+TEST(Validation, ShapeLimits) {
+  LayerShape s = small_shape();
+  s.top_k = 9;
+  expect_error([&] { validate_shape(s); }, "shape.top_k", "larger than the number of experts");
+  s = small_shape();
+  s.top_k = 0;
+  expect_error([&] { validate_shape(s); }, "shape.top_k", "at least 1");
+  s = small_shape();
+  s.hidden = 100;
+  expect_error([&] { validate_shape(s); }, "shape.hidden", "multiple of 64");
+  s = small_shape();
+  s.intermediate = 0;
+  expect_error([&] { validate_shape(s); }, "shape.intermediate", "positive");
+  s = small_shape();
+  s.shared_intermediate = 32;
+  expect_error([&] { validate_shape(s); }, "shape.shared_intermediate", "multiple of 64");
+  s = small_shape();
+  s.tokens = 0;
+  expect_error([&] { validate_shape(s); }, "shape.tokens", "[1,");
+  s = small_shape();
+  s.num_ranks = 3;
+  expect_error([&] { validate_shape(s); }, "shape.num_experts", "not divisible");
+  s = small_shape();
+  s.num_ranks = 2;
+  s.rank = 2;
+  expect_error([&] { validate_shape(s); }, "shape.rank", "[0, num_ranks");
+  s = small_shape();
+  s.num_experts = Limits::kMaxExperts + 1;
+  expect_error([&] { validate_shape(s); }, "shape.num_experts", "[1, 4096]");
+  // The largest accepted sizes pass.
+  s = small_shape();
+  s.tokens = Limits::kMaxTokens;
+  s.hidden = Limits::kMaxHidden;
+  s.intermediate = Limits::kMaxIntermediate;
+  s.num_experts = Limits::kMaxExperts;
+  s.top_k = Limits::kMaxTopK;
+  EXPECT_NO_THROW(validate_shape(s));
+  // The validation of inputs re-checks the shape first.
+  s.top_k = Limits::kMaxTopK + 1;
+  expect_error([&] { validate_inputs(s, good_inputs(small_shape())); }, "shape.top_k", "at most");
+}
+
+TEST(Validation, RoutingCheckOnDeviceData) {
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+  };
+  EXPECT_EQ(check_route(0, bits(0.5f), 8), StatusCode::kOk);
+  EXPECT_EQ(check_route(7, bits(0.0f), 8), StatusCode::kOk);
+  EXPECT_EQ(check_route(8, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
+  EXPECT_EQ(check_route(-1, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
+  EXPECT_EQ(check_route(int64_t(1) << 32, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
+  EXPECT_EQ(check_route(3, bits(std::numeric_limits<float>::quiet_NaN()), 8), StatusCode::kNonFiniteWeight);
+  EXPECT_EQ(check_route(3, bits(std::numeric_limits<float>::infinity()), 8), StatusCode::kNonFiniteWeight);
+  EXPECT_EQ(check_route(3, bits(-std::numeric_limits<float>::infinity()), 8), StatusCode::kNonFiniteWeight);
+  EXPECT_EQ(check_route(3, bits(std::numeric_limits<float>::denorm_min()), 8), StatusCode::kOk);
+}
+
+TEST(Validation, StatusMessagesNameTheEntry) {
+  DeviceStatus st{};
+  EXPECT_EQ(describe_status(st, 4), "");
+  st.code = int32_t(StatusCode::kExpertOutOfRange);
+  st.a = 4 * 7 + 3;
+  st.b = 130;
+  st.c = 128;
+  EXPECT_EQ(describe_status(st, 4), "topk_ids[7, 3] = 130 is out of range [0, 128) (rank 0)");
+  st.code = int32_t(StatusCode::kNonFiniteWeight);
+  st.a = 5;
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  uint32_t b;
+  std::memcpy(&b, &nan, sizeof b);
+  st.b = b;
+  EXPECT_NE(describe_status(st, 4).find("topk_weights[1, 1]"), std::string::npos);
+  EXPECT_NE(describe_status(st, 4).find("not finite"), std::string::npos);
+  st.code = int32_t(StatusCode::kCapacityOverflow);
+  st.a = 1024;
+  st.b = 512;
+  EXPECT_NE(describe_status(st, 4).find("needs 1024 schedule rows but config.schedule_capacity is 512"),
+            std::string::npos);
+  st.code = int32_t(StatusCode::kWaitTimeout);
+  EXPECT_NE(describe_status(st, 4).find("timed out"), std::string::npos);
+}
+
+TEST(Validation, MakeViewRejectsTooManyDims) {
+  expect_error([] { make_view(fake(0), DType::kF32, {1, 2, 3, 4, 5}); }, "make_view", "rank 5");
+}
+
+}  // namespace
+}  // namespace lynx
