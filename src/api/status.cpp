@@ -7,7 +7,11 @@ namespace lynx {
 
 std::string describe_status(const DeviceStatus& st, int64_t top_k) {
   const auto code = static_cast<StatusCode>(st.code);
-  const std::string at = "[" + std::to_string(st.a / top_k) + ", " + std::to_string(st.a % top_k) + "]";
+  std::string at = "[";
+  at += std::to_string(st.a / top_k);
+  at += ", ";
+  at += std::to_string(st.a % top_k);
+  at += "]";
   const std::string on_rank = " (rank " + std::to_string(st.rank) + ")";
   switch (code) {
     case StatusCode::kOk:

@@ -1,0 +1,234 @@
+// lynx-bench: times the MoE layer on the benchmark shapes (ARCHITECTURE.md §9) after checking it
+// against the CPU reference, with the dense bf16 GEMM rate of the same GPU measured in the same run.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "dense_gemm.h"
+#include "lynx/lynx.h"
+#include "lynx_version.h"
+#include "problem.h"
+#include "shapes.h"
+#include "timing.h"
+
+namespace lynx::bench {
+namespace {
+
+struct Options {
+  std::vector<std::string> shapes{kDefaultShape};
+  std::vector<std::string> passes{"forward", "backward", "forward+backward"};
+  std::vector<Routing> routings{Routing::kUniform};
+  int64_t shared_intermediate = 0;
+  int warmup = 3, iters = 20, check_tokens = 8, dense_n = 8192;
+  std::string json;
+  std::string command;
+};
+
+const char* kUsage =
+    "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|all]\n"
+    "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
+    "                  [--json FILE]\n"
+    "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
+    "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+int to_int(const std::string& flag, const std::string& v, int min) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < min) usage_error(flag + " needs an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  return static_cast<int>(n);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) o.command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("missing value after " + flag);
+    const std::string v = argv[++i];
+    if (flag == "--shape") {
+      o.shapes.clear();
+      for (const NamedShape& s : benchmark_shapes()) {
+        if (v == "all" || v == s.name) o.shapes.push_back(s.name);
+      }
+      if (o.shapes.empty()) usage_error("unknown shape '" + v + "'");
+    } else if (flag == "--pass") {
+      if (v == "all") o.passes = {"forward", "backward", "forward+backward"};
+      else if (v == "forward" || v == "backward") o.passes = {v};
+      else if (v == "both" || v == "forward+backward") o.passes = {"forward+backward"};
+      else usage_error("unknown pass '" + v + "'");
+    } else if (flag == "--routing") {
+      if (v == "uniform") o.routings = {Routing::kUniform};
+      else if (v == "skewed") o.routings = {Routing::kSkewed};
+      else if (v == "all") o.routings = {Routing::kUniform, Routing::kSkewed};
+      else usage_error("unknown routing '" + v + "'");
+    } else if (flag == "--shared-intermediate") {
+      o.shared_intermediate = to_int(flag, v, 0);
+    } else if (flag == "--warmup") {
+      o.warmup = to_int(flag, v, 0);
+    } else if (flag == "--iters") {
+      o.iters = to_int(flag, v, 1);
+    } else if (flag == "--check-tokens") {
+      o.check_tokens = to_int(flag, v, 0);
+    } else if (flag == "--dense-n") {
+      o.dense_n = to_int(flag, v, 256);
+    } else if (flag == "--json") {
+      o.json = v;
+    } else {
+      usage_error("unknown option '" + flag + "'");
+    }
+  }
+  return o;
+}
+
+// Empty when a Hopper GPU is usable, else why not.
+std::string gpu_problem(std::string& name) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    return std::string("no CUDA GPU available (") + (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") +
+           "); lynx-bench needs a Hopper GPU (sm_90)";
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cannot read the properties of GPU 0";
+  name = prop.name;
+  if (prop.major != 9) return "GPU 0 is " + name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + "); lynx-bench needs Hopper (sm_90)";
+  return {};
+}
+
+struct Row {
+  std::string shape, routing, pass;
+  double ms, tflops;
+  std::string check;
+};
+
+std::string today() {
+  char buf[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void write_json(const Options& o, const std::string& gpu, double dense, const std::vector<Row>& rows) {
+  std::ofstream f(o.json);
+  if (!f) throw Error("--json", "cannot write " + o.json);
+  f << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
+    << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
+    << ",\n  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << "    {\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
+      << ", \"pass\": " << json_string(r.pass) << ", \"impl\": \"unfused\", \"ms\": " << r.ms
+      << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": null, \"baseline_ms\": null"
+      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check) << "}"
+      << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  f << "  ]\n}\n";
+}
+
+int run(const Options& o) {
+  std::string gpu;
+  const std::string why = gpu_problem(gpu);
+  if (!why.empty()) {
+    std::fprintf(stderr, "lynx-bench: %s\n", why.c_str());
+    return 2;
+  }
+  const double dense = dense_gemm_tflops(o.dense_n, o.warmup + 2, o.iters);
+  std::printf("lynx-bench  %s  commit %s  dense bf16 GEMM %d^3: %.1f TFLOP/s\n", gpu.c_str(), LYNX_GIT_COMMIT,
+              o.dense_n, dense);
+  std::vector<Row> rows;
+  bool all_ok = true;
+  for (const std::string& name : o.shapes) {
+    NamedShape shape;
+    for (const NamedShape& s : benchmark_shapes()) {
+      if (s.name == name) shape = s;
+    }
+    shape.shape.shared_intermediate = o.shared_intermediate;
+    for (Routing routing : o.routings) {
+      Problem p(shape, routing, 2026);
+      Workspace ws(p.shape());
+      const LayerInputs in = p.inputs();
+      const Gradients grads = p.gradients();
+      // Correctness first: one forward and backward, then rows against the reference.
+      forward(ws, in, p.y(), nullptr);
+      backward(ws, in, p.dy(), grads, nullptr);
+      LYNX_CUDA(cudaDeviceSynchronize());
+      const CheckResult check = o.check_tokens > 0 ? check_rows(p, o.check_tokens, true) : CheckResult{};
+      const std::string check_text = o.check_tokens > 0 ? check.summary() : "not checked";
+      if (o.check_tokens > 0 && !check.ok) {
+        std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED the reference check: %s (tolerance %.0e); not timed\n",
+                     name.c_str(), routing_name(routing), check_text.c_str(), kCheckTolerance);
+        all_ok = false;
+        continue;
+      }
+      const double fwd_flops = forward_flops(p.shape());
+      for (const std::string& pass : o.passes) {
+        double ms = 0, flops = 0;
+        if (pass == "forward") {
+          ms = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
+          flops = fwd_flops;
+        } else if (pass == "backward") {
+          forward(ws, in, p.y(), nullptr);
+          ms = median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
+          flops = 2 * fwd_flops;
+        } else {
+          ms = median_ms([&] {
+            forward(ws, in, p.y(), nullptr);
+            backward(ws, in, p.dy(), grads, nullptr);
+          }, o.warmup, o.iters, nullptr);
+          flops = 3 * fwd_flops;
+        }
+        rows.push_back({name, routing_name(routing), pass, ms, flops / (ms * 1e-3) / 1e12, check_text});
+      }
+    }
+  }
+  std::printf("\n%-15s %-8s %-17s %-8s %9s %8s %7s  %s\n", "shape", "routing", "pass", "impl", "ms", "TFLOP/s", "%dense",
+              "check vs CPU reference (rel. error)");
+  for (const Row& r : rows) {
+    std::printf("%-15s %-8s %-17s %-8s %9.3f %8.1f %6.1f%%  %s\n", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
+                "unfused", r.ms, r.tflops, 100.0 * r.tflops / dense, r.check.c_str());
+  }
+  if (!o.json.empty()) {
+    write_json(o, gpu, dense, rows);
+    std::printf("results written to %s\n", o.json.c_str());
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace lynx::bench
+
+int main(int argc, char** argv) {
+  const lynx::bench::Options options = lynx::bench::parse(argc, argv);
+  try {
+    return lynx::bench::run(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lynx-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,378 @@
+// The unfused GPU path against the double-precision CPU reference, on fresh random inputs, with every
+// output poisoned first.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "gpu/gpu_test.h"
+#include "lynx/lynx.h"
+#include "reference/reference.h"
+
+namespace lynx {
+namespace {
+
+using test::DeviceBuffer;
+using test::to_device;
+using test::to_host;
+
+struct Case {
+  int64_t T, H, I, E, k, Is;
+  std::string routing = "random";  // random | subset (experts 0 and E-1 only) | one (every row to expert E/2)
+  bool int64_ids = false;
+  bool zero_weights = false;       // every third router weight is exactly 0
+};
+
+std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<HostBf16> v(n);
+  for (auto& e : v) e = float_to_bf16(static_cast<float>(scale) * dist(rng));
+  return v;
+}
+
+std::vector<double> to_double_vec(const std::vector<HostBf16>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = to_double(v[i]);
+  return d;
+}
+
+// A layer's host inputs and their device copies.
+struct Layer {
+  Case c;
+  LayerShape shape;
+  std::vector<HostBf16> x, w_gate, w_up, w_down, ws_gate, ws_up, ws_down;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  DeviceBuffer d_x, d_ids, d_weights, d_wg, d_wu, d_wd, d_wsg, d_wsu, d_wsd;
+
+  explicit Layer(const Case& cs, uint64_t seed) : c(cs) {
+    std::mt19937_64 rng(seed);
+    shape.tokens = c.T;
+    shape.hidden = c.H;
+    shape.intermediate = c.I;
+    shape.num_experts = c.E;
+    shape.top_k = c.k;
+    shape.shared_intermediate = c.Is;
+    x = random_bf16(rng, c.T * c.H, 1.0);
+    w_gate = random_bf16(rng, c.E * c.I * c.H, 2.0 / std::sqrt(double(c.H)));
+    w_up = random_bf16(rng, c.E * c.I * c.H, 2.0 / std::sqrt(double(c.H)));
+    w_down = random_bf16(rng, c.E * c.H * c.I, 1.0 / std::sqrt(double(c.I)));
+    if (c.Is > 0) {
+      ws_gate = random_bf16(rng, c.Is * c.H, 2.0 / std::sqrt(double(c.H)));
+      ws_up = random_bf16(rng, c.Is * c.H, 2.0 / std::sqrt(double(c.H)));
+      ws_down = random_bf16(rng, c.H * c.Is, 1.0 / std::sqrt(double(c.Is)));
+    }
+    ids.resize(c.T * c.k);
+    weights.resize(c.T * c.k);
+    std::vector<int32_t> experts(c.E);
+    std::iota(experts.begin(), experts.end(), 0);
+    std::uniform_real_distribution<float> wdist(0.05f, 1.0f);
+    for (int64_t t = 0; t < c.T; ++t) {
+      std::shuffle(experts.begin(), experts.end(), rng);
+      for (int64_t j = 0; j < c.k; ++j) {
+        int32_t e = experts[j];
+        if (c.routing == "subset") e = (j % 2 == 0) ? 0 : int32_t(c.E - 1);
+        if (c.routing == "one") e = int32_t(c.E / 2);
+        ids[t * c.k + j] = e;
+        weights[t * c.k + j] = (c.zero_weights && (t * c.k + j) % 3 == 0) ? 0.0f : wdist(rng);
+      }
+    }
+    d_x = to_device(x);
+    if (c.int64_ids) {
+      d_ids = to_device(std::vector<int64_t>(ids.begin(), ids.end()));
+    } else {
+      d_ids = to_device(ids);
+    }
+    d_weights = to_device(weights);
+    d_wg = to_device(w_gate);
+    d_wu = to_device(w_up);
+    d_wd = to_device(w_down);
+    if (c.Is > 0) {
+      d_wsg = to_device(ws_gate);
+      d_wsu = to_device(ws_up);
+      d_wsd = to_device(ws_down);
+    }
+  }
+
+  LayerInputs inputs() const {
+    LayerInputs in;
+    in.x = make_view(d_x.get(), DType::kBF16, {c.T, c.H});
+    in.topk_ids = make_view(d_ids.get(), c.int64_ids ? DType::kI64 : DType::kI32, {c.T, c.k});
+    in.topk_weights = make_view(d_weights.get(), DType::kF32, {c.T, c.k});
+    in.weights.w_gate = make_view(d_wg.get(), DType::kBF16, {c.E, c.I, c.H});
+    in.weights.w_up = make_view(d_wu.get(), DType::kBF16, {c.E, c.I, c.H});
+    in.weights.w_down = make_view(d_wd.get(), DType::kBF16, {c.E, c.H, c.I});
+    if (c.Is > 0) {
+      in.weights.ws_gate = make_view(d_wsg.get(), DType::kBF16, {c.Is, c.H});
+      in.weights.ws_up = make_view(d_wsu.get(), DType::kBF16, {c.Is, c.H});
+      in.weights.ws_down = make_view(d_wsd.get(), DType::kBF16, {c.H, c.Is});
+    }
+    return in;
+  }
+
+  std::vector<double> weights_double() const { return std::vector<double>(weights.begin(), weights.end()); }
+
+  ref::Layer<HostBf16> reference(const std::vector<double>& w) const {
+    ref::Layer<HostBf16> r;
+    r.T = c.T, r.H = c.H, r.I = c.I, r.E = c.E, r.k = c.k, r.I_shared = c.Is;
+    r.x = x.data();
+    r.topk_ids = ids.data();
+    r.topk_weights = w.data();
+    r.w_gate = w_gate.data();
+    r.w_up = w_up.data();
+    r.w_down = w_down.data();
+    r.ws_gate = ws_gate.data();
+    r.ws_up = ws_up.data();
+    r.ws_down = ws_down.data();
+    return r;
+  }
+};
+
+// ‖got − want‖ / ‖want‖; got must be all finite.
+template <class T>
+double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double g;
+    if constexpr (std::is_same_v<T, HostBf16>) {
+      g = to_double(got[i]);
+    } else {
+      g = got[i];
+    }
+    if (!std::isfinite(g)) {
+      ADD_FAILURE() << what << "[" << i << "] is not finite (" << g << "): not written or NaN";
+      return INFINITY;
+    }
+    num += (g - want[i]) * (g - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+constexpr double kTolerance = 1e-2;  // bf16 operands, fp32 accumulation (ARCHITECTURE.md §8)
+
+struct Outputs {
+  std::vector<HostBf16> y, dx, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down;
+  std::vector<float> d_topk;
+};
+
+// Runs forward and backward on poisoned outputs and copies everything back.
+Outputs run_layer(Workspace& ws, const Layer& L, const std::vector<HostBf16>& dy, bool recompute = false) {
+  const Case& c = L.c;
+  DeviceBuffer y(c.T * c.H * 2), d_dy = to_device(dy), dx(c.T * c.H * 2), dtk(c.T * c.k * 4),
+      dwg(c.E * c.I * c.H * 2), dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2),
+      dwsu(c.Is * c.H * 2), dwsd(c.H * c.Is * 2);
+  for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+  const LayerInputs in = L.inputs();
+  forward(ws, in, make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+  if (recompute) recompute_forward_context(ws, in, nullptr);
+  Gradients g;
+  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
+  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
+  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+  if (c.Is > 0) {
+    g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
+    g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
+    g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
+  }
+  backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  Outputs o;
+  o.y = to_host<HostBf16>(y, c.T * c.H);
+  o.dx = to_host<HostBf16>(dx, c.T * c.H);
+  o.d_topk = to_host<float>(dtk, c.T * c.k);
+  o.dw_gate = to_host<HostBf16>(dwg, c.E * c.I * c.H);
+  o.dw_up = to_host<HostBf16>(dwu, c.E * c.I * c.H);
+  o.dw_down = to_host<HostBf16>(dwd, c.E * c.H * c.I);
+  o.dws_gate = to_host<HostBf16>(dwsg, c.Is * c.H);
+  o.dws_up = to_host<HostBf16>(dwsu, c.Is * c.H);
+  o.dws_down = to_host<HostBf16>(dwsd, c.H * c.Is);
+  return o;
+}
+
+class Unfused : public test::GpuTest {};
+
+void check_against_reference(const Case& c, uint64_t seed, const Config& config = {}, bool recompute = false) {
+  SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+               " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
+               " routing=" + c.routing);
+  const Layer L(c, seed);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace ws(L.shape, config);
+  const Outputs o = run_layer(ws, L, dy, recompute);
+
+  const std::vector<double> w = L.weights_double();
+  const ref::Layer<HostBf16> r = L.reference(w);
+  const std::vector<double> y_ref = ref::forward(r);
+  const ref::Gradients g = ref::backward(r, to_double_vec(dy).data());
+  EXPECT_LT(rel_error(o.y, y_ref, "y"), kTolerance);
+  EXPECT_LT(rel_error(o.dx, g.dx, "dx"), kTolerance);
+  EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights"), kTolerance);
+  EXPECT_LT(rel_error(o.dw_gate, g.dw_gate, "dw_gate"), kTolerance);
+  EXPECT_LT(rel_error(o.dw_up, g.dw_up, "dw_up"), kTolerance);
+  EXPECT_LT(rel_error(o.dw_down, g.dw_down, "dw_down"), kTolerance);
+  if (c.Is > 0) {
+    EXPECT_LT(rel_error(o.dws_gate, g.dws_gate, "dws_gate"), kTolerance);
+    EXPECT_LT(rel_error(o.dws_up, g.dws_up, "dws_up"), kTolerance);
+    EXPECT_LT(rel_error(o.dws_down, g.dws_down, "dws_down"), kTolerance);
+  }
+  // Experts that received no row: weight gradients exactly zero (they were poisoned before the call).
+  std::vector<int64_t> rows_per_expert(c.E, 0);
+  for (int32_t e : L.ids) ++rows_per_expert[e];
+  for (int64_t e = 0; e < c.E; ++e) {
+    if (rows_per_expert[e] != 0) continue;
+    for (int64_t i = 0; i < c.I * c.H; ++i) {
+      ASSERT_EQ(o.dw_gate[e * c.I * c.H + i].bits, 0) << "expert " << e;
+      ASSERT_EQ(o.dw_up[e * c.I * c.H + i].bits, 0) << "expert " << e;
+      ASSERT_EQ(o.dw_down[e * c.H * c.I + i].bits, 0) << "expert " << e;
+    }
+  }
+}
+
+std::random_device::result_type fresh_seed() { return std::random_device{}(); }
+
+TEST_F(Unfused, MatchesReference) {
+  const auto seed = fresh_seed();
+  RecordProperty("seed", std::to_string(seed));
+  check_against_reference({200, 128, 64, 8, 2, 64}, seed);
+}
+
+TEST_F(Unfused, NoSharedExpertAndTopOne) {
+  const auto seed = fresh_seed();
+  check_against_reference({130, 128, 128, 4, 1, 0}, seed);
+}
+
+TEST_F(Unfused, LargerShape) {
+  check_against_reference({700, 256, 192, 16, 4, 128}, fresh_seed());
+}
+
+TEST_F(Unfused, ExpertsWithNoRows) {
+  Case c{257, 64, 64, 8, 2, 0};
+  c.routing = "subset";
+  check_against_reference(c, fresh_seed());
+}
+
+TEST_F(Unfused, EveryRowToOneExpert) {
+  Case c{300, 128, 64, 8, 1, 64};
+  c.routing = "one";
+  check_against_reference(c, fresh_seed());
+}
+
+TEST_F(Unfused, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, fresh_seed()); }
+
+TEST_F(Unfused, SmallestShape) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed()); }
+
+TEST_F(Unfused, Int64IdsAndZeroRouterWeights) {
+  Case c{150, 128, 64, 8, 4, 64};
+  c.int64_ids = true;
+  c.zero_weights = true;
+  check_against_reference(c, fresh_seed());
+}
+
+TEST_F(Unfused, RecomputedContextMatchesReference) {
+  Config config;
+  config.save_forward_context = false;
+  check_against_reference({200, 128, 64, 8, 2, 64}, fresh_seed(), config, /*recompute=*/true);
+}
+
+TEST_F(Unfused, BitwiseDeterministic) {
+  const Case c{513, 256, 128, 16, 4, 64};
+  const Layer L(c, fresh_seed());
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace ws(L.shape);
+  const Outputs first = run_layer(ws, L, dy);
+  auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
+  for (int run = 1; run < 20; ++run) {
+    const Outputs o = run_layer(ws, L, dy);
+    ASSERT_TRUE(same(o.y, first.y)) << "run " << run;
+    ASSERT_TRUE(same(o.dx, first.dx)) << "run " << run;
+    ASSERT_TRUE(same(o.d_topk, first.d_topk)) << "run " << run;
+    ASSERT_TRUE(same(o.dw_gate, first.dw_gate)) << "run " << run;
+    ASSERT_TRUE(same(o.dw_up, first.dw_up)) << "run " << run;
+    ASSERT_TRUE(same(o.dw_down, first.dw_down)) << "run " << run;
+    ASSERT_TRUE(same(o.dws_down, first.dws_down)) << "run " << run;
+  }
+}
+
+// A routing error on the device is reported by the call, naming the entry, and y is not written.
+void expect_forward_error(Layer& L, const Config& config, const std::string& needle) {
+  Workspace ws(L.shape, config);
+  DeviceBuffer y(L.c.T * L.c.H * 2);
+  y.fill_bytes(0x7B);
+  try {
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {L.c.T, L.c.H}), nullptr);
+    ADD_FAILURE() << "forward accepted bad routing; expected: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  for (HostBf16 v : to_host<HostBf16>(y, L.c.T * L.c.H)) ASSERT_EQ(v.bits, 0x7B7B) << "y was written";
+  // The workspace is usable again after the error once the routing is fixed.
+  L.ids.assign(L.ids.size(), 0);
+  L.weights.assign(L.weights.size(), 0.5f);
+  L.d_ids = to_device(L.ids);
+  L.d_weights = to_device(L.weights);
+  EXPECT_NO_THROW(forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {L.c.T, L.c.H}), nullptr));
+}
+
+TEST_F(Unfused, ExpertIdOutOfRangeIsReported) {
+  Layer L({64, 64, 64, 8, 2, 0}, fresh_seed());
+  L.ids[2 * 37 + 1] = 8;
+  L.ids[2 * 50 + 0] = -3;
+  L.d_ids = to_device(L.ids);
+  expect_forward_error(L, {}, "topk_ids[37, 1] = 8 is out of range [0, 8)");
+}
+
+TEST_F(Unfused, NonFiniteRouterWeightIsReported) {
+  Layer L({64, 64, 64, 8, 2, 0}, fresh_seed());
+  L.weights[2 * 11 + 0] = std::numeric_limits<float>::infinity();
+  L.d_weights = to_device(L.weights);
+  expect_forward_error(L, {}, "topk_weights[11, 0] = inf is not finite");
+}
+
+TEST_F(Unfused, CapacityOverflowIsReported) {
+  Case c{300, 64, 64, 8, 2, 0};
+  c.routing = "one";
+  Layer L(c, fresh_seed());
+  Config config;
+  config.schedule_capacity = 256;  // 300 rows on one expert need 384
+  expect_forward_error(L, config, "needs 384 schedule rows but config.schedule_capacity is 256");
+}
+
+TEST_F(Unfused, BackwardWithoutContextIsAnError) {
+  const Case c{64, 64, 64, 4, 2, 0};
+  Layer L(c, fresh_seed());
+  Config config;
+  config.save_forward_context = false;
+  Workspace ws(L.shape, config);
+  DeviceBuffer y(c.T * c.H * 2), dy(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
+      dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2);
+  forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+  Gradients g;
+  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
+  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
+  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+  try {
+    backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
+    ADD_FAILURE() << "backward ran without a forward context";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "backward");
+    EXPECT_NE(std::string(e.what()).find("recompute_forward_context"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lynx
