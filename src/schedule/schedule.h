@@ -12,8 +12,12 @@
 //  * Padding rows have row_token_slot = row_src_rank = -1.
 //  * slot_row[t*k + j] (for this rank's own tokens) is the row of (t, j) if its expert is local to this
 //    rank, else -1.
-//  * If the padded total exceeds the capacity, nothing is written to the row arrays or slot_row,
+//  * row_token_slot holds the flat index t*k + j into the source rank's [T, k] ids.
+//  * If the padded total exceeds the capacity, nothing is written to the row arrays or slot_row (they
+//    keep whatever an earlier build left: consumers must go by the total, expert_offset[E_loc]),
 //    expert_offset/expert_rows are still written, and the status reports kCapacityOverflow.
+//  * The device builder reads the ids twice: they must not change while a build runs. Its scratch
+//    needs no initialisation.
 #pragma once
 
 #include <cuda_runtime_api.h>

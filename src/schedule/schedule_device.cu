@@ -57,7 +57,7 @@ Plan make_plan(const Problem& p) {
 struct Args {
   DeviceRouting routing;
   int32_t num_ranks, rank, local_experts;
-  int32_t chunks, place_warps;
+  int32_t chunks;
   int64_t entries, chunk_entries, capacity;
   int32_t* chunk_rows;  // scratch, see the layout above
   int32_t* pair_rows;
@@ -208,7 +208,7 @@ __device__ void write_padding(const Args& a) {
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
 //   3. row q = prefix + rank goes to expert_offset[e] + interleaved_position(q, s, pair_rows of e).
-__global__ void place_rows_kernel(const Args a) {
+__global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a) {
   if (*a.fits != 1) return;
   write_padding(a);
 
@@ -293,7 +293,6 @@ Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing,
   a.rank = p.rank;
   a.local_experts = static_cast<int32_t>(p.local_experts());
   a.chunks = plan.chunks;
-  a.place_warps = plan.place_warps;
   a.entries = plan.entries;
   a.chunk_entries = plan.chunk_entries;
   a.capacity = p.capacity;

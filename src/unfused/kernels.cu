@@ -62,7 +62,10 @@ __global__ void gather_rows_kernel(Vec8* dst, const Vec8* src, const int32_t* ro
                                    int64_t capacity, int64_t top_k, int64_t vecs_per_row) {
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int64_t total = *total_rows;
-  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < total && row < capacity;
+  // NOTES: a schedule over capacity places no rows (the call then reports the overflow); the row
+  // arrays hold a previous call's rows or nothing, so none of them may be read.
+  if (total > capacity) return;
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < total;
        row += warps) {
     const int32_t slot = row_token_slot[row];
     if (slot < 0) continue;

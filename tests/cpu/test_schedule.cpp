@@ -1,0 +1,312 @@
+// The host schedule builder against a brute-force statement of the placement rule of schedule.h.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+#include "schedule/schedule_core.h"
+
+namespace lynx::sched {
+namespace {
+
+// Every rank's [T, k] ids (the global expert of (t, j)), distinct within a token. With `hot` >= 0,
+// about `hot_share` percent of source s's tokens have j = 0 on expert (hot + s * hot_step) % E: unequal
+// counts from the sources to one expert (hot_step 1), or every token on one expert (100%, step 0).
+struct Routing {
+  int32_t R = 1;
+  int64_t T = 0, k = 0, E = 0;
+  std::vector<std::vector<int32_t>> ids;  // [R][T*k]
+  std::vector<const int32_t*> ptrs;
+
+  Routing(int32_t R_, int64_t T_, int64_t k_, int64_t E_, uint32_t seed, int64_t hot = -1, int hot_share = 0,
+          int64_t hot_step = 1)
+      : R(R_), T(T_), k(k_), E(E_), ids(R_) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> perm(E);
+    for (int64_t e = 0; e < E; ++e) perm[e] = int32_t(e);
+    for (int32_t s = 0; s < R; ++s) {
+      ids[s].resize(T * k);
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t first = 0;
+        if (hot >= 0 && int(rng() % 100) < hot_share) {
+          const int32_t h = int32_t((hot + s * hot_step) % E);
+          std::swap(perm[0], *std::find(perm.begin(), perm.end(), h));
+          first = 1;
+        }
+        for (int64_t j = first; j < k; ++j) std::swap(perm[j], perm[j + rng() % (E - j)]);
+        for (int64_t j = 0; j < k; ++j) ids[s][t * k + j] = perm[j];
+      }
+    }
+    refresh();
+  }
+  void refresh() {
+    ptrs.clear();
+    for (auto& v : ids) ptrs.push_back(v.data());
+  }
+};
+
+int64_t worst_case_capacity(const Routing& g) {
+  const int64_t routed = g.R * g.T * g.k;
+  const int64_t padded_experts = std::min<int64_t>(g.E / g.R, routed);
+  return (routed + padded_experts * 127 + 127) / 128 * 128;
+}
+
+Problem problem(const Routing& g, int32_t rank, int64_t capacity) {
+  Problem p;
+  p.num_ranks = g.R;
+  p.rank = rank;
+  p.tokens = g.T;
+  p.top_k = g.k;
+  p.num_experts = g.E;
+  p.capacity = capacity;
+  return p;
+}
+
+// What rank r must compute, stated without schedule_core.h.
+struct Expected {
+  std::vector<int32_t> expert_rows, expert_offset;
+  int64_t total = 0;
+  std::vector<std::vector<std::vector<int32_t>>> lists;  // [E_loc][R]: flat indices t*k+j, increasing
+  std::vector<int32_t> row_token_slot, row_src_rank, slot_row;  // when it fits
+};
+
+Expected expect(const Routing& g, int32_t r, int64_t capacity) {
+  const int64_t E_loc = g.E / g.R;
+  Expected x;
+  x.lists.assign(E_loc, std::vector<std::vector<int32_t>>(g.R));
+  for (int32_t s = 0; s < g.R; ++s) {
+    for (int64_t i = 0; i < g.T * g.k; ++i) {
+      const int32_t id = g.ids[s][i];
+      if (id < 0 || id >= g.E || id / E_loc != r) continue;  // another rank's expert, or no expert at all
+      x.lists[id % E_loc][s].push_back(int32_t(i));
+    }
+  }
+  for (int64_t e = 0; e < E_loc; ++e) {
+    int64_t rows = 0;
+    for (auto& l : x.lists[e]) rows += int64_t(l.size());
+    int64_t padded = rows;
+    while (padded % 128 != 0) ++padded;
+    x.expert_rows.push_back(int32_t(rows));
+    x.expert_offset.push_back(int32_t(x.total));
+    x.total += padded;
+  }
+  x.expert_offset.push_back(int32_t(x.total));
+
+  x.row_token_slot.assign(std::max<int64_t>(capacity, 0), -1);
+  x.row_src_rank.assign(std::max<int64_t>(capacity, 0), -1);
+  x.slot_row.assign(g.T * g.k, -1);
+  if (x.total > capacity) return x;
+  // Round-robin: round q visits sources 0..R-1, each giving its row q if it still has one.
+  for (int64_t e = 0; e < E_loc; ++e) {
+    int64_t row = x.expert_offset[e];
+    for (size_t q = 0; row < x.expert_offset[e] + x.expert_rows[e]; ++q) {
+      for (int32_t s = 0; s < g.R; ++s) {
+        if (q >= x.lists[e][s].size()) continue;
+        x.row_token_slot[row] = x.lists[e][s][q];
+        x.row_src_rank[row] = s;
+        if (s == r) x.slot_row[x.lists[e][s][q]] = int32_t(row);
+        ++row;
+      }
+    }
+  }
+  return x;
+}
+
+// First index where two vectors differ, as a message ("" when equal).
+std::string first_difference(const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) return "[" + std::to_string(i) + "] = " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
+  }
+  return "";
+}
+
+// Builds rank r's schedule into `got` and checks every property of schedule.h.
+void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::string& what, HostSchedule& got) {
+  SCOPED_TRACE(what + " rank " + std::to_string(r) + " capacity " + std::to_string(capacity));
+  const Problem p = problem(g, r, capacity);
+  const HostResult res = build_schedule_host(p, g.ptrs.data(), got);
+  const Expected want = expect(g, r, capacity);
+  const int64_t E_loc = g.E / g.R;
+
+  EXPECT_EQ(res.rows_needed, want.total);
+  EXPECT_EQ(res.code, want.total <= capacity ? StatusCode::kOk : StatusCode::kCapacityOverflow);
+  EXPECT_EQ(first_difference(got.expert_rows, want.expert_rows), "") << "expert_rows";
+  EXPECT_EQ(first_difference(got.expert_offset, want.expert_offset), "") << "expert_offset";
+  for (int64_t e = 0; e < E_loc && e + 1 < int64_t(got.expert_offset.size()); ++e) {
+    EXPECT_EQ(got.expert_offset[e] % 128, 0);
+    EXPECT_GE(got.expert_offset[e + 1] - got.expert_offset[e], got.expert_rows[e]);
+    EXPECT_LT(got.expert_offset[e + 1] - got.expert_offset[e], got.expert_rows[e] + 128);
+  }
+  EXPECT_EQ(first_difference(got.row_token_slot, want.row_token_slot), "") << "row_token_slot";
+  EXPECT_EQ(first_difference(got.row_src_rank, want.row_src_rank), "") << "row_src_rank";
+  EXPECT_EQ(first_difference(got.slot_row, want.slot_row), "") << "slot_row";
+  if (res.code != StatusCode::kOk) return;
+
+  // The same facts once more, read off the output: each local (source, slot) exactly once, in its
+  // expert's block; padding -1 in both arrays; slot_row inverts the row map for this rank's tokens.
+  std::vector<std::vector<int>> seen(g.R, std::vector<int>(g.T * g.k, 0));
+  for (int64_t e = 0; e < E_loc; ++e) {
+    for (int64_t row = got.expert_offset[e]; row < got.expert_offset[e + 1]; ++row) {
+      const int32_t s = got.row_src_rank[row], slot = got.row_token_slot[row];
+      if (row >= got.expert_offset[e] + got.expert_rows[e]) {
+        EXPECT_TRUE(s == -1 && slot == -1) << "padding row " << row;
+        continue;
+      }
+      ASSERT_TRUE(s >= 0 && s < g.R && slot >= 0 && slot < g.T * g.k) << "row " << row;
+      ++seen[s][slot];
+      EXPECT_EQ(g.ids[s][slot], r * E_loc + e) << "row " << row << " sits in the block of another expert";
+      if (s == r) {
+        EXPECT_EQ(got.slot_row[slot], row);
+      }
+    }
+  }
+  for (int32_t s = 0; s < g.R; ++s) {
+    for (int64_t i = 0; i < g.T * g.k; ++i) {
+      const int32_t id = g.ids[s][i];
+      const bool local = id >= 0 && id < g.E && id / E_loc == r;
+      ASSERT_EQ(seen[s][i], local ? 1 : 0) << "source " << s << " slot " << i;
+    }
+  }
+  for (int64_t row = want.total; row < capacity; ++row) {
+    ASSERT_TRUE(got.row_token_slot[row] == -1 && got.row_src_rank[row] == -1) << "row past the total " << row;
+  }
+}
+
+// Checks every rank of `g` with the worst-case capacity, and that a second build is identical.
+void check_all_ranks(const Routing& g, const std::string& what) {
+  for (int32_t r = 0; r < g.R; ++r) {
+    HostSchedule a, b;
+    build_and_check(g, r, worst_case_capacity(g), what, a);
+    build_schedule_host(problem(g, r, worst_case_capacity(g)), g.ptrs.data(), b);
+    EXPECT_TRUE(a.row_token_slot == b.row_token_slot && a.row_src_rank == b.row_src_rank &&
+                a.expert_offset == b.expert_offset && a.expert_rows == b.expert_rows && a.slot_row == b.slot_row)
+        << what << ": two builds differ, rank " << r;
+  }
+}
+
+TEST(Schedule, InterleavedPositionIsRoundRobin) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t R = 1 + int32_t(rng() % 9);
+    std::vector<int32_t> n(R);
+    for (auto& v : n) v = int32_t(rng() % 6);
+    std::vector<std::vector<int64_t>> want(R);
+    int64_t pos = 0;
+    for (int32_t q = 0; q < 6; ++q) {
+      for (int32_t s = 0; s < R; ++s) {
+        if (q < n[s]) want[s].push_back(pos++);
+      }
+    }
+    for (int32_t s = 0; s < R; ++s) {
+      for (int32_t q = 0; q < n[s]; ++q) ASSERT_EQ(core::interleaved_position(q, s, n.data(), R), want[s][q]);
+    }
+  }
+}
+
+TEST(Schedule, CoreRules) {
+  EXPECT_EQ(core::local_expert(5, 1, 4), 1);
+  EXPECT_EQ(core::local_expert(3, 1, 4), -1);
+  EXPECT_EQ(core::local_expert(8, 1, 4), -1);
+  EXPECT_EQ(core::local_expert(-1, 0, 4), -1);
+  EXPECT_EQ(core::local_expert(INT_MIN, 0, 4), -1);
+  EXPECT_EQ(core::local_expert(INT_MAX, 63, 64), -1);
+  EXPECT_EQ(core::padded_rows(0), 0);
+  EXPECT_EQ(core::padded_rows(1), 128);
+  EXPECT_EQ(core::padded_rows(128), 128);
+  EXPECT_EQ(core::padded_rows(129), 256);
+  EXPECT_TRUE(core::fits_capacity(256, 256));
+  EXPECT_FALSE(core::fits_capacity(256, 255));
+}
+
+TEST(Schedule, RandomRoutings) {
+  for (int32_t R : {1, 2, 4, 8}) {
+    check_all_ranks(Routing(R, 300, 8, 64, 100 + R), "T=300 k=8 E=64 R=" + std::to_string(R));
+    check_all_ranks(Routing(R, 1000, 2, 16, 200 + R), "T=1000 k=2 E=16 R=" + std::to_string(R));
+    check_all_ranks(Routing(R, 129, 4, 128, 300 + R), "T=129 k=4 E=128 R=" + std::to_string(R));
+  }
+}
+
+TEST(Schedule, UnequalSources) {
+  for (int32_t R : {2, 4, 8}) {
+    check_all_ranks(Routing(R, 500, 4, 32, 400 + R, /*hot=*/0, /*hot_share=*/70), "hot R=" + std::to_string(R));
+  }
+}
+
+TEST(Schedule, ExpertsWithNoRows) {
+  for (int32_t R : {1, 2, 4, 8}) check_all_ranks(Routing(R, 3, 2, 64, 500 + R), "T=3 E=64 R=" + std::to_string(R));
+}
+
+TEST(Schedule, EveryTokenOnOneExpert) {
+  for (int32_t R : {1, 2, 4, 8}) {
+    for (int64_t k : {1, 4}) {
+      const Routing g(R, 333, k, 16, 600 + R, /*hot=*/5, /*hot_share=*/100, /*hot_step=*/0);
+      check_all_ranks(g, "one expert k=" + std::to_string(k) + " R=" + std::to_string(R));
+    }
+  }
+}
+
+TEST(Schedule, TopKOne) {
+  for (int32_t R : {1, 2, 4, 8}) check_all_ranks(Routing(R, 777, 1, 32, 700 + R), "k=1 R=" + std::to_string(R));
+}
+
+TEST(Schedule, OneLocalExpert) {
+  for (int32_t R : {1, 2, 4, 8}) check_all_ranks(Routing(R, 200, 1, R, 800 + R), "E=R R=" + std::to_string(R));
+  for (int32_t R : {2, 4, 8}) check_all_ranks(Routing(R, 200, 2, R, 850 + R), "E=R k=2 R=" + std::to_string(R));
+}
+
+TEST(Schedule, SingleToken) {
+  for (int32_t R : {1, 2, 4, 8}) check_all_ranks(Routing(R, 1, 8, 64, 900 + R), "T=1 R=" + std::to_string(R));
+}
+
+TEST(Schedule, ManyRanks) { check_all_ranks(Routing(64, 20, 4, 128, 950), "R=64"); }
+
+TEST(Schedule, CapacityExactlyEnough) {
+  for (int32_t R : {1, 2, 4, 8}) {
+    const Routing g(R, 250, 4, 32, 1000 + R);
+    for (int32_t r = 0; r < R; ++r) {
+      const int64_t total = expect(g, r, 0).total;
+      HostSchedule s;
+      EXPECT_EQ(build_schedule_host(problem(g, r, total), g.ptrs.data(), s).code, StatusCode::kOk);
+      build_and_check(g, r, total, "exact capacity", s);
+    }
+  }
+}
+
+TEST(Schedule, CapacityOneRowShort) {
+  for (int32_t R : {1, 2, 4, 8}) {
+    const Routing g(R, 250, 4, 32, 1100 + R);
+    for (int32_t r = 0; r < R; ++r) {
+      const int64_t total = expect(g, r, 0).total;
+      ASSERT_GT(total, 0);
+      HostSchedule s;
+      const HostResult res = build_schedule_host(problem(g, r, total - 1), g.ptrs.data(), s);
+      EXPECT_EQ(res.code, StatusCode::kCapacityOverflow);
+      EXPECT_EQ(res.rows_needed, total);
+      EXPECT_EQ(s.row_token_slot, std::vector<int32_t>(total - 1, -1));
+      EXPECT_EQ(s.row_src_rank, std::vector<int32_t>(total - 1, -1));
+      EXPECT_EQ(s.slot_row, std::vector<int32_t>(g.T * g.k, -1));
+      build_and_check(g, r, total - 1, "one row short", s);  // expert_offset / expert_rows still right
+    }
+  }
+}
+
+TEST(Schedule, IdsOutsideRangeAreNotLocal) {
+  for (int32_t R : {1, 2, 4}) {
+    Routing g(R, 100, 4, 16, 1200 + R);
+    const int32_t bad[] = {-1, 16, INT_MIN, INT_MAX, 17, -16};
+    for (int32_t s = 0; s < R; ++s) {
+      for (int64_t i = 0; i < g.T * g.k; i += 7) g.ids[s][i] = bad[(i / 7 + s) % 6];
+    }
+    g.refresh();
+    check_all_ranks(g, "bad ids R=" + std::to_string(R));
+  }
+}
+
+}  // namespace
+}  // namespace lynx::sched
