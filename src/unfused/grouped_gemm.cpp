@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -20,6 +21,17 @@ void empty_k(const Gemm& g, bool c_fp32, cudaStream_t stream) {
   if (g.beta == 1.0f) return;
   const size_t elem = c_fp32 ? 4 : 2;
   LYNX_CUDA(cudaMemset2DAsync(g.c, size_t(g.ldc) * elem, 0, size_t(g.n) * elem, size_t(g.m), stream));
+}
+
+}  // namespace
+
+namespace {
+
+GemmStrategy strategy(int64_t products, double mean_flops) {
+  static const char* forced = std::getenv("LYNX_UNFUSED_GEMM");
+  if (forced && std::string(forced) == "loop") return GemmStrategy::kLoop;
+  if (forced && std::string(forced) == "grouped") return GemmStrategy::kGrouped;
+  return choose_gemm_strategy(products, mean_flops);
 }
 
 }  // namespace
@@ -58,6 +70,12 @@ void GroupedGemm::run(cublasHandle_t handle, const std::vector<Gemm>& products, 
   }
   const int64_t count = static_cast<int64_t>(live.size());
   if (count == 0) return;
+  double flops = 0;
+  for (const Gemm* g : live) flops += 2.0 * g->m * g->n * g->k;
+  if (strategy(count, flops / double(count)) == GemmStrategy::kLoop) {
+    for (const Gemm* g : live) gemm(handle, *g, c_fp32, stream);
+    return;
+  }
   if (count > capacity_) {
     throw Error("", "internal: " + std::to_string(count) + " grouped products exceed the pool of " +
                         std::to_string(capacity_));

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "unfused/gemm_strategy.h"
+
 namespace lynx::unfused {
 
 // Row-major C[m, n] = alpha · op(A) · op(B) + beta · C, with op(X) = X or Xᵀ as stored; A and B bf16,
@@ -27,7 +29,8 @@ struct Gemm {
 
 void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream);
 
-// Runs many products of the same C dtype in one cuBLAS call. The device array of operand pointers
+// Runs many products of the same C dtype, one cuBLAS call each or in one grouped call, as
+// choose_gemm_strategy says; LYNX_UNFUSED_GEMM=loop|grouped in the environment overrides it (sweeps). The device array of operand pointers
 // comes from a pool recycled by begin_pass(), to be called only where every grouped call issued before
 // has finished (the unfused path calls it right after its stream synchronisation); when the pool runs
 // out between two such points, run() synchronises the stream itself and starts over.

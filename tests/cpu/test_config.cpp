@@ -4,6 +4,7 @@
 #include <string>
 
 #include "lynx/lynx.h"
+#include "unfused/gemm_strategy.h"
 
 namespace lynx {
 namespace {
@@ -107,6 +108,18 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   LayerShape bad = qwen3();
   bad.top_k = 200;
   expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.top_k");
+}
+
+// The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs
+// (mean rows per expert · I · H · 2 FLOPs), as measured on the H200 (docs/unfused.md).
+TEST(GemmStrategy, FollowsTheMeasuredSweep) {
+  using unfused::GemmStrategy;
+  using unfused::choose_gemm_strategy;
+  EXPECT_EQ(choose_gemm_strategy(2 * 128, 512.0 * 768 * 2048 * 2), GemmStrategy::kGrouped);  // qwen3-30b-a3b
+  EXPECT_EQ(choose_gemm_strategy(2 * 64, 1024.0 * 1024 * 2048 * 2), GemmStrategy::kLoop);    // olmoe-1b-7b
+  EXPECT_EQ(choose_gemm_strategy(2 * 8, 2048.0 * 14336 * 4096 * 2), GemmStrategy::kLoop);    // mixtral-8x7b
+  EXPECT_EQ(choose_gemm_strategy(2 * 256, 128.0 * 2048 * 7168 * 2), GemmStrategy::kLoop);    // deepseek-v3
+  EXPECT_EQ(choose_gemm_strategy(4, 1e6), GemmStrategy::kLoop);  // a handful of launches costs nothing
 }
 
 }  // namespace
