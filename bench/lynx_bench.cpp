@@ -2,6 +2,7 @@
 // against the CPU reference, with the dense bf16 GEMM rate of the same GPU measured in the same run.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "check.h"
+#include "common/bf16.h"
+#include "common/cuda_check.h"
 #include "dense_gemm.h"
 #include "lynx/lynx.h"
 #include "lynx_version.h"
@@ -114,10 +117,30 @@ std::string gpu_problem(std::string& name) {
 }
 
 struct Row {
-  std::string shape, routing, pass;
+  std::string shape, routing, pass, impl;
   double ms, tflops;
+  std::string baseline_impl;  // empty: no baseline for this row
+  double baseline_ms;
   std::string check;
 };
+
+std::vector<uint16_t> copy_output(const TensorView& v) {
+  std::vector<uint16_t> host(v.numel());
+  LYNX_CUDA(cudaMemcpy(host.data(), v.data, host.size() * 2, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// ‖a − b‖ / ‖b‖ over two bf16 tensors; infinite when a is not all finite.
+double relative_difference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_float(HostBf16{a[i]}), y = bf16_to_float(HostBf16{b[i]});
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
 
 std::string today() {
   char buf[16];
@@ -144,8 +167,10 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     f << "    {\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
-      << ", \"pass\": " << json_string(r.pass) << ", \"impl\": \"unfused\", \"ms\": " << r.ms
-      << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": null, \"baseline_ms\": null"
+      << ", \"pass\": " << json_string(r.pass) << ", \"impl\": " << json_string(r.impl) << ", \"ms\": " << r.ms
+      << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": "
+      << (r.baseline_impl.empty() ? "null" : json_string(r.baseline_impl)) << ", \"baseline_ms\": "
+      << (r.baseline_impl.empty() ? "null" : std::to_string(r.baseline_ms))
       << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check) << "}"
       << (i + 1 < rows.size() ? ",\n" : "\n");
   }
@@ -172,47 +197,83 @@ int run(const Options& o) {
     shape.shape.shared_intermediate = o.shared_intermediate;
     for (Routing routing : o.routings) {
       Problem p(shape, routing, 2026);
-      Workspace ws(p.shape());
+      Config fused_config, unfused_config;
+      fused_config.backend = Backend::kFused;
+      unfused_config.backend = Backend::kUnfused;
+      Workspace fused(p.shape(), fused_config), unfused(p.shape(), unfused_config);
       const LayerInputs in = p.inputs();
       const Gradients grads = p.gradients();
-      // Correctness first: one forward and backward, then rows against the reference.
-      forward(ws, in, p.y(), nullptr);
-      backward(ws, in, p.dy(), grads, nullptr);
-      LYNX_CUDA(cudaDeviceSynchronize());
-      const CheckResult check = o.check_tokens > 0 ? check_rows(p, o.check_tokens, true) : CheckResult{};
-      const std::string check_text = o.check_tokens > 0 ? check.summary() : "not checked";
-      if (o.check_tokens > 0 && !check.ok) {
-        std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED the reference check: %s (tolerance %.0e); not timed\n",
+      // Correctness first: each path's rows against the CPU reference, and the fused forward's whole
+      // output against the unfused one.
+      std::string check_text = "not checked";
+      bool ok = true;
+      if (o.check_tokens > 0) {
+        std::vector<std::string> parts;
+        std::vector<uint16_t> y_unfused;
+        for (Workspace* ws : {&unfused, &fused}) {
+          forward(*ws, in, p.y(), nullptr);
+          backward(*ws, in, p.dy(), grads, nullptr);
+          ws->check(nullptr);
+          const CheckResult c = check_rows(p, o.check_tokens, true);
+          ok = ok && c.ok;
+          parts.push_back((ws == &fused ? "fused " : "unfused ") + c.summary());
+          if (ws == &unfused) y_unfused = copy_output(p.y());
+        }
+        const double vs = relative_difference(copy_output(p.y()), y_unfused);
+        ok = ok && vs < kCheckTolerance;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "; fused y vs unfused %.1e", vs);
+        check_text = parts[0] + "; " + parts[1] + buf;
+      }
+      if (!ok) {
+        std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED the correctness check: %s (tolerance %.0e); not timed\n",
                      name.c_str(), routing_name(routing), check_text.c_str(), kCheckTolerance);
         all_ok = false;
         continue;
       }
       const double fwd_flops = forward_flops(p.shape());
-      for (const std::string& pass : o.passes) {
-        double ms = 0, flops = 0;
-        if (pass == "forward") {
-          ms = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
-          flops = fwd_flops;
-        } else if (pass == "backward") {
+      auto time_pass = [&](Workspace& ws, const std::string& pass) {
+        if (pass == "forward") return median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
+        if (pass == "backward") {
           forward(ws, in, p.y(), nullptr);
-          ms = median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
-          flops = 2 * fwd_flops;
-        } else {
-          ms = median_ms([&] {
-            forward(ws, in, p.y(), nullptr);
-            backward(ws, in, p.dy(), grads, nullptr);
-          }, o.warmup, o.iters, nullptr);
-          flops = 3 * fwd_flops;
+          return median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
         }
-        rows.push_back({name, routing_name(routing), pass, ms, flops / (ms * 1e-3) / 1e12, check_text});
+        return median_ms([&] {
+          forward(ws, in, p.y(), nullptr);
+          backward(ws, in, p.dy(), grads, nullptr);
+        }, o.warmup, o.iters, nullptr);
+      };
+      for (const std::string& pass : o.passes) {
+        const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
+        const double base = time_pass(unfused, pass);
+        if (pass == "backward") {  // the fused backend's backward is the unfused backward
+          rows.push_back({name, routing_name(routing), pass, "unfused", base, flops / (base * 1e-3) / 1e12, "", 0, check_text});
+          continue;
+        }
+        const double ms = time_pass(fused, pass);
+        const char* impl = pass == "forward" ? "fused" : "fused-fwd+unfused-bwd";
+        rows.push_back({name, routing_name(routing), pass, impl, ms, flops / (ms * 1e-3) / 1e12, "unfused", base, check_text});
       }
     }
   }
-  std::printf("\n%-15s %-8s %-17s %-8s %9s %8s %7s  %s\n", "shape", "routing", "pass", "impl", "ms", "TFLOP/s", "%dense",
-              "check vs CPU reference (rel. error)");
+  std::printf("\n%-15s %-8s %-17s %-22s %8s %8s %7s %10s %8s\n", "shape", "routing", "pass", "impl", "ms", "TFLOP/s",
+              "%dense", "unfused ms", "speedup");
   for (const Row& r : rows) {
-    std::printf("%-15s %-8s %-17s %-8s %9.3f %8.1f %6.1f%%  %s\n", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
-                "unfused", r.ms, r.tflops, 100.0 * r.tflops / dense, r.check.c_str());
+    std::printf("%-15s %-8s %-17s %-22s %8.3f %8.1f %6.1f%%", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
+                r.impl.c_str(), r.ms, r.tflops, 100.0 * r.tflops / dense);
+    if (r.baseline_impl.empty()) {
+      std::printf(" %10s %8s\n", "-", "-");
+    } else {
+      std::printf(" %10.3f %7.2fx\n", r.baseline_ms, r.baseline_ms / r.ms);
+    }
+  }
+  std::printf("\nchecks (relative error vs the CPU reference on %d tokens, tolerance %.0e):\n", o.check_tokens,
+              kCheckTolerance);
+  std::string last;
+  for (const Row& r : rows) {
+    if (r.shape + r.routing == last) continue;
+    last = r.shape + r.routing;
+    std::printf("  %s %s: %s\n", r.shape.c_str(), r.routing.c_str(), r.check.c_str());
   }
   if (!o.json.empty()) {
     write_json(o, gpu, dense, rows);

@@ -102,9 +102,9 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
     r.num_comm_sms = c.num_comm_sms;
   }
 
-  require(c.backend == Backend::kAuto || c.backend == Backend::kUnfused, "config.backend",
-          "unknown backend " + str(static_cast<int64_t>(c.backend)));
-  r.backend = Backend::kUnfused;  // the only path implemented so far
+  require(c.backend == Backend::kAuto || c.backend == Backend::kUnfused || c.backend == Backend::kFused,
+          "config.backend", "unknown backend " + str(static_cast<int64_t>(c.backend)));
+  r.backend = c.backend == Backend::kAuto ? Backend::kFused : c.backend;
   r.deterministic = c.deterministic;
   r.save_forward_context = c.save_forward_context;
   return r;

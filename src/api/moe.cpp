@@ -3,6 +3,7 @@
 
 #include "api/workspace_impl.h"
 #include "lynx/error.h"
+#include "fused/forward.h"
 #include "unfused/unfused.h"
 
 namespace lynx {
@@ -24,14 +25,22 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   validate_output(w.shape, y);
   if (y.data == in.x.data) throw Error("y", "must not alias x");
   check_device(w);
-  unfused::forward(w, in, y, stream);
+  if (w.config.backend == Backend::kFused) {
+    fused::forward(w, in, y, stream);
+  } else {
+    unfused::forward(w, in, y, stream);
+  }
 }
 
 void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   check_device(w);
-  unfused::recompute_forward_context(w, in, stream);
+  if (w.config.backend == Backend::kFused) {
+    fused::recompute_forward_context(w, in, stream);
+  } else {
+    unfused::recompute_forward_context(w, in, stream);
+  }
 }
 
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t stream) {

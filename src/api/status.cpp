@@ -28,9 +28,14 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
       std::memcpy(&w, &bits, sizeof w);
       return "topk_weights" + at + " = " + std::to_string(w) + " is not finite" + on_rank;
     }
-    case StatusCode::kWaitTimeout:
-      return "a device wait timed out: wait " + std::to_string(st.a) + ", task " + std::to_string(st.b) +
-             ", counter value " + std::to_string(st.c) + on_rank;
+    case StatusCode::kWaitTimeout: {
+      const char* wait = st.a == 1   ? "full stage (consumer waiting for the producer's TMA loads)"
+                         : st.a == 2 ? "empty stage (producer waiting for the consumers to free a stage)"
+                                     : "unknown";
+      return "a device wait timed out in block " + std::to_string(st.rank) + ": wait " + std::to_string(st.a) + " = " +
+             wait + ", task " + std::to_string(st.b) + ", phase/counter " + std::to_string(st.c) +
+             "; the kernel trapped and the CUDA context is lost";
+    }
   }
   return "unknown device status code " + std::to_string(st.code) + on_rank;
 }

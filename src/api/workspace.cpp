@@ -41,7 +41,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     throw Error("", "device " + std::to_string(device) + " has compute capability " + std::to_string(major) +
                         ".x; lynx needs Hopper (sm_90)");
   }
-  config = resolve_config(s, c, query_device(device));
+  const DeviceInfo info = query_device(device);
+  sm_count = info.sm_count;
+  config = resolve_config(s, c, info);
   try {
     const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;
     const int64_t E_loc = s.local_experts(), cap = config.schedule_capacity;
@@ -50,6 +52,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
+    LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
+    *stall_report = DeviceStatus{};
+    LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
     ids32 = alloc<int32_t>(T * k);
 
     problem.num_ranks = s.num_ranks;
@@ -104,6 +109,8 @@ void Workspace::Impl::release() {
   if (counts_ready) cudaEventDestroy(counts_ready);
   if (counts_host) cudaFreeHost(counts_host);
   if (status_host) cudaFreeHost(status_host);
+  if (stall_report) cudaFreeHost(stall_report);
+  stall_report = nullptr;
   for (void* p : allocations) cudaFree(p);
   cublas = nullptr;
   counts_ready = nullptr;
@@ -113,6 +120,7 @@ void Workspace::Impl::release() {
 }
 
 void Workspace::Impl::throw_if_status_error() const {
+  if (stall_report->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*stall_report, shape.top_k));
   if (status_host->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*status_host, shape.top_k));
 }
 
@@ -136,8 +144,14 @@ Schedule Workspace::schedule() const {
 }
 
 void Workspace::check(cudaStream_t stream) const {
-  LYNX_CUDA(cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream));
-  LYNX_CUDA(cudaStreamSynchronize(stream));
+  // A trapped kernel leaves the context unusable: its stall report is the useful error then.
+  const cudaError_t copy = cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus),
+                                           cudaMemcpyDeviceToHost, stream);
+  const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;
+  if (impl_->stall_report->code != int32_t(StatusCode::kOk)) {
+    throw Error("", describe_status(*impl_->stall_report, impl_->shape.top_k));
+  }
+  LYNX_CUDA(sync);
   impl_->throw_if_status_error();
 }
 

@@ -67,6 +67,12 @@ struct Workspace::Impl {
 
   bool context_valid = false;
   ContextKey context;
+  bool counts_on_host = false;          // counts_host holds the current schedule's counts
+
+  int32_t sm_count = 0;
+  // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
+  DeviceStatus* stall_report = nullptr;         // host pointer
+  DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
 
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();
@@ -82,7 +88,8 @@ struct Workspace::Impl {
   const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }
   const int32_t* device_total_rows() const { return schedule.expert_offset + problem.local_experts(); }
 
-  // Throws lynx::Error when *status_host (already copied back and waited for) reports an error.
+  // Throws lynx::Error when *status_host (already copied back and waited for) or the stall report
+  // holds an error.
   void throw_if_status_error() const;
 };
 

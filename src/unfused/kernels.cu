@@ -143,7 +143,9 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
 
 // One block per token, threads over 8-element vectors.
 __global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_row, const float* topk_weights,
-                               const float4* base, int64_t tokens, int64_t top_k, int64_t vecs_per_row) {
+                               const float4* base, int64_t tokens, int64_t top_k, int64_t vecs_per_row,
+                               const DeviceStatus* status) {
+  if (status->code != int32_t(StatusCode::kOk)) return;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
       float acc[8];
@@ -227,11 +229,11 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, 
 }
 
 void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
-             int64_t tokens, int64_t top_k, int64_t width, cudaStream_t stream) {
+             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream) {
   const int grid = static_cast<int>(tokens < 65535 * 8 ? tokens : 65535 * 8);
   combine_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<Vec8*>(out), reinterpret_cast<const Vec8*>(rows),
                                            slot_row, topk_weights, reinterpret_cast<const float4*>(base), tokens,
-                                           top_k, width / 8);
+                                           top_k, width / 8, status);
   LYNX_CHECK_LAUNCH();
 }
 

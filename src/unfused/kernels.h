@@ -39,7 +39,8 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, 
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.
+// Writes nothing when `status` reports an error (the schedule behind slot_row is then not valid).
 void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
-             int64_t tokens, int64_t top_k, int64_t width, cudaStream_t stream);
+             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream);
 
 }  // namespace lynx::unfused

@@ -1,58 +1,30 @@
 #include "unfused/unfused.h"
 
+#include "api/steps.h"
 #include "common/cuda_check.h"
 
 namespace lynx::unfused {
 namespace {
 
-template <class T>
-T* ptr(const TensorView& v) {
-  return static_cast<T*>(v.data);
-}
-
 int to_int(int64_t v) { return static_cast<int>(v); }
 
-// Validates the routing, builds the schedule, gathers x rows, runs the shared expert's gate/up and the
-// routed gate/up GEMMs: everything backward needs. Synchronises once, to read the per-expert counts.
+// Everything backward needs: the dispatch steps, then (after the one synchronisation that reads the
+// per-expert counts) the routed gate/up GEMMs.
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, k = sh.top_k, Is = sh.shared_intermediate;
-  const int64_t E_loc = sh.local_experts(), cap = w.problem.capacity;
+  const int64_t H = sh.hidden, I = sh.intermediate;
+  const int64_t E_loc = sh.local_experts();
   w.context_valid = false;
-
-  reset_status(w.status, s);
-  validate_routing(in.topk_ids.data, in.topk_ids.dtype, ptr<const float>(in.topk_weights), T * k, sh.num_experts,
-                   sh.rank, w.ids32, w.status, s);
-  sched::DeviceRouting routing{};
-  routing.topk_ids[0] = w.ids32;
-  sched::build_schedule_device(w.problem, routing, w.schedule, s);
-  LYNX_CUDA(cudaMemcpyAsync(w.counts_host, w.schedule.expert_offset, sizeof(int32_t) * (E_loc + 1),
-                            cudaMemcpyDeviceToHost, s));
-  LYNX_CUDA(cudaMemcpyAsync(w.counts_host + E_loc + 1, w.schedule.expert_rows, sizeof(int32_t) * E_loc,
-                            cudaMemcpyDeviceToHost, s));
-  LYNX_CUDA(cudaMemcpyAsync(w.status_host, w.status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, s));
-  LYNX_CUDA(cudaEventRecord(w.counts_ready, s));
-
-  // Work that needs no counts is queued before the wait.
-  gather_rows(w.un.xg, ptr<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(), cap, k, H, s);
-  if (Is > 0) {
-    gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H), in.weights.ws_gate.data,
-                    to_int(H), w.un.gs, to_int(Is)}, false, s);
-    gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H), in.weights.ws_up.data,
-                    to_int(H), w.un.us, to_int(Is)}, false, s);
-  }
-
-  LYNX_CUDA(cudaEventSynchronize(w.counts_ready));
-  w.throw_if_status_error();
-  w.grouped->begin_pass();
+  enqueue_dispatch(w, in, s);
+  fetch_counts(w, s);
 
   const int32_t* offset = w.host_expert_offset();
   const int32_t* rows = w.host_expert_rows();
   std::vector<Gemm> products;
   for (int64_t e = 0; e < E_loc; ++e) {
     const int64_t o = offset[e];
-    const auto* wg = ptr<const bf16_t>(in.weights.w_gate) + e * I * H;
-    const auto* wu = ptr<const bf16_t>(in.weights.w_up) + e * I * H;
+    const auto* wg = data_of<const bf16_t>(in.weights.w_gate) + e * I * H;
+    const auto* wu = data_of<const bf16_t>(in.weights.w_up) + e * I * H;
     // [rows_e, H] · [I, H]ᵀ -> [rows_e, I]
     products.push_back({false, true, rows[e], to_int(I), to_int(H), w.un.xg + o * H, to_int(H), wg, to_int(H),
                         w.un.g + o * I, to_int(I)});
@@ -71,7 +43,7 @@ void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaSt
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
   forward_context(w, in, s);
   const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, k = sh.top_k, Is = sh.shared_intermediate;
+  const int64_t H = sh.hidden, I = sh.intermediate;
   const int64_t E_loc = sh.local_experts(), cap = w.problem.capacity;
   const int32_t* offset = w.host_expert_offset();
   const int32_t* rows = w.host_expert_rows();
@@ -82,17 +54,11 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
     const int64_t o = offset[e];
     // [rows_e, I] · [H, I]ᵀ -> [rows_e, H]
     products.push_back({false, true, rows[e], to_int(H), to_int(I), w.un.h + o * I, to_int(I),
-                        ptr<const bf16_t>(in.weights.w_down) + e * H * I, to_int(I), w.un.rows_a + o * H, to_int(H)});
+                        data_of<const bf16_t>(in.weights.w_down) + e * H * I, to_int(I), w.un.rows_a + o * H, to_int(H)});
   }
   w.grouped->run(w.cublas, products, false, s);
 
-  if (Is > 0) {
-    swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
-    gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is), in.weights.ws_down.data,
-                    to_int(Is), w.un.ys, to_int(H)}, true, s);
-  }
-  combine(ptr<bf16_t>(y), w.un.rows_a, w.schedule.slot_row, ptr<const float>(in.topk_weights), Is > 0 ? w.un.ys : nullptr,
-          T, k, H, s);
+  enqueue_shared_and_combine(w, in, y, s);
   w.context_valid = w.config.save_forward_context;
 }
 
@@ -104,15 +70,17 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   if (!(w.context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data})) {
     throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights tensors");
   }
+  // A context built by the fused forward has its counts on the device only.
+  if (!w.counts_on_host) fetch_counts(w, s);
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, k = sh.top_k, Is = sh.shared_intermediate;
   const int64_t E_loc = sh.local_experts(), cap = w.problem.capacity;
   const int32_t* offset = w.host_expert_offset();
   const int32_t* rows = w.host_expert_rows();
-  const auto* dyp = ptr<const bf16_t>(dy);
-  const auto* wg = ptr<const bf16_t>(in.weights.w_gate);
-  const auto* wu = ptr<const bf16_t>(in.weights.w_up);
-  const auto* wd = ptr<const bf16_t>(in.weights.w_down);
+  const auto* dyp = data_of<const bf16_t>(dy);
+  const auto* wg = data_of<const bf16_t>(in.weights.w_gate);
+  const auto* wu = data_of<const bf16_t>(in.weights.w_up);
+  const auto* wd = data_of<const bf16_t>(in.weights.w_down);
 
   // Shared expert: dx_s (fp32) and its weight gradients.
   if (Is > 0) {
@@ -150,18 +118,18 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
                      dxe + o * H, to_int(H), 1.0f});
     // Weight gradients, K = n rows of the expert: [I, n] · [n, H], [I, n] · [n, H], [H, n] · [n, I]
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.dg + o * I, to_int(I), w.un.xg + o * H, to_int(H),
-                     ptr<bf16_t>(grads.dw_gate) + e * I * H, to_int(H)});
+                     data_of<bf16_t>(grads.dw_gate) + e * I * H, to_int(H)});
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.du + o * I, to_int(I), w.un.xg + o * H, to_int(H),
-                     ptr<bf16_t>(grads.dw_up) + e * I * H, to_int(H)});
+                     data_of<bf16_t>(grads.dw_up) + e * I * H, to_int(H)});
     wgrad.push_back({true, false, to_int(H), to_int(I), n, dyg + o * H, to_int(H), w.un.h + o * I, to_int(I),
-                     ptr<bf16_t>(grads.dw_down) + e * H * I, to_int(I)});
+                     data_of<bf16_t>(grads.dw_down) + e * H * I, to_int(I)});
   }
   w.grouped->run(w.cublas, da, false, s);
-  swiglu_backward(w.un.dg, w.un.du, w.un.h, ptr<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
-                  ptr<const float>(in.topk_weights), w.schedule.row_token_slot, w.device_total_rows(), cap, I, s);
+  swiglu_backward(w.un.dg, w.un.du, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
+                  data_of<const float>(in.topk_weights), w.schedule.row_token_slot, w.device_total_rows(), cap, I, s);
   w.grouped->run(w.cublas, dx_gate, false, s);
   w.grouped->run(w.cublas, dx_up, false, s);
-  combine(ptr<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H, s);
+  combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
   w.grouped->run(w.cublas, wgrad, false, s);
 }
 

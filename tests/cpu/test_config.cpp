@@ -55,7 +55,7 @@ TEST(Config, DefaultsAreConsistent) {
     EXPECT_LT(r.num_comm_sms, sms);
     EXPECT_TRUE(r.deterministic);
     EXPECT_TRUE(r.save_forward_context);
-    EXPECT_EQ(r.backend, Backend::kUnfused);
+    EXPECT_EQ(r.backend, Backend::kFused);
   }
   // A tiny layer: minibatch and ring never exceed the schedule.
   LayerShape tiny = qwen3();
@@ -78,6 +78,8 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   EXPECT_EQ(r.minibatch_rows, 1024);
   EXPECT_EQ(r.ring_rows, 8192);
   EXPECT_EQ(r.schedule_capacity, 4096);
+  c.backend = Backend::kUnfused;
+  EXPECT_EQ(resolve_config(qwen3(), c, DeviceInfo{}).backend, Backend::kUnfused);
   // Capacity beyond the worst case is clamped to it.
   c = Config{};
   c.schedule_capacity = 1 << 24;

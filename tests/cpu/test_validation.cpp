@@ -226,7 +226,11 @@ TEST(Validation, StatusMessagesNameTheEntry) {
   EXPECT_NE(describe_status(st, 4).find("needs 1024 schedule rows but config.schedule_capacity is 512"),
             std::string::npos);
   st.code = int32_t(StatusCode::kWaitTimeout);
-  EXPECT_NE(describe_status(st, 4).find("timed out"), std::string::npos);
+  st.rank = 17;
+  st.a = 1;
+  st.b = 42;
+  EXPECT_NE(describe_status(st, 4).find("timed out in block 17: wait 1 = full stage"), std::string::npos);
+  EXPECT_NE(describe_status(st, 4).find("task 42"), std::string::npos);
 }
 
 TEST(Validation, MakeViewRejectsTooManyDims) {

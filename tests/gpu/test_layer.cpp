@@ -1,5 +1,5 @@
-// The unfused GPU path against the double-precision CPU reference, on fresh random inputs, with every
-// output poisoned first.
+// Both GPU paths (unfused, fused) against the double-precision CPU reference, on fresh random inputs,
+// with every output poisoned first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,7 +45,7 @@ std::vector<double> to_double_vec(const std::vector<HostBf16>& v) {
 }
 
 // A layer's host inputs and their device copies.
-struct Layer {
+struct HostLayer {
   Case c;
   LayerShape shape;
   std::vector<HostBf16> x, w_gate, w_up, w_down, ws_gate, ws_up, ws_down;
@@ -53,7 +53,7 @@ struct Layer {
   std::vector<float> weights;
   DeviceBuffer d_x, d_ids, d_weights, d_wg, d_wu, d_wd, d_wsg, d_wsu, d_wsd;
 
-  explicit Layer(const Case& cs, uint64_t seed) : c(cs) {
+  explicit HostLayer(const Case& cs, uint64_t seed) : c(cs) {
     std::mt19937_64 rng(seed);
     shape.tokens = c.T;
     shape.hidden = c.H;
@@ -167,7 +167,7 @@ struct Outputs {
 };
 
 // Runs forward and backward on poisoned outputs and copies everything back.
-Outputs run_layer(Workspace& ws, const Layer& L, const std::vector<HostBf16>& dy, bool recompute = false) {
+Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute = false) {
   const Case& c = L.c;
   DeviceBuffer y(c.T * c.H * 2), d_dy = to_device(dy), dx(c.T * c.H * 2), dtk(c.T * c.k * 4),
       dwg(c.E * c.I * c.H * 2), dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2),
@@ -202,13 +202,21 @@ Outputs run_layer(Workspace& ws, const Layer& L, const std::vector<HostBf16>& dy
   return o;
 }
 
-class Unfused : public test::GpuTest {};
+// Every test runs once per backend.
+class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend> {
+ protected:
+  Config config() const {
+    Config c;
+    c.backend = GetParam();
+    return c;
+  }
+};
 
-void check_against_reference(const Case& c, uint64_t seed, const Config& config = {}, bool recompute = false) {
+void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false) {
   SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
                " routing=" + c.routing);
-  const Layer L(c, seed);
+  const HostLayer L(c, seed);
   std::mt19937_64 rng(seed ^ 0x5eed);
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Workspace ws(L.shape, config);
@@ -244,56 +252,56 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config 
 
 std::random_device::result_type fresh_seed() { return std::random_device{}(); }
 
-TEST_F(Unfused, MatchesReference) {
+TEST_P(Layer, MatchesReference) {
   const auto seed = fresh_seed();
   RecordProperty("seed", std::to_string(seed));
-  check_against_reference({200, 128, 64, 8, 2, 64}, seed);
+  check_against_reference({200, 128, 64, 8, 2, 64}, seed, config());
 }
 
-TEST_F(Unfused, NoSharedExpertAndTopOne) {
+TEST_P(Layer, NoSharedExpertAndTopOne) {
   const auto seed = fresh_seed();
-  check_against_reference({130, 128, 128, 4, 1, 0}, seed);
+  check_against_reference({130, 128, 128, 4, 1, 0}, seed, config());
 }
 
-TEST_F(Unfused, LargerShape) {
-  check_against_reference({700, 256, 192, 16, 4, 128}, fresh_seed());
+TEST_P(Layer, LargerShape) {
+  check_against_reference({700, 256, 192, 16, 4, 128}, fresh_seed(), config());
 }
 
-TEST_F(Unfused, ExpertsWithNoRows) {
+TEST_P(Layer, ExpertsWithNoRows) {
   Case c{257, 64, 64, 8, 2, 0};
   c.routing = "subset";
-  check_against_reference(c, fresh_seed());
+  check_against_reference(c, fresh_seed(), config());
 }
 
-TEST_F(Unfused, EveryRowToOneExpert) {
+TEST_P(Layer, EveryRowToOneExpert) {
   Case c{300, 128, 64, 8, 1, 64};
   c.routing = "one";
-  check_against_reference(c, fresh_seed());
+  check_against_reference(c, fresh_seed(), config());
 }
 
-TEST_F(Unfused, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, fresh_seed()); }
+TEST_P(Layer, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, fresh_seed(), config()); }
 
-TEST_F(Unfused, SmallestShape) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed()); }
+TEST_P(Layer, SmallestShape) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed(), config()); }
 
-TEST_F(Unfused, Int64IdsAndZeroRouterWeights) {
+TEST_P(Layer, Int64IdsAndZeroRouterWeights) {
   Case c{150, 128, 64, 8, 4, 64};
   c.int64_ids = true;
   c.zero_weights = true;
-  check_against_reference(c, fresh_seed());
+  check_against_reference(c, fresh_seed(), config());
 }
 
-TEST_F(Unfused, RecomputedContextMatchesReference) {
-  Config config;
-  config.save_forward_context = false;
-  check_against_reference({200, 128, 64, 8, 2, 64}, fresh_seed(), config, /*recompute=*/true);
+TEST_P(Layer, RecomputedContextMatchesReference) {
+  Config c = config();
+  c.save_forward_context = false;
+  check_against_reference({200, 128, 64, 8, 2, 64}, fresh_seed(), c, /*recompute=*/true);
 }
 
-TEST_F(Unfused, BitwiseDeterministic) {
+TEST_P(Layer, BitwiseDeterministic) {
   const Case c{513, 256, 128, 16, 4, 64};
-  const Layer L(c, fresh_seed());
+  const HostLayer L(c, fresh_seed());
   std::mt19937_64 rng(fresh_seed());
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
-  Workspace ws(L.shape);
+  Workspace ws(L.shape, config());
   const Outputs first = run_layer(ws, L, dy);
   auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
   for (int run = 1; run < 20; ++run) {
@@ -309,12 +317,13 @@ TEST_F(Unfused, BitwiseDeterministic) {
 }
 
 // A routing error on the device is reported by the call, naming the entry, and y is not written.
-void expect_forward_error(Layer& L, const Config& config, const std::string& needle) {
+void expect_forward_error(HostLayer& L, const Config& config, const std::string& needle) {
   Workspace ws(L.shape, config);
   DeviceBuffer y(L.c.T * L.c.H * 2);
   y.fill_bytes(0x7B);
   try {
     forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {L.c.T, L.c.H}), nullptr);
+    ws.check(nullptr);  // the fused path reports device-side errors here, not from forward
     ADD_FAILURE() << "forward accepted bad routing; expected: " << needle;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -327,38 +336,39 @@ void expect_forward_error(Layer& L, const Config& config, const std::string& nee
   L.d_ids = to_device(L.ids);
   L.d_weights = to_device(L.weights);
   EXPECT_NO_THROW(forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {L.c.T, L.c.H}), nullptr));
+  EXPECT_NO_THROW(ws.check(nullptr));
 }
 
-TEST_F(Unfused, ExpertIdOutOfRangeIsReported) {
-  Layer L({64, 64, 64, 8, 2, 0}, fresh_seed());
+TEST_P(Layer, ExpertIdOutOfRangeIsReported) {
+  HostLayer L({64, 64, 64, 8, 2, 0}, fresh_seed());
   L.ids[2 * 37 + 1] = 8;
   L.ids[2 * 50 + 0] = -3;
   L.d_ids = to_device(L.ids);
-  expect_forward_error(L, {}, "topk_ids[37, 1] = 8 is out of range [0, 8)");
+  expect_forward_error(L, config(), "topk_ids[37, 1] = 8 is out of range [0, 8)");
 }
 
-TEST_F(Unfused, NonFiniteRouterWeightIsReported) {
-  Layer L({64, 64, 64, 8, 2, 0}, fresh_seed());
+TEST_P(Layer, NonFiniteRouterWeightIsReported) {
+  HostLayer L({64, 64, 64, 8, 2, 0}, fresh_seed());
   L.weights[2 * 11 + 0] = std::numeric_limits<float>::infinity();
   L.d_weights = to_device(L.weights);
-  expect_forward_error(L, {}, "topk_weights[11, 0] = inf is not finite");
+  expect_forward_error(L, config(), "topk_weights[11, 0] = inf is not finite");
 }
 
-TEST_F(Unfused, CapacityOverflowIsReported) {
+TEST_P(Layer, CapacityOverflowIsReported) {
   Case c{100, 64, 64, 8, 2, 0};
   c.routing = "cyclic";  // all 8 experts receive rows: 8 padded blocks of 128
-  Layer L(c, fresh_seed());
-  Config config;
-  config.schedule_capacity = 256;
-  expect_forward_error(L, config, "needs 1024 schedule rows but config.schedule_capacity is 256");
+  HostLayer L(c, fresh_seed());
+  Config small = config();
+  small.schedule_capacity = 256;
+  expect_forward_error(L, small, "needs 1024 schedule rows but config.schedule_capacity is 256");
 }
 
-TEST_F(Unfused, BackwardWithoutContextIsAnError) {
+TEST_P(Layer, BackwardWithoutContextIsAnError) {
   const Case c{64, 64, 64, 4, 2, 0};
-  Layer L(c, fresh_seed());
-  Config config;
-  config.save_forward_context = false;
-  Workspace ws(L.shape, config);
+  HostLayer L(c, fresh_seed());
+  Config no_context = config();
+  no_context.save_forward_context = false;
+  Workspace ws(L.shape, no_context);
   DeviceBuffer y(c.T * c.H * 2), dy(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
       dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2);
   forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
@@ -376,6 +386,74 @@ TEST_F(Unfused, BackwardWithoutContextIsAnError) {
     EXPECT_NE(std::string(e.what()).find("recompute_forward_context"), std::string::npos) << e.what();
   }
 }
+
+// The fused forward has no host synchronisation: captured once in a CUDA graph, it is replayed with
+// new routing written into the same buffers, and every replay matches the reference.
+class FusedForward : public test::GpuTest {};
+
+void capture_and_replay(const Case& c) {
+  HostLayer L(c, fresh_seed());
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  DeviceBuffer y(c.T * c.H * 2);
+  const TensorView yv = make_view(y.get(), DType::kBF16, {c.T, c.H});
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  forward(ws, L.inputs(), yv, stream);  // first call: one-time kernel setup stays out of the capture
+  ws.check(stream);
+  cudaGraph_t graph;
+  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  forward(ws, L.inputs(), yv, stream);
+  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::mt19937_64 rng(fresh_seed());
+  for (int replay = 0; replay < 3; ++replay) {
+    const HostLayer fresh(c, rng());  // new routing and router weights; same x and weights buffers
+    L.ids = fresh.ids;
+    L.weights = fresh.weights;
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
+    y.fill_bytes(0xFF);
+    LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    ws.check(stream);
+    const std::vector<double> w = L.weights_double();
+    EXPECT_LT(rel_error(to_host<HostBf16>(y, c.T * c.H), ref::forward(L.reference(w)), "y"), kTolerance)
+        << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(FusedForward, GraphReplayWithNewRouting) { capture_and_replay({300, 128, 192, 8, 2, 0}); }
+
+TEST_F(FusedForward, GraphReplayWithSharedExpert) { capture_and_replay({200, 128, 64, 8, 2, 64}); }
+
+// Shapes too large for the CPU reference: the fused forward against the unfused one.
+TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
+  const Case c{4096, 1024, 512, 32, 4, 256};
+  const HostLayer L(c, fresh_seed());
+  std::vector<std::vector<HostBf16>> ys;
+  for (Backend b : {Backend::kUnfused, Backend::kFused}) {
+    Config config;
+    config.backend = b;
+    Workspace ws(L.shape, config);
+    DeviceBuffer y(c.T * c.H * 2);
+    y.fill_bytes(0xFF);
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+    ws.check(nullptr);
+    ys.push_back(to_host<HostBf16>(y, c.T * c.H));
+  }
+  const std::vector<double> unfused = to_double_vec(ys[0]);
+  EXPECT_LT(rel_error(ys[1], unfused, "y (fused vs unfused)"), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param == Backend::kFused ? std::string("fused") : std::string("unfused");
+                         });
 
 }  // namespace
 }  // namespace lynx

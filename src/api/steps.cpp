@@ -1,0 +1,59 @@
+#include "api/steps.h"
+
+#include "common/cuda_check.h"
+
+namespace lynx {
+namespace {
+
+int to_int(int64_t v) { return static_cast<int>(v); }
+
+}  // namespace
+
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
+  using unfused::bf16_t;
+  w.counts_on_host = false;
+  unfused::reset_status(w.status, s);
+  unfused::validate_routing(in.topk_ids.data, in.topk_ids.dtype, data_of<const float>(in.topk_weights), T * k,
+                            sh.num_experts, sh.rank, w.ids32, w.status, s);
+  sched::DeviceRouting routing{};
+  routing.topk_ids[0] = w.ids32;
+  sched::build_schedule_device(w.problem, routing, w.schedule, s);
+  unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
+                       w.problem.capacity, k, H, s);
+  if (Is > 0) {
+    unfused::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                             in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);
+    unfused::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                             in.weights.ws_up.data, to_int(H), w.un.us, to_int(Is)}, false, s);
+  }
+}
+
+void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
+  if (Is > 0) {
+    unfused::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
+    unfused::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
+                             in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
+  }
+  unfused::combine(data_of<unfused::bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
+                   Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
+}
+
+void fetch_counts(Workspace::Impl& w, cudaStream_t s) {
+  const int64_t E_loc = w.problem.local_experts();
+  LYNX_CUDA(cudaMemcpyAsync(w.counts_host, w.schedule.expert_offset, sizeof(int32_t) * (E_loc + 1),
+                            cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaMemcpyAsync(w.counts_host + E_loc + 1, w.schedule.expert_rows, sizeof(int32_t) * E_loc,
+                            cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaMemcpyAsync(w.status_host, w.status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaEventRecord(w.counts_ready, s));
+  LYNX_CUDA(cudaEventSynchronize(w.counts_ready));
+  w.throw_if_status_error();
+  w.grouped->begin_pass();
+  w.counts_on_host = true;
+}
+
+}  // namespace lynx

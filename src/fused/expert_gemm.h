@@ -1,0 +1,37 @@
+// Grouped expert GEMMs on sm_90a (TMA + wgmma, warp-specialized, persistent) that take the per-expert
+// row offsets from device memory: no host synchronisation, capturable in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace lynx::fused {
+
+using bf16_t = uint16_t;
+
+struct ExpertGemmArgs {
+  const bf16_t* a = nullptr;              // [capacity, K]  rows in schedule order (expert-major, 128-padded)
+  int64_t capacity = 0;                   // multiple of 128
+  int64_t k = 0;                          // multiple of 64
+  const bf16_t* b0 = nullptr;             // [experts, n, K]  (gate, or the only weight)
+  const bf16_t* b1 = nullptr;             // [experts, n, K]  (up; SwiGLU only)
+  int64_t experts = 0;
+  int64_t n = 0;                          // multiple of 64
+  const int32_t* expert_offset = nullptr; // [experts + 1] device; [experts] = rows used (padded total)
+  bf16_t* out = nullptr;                  // [capacity, n]
+  bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
+  bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
+  DeviceStatus* status = nullptr;         // where a stalled wait is reported
+  int sm_count = 0;
+};
+
+// out = A·B0ᵀ per expert block of rows.
+void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream);
+
+// out = silu(A·B0ᵀ) ⊙ (A·B1ᵀ), and the two products themselves into out_gate / out_up when given.
+void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream);
+
+}  // namespace lynx::fused

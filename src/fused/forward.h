@@ -1,0 +1,15 @@
+// The fused forward path (R = 1): the dispatch steps, then the routed experts as two persistent
+// TMA + wgmma kernels that read the schedule from device memory (gate/up with SwiGLU in the epilogue,
+// then down), then the combine. No host synchronisation anywhere: capturable in a CUDA graph.
+// Errors found on the device (routing, schedule capacity) leave y unwritten and are reported by
+// Workspace::check().
+#pragma once
+
+#include "api/workspace_impl.h"
+
+namespace lynx::fused {
+
+void forward(Workspace::Impl& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
+void recompute_forward_context(Workspace::Impl& ws, const LayerInputs& in, cudaStream_t stream);
+
+}  // namespace lynx::fused

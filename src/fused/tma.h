@@ -1,0 +1,19 @@
+// Host-side creation of TMA tensor maps (bf16, 128-byte swizzle) through the driver entry point, so
+// the library does not link libcuda directly.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace lynx::fused {
+
+// A row-major [rows, cols] bf16 matrix (row stride = cols), loaded in [box_rows, box_cols] boxes.
+// box_cols * 2 bytes must be 128 (one swizzle atom row).
+CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols);
+
+// A row-major [batches, rows, cols] bf16 tensor, loaded in [1, box_rows, box_cols] boxes; rows past
+// `rows` inside a box read as zero (never the next batch's rows).
+CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols);
+
+}  // namespace lynx::fused
