@@ -12,7 +12,6 @@ namespace lynx::fused {
 namespace {
 
 constexpr int kBlockM = 128;  // two consumer warpgroups × 64 rows
-constexpr int kBlockN = 128;
 constexpr int kBlockK = 64;   // 64 bf16 = 128 bytes: one row of a 128-byte swizzle atom
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kProducerRegs = 40;
@@ -22,20 +21,22 @@ static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "register 
 template <bool kSwiGLU>
 struct Config {
   static constexpr int kOperandsB = kSwiGLU ? 2 : 1;
-  // NOTES: 192 KB of stages either way: 4 of 48 KB (A + gate + up) or 6 of 32 KB (A + B).
-  static constexpr int kStages = kSwiGLU ? 4 : 6;
+  // NOTES: both variants compute a 128 × 256 block of products per tile (gate 128 + up 128 columns,
+  // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages.
+  static constexpr int kBlockN = kSwiGLU ? 128 : 256;
+  static constexpr int kStages = 4;
 };
 
 template <bool kSwiGLU>
 struct SharedStorage {
   static constexpr int kStages = Config<kSwiGLU>::kStages;
   alignas(1024) __nv_bfloat16 a[kStages][kBlockM * kBlockK];                              // [BLOCK_M, BLOCK_K] bf16, 128B swizzle
-  alignas(1024) __nv_bfloat16 b[kStages][Config<kSwiGLU>::kOperandsB][kBlockN * kBlockK]; // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
+  alignas(1024) __nv_bfloat16 b[kStages][Config<kSwiGLU>::kOperandsB][Config<kSwiGLU>::kBlockN * kBlockK]; // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
   uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[kStages];  // consumers -> producer: both consumer warpgroups are done with the stage
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
-static_assert(sizeof(__nv_bfloat16) * kBlockN * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
+static_assert(sizeof(__nv_bfloat16) * 128 * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
 static_assert(sizeof(SharedStorage<true>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<false>) + 1024 <= 227 * 1024, "shared memory");
 
@@ -43,7 +44,7 @@ struct Params {
   const int32_t* expert_offset;
   int32_t experts;
   int32_t tiles_m;   // capacity / kBlockM
-  int32_t tiles_n;   // ceil(n / kBlockN)
+  int32_t tiles_n;   // ceil(n / BLOCK_N)
   int32_t k_blocks;  // K / kBlockK
   int32_t n;
   int32_t capacity;
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b0,
                        const __grid_constant__ CUtensorMap tma_b1, const Params p) {
   constexpr int kStages = Config<kSwiGLU>::kStages;
+  constexpr int kBlockN = Config<kSwiGLU>::kBlockN;
   extern __shared__ uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<kSwiGLU>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
     constexpr uint32_t kStageBytes =
         sizeof(__nv_bfloat16) * (kBlockM * kBlockK + Config<kSwiGLU>::kOperandsB * kBlockN * kBlockK);
+    static_assert(kStageBytes == 48 * 1024, "stage size");
     int stage = 0;
     uint32_t phase = 0;
     for (TileScheduler sched(p); sched.valid(); sched.advance()) {
@@ -134,8 +137,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   int stage = 0;
   uint32_t phase = 0;
-  float acc0[64];
-  float acc1[kSwiGLU ? 64 : 1];
+  float acc0[kBlockN / 2];
+  float acc1[kSwiGLU ? kBlockN / 2 : 1];
   for (TileScheduler sched(p); sched.valid(); sched.advance()) {
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
@@ -147,7 +150,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
         const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
         const bool accumulate = kb > 0 || kk > 0;
-        sm90::wgmma_m64n128k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+        if constexpr (kBlockN == 256) {
+          sm90::wgmma_m64n256k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+        } else {
+          sm90::wgmma_m64n128k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+        }
         if constexpr (kSwiGLU) {
           sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
         }
@@ -165,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t row_base = sched.m_block() * kBlockM + c * 64 + warp * 16 + lane / 4;
     const int32_t col_base = sched.n_block() * kBlockN + 2 * (lane % 4);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
       const int32_t col = col_base + 8 * j;
       if (col >= p.n) continue;
 #pragma unroll
@@ -192,6 +199,7 @@ void launch(const ExpertGemmArgs& args, cudaStream_t stream) {
                         std::to_string(args.k) + ", N " + std::to_string(args.n) + ")");
   }
   const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  constexpr int kBlockN = Config<kSwiGLU>::kBlockN;
   const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
   const CUtensorMap b1 = kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : b0;
   Params p{};
