@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "api/routing_check.h"
@@ -57,10 +58,13 @@ __global__ void report_routing_kernel(const Id* ids, const float* weights, int64
   }
 }
 
-// grid-stride; each thread copies 4 consecutive 16-byte vectors of the flattened [rows, width] output.
-// NOTES: the four loads are issued before any store, so each thread keeps 64 bytes in flight; one
-// dependent load-store pair per thread ran at under 30% of DRAM bandwidth.
-constexpr int kGatherVecs = 4;
+// grid-stride over groups of kGatherRows rows, one group per block at a time; thread v copies the
+// 16-byte vectors v, v + blockDim.x, ... of each row of the group.
+// NOTES: the group's loads are all issued before its stores (kGatherRows independent 16-byte loads in
+// flight per thread) and there is no 64-bit division per element: the first version (one warp per
+// row, one load-store pair at a time) reached 28% of DRAM bandwidth, a flattened 4-vector version
+// with a division per element ran twice as long again.
+constexpr int kGatherRows = 4;
 
 __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restrict__ src,
                                    const int32_t* __restrict__ row_token_slot, const int32_t* total_rows,
@@ -69,20 +73,23 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
   // NOTES: a schedule over capacity places no rows (the call then reports the overflow); the row
   // arrays hold a previous call's rows or nothing, so none of them may be read.
   if (total > capacity) return;
-  const int64_t n = total * vecs_per_row;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x * kGatherVecs;
-  for (int64_t base = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kGatherVecs; base < n; base += stride) {
-    Vec8 v[kGatherVecs];
-    int32_t slot[kGatherVecs];
+  for (int64_t r0 = int64_t(blockIdx.x) * kGatherRows; r0 < total; r0 += int64_t(gridDim.x) * kGatherRows) {
+    const Vec8* from[kGatherRows];
 #pragma unroll
-    for (int u = 0; u < kGatherVecs; ++u) {
-      const int64_t i = base + u;
-      slot[u] = i < n ? row_token_slot[i / vecs_per_row] : -1;
-      if (slot[u] >= 0) v[u] = src[(slot[u] / top_k) * vecs_per_row + i % vecs_per_row];
+    for (int u = 0; u < kGatherRows; ++u) {
+      const int32_t slot = r0 + u < total ? row_token_slot[r0 + u] : -1;
+      from[u] = slot >= 0 ? src + (slot / top_k) * vecs_per_row : nullptr;
     }
+    for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
+      Vec8 val[kGatherRows];
 #pragma unroll
-    for (int u = 0; u < kGatherVecs; ++u) {
-      if (slot[u] >= 0) dst[base + u] = v[u];
+      for (int u = 0; u < kGatherRows; ++u) {
+        if (from[u]) val[u] = from[u][v];
+      }
+#pragma unroll
+      for (int u = 0; u < kGatherRows; ++u) {
+        if (from[u]) dst[(r0 + u) * vecs_per_row + v] = val[u];
+      }
     }
   }
 }
@@ -215,7 +222,8 @@ void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_we
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream) {
-  gather_rows_kernel<<<blocks_for(capacity * (width / 8) / kGatherVecs, 256), 256, 0, stream>>>(
+  const int grid = static_cast<int>(std::min<int64_t>((capacity + kGatherRows - 1) / kGatherRows, 132 * 16));
+  gather_rows_kernel<<<grid, 256, 0, stream>>>(
       reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), row_token_slot, total_rows, capacity, top_k,
       width / 8);
   LYNX_CHECK_LAUNCH();
