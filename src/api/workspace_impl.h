@@ -73,6 +73,7 @@ struct Workspace::Impl {
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
+  int32_t test_stall_task = -1;                 // test hook (api/test_hooks.h)
 
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();

@@ -52,6 +52,7 @@ struct Params {
   __nv_bfloat16* out_gate;
   __nv_bfloat16* out_up;
   DeviceStatus* status;
+  int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
 
 // Tile scheduler: CTA b takes tiles b, b + gridDim.x, ... in m-major order (the n-tiles of one
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int32_t expert = expert_of_row(p.expert_offset, p.experts, row0);
       for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
         sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.tile);
+        if (sched.tile == p.stall_task) return;
         sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
         sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * kBlockK, row0);
         sm90::tma_load_3d(smem.b[stage][0], &tma_b0, &smem.full[stage], kb * kBlockK, col0, expert);
@@ -214,6 +216,7 @@ void launch(const ExpertGemmArgs& args, cudaStream_t stream) {
   p.out_gate = reinterpret_cast<__nv_bfloat16*>(args.out_gate);
   p.out_up = reinterpret_cast<__nv_bfloat16*>(args.out_up);
   p.status = args.status;
+  p.stall_task = args.stall_task;
   constexpr size_t kSmem = sizeof(SharedStorage<kSwiGLU>) + 1024;
   static bool configured = [] {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kSwiGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));

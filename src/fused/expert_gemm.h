@@ -26,6 +26,7 @@ struct ExpertGemmArgs {
   bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
   DeviceStatus* status = nullptr;         // where a stalled wait is reported
   int sm_count = 0;
+  int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
 };
 
 // out = A·B0ᵀ per expert block of rows.

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "api/test_hooks.h"
 #include "common/bf16.h"
 #include "gpu/gpu_test.h"
 #include "lynx/lynx.h"
@@ -448,6 +451,32 @@ TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   }
   const std::vector<double> unfused = to_double_vec(ys[0]);
   EXPECT_LT(rel_error(ys[1], unfused, "y (fused vs unfused)"), kTolerance);
+}
+
+// A forced stall (test hook: one tile's loads are never issued) ends in a diagnostic naming the wait,
+// not a hang. The trap kills the CUDA context, so it runs in a child process.
+[[noreturn]] void run_stalled_forward() {
+  const Case c{300, 128, 128, 4, 2, 0};
+  const HostLayer L(c, 7);
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  test_hooks::set_stall_task(ws, 0);
+  DeviceBuffer y(c.T * c.H * 2);
+  try {
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+    ws.check(nullptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+TEST_F(FusedForward, ForcedStallIsReportedNotHung) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_stalled_forward(), ::testing::ExitedWithCode(3),
+              "timed out in block [0-9]+: wait [12] = (full|empty) stage");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),
