@@ -1,12 +1,5 @@
-// The grouped expert GEMM kernel: clusters of two CTAs, each CTA one producer warpgroup (TMA) and two
-// consumer warpgroups (wgmma, 64 rows each), a static persistent scheduler over pairs of 128-row blocks.
-//
-// NOTES: the kernel is bound by L2 traffic (48 KB per CTA per K block at 82% of L2 throughput), so
-// the two CTAs of a cluster take the two 128-row blocks of one pair and, when both blocks belong to
-// the same expert, each loads half of the weight tile and multicasts it to both: 32 KB per CTA per
-// K block instead of 48.
-#include <algorithm>
-
+// The grouped expert GEMM kernel: one producer warpgroup (TMA), two consumer warpgroups (wgmma,
+// 64 rows each), a static persistent tile scheduler over the 128-row blocks of the schedule.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -62,27 +55,23 @@ struct Params {
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
 
-// Tile scheduler: cluster c takes pair tiles c, c + clusters, ... A pair tile is two consecutive
-// 128-row blocks (one per CTA of the cluster) × one column block, in m-major order (the column blocks
-// of one pair are consecutive, so concurrent clusters share A rows and one expert's weights in L2).
-// Pairs at or past the rows in use stop the walk: they come last. A CTA whose row block is past the
-// rows in use still runs the pipeline (its peer's stage protocol needs it) but stores nothing.
+// Tile scheduler: CTA b takes tiles b, b + gridDim.x, ... in m-major order (the n-tiles of one
+// 128-row block are consecutive, so concurrent CTAs share A rows and one expert's weights in L2).
+// Tiles at or past the rows in use stop the walk: they come last.
 struct TileScheduler {
-  int32_t tiles_n, pairs, used_blocks;
-  int32_t pair;
-  int32_t clusters;
+  int32_t tiles_n, tiles;
+  int32_t tile;
 
-  __device__ TileScheduler(const Params& p) : tiles_n(p.tiles_n), pair(blockIdx.x / 2), clusters(gridDim.x / 2) {
+  __device__ TileScheduler(const Params& p) : tiles_n(p.tiles_n), tile(blockIdx.x) {
     const int32_t used = p.expert_offset[p.experts];
     // A schedule over capacity places no rows: there is nothing to compute.
-    used_blocks = (used <= p.capacity ? used : 0) / kBlockM;
-    pairs = (used_blocks + 1) / 2 * p.tiles_n;
+    const int32_t rows = used <= p.capacity ? used : 0;
+    tiles = (rows / kBlockM) * p.tiles_n;
   }
-  __device__ bool valid() const { return pair < pairs; }
-  __device__ void advance() { pair += clusters; }
-  __device__ int32_t first_block() const { return pair / tiles_n * 2; }
-  __device__ int32_t n_block() const { return pair % tiles_n; }
-  __device__ bool has_block(uint32_t rank) const { return first_block() + int32_t(rank) < used_blocks; }
+  __device__ bool valid() const { return tile < tiles; }
+  __device__ void advance() { tile += gridDim.x; }
+  __device__ int32_t m_block() const { return tile / tiles_n; }
+  __device__ int32_t n_block() const { return tile % tiles_n; }
 };
 
 // The expert whose (padded) block holds `row`: the last e with expert_offset[e] <= row.
@@ -107,133 +96,102 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto& smem = *reinterpret_cast<SharedStorage<kSwiGLU>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int warpgroup = threadIdx.x / 128;
-  const uint32_t rank = sm90::cluster_ctarank(), peer = rank ^ 1;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
-      // Both consumer warpgroups of both CTAs: a stage is free only when neither CTA still reads it,
-      // since the peer's producer may multicast into it.
-      sm90::mbarrier_init(&smem.empty[s], 4);
+      sm90::mbarrier_init(&smem.empty[s], 2);
     }
     sm90::fence_barrier_init();
   }
-  sm90::cluster_sync();
+  __syncthreads();
 
   if (warpgroup == 0) {
     // ---- producer: one thread issues every TMA load ----
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      sm90::prefetch_tma_descriptor(&tma_a);
-      sm90::prefetch_tma_descriptor(&tma_b0);
-      if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
-      constexpr int kHalf = kBlockN / 2;  // B rows each CTA loads when the pair shares its weights
-      constexpr uint32_t kStageBytes =
-          sizeof(__nv_bfloat16) * (kBlockM * kBlockK + Config<kSwiGLU>::kOperandsB * kBlockN * kBlockK);
-      static_assert(kStageBytes == 48 * 1024, "stage size");
-      int stage = 0;
-      uint32_t phase = 0;
-      for (TileScheduler sched(p); sched.valid(); sched.advance()) {
-        if (sched.pair == p.stall_task) break;
-        const int32_t first = sched.first_block(), own = first + int32_t(rank);
-        const int32_t col0 = sched.n_block() * kBlockN;
-        const int32_t expert_first = expert_of_row(p.expert_offset, p.experts, first * kBlockM);
-        const bool shared_weights = sched.has_block(1) &&
-                                    expert_of_row(p.expert_offset, p.experts, (first + 1) * kBlockM) == expert_first;
-        const int32_t expert = sched.has_block(rank) ? expert_of_row(p.expert_offset, p.experts, own * kBlockM)
-                                                     : expert_first;
-        for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
-          sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.pair);
-          sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
-          sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * kBlockK, own * kBlockM);
-#pragma unroll
-          for (int op = 0; op < Config<kSwiGLU>::kOperandsB; ++op) {
-            const CUtensorMap* map = op == 0 ? &tma_b0 : &tma_b1;
-            __nv_bfloat16* b = smem.b[stage][op];
-            if (shared_weights) {
-              sm90::tma_load_3d_multicast(b + rank * kHalf * kBlockK, map, &smem.full[stage], kb * kBlockK,
-                                          col0 + int32_t(rank) * kHalf, expert, 0b11);
-            } else {
-              sm90::tma_load_3d(b, map, &smem.full[stage], kb * kBlockK, col0, expert);
-              sm90::tma_load_3d(b + kHalf * kBlockK, map, &smem.full[stage], kb * kBlockK, col0 + kHalf, expert);
-            }
-          }
-          if (++stage == kStages) stage = 0, phase ^= 1;
-        }
-      }
-    }
-  } else {
-    // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of the CTA's row block ----
-    sm90::setmaxnreg_inc<kConsumerRegs>();
-    const int c = warpgroup - 1;
-    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-    // A stage is released to both CTAs' producers: ours and the peer's.
-    auto release = [&](int s) {
-      if (t == 0) {
-        sm90::mbarrier_arrive_cluster(&smem.empty[s], rank);
-        sm90::mbarrier_arrive_cluster(&smem.empty[s], peer);
-      }
-    };
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tma_descriptor(&tma_a);
+    sm90::prefetch_tma_descriptor(&tma_b0);
+    if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
+    constexpr uint32_t kStageBytes =
+        sizeof(__nv_bfloat16) * (kBlockM * kBlockK + Config<kSwiGLU>::kOperandsB * kBlockN * kBlockK);
+    static_assert(kStageBytes == 48 * 1024, "stage size");
     int stage = 0;
     uint32_t phase = 0;
-    float acc0[kBlockN / 2];
-    float acc1[kSwiGLU ? kBlockN / 2 : 1];
     for (TileScheduler sched(p); sched.valid(); sched.advance()) {
-      // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is
-      // issued and its own group has completed (wait_group 1), so one group is always in flight.
-      int prev_stage = -1;
+      const int32_t row0 = sched.m_block() * kBlockM, col0 = sched.n_block() * kBlockN;
+      const int32_t expert = expert_of_row(p.expert_offset, p.experts, row0);
       for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
-        sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, sched.pair);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) {
-          const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
-          const bool accumulate = kb > 0 || kk > 0;
-          if constexpr (kBlockN == 256) {
-            sm90::wgmma_m64n256k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
-          } else {
-            sm90::wgmma_m64n128k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
-          }
-          if constexpr (kSwiGLU) {
-            sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
-          }
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<1>();
-        if (prev_stage >= 0) release(prev_stage);
-        prev_stage = stage;
+        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.tile);
+        if (sched.tile == p.stall_task) return;
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
+        sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * kBlockK, row0);
+        sm90::tma_load_3d(smem.b[stage][0], &tma_b0, &smem.full[stage], kb * kBlockK, col0, expert);
+        if constexpr (kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], kb * kBlockK, col0, expert);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
-      sm90::wgmma_wait<0>();
-      if (prev_stage >= 0) release(prev_stage);
-      if (!sched.has_block(rank)) continue;
+    }
+    return;
+  }
 
-      // Epilogue: fragments straight to global memory as bf16 pairs.
-      const int32_t row_base = (sched.first_block() + int32_t(rank)) * kBlockM + c * 64 + warp * 16 + lane / 4;
-      const int32_t col_base = sched.n_block() * kBlockN + 2 * (lane % 4);
+  // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int c = warpgroup - 1;
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc0[kBlockN / 2];
+  float acc1[kSwiGLU ? kBlockN / 2 : 1];
+  for (TileScheduler sched(p); sched.valid(); sched.advance()) {
+    // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
+    // and its own group has completed (wait_group 1), so one group is always in flight.
+    int prev_stage = -1;
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, sched.tile);
+      sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const int32_t col = col_base + 8 * j;
-        if (col >= p.n) continue;
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+        const bool accumulate = kb > 0 || kk > 0;
+        if constexpr (kBlockN == 256) {
+          sm90::wgmma_m64n256k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+        } else {
+          sm90::wgmma_m64n128k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+        }
+        if constexpr (kSwiGLU) {
+          sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
+        }
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();
+      if (prev_stage >= 0 && t == 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+      prev_stage = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    sm90::wgmma_wait<0>();
+    if (prev_stage >= 0 && t == 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+
+    // Epilogue: fragments straight to global memory as bf16 pairs.
+    const int32_t row_base = sched.m_block() * kBlockM + c * 64 + warp * 16 + lane / 4;
+    const int32_t col_base = sched.n_block() * kBlockN + 2 * (lane % 4);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int64_t at = int64_t(row_base + 8 * half) * p.n + col;
-          const float g0 = acc0[4 * j + 2 * half], g1 = acc0[4 * j + 2 * half + 1];
-          if constexpr (kSwiGLU) {
-            const float u0 = acc1[4 * j + 2 * half], u1 = acc1[4 * j + 2 * half + 1];
-            *reinterpret_cast<__nv_bfloat162*>(p.out + at) = __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
-            if (p.out_gate) *reinterpret_cast<__nv_bfloat162*>(p.out_gate + at) = __floats2bfloat162_rn(g0, g1);
-            if (p.out_up) *reinterpret_cast<__nv_bfloat162*>(p.out_up + at) = __floats2bfloat162_rn(u0, u1);
-          } else {
-            *reinterpret_cast<__nv_bfloat162*>(p.out + at) = __floats2bfloat162_rn(g0, g1);
-          }
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int32_t col = col_base + 8 * j;
+      if (col >= p.n) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t at = int64_t(row_base + 8 * half) * p.n + col;
+        const float g0 = acc0[4 * j + 2 * half], g1 = acc0[4 * j + 2 * half + 1];
+        if constexpr (kSwiGLU) {
+          const float u0 = acc1[4 * j + 2 * half], u1 = acc1[4 * j + 2 * half + 1];
+          *reinterpret_cast<__nv_bfloat162*>(p.out + at) = __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+          if (p.out_gate) *reinterpret_cast<__nv_bfloat162*>(p.out_gate + at) = __floats2bfloat162_rn(g0, g1);
+          if (p.out_up) *reinterpret_cast<__nv_bfloat162*>(p.out_up + at) = __floats2bfloat162_rn(u0, u1);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(p.out + at) = __floats2bfloat162_rn(g0, g1);
         }
       }
     }
   }
-  // Neither CTA leaves while its peer may still arrive on its barriers or multicast into it. The
-  // cluster barrier is warp-aligned: the producer's lone thread rejoins its warp first.
-  __syncwarp();
-  sm90::cluster_sync();
 }
 
 template <bool kSwiGLU>
@@ -244,8 +202,8 @@ void launch(const ExpertGemmArgs& args, cudaStream_t stream) {
   }
   const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   constexpr int kBlockN = Config<kSwiGLU>::kBlockN;
-  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN / 2, kBlockK);
-  const CUtensorMap b1 = kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN / 2, kBlockK) : b0;
+  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
+  const CUtensorMap b1 = kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : b0;
   Params p{};
   p.expert_offset = args.expert_offset;
   p.experts = static_cast<int32_t>(args.experts);
@@ -260,29 +218,13 @@ void launch(const ExpertGemmArgs& args, cudaStream_t stream) {
   p.status = args.status;
   p.stall_task = args.stall_task;
   constexpr size_t kSmem = sizeof(SharedStorage<kSwiGLU>) + 1024;
-  cudaLaunchConfig_t config{};
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  // NOTES: not every GPC holds an even number of free SMs, so fewer than sm_count / 2 clusters may
-  // fit at once; the grid is what fits (the scheduler is persistent, any grid size is correct).
-  static int grid = [&] {
+  static bool configured = [] {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kSwiGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    config.gridDim = dim3(args.sm_count / 2 * 2);
-    int clusters = 0;
-    LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kSwiGLU>, &config));
-    if (clusters < 1) throw Error("", "internal: no 2-CTA cluster of the expert GEMM fits on this GPU");
-    return std::min(2 * clusters, args.sm_count / 2 * 2);
+    return true;
   }();
-  config.gridDim = dim3(grid);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kSwiGLU>, a, b0, b1, p));
+  (void)configured;
+  expert_gemm_kernel<kSwiGLU><<<args.sm_count, kThreads, kSmem, stream>>>(a, b0, b1, p);
+  LYNX_CHECK_LAUNCH();
 }
 
 }  // namespace
