@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The PyTorch path of an MoE layer (argsort + torch._grouped_mm + SwiGLU + index_add_), timed on the
+benchmark shapes of ARCHITECTURE.md section 9, for side-by-side comparison with lynx-bench in the same
+device call. Writes the results format of bench/results (impl "torch-grouped-mm") and, given
+--lynx-json, prints the ratio of each lynx row to the PyTorch path."""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name: (T, H, I, E, k)
+    "qwen3-30b-a3b": (8192, 2048, 768, 128, 8),
+    "olmoe-1b-7b": (8192, 2048, 1024, 64, 8),
+    "mixtral-8x7b": (8192, 4096, 14336, 8, 2),
+    "deepseek-v3": (4096, 7168, 2048, 256, 8),
+}
+
+
+def moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down):
+    """y[t] = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x), experts as [E, out, in] weights."""
+    T, k = topk_ids.shape
+    E = w_gate.shape[0]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    xs = x[token]
+    gate = torch._grouped_mm(xs, w_gate.transpose(-2, -1), offs=offs)
+    up = torch._grouped_mm(xs, w_up.transpose(-2, -1), offs=offs)
+    ye = torch._grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    ye = ye * topk_weights.reshape(-1)[order].unsqueeze(1).to(ye.dtype)
+    return torch.zeros_like(x).index_add_(0, token, ye)
+
+
+def median_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def make_inputs(T, H, I, E, k, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev, bf16 = "cuda", torch.bfloat16
+    x = torch.randn(T, H, device=dev, dtype=bf16, generator=g)
+    topk_ids = torch.rand(T, E, device=dev, generator=g).argsort(dim=1)[:, :k].contiguous()
+    topk_weights = torch.rand(T, k, device=dev, generator=g).softmax(dim=1)
+    w_gate = torch.randn(E, I, H, device=dev, dtype=bf16, generator=g) * (2 / H**0.5)
+    w_up = torch.randn(E, I, H, device=dev, dtype=bf16, generator=g) * (2 / H**0.5)
+    w_down = torch.randn(E, H, I, device=dev, dtype=bf16, generator=g) * (2 / I**0.5)
+    return x, topk_ids, topk_weights, w_gate, w_up, w_down
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="all", help="a shape name or 'all'")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--json", help="write results here")
+    parser.add_argument("--lynx-json", help="lynx-bench --json output of the same call, for ratios")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("compare_torch: no CUDA GPU available", file=sys.stderr)
+        return 2
+    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    rows = []
+    for name in names:
+        T, H, I, E, k = SHAPES[name]
+        inputs = make_inputs(T, H, I, E, k, seed=2026)
+        params = [t.requires_grad_() for t in (inputs[0], inputs[3], inputs[4], inputs[5])]
+        x, topk_ids, topk_weights, w_gate, w_up, w_down = inputs
+        flops = 6.0 * T * k * H * I
+        dy = torch.randn_like(x)
+
+        def fwd():
+            with torch.no_grad():
+                moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+
+        def fwd_bwd():
+            y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+            torch.autograd.grad(y, params, dy)
+
+        for pass_name, fn, mult in (("forward", fwd, 1), ("forward+backward", fwd_bwd, 3)):
+            ms = median_ms(fn, args.warmup, args.iters)
+            rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "torch-grouped-mm",
+                         "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
+                         "baseline_ms": None, "dense_gemm_tflops": None})
+        del inputs, params, x, w_gate, w_up, w_down, dy
+        torch.cuda.empty_cache()
+
+    print(f"{'shape':15} {'pass':17} {'torch ms':>9} {'TFLOP/s':>8}")
+    for r in rows:
+        print(f"{r['shape']:15} {r['pass']:17} {r['ms']:9.3f} {r['tflops']:8.1f}")
+    commit = None
+    if args.lynx_json:
+        with open(args.lynx_json) as f:
+            lynx_run = json.load(f)
+        lynx, commit = lynx_run["results"], lynx_run["commit"]
+        print(f"\n{'shape':15} {'pass':17} {'impl':22} {'lynx ms':>8} {'torch ms':>9} {'torch/lynx':>10}")
+        for r in rows:
+            for l in lynx:
+                if (l["shape"], l["pass"], l["routing"]) == (r["shape"], r["pass"], "uniform"):
+                    print(f"{r['shape']:15} {r['pass']:17} {l['impl']:22} {l['ms']:8.3f} {r['ms']:9.3f} "
+                          f"{r['ms'] / l['ms']:9.2f}x")
+    if args.json:
+        out = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+               "commit": commit, "command": " ".join(sys.argv), "torch": torch.__version__, "results": rows}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
