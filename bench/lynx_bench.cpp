@@ -246,12 +246,8 @@ int run(const Options& o) {
       for (const std::string& pass : o.passes) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
         const double base = time_pass(unfused, pass);
-        if (pass == "backward") {  // the fused backend's backward is the unfused backward
-          rows.push_back({name, routing_name(routing), pass, "unfused", base, flops / (base * 1e-3) / 1e12, "", 0, check_text});
-          continue;
-        }
         const double ms = time_pass(fused, pass);
-        const char* impl = pass == "forward" ? "fused" : "fused-fwd+unfused-bwd";
+        const char* impl = "fused";
         rows.push_back({name, routing_name(routing), pass, impl, ms, flops / (ms * 1e-3) / 1e12, "unfused", base, check_text});
       }
     }

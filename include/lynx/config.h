@@ -22,8 +22,8 @@ struct LayerShape {
 enum class Backend : int32_t {
   kAuto = 0,     // the fastest implemented path: kFused
   kUnfused = 1,  // schedule + gather + cuBLAS GEMMs + SwiGLU + combine; one host sync per call (the baseline)
-  kFused = 2,    // forward: TMA + wgmma expert kernels reading the schedule on the device, no host sync;
-                 // backward: still the unfused backward (one host sync)
+  kFused = 2,    // TMA + wgmma expert kernels reading the schedule on the device: no host sync in
+                 // forward or backward (capturable in CUDA graphs)
 };
 
 // Tuning knobs. A zero means "choose for me" (see resolve_config).

@@ -3,6 +3,7 @@
 
 #include "api/workspace_impl.h"
 #include "lynx/error.h"
+#include "fused/backward.h"
 #include "fused/forward.h"
 #include "unfused/unfused.h"
 
@@ -49,7 +50,11 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
   validate_gradients(w.shape, dy, grads);
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   check_device(w);
-  unfused::backward(w, in, dy, grads, stream);
+  if (w.config.backend == Backend::kFused) {
+    fused::backward(w, in, dy, grads, stream);
+  } else {
+    unfused::backward(w, in, dy, grads, stream);
+  }
 }
 
 }  // namespace lynx

@@ -56,4 +56,33 @@ void fetch_counts(Workspace::Impl& w, cudaStream_t s) {
   w.counts_on_host = true;
 }
 
+void require_context(const Workspace::Impl& w, const LayerInputs& in) {
+  if (!w.context_valid) {
+    throw Error("backward", "no forward context in the workspace: run forward with config.save_forward_context = "
+                            "true, or recompute_forward_context, on the same inputs first");
+  }
+  if (!(w.context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data})) {
+    throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights tensors");
+  }
+}
+
+void enqueue_shared_backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                             cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int T = to_int(sh.tokens), H = to_int(sh.hidden), Is = to_int(sh.shared_intermediate);
+  if (Is == 0) return;
+  using unfused::gemm;
+  const void* dyp = dy.data;
+  // dhs = dy · ws_down; SwiGLU backward (router weight 1); dx_s = dgs · ws_gate + dus · ws_up (fp32)
+  gemm(w.cublas, {false, false, T, Is, H, dyp, H, in.weights.ws_down.data, Is, w.un.dhs, Is}, false, s);
+  unfused::swiglu_backward(w.un.dgs, w.un.dus, Is, w.un.hs, nullptr, w.un.dhs, w.un.gs, w.un.us, nullptr, nullptr,
+                           nullptr, T, Is, s);
+  gemm(w.cublas, {false, false, T, H, Is, w.un.dgs, Is, in.weights.ws_gate.data, H, w.un.ys, H, 0.0f}, true, s);
+  gemm(w.cublas, {false, false, T, H, Is, w.un.dus, Is, in.weights.ws_up.data, H, w.un.ys, H, 1.0f}, true, s);
+  // Weight gradients, K = T: dyᵀ · hs, dgsᵀ · x, dusᵀ · x
+  gemm(w.cublas, {true, false, H, Is, T, dyp, H, w.un.hs, Is, grads.dws_down.data, Is}, false, s);
+  gemm(w.cublas, {true, false, Is, H, T, w.un.dgs, Is, in.x.data, H, grads.dws_gate.data, H}, false, s);
+  gemm(w.cublas, {true, false, Is, H, T, w.un.dus, Is, in.x.data, H, grads.dws_up.data, H}, false, s);
+}
+
 }  // namespace lynx

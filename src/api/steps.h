@@ -22,4 +22,12 @@ void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const
 // error. Afterwards w.host_expert_offset() / host_expert_rows() are valid.
 void fetch_counts(Workspace::Impl& w, cudaStream_t s);
 
+// Throws unless the workspace holds a forward context for these inputs.
+void require_context(const Workspace::Impl& w, const LayerInputs& in);
+
+// Queues the shared expert's backward (no host synchronisation): its weight gradients into `grads`
+// and its dx, in fp32, into w.un.ys. Nothing when there is no shared expert.
+void enqueue_shared_backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                             cudaStream_t s);
+
 }  // namespace lynx

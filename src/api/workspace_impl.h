@@ -38,6 +38,18 @@ struct UnfusedBuffers {
   bf16_t* dus;      // [T, I_s]  bwd
 };
 
+// Extra buffers of the fused backward (allocated only for Backend::kFused).
+struct FusedBuffers {
+  using bf16_t = unfused::bf16_t;
+  bf16_t* dgu;          // [cap, 2I]      dg | du per row
+  bf16_t* w_down_t;     // [E_loc, I, H]  w_downᵀ per expert
+  bf16_t* w_gate_up_t;  // [E_loc, H, 2I] [w_gateᵀ | w_upᵀ] per expert
+  bf16_t* dgu_t;        // [2I, cap]
+  bf16_t* xg_t;         // [H, cap]
+  bf16_t* dyg_t;        // [H, cap]
+  bf16_t* hw_t;         // [I, cap]
+};
+
 // Identifies the inputs a saved forward context belongs to.
 struct ContextKey {
   const void* x = nullptr;
@@ -62,6 +74,7 @@ struct Workspace::Impl {
   cudaEvent_t counts_ready = nullptr;
 
   UnfusedBuffers un{};
+  FusedBuffers fb{};
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<unfused::GroupedGemm> grouped;
 

@@ -35,4 +35,24 @@ void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream);
 // out = silu(A·B0ᵀ) ⊙ (A·B1ᵀ), and the two products themselves into out_gate / out_up when given.
 void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream);
 
+// Weight gradients per local expert e, over the expert's schedule rows r (its padded block):
+//   out[e][i][j] = Σ_r a_t[i][r] · b_t[j][r]     (i < split, or every i when out2 is null)
+//   out2[e][i - split][j] = the same             (i >= split)
+// a_t: [m, capacity], b_t: [n, capacity] (the per-row operands transposed, zero on padding rows).
+// Each output tile is computed by one CTA over the expert's rows in order: deterministic. An expert
+// without rows gets exact zeros.
+struct WeightGradArgs {
+  const bf16_t* a_t = nullptr;
+  const bf16_t* b_t = nullptr;
+  int64_t m = 0, n = 0, capacity = 0, experts = 0;
+  int64_t split = 0;
+  const int32_t* expert_offset = nullptr;
+  bf16_t* out = nullptr;
+  bf16_t* out2 = nullptr;
+  DeviceStatus* status = nullptr;
+  int sm_count = 0;
+};
+
+void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream);
+
 }  // namespace lynx::fused

@@ -117,8 +117,8 @@ constexpr int kRowBlock = 128;
 // NOTES: the d_topk_weights sum is reduced in a fixed order (per-thread strided sums, then a shuffle
 // tree, then warps in index order), so it is bitwise reproducible.
 __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
-    Vec8* dg, Vec8* du, Vec8* hw, float* d_topk_weights, const Vec8* da, const Vec8* g, const Vec8* u,
-    const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows, int64_t rows,
+    Vec8* dg, Vec8* du, int64_t out_vecs_per_row, Vec8* hw, float* d_topk_weights, const Vec8* da, const Vec8* g,
+    const Vec8* u, const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows, int64_t rows,
     int64_t vecs_per_row) {
   __shared__ float warp_sums[kRowBlock / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -141,8 +141,8 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
         duv.v[p] = __floats2bfloat162_rn(dhx * silx, dhy * sily);
         hwv.v[p] = __floats2bfloat162_rn(w * silx * uf.x, w * sily * uf.y);
       }
-      dg[i] = dgv;
-      du[i] = duv;
+      dg[row * out_vecs_per_row + v] = dgv;
+      du[row * out_vecs_per_row + v] = duv;
       if (hw) hw[i] = hwv;
     }
     if (d_topk_weights) {
@@ -237,12 +237,12 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
   LYNX_CHECK_LAUNCH();
 }
 
-void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, const bf16_t* da, const bf16_t* g,
-                     const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
+void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
+                     const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
   const int grid = static_cast<int>(rows < 65535 * 8 ? (rows > 0 ? rows : 1) : 65535 * 8);
   swiglu_backward_kernel<<<grid, kRowBlock, 0, stream>>>(
-      reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), reinterpret_cast<Vec8*>(hw), d_topk_weights,
+      reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
       topk_weights, row_token_slot, total_rows, rows, width / 8);
   LYNX_CHECK_LAUNCH();

@@ -33,8 +33,10 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // null), from da = dL/d(unweighted expert hidden) and the saved g, u:
 //   d_topk_weights[slot] = <da, silu(g) ⊙ u>   (fixed-order fp32 sum; skipped when null)
 //   dg = w·da ⊙ u ⊙ silu'(g),  du = w·da ⊙ silu(g),  hw = w · silu(g) ⊙ u   (hw skipped when null)
-void swiglu_backward(bf16_t* dg, bf16_t* du, bf16_t* hw, float* d_topk_weights, const bf16_t* da, const bf16_t* g,
-                     const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
+// dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
+// are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
+void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
+                     const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.

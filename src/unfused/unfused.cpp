@@ -63,13 +63,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
 }
 
 void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s) {
-  if (!w.context_valid) {
-    throw Error("backward", "no forward context in the workspace: run forward with config.save_forward_context = "
-                            "true, or recompute_forward_context, on the same inputs first");
-  }
-  if (!(w.context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data})) {
-    throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights tensors");
-  }
+  require_context(w, in);
   // A context built by the fused forward has its counts on the device only.
   if (!w.counts_on_host) fetch_counts(w, s);
   const LayerShape& sh = w.shape;
@@ -82,23 +76,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   const auto* wu = data_of<const bf16_t>(in.weights.w_up);
   const auto* wd = data_of<const bf16_t>(in.weights.w_down);
 
-  // Shared expert: dx_s (fp32) and its weight gradients.
-  if (Is > 0) {
-    gemm(w.cublas, {false, false, to_int(T), to_int(Is), to_int(H), dyp, to_int(H), in.weights.ws_down.data,
-                    to_int(Is), w.un.dhs, to_int(Is)}, false, s);
-    swiglu_backward(w.un.dgs, w.un.dus, w.un.hs, nullptr, w.un.dhs, w.un.gs, w.un.us, nullptr, nullptr, nullptr, T, Is,
-                    s);
-    gemm(w.cublas, {false, false, to_int(T), to_int(H), to_int(Is), w.un.dgs, to_int(Is), in.weights.ws_gate.data,
-                    to_int(H), w.un.ys, to_int(H), 0.0f}, true, s);
-    gemm(w.cublas, {false, false, to_int(T), to_int(H), to_int(Is), w.un.dus, to_int(Is), in.weights.ws_up.data,
-                    to_int(H), w.un.ys, to_int(H), 1.0f}, true, s);
-    gemm(w.cublas, {true, false, to_int(H), to_int(Is), to_int(T), dyp, to_int(H), w.un.hs, to_int(Is),
-                    grads.dws_down.data, to_int(Is)}, false, s);
-    gemm(w.cublas, {true, false, to_int(Is), to_int(H), to_int(T), w.un.dgs, to_int(Is), in.x.data, to_int(H),
-                    grads.dws_gate.data, to_int(H)}, false, s);
-    gemm(w.cublas, {true, false, to_int(Is), to_int(H), to_int(T), w.un.dus, to_int(Is), in.x.data, to_int(H),
-                    grads.dws_up.data, to_int(H)}, false, s);
-  }
+  enqueue_shared_backward(w, in, dy, grads, s);
 
   // Routed experts: dgrad.
   bf16_t* dyg = w.un.rows_a;
@@ -125,7 +103,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
                      data_of<bf16_t>(grads.dw_down) + e * H * I, to_int(I)});
   }
   w.grouped->run(w.cublas, da, false, s);
-  swiglu_backward(w.un.dg, w.un.du, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
+  swiglu_backward(w.un.dg, w.un.du, I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
                   data_of<const float>(in.topk_weights), w.schedule.row_token_slot, w.device_total_rows(), cap, I, s);
   w.grouped->run(w.cublas, dx_gate, false, s);
   w.grouped->run(w.cublas, dx_up, false, s);

@@ -453,6 +453,69 @@ TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   EXPECT_LT(rel_error(ys[1], unfused, "y (fused vs unfused)"), kTolerance);
 }
 
+// Forward and backward of the fused path captured together in one CUDA graph, replayed with new
+// routing: every gradient matches the reference on every replay.
+TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
+  const Case c{250, 128, 128, 8, 2, 64};
+  HostLayer L(c, fresh_seed());
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  DeviceBuffer y(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
+      dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2), dwsu(c.Is * c.H * 2),
+      dwsd(c.H * c.Is * 2);
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy_host = random_bf16(rng, c.T * c.H, 1.0);
+  DeviceBuffer dy = to_device(dy_host);
+  Gradients g;
+  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
+  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
+  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+  g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
+  g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
+  g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
+  const TensorView yv = make_view(y.get(), DType::kBF16, {c.T, c.H});
+  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  forward(ws, L.inputs(), yv, stream);
+  backward(ws, L.inputs(), dyv, g, stream);
+  ws.check(stream);
+  cudaGraph_t graph;
+  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  forward(ws, L.inputs(), yv, stream);
+  backward(ws, L.inputs(), dyv, g, stream);
+  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    const HostLayer fresh(c, rng());
+    L.ids = fresh.ids;
+    L.weights = fresh.weights;
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
+    for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+    LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    ws.check(stream);
+    const std::vector<double> w = L.weights_double();
+    const ref::Layer<HostBf16> r = L.reference(w);
+    const ref::Gradients want = ref::backward(r, to_double_vec(dy_host).data());
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    EXPECT_LT(rel_error(to_host<HostBf16>(y, c.T * c.H), ref::forward(r), "y"), kTolerance);
+    EXPECT_LT(rel_error(to_host<HostBf16>(dx, c.T * c.H), want.dx, "dx"), kTolerance);
+    EXPECT_LT(rel_error(to_host<float>(dtk, c.T * c.k), want.d_topk_weights, "d_topk_weights"), kTolerance);
+    EXPECT_LT(rel_error(to_host<HostBf16>(dwg, c.E * c.I * c.H), want.dw_gate, "dw_gate"), kTolerance);
+    EXPECT_LT(rel_error(to_host<HostBf16>(dwu, c.E * c.I * c.H), want.dw_up, "dw_up"), kTolerance);
+    EXPECT_LT(rel_error(to_host<HostBf16>(dwd, c.E * c.H * c.I), want.dw_down, "dw_down"), kTolerance);
+    EXPECT_LT(rel_error(to_host<HostBf16>(dwsg, c.Is * c.H), want.dws_gate, "dws_gate"), kTolerance);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // A forced stall (test hook: one tile's loads are never issued) ends in a diagnostic naming the wait,
 // not a hang. The trap kills the CUDA context, so it runs in a child process.
 [[noreturn]] void run_stalled_forward() {
