@@ -93,12 +93,6 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     }
     if (config.backend == Backend::kFused) {
       fb.dgu = alloc<unfused::bf16_t>(cap * 2 * I);
-      fb.w_down_t = alloc<unfused::bf16_t>(E_loc * I * H);
-      fb.w_gate_up_t = alloc<unfused::bf16_t>(E_loc * H * 2 * I);
-      fb.dgu_t = alloc<unfused::bf16_t>(2 * I * cap);
-      fb.xg_t = alloc<unfused::bf16_t>(H * cap);
-      fb.dyg_t = alloc<unfused::bf16_t>(H * cap);
-      fb.hw_t = alloc<unfused::bf16_t>(I * cap);
     }
     LYNX_CUBLAS(cublasCreate(&cublas));
     // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes

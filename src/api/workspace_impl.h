@@ -40,14 +40,7 @@ struct UnfusedBuffers {
 
 // Extra buffers of the fused backward (allocated only for Backend::kFused).
 struct FusedBuffers {
-  using bf16_t = unfused::bf16_t;
-  bf16_t* dgu;          // [cap, 2I]      dg | du per row
-  bf16_t* w_down_t;     // [E_loc, I, H]  w_downᵀ per expert
-  bf16_t* w_gate_up_t;  // [E_loc, H, 2I] [w_gateᵀ | w_upᵀ] per expert
-  bf16_t* dgu_t;        // [2I, cap]
-  bf16_t* xg_t;         // [H, cap]
-  bf16_t* dyg_t;        // [H, cap]
-  bf16_t* hw_t;         // [I, cap]
+  unfused::bf16_t* dgu;  // [cap, 2I]  dg | du per row
 };
 
 // Identifies the inputs a saved forward context belongs to.

@@ -1,6 +1,6 @@
 // The fused backward path (R = 1), with no host synchronisation: every routed GEMM runs on the
-// expert GEMM kernel, which reads the schedule on the device. The kernel takes K-major operands only,
-// so weights and per-row activations are transposed first (see docs/backward.md for the cost).
+// expert GEMM kernel, which reads the schedule on the device and takes the weights and the per-row
+// buffers in their stored layouts (K-, N- or M-major), so nothing is transposed.
 #pragma once
 
 #include "api/workspace_impl.h"

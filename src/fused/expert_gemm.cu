@@ -1,9 +1,11 @@
 // The grouped expert GEMM kernel: one producer warpgroup (TMA), two consumer warpgroups (wgmma,
-// 64 rows each), a static persistent tile scheduler. Three modes share the pipeline:
-//   kRowsSwiGLU  C_e = silu(A_e·Gᵀ) ⊙ (A_e·Uᵀ)   A_e = the expert's block of schedule rows
-//   kRows        C_e = A_e · Bᵀ
-//   kWeightGrad  C_e = Aᵀ_e · B_e  over the expert's schedule rows (K = its padded rows), both operands
-//                given transposed ([M, capacity] and [N, capacity]) so that they are K-major.
+// 64 rows each), a static persistent tile scheduler. Four modes share the pipeline (A_e = the
+// expert's block of schedule rows):
+//   kRowsSwiGLU  C_e = silu(A_e·Gᵀ) ⊙ (A_e·Uᵀ)   G, U: [E, N, K] (K-major)
+//   kRows        C_e = A_e · Bᵀ                   B: [E, N, K] (K-major)
+//   kRowsMnB     C_e = A_e · [B0; B1]             B0: [E, K0, N], B1: [E, K - K0, N] (N-major)
+//   kWeightGrad  C_e = A_eᵀ · B_e                 A, B: [capacity, M] and [capacity, N] row buffers
+//                (M- and N-major), K = the expert's padded rows (padding rows hold zeros)
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -15,7 +17,7 @@
 namespace lynx::fused {
 namespace {
 
-enum class Mode { kRowsSwiGLU, kRows, kWeightGrad };
+enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 
 constexpr int kBlockM = 128;  // two consumer warpgroups × 64 rows
 constexpr int kBlockK = 64;   // 64 bf16 = 128 bytes: one row of a 128-byte swizzle atom
@@ -27,6 +29,8 @@ static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "register 
 template <Mode kMode>
 struct Config {
   static constexpr bool kSwiGLU = kMode == Mode::kRowsSwiGLU;
+  static constexpr bool kTransA = kMode == Mode::kWeightGrad;                          // A is M-major
+  static constexpr bool kTransB = kMode == Mode::kRowsMnB || kMode == Mode::kWeightGrad;  // B is N-major
   static constexpr int kOperandsB = kSwiGLU ? 2 : 1;
   // NOTES: every mode computes a 128 × 256 block of products per tile (gate 128 + up 128 columns,
   // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages.
@@ -59,6 +63,7 @@ struct Params {
   int32_t n;
   int32_t capacity;
   int32_t out_split;   // weight grad: rows >= out_split go to out2 (row - out_split); else INT32_MAX
+  int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
   __nv_bfloat16* out;
   __nv_bfloat16* out2;  // SwiGLU: the gate products (may be null); weight grad: see out_split
   __nv_bfloat16* out3;  // SwiGLU: the up products (may be null)
@@ -116,7 +121,7 @@ struct TileScheduler {
     t.b_row = n_block() * Config<kMode>::kBlockN;
     if constexpr (kMode == Mode::kWeightGrad) {
       t.expert = mn / p.tiles_m;
-      t.a_row = (mn % p.tiles_m) * kBlockM;
+      t.a_row = (mn % p.tiles_m) * kBlockM;  // a column of the row buffer A (a row of C)
       t.k0 = p.expert_offset[t.expert];
       t.k_blocks = (p.expert_offset[t.expert + 1] - t.k0) / kBlockK;
       t.out_row0 = t.a_row;
@@ -173,13 +178,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int32_t k = t.k0 + kb * kBlockK;
         sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.tile);
         sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
-        sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], k, t.a_row);
+        __nv_bfloat16* a = smem.a[stage];
+        __nv_bfloat16* b = smem.b[stage][0];
         if constexpr (kMode == Mode::kWeightGrad) {
-          sm90::tma_load_2d(smem.b[stage][0], &tma_b0, &smem.full[stage], k, t.b_row);
+          // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
+          for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, &tma_a, &smem.full[stage], t.a_row + 64 * j, k);
+          for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, &tma_b0, &smem.full[stage], t.b_row + 64 * j, k);
         } else {
-          sm90::tma_load_3d(smem.b[stage][0], &tma_b0, &smem.full[stage], k, t.b_row, t.expert);
+          sm90::tma_load_2d(a, &tma_a, &smem.full[stage], k, t.a_row);
+          if constexpr (kMode == Mode::kRowsMnB) {
+            const bool second = k >= p.k_split;
+            const CUtensorMap* map = second ? &tma_b1 : &tma_b0;
+            const int32_t kr = second ? k - p.k_split : k;
+            for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, &smem.full[stage], t.b_row + 64 * j, kr, t.expert);
+          } else {
+            sm90::tma_load_3d(b, &tma_b0, &smem.full[stage], k, t.b_row, t.expert);
+            if constexpr (C::kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], k, t.b_row, t.expert);
+          }
         }
-        if constexpr (C::kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], k, t.b_row, t.expert);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
@@ -208,12 +224,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+        // K-major tiles step 16 elements along their 128-byte rows; MN-major tiles step 16 rows.
+        const uint64_t da = C::kTransA
+                                ? sm90::smem_desc_mn_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16 * 64])
+                                : sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+        const uint64_t db = C::kTransB ? sm90::smem_desc_mn_major_sw128(&smem.b[stage][0][kk * 16 * 64])
+                                       : sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]);
         const bool accumulate = kb > 0 || kk > 0;
         if constexpr (kBlockN == 256) {
-          sm90::wgmma_m64n256k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+          sm90::wgmma_m64n256k16<C::kTransA, C::kTransB>(acc0, da, db, accumulate);
         } else {
-          sm90::wgmma_m64n128k16(acc0, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]), accumulate);
+          sm90::wgmma_m64n128k16(acc0, da, db, accumulate);
         }
         if constexpr (C::kSwiGLU) {
           sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
@@ -301,19 +322,46 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   launch<kMode>(a, b0, b1, p, args.sm_count, stream);
 }
 
+template <>
+void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream) {
+  check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX &&
+            args.k_split % kBlockK == 0 && args.k_split >= 0 && args.k_split <= args.k,
+        "capacity % 128, K % 64, N % 64, K split % 64");
+  constexpr int kBlockN = Config<Mode::kRowsMnB>::kBlockN;
+  const int64_t k0 = args.b1 ? args.k_split : args.k;
+  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
+  const CUtensorMap b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : b0;
+  Params p{};
+  p.expert_offset = args.expert_offset;
+  p.experts = static_cast<int32_t>(args.experts);
+  p.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
+  p.tiles_n = static_cast<int32_t>((args.n + kBlockN - 1) / kBlockN);
+  p.k_blocks = static_cast<int32_t>(args.k / kBlockK);
+  p.n = static_cast<int32_t>(args.n);
+  p.capacity = static_cast<int32_t>(args.capacity);
+  p.out_split = INT32_MAX;
+  p.k_split = static_cast<int32_t>(k0);
+  p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
+  p.status = args.status;
+  p.stall_task = -1;
+  launch<Mode::kRowsMnB>(a, b0, b1, p, args.sm_count, stream);
+}
+
 }  // namespace
 
 void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRows>(args, stream); }
 void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream) {
   launch_rows<Mode::kRowsSwiGLU>(args, stream);
 }
+void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRowsMnB>(args, stream); }
 
 void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   check(args.capacity % kBlockM == 0 && args.m % 64 == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, M % 64, N % 64");
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
-  const CUtensorMap a = make_tma_2d(args.a_t, args.m, args.capacity, kBlockM, kBlockK);
-  const CUtensorMap b = make_tma_2d(args.b_t, args.n, args.capacity, kBlockN, kBlockK);
+  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
+  const CUtensorMap b = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
   Params p{};
   p.expert_offset = args.expert_offset;
   p.experts = static_cast<int32_t>(args.experts);

@@ -16,8 +16,9 @@ struct ExpertGemmArgs {
   const bf16_t* a = nullptr;              // [capacity, K]  rows in schedule order (expert-major, 128-padded)
   int64_t capacity = 0;                   // multiple of 128
   int64_t k = 0;                          // multiple of 64
-  const bf16_t* b0 = nullptr;             // [experts, n, K]  (gate, or the only weight)
-  const bf16_t* b1 = nullptr;             // [experts, n, K]  (up; SwiGLU only)
+  const bf16_t* b0 = nullptr;             // [experts, n, K]  (gate, or the only weight); n-major: [experts, k_split, n]
+  const bf16_t* b1 = nullptr;             // [experts, n, K]  (up; SwiGLU only); n-major: [experts, K - k_split, n]
+  int64_t k_split = 0;                    // n-major with b1: K rows [0, k_split) come from b0, the rest from b1
   int64_t experts = 0;
   int64_t n = 0;                          // multiple of 64
   const int32_t* expert_offset = nullptr; // [experts + 1] device; [experts] = rows used (padded total)
@@ -35,15 +36,20 @@ void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream);
 // out = silu(A·B0ᵀ) ⊙ (A·B1ᵀ), and the two products themselves into out_gate / out_up when given.
 void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream);
 
+// out = A · [B0; B1] with B0, B1 stored n-major ([K rows, n] per expert: e.g. w_down as [H, I] for
+// dy·w_down, or w_gate and w_up stacked along K for [dg | du]·[w_gate; w_up]). No transposed copy of
+// the weights is made.
+void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream);
+
 // Weight gradients per local expert e, over the expert's schedule rows r (its padded block):
-//   out[e][i][j] = Σ_r a_t[i][r] · b_t[j][r]     (i < split, or every i when out2 is null)
+//   out[e][i][j] = Σ_r a[r][i] · b[r][j]         (i < split, or every i when out2 is null)
 //   out2[e][i - split][j] = the same             (i >= split)
-// a_t: [m, capacity], b_t: [n, capacity] (the per-row operands transposed, zero on padding rows).
-// Each output tile is computed by one CTA over the expert's rows in order: deterministic. An expert
-// without rows gets exact zeros.
+// a: [capacity, m], b: [capacity, n], the per-row buffers as they are (no transposed copies); their
+// padding rows must hold zeros. Each output tile is computed by one CTA over the expert's rows in
+// order: deterministic. An expert without rows gets exact zeros.
 struct WeightGradArgs {
-  const bf16_t* a_t = nullptr;
-  const bf16_t* b_t = nullptr;
+  const bf16_t* a = nullptr;
+  const bf16_t* b = nullptr;
   int64_t m = 0, n = 0, capacity = 0, experts = 0;
   int64_t split = 0;
   const int32_t* expert_offset = nullptr;

@@ -59,7 +59,8 @@ __global__ void report_routing_kernel(const Id* ids, const float* weights, int64
 }
 
 // grid-stride over groups of kGatherRows rows, one group per block at a time; thread v copies the
-// 16-byte vectors v, v + blockDim.x, ... of each row of the group.
+// 16-byte vectors v, v + blockDim.x, ... of each row of the group. Padding rows get zeros (the weight
+// gradients sum over whole padded blocks).
 // NOTES: the group's loads are all issued before its stores (kGatherRows independent 16-byte loads in
 // flight per thread) and there is no 64-bit division per element: the first version (one warp per
 // row, one load-store pair at a time) reached 28% of DRAM bandwidth, a flattened 4-vector version
@@ -85,10 +86,11 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
 #pragma unroll
       for (int u = 0; u < kGatherRows; ++u) {
         if (from[u]) val[u] = from[u][v];
+        else val[u] = Vec8{};
       }
 #pragma unroll
       for (int u = 0; u < kGatherRows; ++u) {
-        if (from[u]) dst[(r0 + u) * vecs_per_row + v] = val[u];
+        if (r0 + u < total) dst[(r0 + u) * vecs_per_row + v] = val[u];
       }
     }
   }
@@ -122,7 +124,15 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
     int64_t vecs_per_row) {
   __shared__ float warp_sums[kRowBlock / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    if (!row_valid(row, row_token_slot, total_rows)) continue;
+    if (total_rows && row >= *total_rows) continue;
+    if (row_token_slot && row_token_slot[row] < 0) {  // padding: zeros, for the weight gradients
+      for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
+        dg[row * out_vecs_per_row + v] = Vec8{};
+        du[row * out_vecs_per_row + v] = Vec8{};
+        if (hw) hw[row * vecs_per_row + v] = Vec8{};
+      }
+      continue;
+    }
     const float w = topk_weights ? topk_weights[row_token_slot[row]] : 1.0f;
     float dot = 0.0f;
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {

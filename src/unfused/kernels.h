@@ -20,7 +20,7 @@ void reset_status(DeviceStatus* status, cudaStream_t stream);
 void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
                       int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream);
 
-// dst[row, :] = src[row_token_slot[row] / k, :] for the non-padding rows below *total_rows.
+// dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
 
@@ -33,6 +33,7 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // null), from da = dL/d(unweighted expert hidden) and the saved g, u:
 //   d_topk_weights[slot] = <da, silu(g) ⊙ u>   (fixed-order fp32 sum; skipped when null)
 //   dg = w·da ⊙ u ⊙ silu'(g),  du = w·da ⊙ silu(g),  hw = w · silu(g) ⊙ u   (hw skipped when null)
+// Padding rows (row_token_slot < 0) below *total_rows get zeros in dg, du and hw.
 // dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
 // are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
