@@ -92,17 +92,24 @@ def main():
             y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
             torch.autograd.grad(y, params, dy)
 
+        # Activations autograd keeps for backward (plus y itself): allocated after forward minus before.
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+        torch.cuda.synchronize()
+        kept_mib = (torch.cuda.memory_allocated() - before) / 2**20
+        del y
         for pass_name, fn, mult in (("forward", fwd, 1), ("forward+backward", fwd_bwd, 3)):
             ms = median_ms(fn, args.warmup, args.iters)
             rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "torch-grouped-mm",
                          "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
-                         "baseline_ms": None, "dense_gemm_tflops": None})
+                         "baseline_ms": None, "dense_gemm_tflops": None, "kept_for_backward_mib": kept_mib})
         del inputs, params, x, w_gate, w_up, w_down, dy
         torch.cuda.empty_cache()
 
-    print(f"{'shape':15} {'pass':17} {'torch ms':>9} {'TFLOP/s':>8}")
+    print(f"{'shape':15} {'pass':17} {'torch ms':>9} {'TFLOP/s':>8} {'kept for backward MiB':>22}")
     for r in rows:
-        print(f"{r['shape']:15} {r['pass']:17} {r['ms']:9.3f} {r['tflops']:8.1f}")
+        print(f"{r['shape']:15} {r['pass']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {r['kept_for_backward_mib']:22.0f}")
     commit = None
     if args.lynx_json:
         with open(args.lynx_json) as f:

@@ -116,6 +116,11 @@ std::string gpu_problem(std::string& name) {
   return {};
 }
 
+struct Memory {
+  std::string shape;
+  double fused_ws, fused_context, unfused_ws;  // MiB
+};
+
 struct Row {
   std::string shape, routing, pass, impl;
   double ms, tflops;
@@ -188,6 +193,7 @@ int run(const Options& o) {
   std::printf("lynx-bench  %s  commit %s  dense bf16 GEMM %d^3: %.1f TFLOP/s\n", gpu.c_str(), LYNX_GIT_COMMIT,
               o.dense_n, dense);
   std::vector<Row> rows;
+  std::vector<Memory> memory;
   bool all_ok = true;
   for (const std::string& name : o.shapes) {
     NamedShape shape;
@@ -231,6 +237,12 @@ int run(const Options& o) {
         all_ok = false;
         continue;
       }
+      forward(fused, in, p.y(), nullptr);
+      LYNX_CUDA(cudaDeviceSynchronize());
+      if (routing == o.routings.front()) {
+        constexpr double kMiB = 1024.0 * 1024.0;
+        memory.push_back({name, fused.device_bytes() / kMiB, fused.context_bytes() / kMiB, unfused.device_bytes() / kMiB});
+      }
       const double fwd_flops = forward_flops(p.shape());
       auto time_pass = [&](Workspace& ws, const std::string& pass) {
         if (pass == "forward") return median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
@@ -262,6 +274,11 @@ int run(const Options& o) {
     } else {
       std::printf(" %10.3f %7.2fx\n", r.baseline_ms, r.baseline_ms / r.ms);
     }
+  }
+  std::printf("\ndevice memory (MiB): workspace fused / unfused, and the saved forward context (in the fused workspace)\n");
+  for (const Memory& m : memory) {
+    std::printf("  %-15s workspace %8.0f / %8.0f   context %8.0f\n", m.shape.c_str(), m.fused_ws, m.unfused_ws,
+                m.fused_context);
   }
   std::printf("\nchecks (relative error vs the CPU reference on %d tokens, tolerance %.0e):\n", o.check_tokens,
               kCheckTolerance);

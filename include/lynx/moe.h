@@ -71,7 +71,8 @@ class Workspace {
 
   const LayerShape& shape() const;
   const ResolvedConfig& config() const;
-  int64_t device_bytes() const;  // device memory this workspace owns
+  int64_t device_bytes() const;   // device memory this workspace owns
+  int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
   Schedule schedule() const;     // the schedule of the last forward / recompute call
 
   // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error.

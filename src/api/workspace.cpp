@@ -134,6 +134,17 @@ const LayerShape& Workspace::shape() const { return impl_->shape; }
 const ResolvedConfig& Workspace::config() const { return impl_->config; }
 int64_t Workspace::device_bytes() const { return impl_->bytes; }
 
+int64_t Workspace::context_bytes() const {
+  const Impl& w = *impl_;
+  if (!w.context_valid) return 0;
+  const LayerShape& s = w.shape;
+  const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
+  // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
+  const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
+  const int64_t schedule = 4 * (2 * cap + 2 * E_loc + 1 + s.tokens * s.top_k);
+  return activations + schedule;
+}
+
 Schedule Workspace::schedule() const {
   Schedule s;
   s.row_token_slot = impl_->schedule.row_token_slot;
