@@ -2,6 +2,7 @@
 
 #include "api/steps.h"
 #include "fused/expert_gemm.h"
+#include "fused/forward.h"
 
 namespace lynx::fused {
 
@@ -20,12 +21,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   enqueue_shared_backward(w, in, dy, grads, s);
   unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
 
-  ExpertGemmArgs g;
-  g.capacity = cap;
-  g.experts = E;
-  g.expert_offset = w.schedule.expert_offset;
-  g.status = w.stall_report_device;
-  g.sm_count = w.sm_count;
+  ExpertGemmArgs g = expert_gemm_args(w);
 
   // da = dy_row · w_down[e]   ([n, H] · [H, I], w_down read as stored: N-major)
   g.a = dyg;

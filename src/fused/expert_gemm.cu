@@ -297,54 +297,46 @@ void check(bool ok, const char* what) {
   if (!ok) throw Error("", std::string("internal: expert GEMM sizes not supported: ") + what);
 }
 
-template <Mode kMode>
-void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
+// The Params every row mode shares.
+Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, K % 64, N % 64");
-  constexpr int kBlockN = Config<kMode>::kBlockN;
-  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
-  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
-  const CUtensorMap b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : b0;
   Params p{};
   p.expert_offset = args.expert_offset;
   p.experts = static_cast<int32_t>(args.experts);
   p.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
-  p.tiles_n = static_cast<int32_t>((args.n + kBlockN - 1) / kBlockN);
+  p.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);
   p.k_blocks = static_cast<int32_t>(args.k / kBlockK);
   p.n = static_cast<int32_t>(args.n);
   p.capacity = static_cast<int32_t>(args.capacity);
   p.out_split = INT32_MAX;
   p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
-  p.out2 = reinterpret_cast<__nv_bfloat16*>(args.out_gate);
-  p.out3 = reinterpret_cast<__nv_bfloat16*>(args.out_up);
   p.status = args.status;
   p.stall_task = args.stall_task;
+  return p;
+}
+
+template <Mode kMode>
+void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
+  constexpr int kBlockN = Config<kMode>::kBlockN;
+  Params p = rows_params(args, kBlockN);
+  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
+  const CUtensorMap b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : b0;
+  p.out2 = reinterpret_cast<__nv_bfloat16*>(args.out_gate);
+  p.out3 = reinterpret_cast<__nv_bfloat16*>(args.out_up);
   launch<kMode>(a, b0, b1, p, args.sm_count, stream);
 }
 
 template <>
 void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream) {
-  check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX &&
-            args.k_split % kBlockK == 0 && args.k_split >= 0 && args.k_split <= args.k,
-        "capacity % 128, K % 64, N % 64, K split % 64");
-  constexpr int kBlockN = Config<Mode::kRowsMnB>::kBlockN;
+  check(args.k_split % kBlockK == 0 && args.k_split >= 0 && args.k_split <= args.k, "K split % 64");
+  Params p = rows_params(args, Config<Mode::kRowsMnB>::kBlockN);
   const int64_t k0 = args.b1 ? args.k_split : args.k;
   const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
   const CUtensorMap b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : b0;
-  Params p{};
-  p.expert_offset = args.expert_offset;
-  p.experts = static_cast<int32_t>(args.experts);
-  p.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
-  p.tiles_n = static_cast<int32_t>((args.n + kBlockN - 1) / kBlockN);
-  p.k_blocks = static_cast<int32_t>(args.k / kBlockK);
-  p.n = static_cast<int32_t>(args.n);
-  p.capacity = static_cast<int32_t>(args.capacity);
-  p.out_split = INT32_MAX;
   p.k_split = static_cast<int32_t>(k0);
-  p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
-  p.status = args.status;
-  p.stall_task = -1;
   launch<Mode::kRowsMnB>(a, b0, b1, p, args.sm_count, stream);
 }
 

@@ -4,26 +4,32 @@
 #include "fused/expert_gemm.h"
 
 namespace lynx::fused {
+
+ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
+  ExpertGemmArgs a;
+  a.capacity = w.problem.capacity;
+  a.experts = w.shape.local_experts();
+  a.expert_offset = w.schedule.expert_offset;
+  a.status = w.stall_report_device;
+  a.sm_count = w.sm_count;
+  return a;
+}
+
 namespace {
 
 // Dispatch and the gate/up GEMM with SwiGLU: everything backward needs (g, u saved), plus h.
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   w.context_valid = false;
   enqueue_dispatch(w, in, s);
-  ExpertGemmArgs a;
+  ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.xg;
-  a.capacity = w.problem.capacity;
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);
-  a.experts = w.shape.local_experts();
   a.n = w.shape.intermediate;
-  a.expert_offset = w.schedule.expert_offset;
   a.out = w.un.h;
   a.out_gate = w.un.g;
   a.out_up = w.un.u;
-  a.status = w.stall_report_device;
-  a.sm_count = w.sm_count;
   a.stall_task = w.test_stall_task;
   expert_gemm_swiglu(a, s);
   w.context = ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data};
@@ -38,17 +44,12 @@ void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaSt
 
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
   forward_context(w, in, s);
-  ExpertGemmArgs a;
+  ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.h;
-  a.capacity = w.problem.capacity;
   a.k = w.shape.intermediate;
   a.b0 = data_of<const bf16_t>(in.weights.w_down);
-  a.experts = w.shape.local_experts();
   a.n = w.shape.hidden;
-  a.expert_offset = w.schedule.expert_offset;
   a.out = w.un.rows_a;
-  a.status = w.stall_report_device;
-  a.sm_count = w.sm_count;
   expert_gemm(a, s);
   enqueue_shared_and_combine(w, in, y, s);
   w.context_valid = w.config.save_forward_context;

@@ -6,8 +6,12 @@
 #pragma once
 
 #include "api/workspace_impl.h"
+#include "fused/expert_gemm.h"
 
 namespace lynx::fused {
+
+// The fields of ExpertGemmArgs that come from the workspace (schedule, status, SM count).
+ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w);
 
 void forward(Workspace::Impl& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
 void recompute_forward_context(Workspace::Impl& ws, const LayerInputs& in, cudaStream_t stream);

@@ -8,64 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/schedule_routing.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_core.h"
 
 namespace lynx::sched {
 namespace {
 
-// Every rank's [T, k] ids (the global expert of (t, j)), distinct within a token. With `hot` >= 0,
-// about `hot_share` percent of source s's tokens have j = 0 on expert (hot + s * hot_step) % E: unequal
-// counts from the sources to one expert (hot_step 1), or every token on one expert (100%, step 0).
-struct Routing {
-  int32_t R = 1;
-  int64_t T = 0, k = 0, E = 0;
-  std::vector<std::vector<int32_t>> ids;  // [R][T*k]
-  std::vector<const int32_t*> ptrs;
-
-  Routing(int32_t R_, int64_t T_, int64_t k_, int64_t E_, uint32_t seed, int64_t hot = -1, int hot_share = 0,
-          int64_t hot_step = 1)
-      : R(R_), T(T_), k(k_), E(E_), ids(R_) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> perm(E);
-    for (int64_t e = 0; e < E; ++e) perm[e] = int32_t(e);
-    for (int32_t s = 0; s < R; ++s) {
-      ids[s].resize(T * k);
-      for (int64_t t = 0; t < T; ++t) {
-        int64_t first = 0;
-        if (hot >= 0 && int(rng() % 100) < hot_share) {
-          const int32_t h = int32_t((hot + s * hot_step) % E);
-          std::swap(perm[0], *std::find(perm.begin(), perm.end(), h));
-          first = 1;
-        }
-        for (int64_t j = first; j < k; ++j) std::swap(perm[j], perm[j + rng() % (E - j)]);
-        for (int64_t j = 0; j < k; ++j) ids[s][t * k + j] = perm[j];
-      }
-    }
-    refresh();
-  }
-  void refresh() {
-    ptrs.clear();
-    for (auto& v : ids) ptrs.push_back(v.data());
-  }
-};
-
-int64_t worst_case_capacity(const Routing& g) {
-  const int64_t routed = g.R * g.T * g.k;
-  const int64_t padded_experts = std::min<int64_t>(g.E / g.R, routed);
-  return (routed + padded_experts * 127 + 127) / 128 * 128;
-}
-
-Problem problem(const Routing& g, int32_t rank, int64_t capacity) {
-  Problem p;
-  p.num_ranks = g.R;
-  p.rank = rank;
-  p.tokens = g.T;
-  p.top_k = g.k;
-  p.num_experts = g.E;
-  p.capacity = capacity;
-  return p;
-}
+using test::Routing;
 
 // What rank r must compute, stated without schedule_core.h.
 struct Expected {
@@ -129,7 +79,7 @@ std::string first_difference(const std::vector<int32_t>& got, const std::vector<
 // Builds rank r's schedule into `got` and checks every property of schedule.h.
 void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::string& what, HostSchedule& got) {
   SCOPED_TRACE(what + " rank " + std::to_string(r) + " capacity " + std::to_string(capacity));
-  const Problem p = problem(g, r, capacity);
+  const Problem p = g.problem(r, capacity);
   const HostResult res = build_schedule_host(p, g.ptrs.data(), got);
   const Expected want = expect(g, r, capacity);
   const int64_t E_loc = g.E / g.R;
@@ -182,8 +132,8 @@ void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::s
 void check_all_ranks(const Routing& g, const std::string& what) {
   for (int32_t r = 0; r < g.R; ++r) {
     HostSchedule a, b;
-    build_and_check(g, r, worst_case_capacity(g), what, a);
-    build_schedule_host(problem(g, r, worst_case_capacity(g)), g.ptrs.data(), b);
+    build_and_check(g, r, g.worst_case_capacity(), what, a);
+    build_schedule_host(g.problem(r, g.worst_case_capacity()), g.ptrs.data(), b);
     EXPECT_TRUE(a.row_token_slot == b.row_token_slot && a.row_src_rank == b.row_src_rank &&
                 a.expert_offset == b.expert_offset && a.expert_rows == b.expert_rows && a.slot_row == b.slot_row)
         << what << ": two builds differ, rank " << r;
@@ -272,7 +222,7 @@ TEST(Schedule, CapacityExactlyEnough) {
     for (int32_t r = 0; r < R; ++r) {
       const int64_t total = expect(g, r, 0).total;
       HostSchedule s;
-      EXPECT_EQ(build_schedule_host(problem(g, r, total), g.ptrs.data(), s).code, StatusCode::kOk);
+      EXPECT_EQ(build_schedule_host(g.problem(r, total), g.ptrs.data(), s).code, StatusCode::kOk);
       build_and_check(g, r, total, "exact capacity", s);
     }
   }
@@ -285,7 +235,7 @@ TEST(Schedule, CapacityOneRowShort) {
       const int64_t total = expect(g, r, 0).total;
       ASSERT_GT(total, 0);
       HostSchedule s;
-      const HostResult res = build_schedule_host(problem(g, r, total - 1), g.ptrs.data(), s);
+      const HostResult res = build_schedule_host(g.problem(r, total - 1), g.ptrs.data(), s);
       EXPECT_EQ(res.code, StatusCode::kCapacityOverflow);
       EXPECT_EQ(res.rows_needed, total);
       EXPECT_EQ(s.row_token_slot, std::vector<int32_t>(total - 1, -1));

@@ -169,40 +169,68 @@ struct Outputs {
   std::vector<float> d_topk;
 };
 
+// Device buffers of every output of a layer call, with their views.
+struct OutputBuffers {
+  const Case c;
+  DeviceBuffer y, dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd;
+
+  explicit OutputBuffers(const Case& cs)
+      : c(cs), y(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
+        dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2), dwsu(c.Is * c.H * 2),
+        dwsd(c.H * c.Is * 2) {}
+
+  // NaN in every float, so that an unwritten element cannot pass.
+  void poison() {
+    for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+  }
+  TensorView y_view() const { return make_view(y.get(), DType::kBF16, {c.T, c.H}); }
+  Gradients grads() const {
+    Gradients g;
+    g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
+    g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
+    g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
+    g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
+    g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+    if (c.Is > 0) {
+      g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
+      g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
+      g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
+    }
+    return g;
+  }
+  Outputs to_host_outputs() const {
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    Outputs o;
+    o.y = to_host<HostBf16>(y, c.T * c.H);
+    o.dx = to_host<HostBf16>(dx, c.T * c.H);
+    o.d_topk = to_host<float>(dtk, c.T * c.k);
+    o.dw_gate = to_host<HostBf16>(dwg, c.E * c.I * c.H);
+    o.dw_up = to_host<HostBf16>(dwu, c.E * c.I * c.H);
+    o.dw_down = to_host<HostBf16>(dwd, c.E * c.H * c.I);
+    o.dws_gate = to_host<HostBf16>(dwsg, c.Is * c.H);
+    o.dws_up = to_host<HostBf16>(dwsu, c.Is * c.H);
+    o.dws_down = to_host<HostBf16>(dwsd, c.H * c.Is);
+    return o;
+  }
+};
+
 // Runs forward and backward on poisoned outputs and copies everything back.
 Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute = false) {
   const Case& c = L.c;
-  DeviceBuffer y(c.T * c.H * 2), d_dy = to_device(dy), dx(c.T * c.H * 2), dtk(c.T * c.k * 4),
-      dwg(c.E * c.I * c.H * 2), dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2),
-      dwsu(c.Is * c.H * 2), dwsd(c.H * c.Is * 2);
-  for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer d_dy = to_device(dy);
   const LayerInputs in = L.inputs();
-  forward(ws, in, make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+  forward(ws, in, out.y_view(), nullptr);
   if (recompute) recompute_forward_context(ws, in, nullptr);
-  Gradients g;
-  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
-  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
-  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
-  if (c.Is > 0) {
-    g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
-    g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
-    g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
-  }
-  backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
-  LYNX_TEST_CUDA(cudaDeviceSynchronize());
-  Outputs o;
-  o.y = to_host<HostBf16>(y, c.T * c.H);
-  o.dx = to_host<HostBf16>(dx, c.T * c.H);
-  o.d_topk = to_host<float>(dtk, c.T * c.k);
-  o.dw_gate = to_host<HostBf16>(dwg, c.E * c.I * c.H);
-  o.dw_up = to_host<HostBf16>(dwu, c.E * c.I * c.H);
-  o.dw_down = to_host<HostBf16>(dwd, c.E * c.H * c.I);
-  o.dws_gate = to_host<HostBf16>(dwsg, c.Is * c.H);
-  o.dws_up = to_host<HostBf16>(dwsu, c.Is * c.H);
-  o.dws_down = to_host<HostBf16>(dwsd, c.H * c.Is);
-  return o;
+  backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);
+  return out.to_host_outputs();
+}
+
+// Every output against the reference for these inputs and dy.
+void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy) {
+  const Case& c = L.c;
+  expect_matches_reference(o, L, dy);
 }
 
 // Every test runs once per backend.
@@ -372,17 +400,11 @@ TEST_P(Layer, BackwardWithoutContextIsAnError) {
   Config no_context = config();
   no_context.save_forward_context = false;
   Workspace ws(L.shape, no_context);
-  DeviceBuffer y(c.T * c.H * 2), dy(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
-      dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2);
-  forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
-  Gradients g;
-  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
-  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
-  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+  OutputBuffers out(c);
+  DeviceBuffer dy(c.T * c.H * 2);
+  forward(ws, L.inputs(), out.y_view(), nullptr);
   try {
-    backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
+    backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);
     ADD_FAILURE() << "backward ran without a forward context";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "backward");
@@ -461,22 +483,12 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
   Config config;
   config.backend = Backend::kFused;
   Workspace ws(L.shape, config);
-  DeviceBuffer y(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
-      dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2), dwsu(c.Is * c.H * 2),
-      dwsd(c.H * c.Is * 2);
+  OutputBuffers out(c);
   std::mt19937_64 rng(fresh_seed());
   const std::vector<HostBf16> dy_host = random_bf16(rng, c.T * c.H, 1.0);
   DeviceBuffer dy = to_device(dy_host);
-  Gradients g;
-  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
-  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
-  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
-  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
-  g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
-  g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
-  g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
-  const TensorView yv = make_view(y.get(), DType::kBF16, {c.T, c.H});
+  const Gradients g = out.grads();
+  const TensorView yv = out.y_view();
   const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
   cudaStream_t stream;
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -496,20 +508,11 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
     L.weights = fresh.weights;
     LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
     LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
-    for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+    out.poison();
     LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
     ws.check(stream);
-    const std::vector<double> w = L.weights_double();
-    const ref::Layer<HostBf16> r = L.reference(w);
-    const ref::Gradients want = ref::backward(r, to_double_vec(dy_host).data());
     SCOPED_TRACE("replay " + std::to_string(replay));
-    EXPECT_LT(rel_error(to_host<HostBf16>(y, c.T * c.H), ref::forward(r), "y"), kTolerance);
-    EXPECT_LT(rel_error(to_host<HostBf16>(dx, c.T * c.H), want.dx, "dx"), kTolerance);
-    EXPECT_LT(rel_error(to_host<float>(dtk, c.T * c.k), want.d_topk_weights, "d_topk_weights"), kTolerance);
-    EXPECT_LT(rel_error(to_host<HostBf16>(dwg, c.E * c.I * c.H), want.dw_gate, "dw_gate"), kTolerance);
-    EXPECT_LT(rel_error(to_host<HostBf16>(dwu, c.E * c.I * c.H), want.dw_up, "dw_up"), kTolerance);
-    EXPECT_LT(rel_error(to_host<HostBf16>(dwd, c.E * c.H * c.I), want.dw_down, "dw_down"), kTolerance);
-    EXPECT_LT(rel_error(to_host<HostBf16>(dwsg, c.Is * c.H), want.dws_gate, "dws_gate"), kTolerance);
+    expect_matches_reference(out.to_host_outputs(), L, dy_host);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -11,71 +11,19 @@
 #include <string>
 #include <vector>
 
+#include "common/schedule_routing.h"
 #include "gpu/gpu_test.h"
 #include "schedule/schedule.h"
 
 namespace lynx::sched {
 namespace {
 
-using test::DeviceBuffer;
+using lynx::test::DeviceBuffer;
+using test::Routing;
 
 class ScheduleDevice : public lynx::test::GpuTest {};
 
 constexpr int64_t kGuard = 256;  // ints past the end of every buffer that must stay untouched
-
-// Every rank's [T, k] ids (the global expert of (t, j)), distinct within a token. With `hot` >= 0,
-// about `hot_share` percent of source s's tokens have j = 0 on expert (hot + s * hot_step) % E.
-struct Routing {
-  int32_t R = 1;
-  int64_t T = 0, k = 0, E = 0;
-  std::vector<std::vector<int32_t>> ids;  // [R][T*k]
-
-  Routing(int32_t R_, int64_t T_, int64_t k_, int64_t E_, uint32_t seed, int64_t hot = -1, int hot_share = 0,
-          int64_t hot_step = 1)
-      : R(R_), T(T_), k(k_), E(E_), ids(R_) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> perm(E);
-    for (int64_t e = 0; e < E; ++e) perm[e] = int32_t(e);
-    for (int32_t s = 0; s < R; ++s) {
-      ids[s].resize(T * k);
-      for (int64_t t = 0; t < T; ++t) {
-        int64_t first = 0;
-        if (hot >= 0 && int(rng() % 100) < hot_share) {
-          const int32_t h = int32_t((hot + s * hot_step) % E);
-          std::swap(perm[0], *std::find(perm.begin(), perm.end(), h));
-          first = 1;
-        }
-        for (int64_t j = first; j < k; ++j) std::swap(perm[j], perm[j + rng() % (E - j)]);
-        for (int64_t j = 0; j < k; ++j) ids[s][t * k + j] = perm[j];
-      }
-    }
-  }
-
-  int64_t entries() const { return T * k; }
-  int64_t local_experts() const { return E / R; }
-  int64_t worst_case_capacity() const {
-    const int64_t routed = R * T * k;
-    return (routed + std::min(local_experts(), routed) * 127 + 127) / 128 * 128;
-  }
-  Problem problem(int32_t rank, int64_t capacity) const {
-    Problem p;
-    p.num_ranks = R;
-    p.rank = rank;
-    p.tokens = T;
-    p.top_k = k;
-    p.num_experts = E;
-    p.capacity = capacity;
-    return p;
-  }
-  HostSchedule host(int32_t rank, int64_t capacity, HostResult* result = nullptr) const {
-    std::vector<const int32_t*> ptrs;
-    for (auto& v : ids) ptrs.push_back(v.data());
-    HostSchedule out;
-    const HostResult res = build_schedule_host(problem(rank, capacity), ptrs.data(), out);
-    if (result) *result = res;
-    return out;
-  }
-};
 
 struct Stream {
   cudaStream_t s = nullptr;
@@ -115,7 +63,7 @@ class DeviceSchedule {
     ids_.clear();
     routing_ = DeviceRouting{};
     for (int32_t s = 0; s < g.R; ++s) {
-      ids_.push_back(test::to_device(g.ids[s]));
+      ids_.push_back(lynx::test::to_device(g.ids[s]));
       routing_.topk_ids[s] = ids_.back().as<int32_t>();
     }
   }
@@ -158,7 +106,7 @@ class DeviceSchedule {
 
  private:
   static size_t bytes(int64_t ints) { return size_t(ints + kGuard) * sizeof(int32_t); }
-  static std::vector<int32_t> ints(const DeviceBuffer& b) { return test::to_host<int32_t>(b, b.bytes() / 4); }
+  static std::vector<int32_t> ints(const DeviceBuffer& b) { return lynx::test::to_host<int32_t>(b, b.bytes() / 4); }
 
   Problem p_;
   DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, slot_row_, scratch_, status_;
