@@ -408,8 +408,10 @@ void capture_and_replay(const Case& c) {
   Workspace ws(L.shape, config);
   DeviceBuffer y(c.T * c.H * 2);
   const TensorView yv = make_view(y.get(), DType::kBF16, {c.T, c.H});
+  // NOTES: a blocking stream, so that the synchronous-looking cudaMemcpy / cudaMemset of new routing
+  // and poison (legacy default stream) are ordered before each replay.
   cudaStream_t stream;
-  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LYNX_TEST_CUDA(cudaStreamCreate(&stream));
   forward(ws, L.inputs(), yv, stream);  // first call: one-time kernel setup stays out of the capture
   ws.check(stream);
   cudaGraph_t graph;
@@ -475,8 +477,10 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
   const Gradients g = out.grads();
   const TensorView yv = out.y_view();
   const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
+  // NOTES: a blocking stream, so that the synchronous-looking cudaMemcpy / cudaMemset of new routing
+  // and poison (legacy default stream) are ordered before each replay.
   cudaStream_t stream;
-  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LYNX_TEST_CUDA(cudaStreamCreate(&stream));
   forward(ws, L.inputs(), yv, stream);
   backward(ws, L.inputs(), dyv, g, stream);
   ws.check(stream);
