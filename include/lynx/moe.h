@@ -74,6 +74,8 @@ class Workspace {
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
   Schedule schedule() const;     // the schedule of the last forward / recompute call
+  // Whether backward on `in` can use the context this workspace holds (same x / topk tensors).
+  bool has_context_for(const LayerInputs& in) const;
 
   // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error.
   void check(cudaStream_t stream) const;

@@ -134,6 +134,10 @@ const LayerShape& Workspace::shape() const { return impl_->shape; }
 const ResolvedConfig& Workspace::config() const { return impl_->config; }
 int64_t Workspace::device_bytes() const { return impl_->bytes; }
 
+bool Workspace::has_context_for(const LayerInputs& in) const {
+  return impl_->context_valid && impl_->context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data};
+}
+
 int64_t Workspace::context_bytes() const {
   const Impl& w = *impl_;
   if (!w.context_valid) return 0;

@@ -1,0 +1,121 @@
+// lynx._C: the C++ API for Python, as thin as possible. Tensors cross as (data_ptr, dtype code, shape,
+// strides) tuples built by lynx/_views.py; streams as integers (torch's cuda_stream).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "lynx/lynx.h"
+
+namespace py = pybind11;
+
+namespace {
+
+lynx::TensorView to_view(const py::handle& h, const char* name) {
+  if (h.is_none()) return {};
+  const auto t = h.cast<py::tuple>();
+  if (t.size() != 4) throw lynx::Error(name, "internal: a tensor crosses as (ptr, dtype, shape, strides)");
+  lynx::TensorView v;
+  v.data = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+  v.dtype = static_cast<lynx::DType>(t[1].cast<int>());
+  const auto shape = t[2].cast<std::vector<int64_t>>();
+  const auto strides = t[3].cast<std::vector<int64_t>>();
+  if (shape.size() > size_t(lynx::kMaxTensorRank) || shape.size() != strides.size()) {
+    throw lynx::Error(name, "has " + std::to_string(shape.size()) + " dimensions; lynx takes at most " +
+                                std::to_string(lynx::kMaxTensorRank));
+  }
+  v.rank = static_cast<int32_t>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    v.shape[d] = shape[d];
+    v.strides[d] = strides[d];
+  }
+  return v;
+}
+
+// (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+lynx::LayerInputs to_inputs(const py::tuple& t) {
+  if (t.size() != 9) throw lynx::Error("inputs", "internal: expected 9 tensors");
+  lynx::LayerInputs in;
+  in.x = to_view(t[0], "x");
+  in.topk_ids = to_view(t[1], "topk_ids");
+  in.topk_weights = to_view(t[2], "topk_weights");
+  in.weights.w_gate = to_view(t[3], "w_gate");
+  in.weights.w_up = to_view(t[4], "w_up");
+  in.weights.w_down = to_view(t[5], "w_down");
+  in.weights.ws_gate = to_view(t[6], "ws_gate");
+  in.weights.ws_up = to_view(t[7], "ws_up");
+  in.weights.ws_down = to_view(t[8], "ws_down");
+  return in;
+}
+
+// (dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down)
+lynx::Gradients to_gradients(const py::tuple& t) {
+  if (t.size() != 8) throw lynx::Error("gradients", "internal: expected 8 tensors");
+  lynx::Gradients g;
+  g.dx = to_view(t[0], "dx");
+  g.d_topk_weights = to_view(t[1], "d_topk_weights");
+  g.dw_gate = to_view(t[2], "dw_gate");
+  g.dw_up = to_view(t[3], "dw_up");
+  g.dw_down = to_view(t[4], "dw_down");
+  g.dws_gate = to_view(t[5], "dws_gate");
+  g.dws_up = to_view(t[6], "dws_up");
+  g.dws_down = to_view(t[7], "dws_down");
+  return g;
+}
+
+cudaStream_t to_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "lynx C++ API (use lynx.functional / lynx.nn instead)";
+  py::register_exception<lynx::Error>(m, "LynxError", PyExc_ValueError);
+
+  py::class_<lynx::Workspace>(m, "Workspace")
+      .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
+                       int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context) {
+             lynx::LayerShape s;
+             s.tokens = tokens;
+             s.hidden = hidden;
+             s.intermediate = intermediate;
+             s.num_experts = num_experts;
+             s.top_k = top_k;
+             s.shared_intermediate = shared_intermediate;
+             lynx::Config c;
+             c.backend = static_cast<lynx::Backend>(backend);
+             c.schedule_capacity = schedule_capacity;
+             c.save_forward_context = save_forward_context;
+             return new lynx::Workspace(s, c);
+           }),
+           py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
+           py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
+           py::arg("save_forward_context"))
+      .def("device_bytes", &lynx::Workspace::device_bytes)
+      .def("context_bytes", &lynx::Workspace::context_bytes)
+      .def("has_context_for", [](const lynx::Workspace& ws, const py::tuple& in) { return ws.has_context_for(to_inputs(in)); })
+      .def("check", [](const lynx::Workspace& ws, uintptr_t stream) {
+        py::gil_scoped_release release;
+        ws.check(to_stream(stream));
+      });
+
+  m.def("forward", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& y, uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    const lynx::TensorView out = to_view(y, "y");
+    py::gil_scoped_release release;
+    lynx::forward(ws, inputs, out, to_stream(stream));
+  });
+  m.def("recompute_forward_context", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    py::gil_scoped_release release;
+    lynx::recompute_forward_context(ws, inputs, to_stream(stream));
+  });
+  m.def("backward", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& dy, const py::tuple& grads,
+                       uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    const lynx::TensorView d = to_view(dy, "dy");
+    const lynx::Gradients g = to_gradients(grads);
+    py::gil_scoped_release release;
+    lynx::backward(ws, inputs, d, g, to_stream(stream));
+  });
+}

@@ -1,0 +1,24 @@
+"""How tensors cross into the C++ API: (data_ptr, dtype code, shape, strides)."""
+
+import torch
+
+# The codes of lynx::DType (include/lynx/tensor.h).
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float32: 1, torch.int32: 2, torch.int64: 3}
+
+
+def view(t, name):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"lynx: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPE_CODES:
+        raise ValueError(f"lynx: {name}: dtype {t.dtype} is not one lynx takes (bf16, fp32, int32, int64)")
+    if not t.is_cuda:
+        raise ValueError(f"lynx: {name}: must be a CUDA tensor, got device {t.device}")
+    return (t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+    names = ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
+    tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    return tuple(view(t, n) for t, n in zip(tensors, names))

@@ -1,0 +1,36 @@
+"""Workspaces cached per (shape, config, device)."""
+
+import torch
+
+from lynx import _C
+
+_BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
+_BY_KEY: dict = {}
+_BY_SPEC: dict = {}
+
+
+def key_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device) -> int:
+    """The key of the workspace for this shape, config (backend code, schedule capacity, save context)
+    and CUDA device, created on first use."""
+    index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    spec = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, index)
+    key = _BY_SPEC.get(spec)
+    if key is None:
+        with torch.cuda.device(index):
+            ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
+                              top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
+                              schedule_capacity=config[1], save_forward_context=config[2])
+        key = len(_BY_KEY)
+        _BY_KEY[key] = ws
+        _BY_SPEC[spec] = key
+    return key
+
+
+def get(key: int):
+    return _BY_KEY[key]
+
+
+def all_workspaces():
+    return list(_BY_KEY.values())

@@ -1,0 +1,69 @@
+"""lynx.nn.MoE: a TorchTitan-style MoE layer (router + routed experts + optional shared expert)
+whose experts run on the fused lynx ops."""
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from lynx import functional
+
+
+class MoE(nn.Module):
+    """Routes each token to `top_k` of `num_experts` SwiGLU experts (softmax router, top-k, optionally
+    renormalised) and adds an optional shared expert.
+
+    Weights, TorchTitan layout ("out x in" per expert, bf16): w1 (gate) and w3 (up) [E, I, H], w2
+    (down) [E, H, I]; shared expert shared_w1, shared_w3 [I_s, H], shared_w2 [H, I_s]; router
+    weight [E, H]. Input [..., H] bf16, output the same shape."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
+                 *, renormalize: bool = True, config: functional.Config = functional.Config(),
+                 device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if dtype != torch.bfloat16:
+            raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
+        self.hidden, self.intermediate = hidden, intermediate
+        self.num_experts, self.top_k = num_experts, top_k
+        self.shared_intermediate = shared_intermediate
+        self.renormalize = renormalize
+        self.config = config
+        factory = {"device": device, "dtype": dtype}
+        self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
+        self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
+        self.w3 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate, **factory))
+        if shared_intermediate > 0:
+            self.shared_w1 = nn.Parameter(torch.empty(shared_intermediate, hidden, **factory))
+            self.shared_w3 = nn.Parameter(torch.empty(shared_intermediate, hidden, **factory))
+            self.shared_w2 = nn.Parameter(torch.empty(hidden, shared_intermediate, **factory))
+        else:
+            self.shared_w1 = self.shared_w3 = self.shared_w2 = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        for w in (self.w1, self.w3, self.shared_w1, self.shared_w3):
+            if w is not None:
+                nn.init.normal_(w, std=1.0 / math.sqrt(self.hidden))
+        nn.init.normal_(self.w2, std=1.0 / math.sqrt(self.intermediate))
+        if self.shared_w2 is not None:
+            nn.init.normal_(self.shared_w2, std=1.0 / math.sqrt(self.shared_intermediate))
+        nn.init.normal_(self.router.weight, std=1.0 / math.sqrt(self.hidden))
+
+    def route(self, x: torch.Tensor):
+        """topk_ids [T, k] and fp32 topk_weights [T, k] for tokens x [T, H]."""
+        scores = torch.softmax(self.router(x).float(), dim=-1)
+        topk_weights, topk_ids = scores.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        return topk_ids, topk_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden).contiguous()
+        topk_ids, topk_weights = self.route(tokens)
+        y = functional.moe(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
+                           self.shared_w3, self.shared_w2, config=self.config)
+        return y.reshape(shape)

@@ -1,0 +1,92 @@
+"""torch.library custom ops over the C++ API: lynx::moe_forward and lynx::moe_backward, with fake
+(meta) kernels for torch.compile and the autograd formula tying them together."""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from lynx import _C, _views, _workspaces
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context):
+    # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
+    # torch.compile sees only plain arguments.
+    T, H = x.shape
+    E, I, _ = w_gate.shape
+    shared = 0 if ws_gate is None else ws_gate.shape[0]
+    config = (backend, schedule_capacity, save_forward_context)
+    return _workspaces.get(_workspaces.key_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device))
+
+
+@torch.library.custom_op("lynx::moe_forward", mutates_args=())
+def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
+                schedule_capacity: int, save_forward_context: bool) -> Tensor:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
+    return y
+
+
+@moe_forward.register_fake
+def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
+      save_forward_context):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("lynx::moe_backward", mutates_args=())
+def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
+                 w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
+                 backend: int, schedule_capacity: int,
+                 save_forward_context: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context)
+    inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    stream = _stream(x)
+    # Another call may have replaced the workspace's forward context (or it was never kept).
+    if not ws.has_context_for(inputs):
+        _C.recompute_forward_context(ws, inputs, stream)
+    shared = ws_gate is not None
+    grads = (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
+             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
+             torch.empty_like(ws_gate) if shared else x.new_empty(0),
+             torch.empty_like(ws_up) if shared else x.new_empty(0),
+             torch.empty_like(ws_down) if shared else x.new_empty(0))
+    names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
+    views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
+    _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
+    return grads
+
+
+@moe_backward.register_fake
+def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
+      save_forward_context):
+    shared = ws_gate is not None
+    return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
+            torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
+            torch.empty_like(ws_gate) if shared else x.new_empty(0),
+            torch.empty_like(ws_up) if shared else x.new_empty(0),
+            torch.empty_like(ws_down) if shared else x.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:9])
+    ctx.config = inputs[9:]
+
+
+def _backward(ctx, dy):
+    x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down = ctx.saved_tensors
+    dy = dy.to(torch.bfloat16).contiguous()
+    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down,
+                                                             ws_gate, ws_up, ws_down, *ctx.config)
+    shared = ws_gate is not None
+    return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
+            dwsd if shared else None, None, None, None)
+
+
+torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)

@@ -1,0 +1,180 @@
+"""The PyTorch binding against a plain-PyTorch MoE, on fresh random inputs (run on a Hopper GPU;
+skipped elsewhere)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+
+import lynx  # noqa: E402
+
+TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
+
+
+def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None):
+    """Plain PyTorch, fp32: a loop over experts."""
+    x32 = x.float()
+    y = torch.zeros_like(x32)
+    for e in range(w_gate.shape[0]):
+        token, slot = (topk_ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = F.silu(x32[token] @ w_gate[e].float().t()) * (x32[token] @ w_up[e].float().t())
+        y.index_add_(0, token, (h @ w_down[e].float().t()) * topk_weights[token, slot].unsqueeze(1))
+    if ws_gate is not None:
+        y = y + (F.silu(x32 @ ws_gate.float().t()) * (x32 @ ws_up.float().t())) @ ws_down.float().t()
+    return y
+
+
+def rel(a, b):
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def make(T, H, I, E, k, Is=0, routing="random", seed=None):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(T, H, generator=g, **bf)
+    if routing == "random":
+        topk_ids = torch.rand(T, E, device="cuda", generator=g).argsort(dim=1)[:, :k]
+    elif routing == "one":
+        topk_ids = torch.full((T, k), E // 2, device="cuda")
+    else:  # two experts only: the others get no rows
+        topk_ids = torch.tensor([0, E - 1], device="cuda").repeat(T, (k + 1) // 2)[:, :k]
+    topk_weights = torch.rand(T, k, device="cuda", generator=g) + 0.05
+    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
+         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
+    s = [None, None, None]
+    if Is:
+        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
+             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    return x, topk_ids.contiguous(), topk_weights, w, s
+
+
+CASES = [
+    dict(T=200, H=128, I=64, E=8, k=2, Is=64),
+    dict(T=130, H=128, I=128, E=4, k=1, Is=0),
+    dict(T=257, H=64, I=64, E=8, k=2, Is=0, routing="two"),
+    dict(T=300, H=128, I=64, E=8, k=1, Is=64, routing="one"),
+    dict(T=1, H=64, I=64, E=1, k=1, Is=64),
+]
+
+
+@pytest.mark.parametrize("backend", ["fused", "unfused"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_forward_and_gradients_match_plain_pytorch(case, backend):
+    x, ids, tw, w, s = make(**case)
+    leaves = [x, tw, *w] + ([t for t in s] if case["Is"] else [])
+    for t in leaves:
+        t.requires_grad_()
+    y = lynx.moe(x, ids, tw, *w, *s, config=lynx.Config(backend=backend))
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    lynx.check()
+
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    rx, rtw, *rw = ref_leaves
+    ref_s = rw[3:] if case["Is"] else [None, None, None]
+    y_ref = reference_moe(rx, ids, rtw, *rw[:3], *ref_s)
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy.float())
+
+    assert rel(y, y_ref) < TOL
+    names = ["x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"]
+    for name, got, want in zip(names, grads, ref_grads):
+        assert rel(got, want) < TOL, name
+
+
+def test_experts_without_rows_get_zero_gradients():
+    x, ids, tw, w, s = make(T=100, H=64, I=64, E=8, k=2, routing="two")
+    for t in w:
+        t.requires_grad_()
+    y = lynx.moe(x, ids, tw, *w)
+    dwg, dwu, dwd = torch.autograd.grad(y, w, torch.randn_like(y))
+    for e in range(1, 7):
+        assert (dwg[e] == 0).all() and (dwu[e] == 0).all() and (dwd[e] == 0).all()
+
+
+def test_int64_ids_and_bitwise_determinism():
+    x, ids, tw, w, s = make(T=200, H=128, I=64, E=8, k=2)
+    for t in w:
+        t.requires_grad_()
+    dy = torch.randn(200, 128, device="cuda", dtype=torch.bfloat16)
+    first = None
+    for _ in range(5):
+        y = lynx.moe(x, ids.long(), tw, *w)
+        out = [y, *torch.autograd.grad(y, w, dy)]
+        if first is None:
+            first = out
+        for a, b in zip(out, first):
+            assert torch.equal(a, b)
+
+
+def test_torch_compile_fullgraph():
+    x, ids, tw, w, s = make(T=256, H=128, I=128, E=8, k=2)
+
+    def f(x, ids, tw, wg, wu, wd):
+        return lynx.moe(x * 2, ids, tw, wg, wu, wd) + 1
+
+    compiled = torch.compile(f, fullgraph=True)
+    assert rel(compiled(x, ids, tw, *w), f(x, ids, tw, *w)) < 1e-6
+
+
+def test_cuda_graph_capture_replays_with_new_routing():
+    x, ids, tw, w, s = make(T=256, H=128, I=128, E=8, k=2)
+    for t in w:
+        t.requires_grad_()
+    x.requires_grad_()
+    dy = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    static_ids, static_tw = ids.clone(), tw.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        y = lynx.moe(x, static_ids, static_tw, *w)
+        torch.autograd.grad(y, [x, *w], dy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = lynx.moe(x, static_ids, static_tw, *w)
+        grads = torch.autograd.grad(y, [x, *w], dy)
+    for _ in range(2):
+        _, new_ids, new_tw, _, _ = make(T=256, H=128, I=128, E=8, k=2)
+        static_ids.copy_(new_ids)
+        static_tw.copy_(new_tw)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = [t.detach().float().requires_grad_() for t in [x, *w]]
+        y_ref = reference_moe(ref[0], static_ids, static_tw, *ref[1:])
+        ref_grads = torch.autograd.grad(y_ref, ref, dy.float())
+        assert rel(y, y_ref) < TOL
+        for got, want in zip(grads, ref_grads):
+            assert rel(got, want) < TOL
+
+
+def test_module_trains_its_router():
+    torch.manual_seed(0)
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, shared_intermediate=64, device="cuda")
+    x = torch.randn(4, 50, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    assert y.shape == x.shape
+    y.float().square().mean().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_bad_arguments_are_named():
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    with pytest.raises(ValueError, match="topk_weights"):
+        lynx.moe(x, ids, tw.double(), *w)
+    with pytest.raises(ValueError, match="w_down"):
+        lynx.moe(x, ids, tw, w[0], w[1], w[2].transpose(1, 2))
+    with pytest.raises(ValueError, match="shape.hidden"):
+        lynx.moe(x[:, :32].contiguous(), ids, tw, w[0][:, :, :32].contiguous(), w[1][:, :, :32].contiguous(),
+                 w[2][:, :32].contiguous())
+    bad = ids.clone()
+    bad[3, 1] = 99
+    lynx.moe(x, bad, tw, *w)
+    with pytest.raises(ValueError, match=r"topk_ids\[3, 1\] = 99 is out of range"):
+        lynx.check()
