@@ -57,7 +57,10 @@ int to_int(const std::string& flag, const std::string& v, int min) {
 Options parse(int argc, char** argv) {
   Options o;
   if (const char* forced = std::getenv("LYNX_UNFUSED_GEMM")) o.command = "LYNX_UNFUSED_GEMM=" + std::string(forced) + " ";
-  for (int i = 0; i < argc; ++i) o.command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i) o.command += ' ';
+    o.command += argv[i];
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {

@@ -123,7 +123,15 @@ std::string compare(const std::vector<int32_t>& got, const std::vector<int32_t>&
   if (int64_t(got.size()) < end) return "buffer too short";
   for (int64_t i = begin; i < end; ++i) {
     const int32_t w = want.empty() ? fill : want[i];
-    if (got[i] != w) return "[" + std::to_string(i) + "] = " + std::to_string(got[i]) + ", want " + std::to_string(w);
+    if (got[i] != w) {
+      std::string what = "[";
+      what += std::to_string(i);
+      what += "] = ";
+      what += std::to_string(got[i]);
+      what += ", want ";
+      what += std::to_string(w);
+      return what;
+    }
   }
   return "";
 }
