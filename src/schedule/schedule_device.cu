@@ -269,10 +269,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
       const int64_t i = first + u * 32;
       if (i >= end) continue;
       int32_t row = -1;
-      const int32_t q = e[u] >= 0 ? my_q[e[u]] + rank[u] : 0;
-      // NOTES: q is below the counted rows unless the ids changed between the count and this pass (a
-      // caller's race); then the row is dropped rather than written outside the expert's block.
-      if (e[u] >= 0 && q < pair_rows[core::pair_index(e[u], s, R)]) {
+      if (e[u] >= 0) {
+        const int32_t q = my_q[e[u]] + rank[u];
         row = static_cast<int32_t>(a.expert_offset[e[u]] +
                                    core::interleaved_position(q, s, pair_rows + core::pair_index(e[u], 0, R), R));
         a.row_token_slot[row] = static_cast<int32_t>(i);
