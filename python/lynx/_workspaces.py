@@ -10,8 +10,8 @@ _BY_SPEC: dict = {}
 
 
 def key_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device) -> int:
-    """The key of the workspace for this shape, config (backend code, schedule capacity, save context)
-    and CUDA device, created on first use."""
+    """The key of the workspace for this shape, config (backend code, schedule capacity, save context,
+    tag: calls with different tags never share a workspace) and CUDA device, created on first use."""
     index = torch.device(device).index
     if index is None:
         index = torch.cuda.current_device()

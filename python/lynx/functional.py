@@ -35,16 +35,21 @@ def check(device=None):
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate: torch.Tensor,
         w_up: torch.Tensor, w_down: torch.Tensor, ws_gate: Optional[torch.Tensor] = None,
         ws_up: Optional[torch.Tensor] = None, ws_down: Optional[torch.Tensor] = None,
-        config: Config = Config()) -> torch.Tensor:
+        config: Config = Config(), workspace_tag: int = 0) -> torch.Tensor:
     """y[t] = shared(x[t]) + sum_j topk_weights[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]).
 
     x [T, H] bf16; topk_ids [T, k] int32/int64; topk_weights [T, k] fp32; w_gate, w_up [E, I, H],
     w_down [E, H, I] bf16 (nn.Linear "out x in" per expert, as TorchTitan); the optional shared
     expert ws_gate, ws_up [I_s, H], ws_down [H, I_s]. Differentiable in x, topk_weights and every
     weight. Arguments are validated before anything runs (lynx.LynxError, a ValueError, names the
-    argument)."""
+    argument).
+
+    Calls of the same shape share one workspace (its buffers, and the forward context it keeps for
+    backward) unless their `workspace_tag`s differ; a backward whose context was replaced by another
+    call recomputes it. lynx.nn.MoE gives every layer its own tag."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
     return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                           _workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context)
+                           _workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context,
+                           workspace_tag)
 

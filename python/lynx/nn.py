@@ -1,6 +1,7 @@
 """lynx.nn.MoE: a TorchTitan-style MoE layer (router + routed experts + optional shared expert)
 whose experts run on the fused lynx ops."""
 
+import itertools
 import math
 from typing import Optional
 
@@ -8,6 +9,10 @@ import torch
 from torch import nn
 
 from lynx import functional
+
+# Each layer gets its own workspace, so that its saved forward context survives the other layers'
+# forward passes until its backward.
+_TAGS = itertools.count(1)
 
 
 class MoE(nn.Module):
@@ -29,6 +34,7 @@ class MoE(nn.Module):
         self.shared_intermediate = shared_intermediate
         self.renormalize = renormalize
         self.config = config
+        self.workspace_tag = next(_TAGS)
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
@@ -65,5 +71,5 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_ids, topk_weights = self.route(tokens)
         y = functional.moe(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
-                           self.shared_w3, self.shared_w2, config=self.config)
+                           self.shared_w3, self.shared_w2, config=self.config, workspace_tag=self.workspace_tag)
         return y.reshape(shape)

@@ -13,21 +13,21 @@ def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context):
+def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
     # torch.compile sees only plain arguments.
     T, H = x.shape
     E, I, _ = w_gate.shape
     shared = 0 if ws_gate is None else ws_gate.shape[0]
-    config = (backend, schedule_capacity, save_forward_context)
+    config = (backend, schedule_capacity, save_forward_context, tag)
     return _workspaces.get(_workspaces.key_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device))
 
 
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
-                schedule_capacity: int, save_forward_context: bool) -> Tensor:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context)
+                schedule_capacity: int, save_forward_context: bool, tag: int) -> Tensor:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
@@ -36,16 +36,16 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
 
 @moe_forward.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context):
+      save_forward_context, tag):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.custom_op("lynx::moe_backward", mutates_args=())
 def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
-                 backend: int, schedule_capacity: int,
-                 save_forward_context: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context)
+                 backend: int, schedule_capacity: int, save_forward_context: bool,
+                 tag: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     stream = _stream(x)
     # Another call may have replaced the workspace's forward context (or it was never kept).
@@ -65,7 +65,7 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context):
+      save_forward_context, tag):
     shared = ws_gate is not None
     return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
@@ -86,7 +86,7 @@ def _backward(ctx, dy):
                                                              ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
     return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None)
+            dwsd if shared else None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)

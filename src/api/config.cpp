@@ -58,6 +58,9 @@ int64_t worst_case_schedule_rows(const LayerShape& s) {
 
 ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const DeviceInfo& device) {
   validate_shape(shape);
+  require(shape.num_ranks == 1, "shape.num_ranks",
+          "expert parallelism over several ranks is not implemented yet: only num_ranks = 1, got " +
+              str(shape.num_ranks));
   require(device.sm_count >= 2, "device.sm_count", "needs at least 2 SMs, got " + str(device.sm_count));
   ResolvedConfig r{};
   const int64_t worst = worst_case_schedule_rows(shape);

@@ -14,7 +14,7 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s)
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
   using unfused::bf16_t;
   w.counts_on_host = false;
-  unfused::reset_status(w.status, s);
+  unfused::reset_route_tracking(w.status, s);
   unfused::validate_routing(in.topk_ids.data, in.topk_ids.dtype, data_of<const float>(in.topk_weights), T * k,
                             sh.num_experts, sh.rank, w.ids32, w.status, s);
   sched::DeviceRouting routing{};
@@ -61,8 +61,9 @@ void require_context(const Workspace::Impl& w, const LayerInputs& in) {
     throw Error("backward", "no forward context in the workspace: run forward with config.save_forward_context = "
                             "true, or recompute_forward_context, on the same inputs first");
   }
-  if (!(w.context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data})) {
-    throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights tensors");
+  if (!(w.context == ContextKey::of(in))) {
+    throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights / "
+                            "gate / up tensors");
   }
 }
 

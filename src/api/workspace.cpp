@@ -80,8 +80,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     un.rows_a = alloc<unfused::bf16_t>(cap * H);
     un.rows_b = alloc<unfused::bf16_t>(cap * H);
     un.da = alloc<unfused::bf16_t>(cap * I);
-    un.dg = alloc<unfused::bf16_t>(cap * I);
-    un.du = alloc<unfused::bf16_t>(cap * I);
+    if (config.backend == Backend::kUnfused) {  // the fused backward keeps dg | du in fb.dgu
+      un.dg = alloc<unfused::bf16_t>(cap * I);
+      un.du = alloc<unfused::bf16_t>(cap * I);
+    }
     if (Is > 0) {
       un.gs = alloc<unfused::bf16_t>(T * Is);
       un.us = alloc<unfused::bf16_t>(T * Is);
@@ -124,7 +126,12 @@ void Workspace::Impl::release() {
 
 void Workspace::Impl::throw_if_status_error() const {
   if (stall_report->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*stall_report, shape.top_k));
-  if (status_host->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*status_host, shape.top_k));
+  if (status_host->code != int32_t(StatusCode::kOk)) {
+    const std::string message = describe_status(*status_host, shape.top_k);
+    LYNX_CUDA(cudaMemset(&status->code, 0, sizeof(status->code)));
+    status_host->code = int32_t(StatusCode::kOk);
+    throw Error("", message);
+  }
 }
 
 Workspace::Workspace(const LayerShape& shape, const Config& config) : impl_(std::make_unique<Impl>(shape, config)) {}
@@ -135,7 +142,7 @@ const ResolvedConfig& Workspace::config() const { return impl_->config; }
 int64_t Workspace::device_bytes() const { return impl_->bytes; }
 
 bool Workspace::has_context_for(const LayerInputs& in) const {
-  return impl_->context_valid && impl_->context == ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data};
+  return impl_->context_valid && impl_->context == ContextKey::of(in);
 }
 
 int64_t Workspace::context_bytes() const {

@@ -43,12 +43,21 @@ struct FusedBuffers {
   unfused::bf16_t* dgu;  // [cap, 2I]  dg | du per row
 };
 
-// Identifies the inputs a saved forward context belongs to.
+// Identifies the inputs a saved forward context belongs to (the tensors it was computed from).
 struct ContextKey {
   const void* x = nullptr;
   const void* topk_ids = nullptr;
   const void* topk_weights = nullptr;
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* ws_gate = nullptr;
+  const void* ws_up = nullptr;
   bool operator==(const ContextKey&) const = default;
+
+  static ContextKey of(const LayerInputs& in) {
+    return {in.x.data, in.topk_ids.data, in.topk_weights.data, in.weights.w_gate.data, in.weights.w_up.data,
+            in.weights.ws_gate.data, in.weights.ws_up.data};
+  }
 };
 
 struct Workspace::Impl {
@@ -96,7 +105,8 @@ struct Workspace::Impl {
   const int32_t* device_total_rows() const { return schedule.expert_offset + problem.local_experts(); }
 
   // Throws lynx::Error when *status_host (already copied back and waited for) or the stall report
-  // holds an error.
+  // holds an error; a reported routing/capacity error is cleared on the device first, so that the
+  // next call starts clean. (Errors stay set until reported: one layer cannot erase another's.)
   void throw_if_status_error() const;
 };
 

@@ -9,6 +9,9 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <atomic>
+#include <string>
+
 #include "common/cuda_check.h"
 #include "fused/expert_gemm.h"
 #include "fused/sm90.cuh"
@@ -101,10 +104,12 @@ struct TileScheduler {
   const Params& p;
   int32_t tiles;
   int32_t tile;
+  bool overflow = false;  // weight grad: the schedule is over capacity (no rows placed): store zeros
 
   __device__ explicit TileScheduler(const Params& params) : p(params), tile(blockIdx.x) {
     if constexpr (kMode == Mode::kWeightGrad) {
       tiles = p.experts * p.tiles_m * p.tiles_n;
+      overflow = p.expert_offset[p.experts] > p.capacity;
     } else {
       const int32_t used = p.expert_offset[p.experts];
       // A schedule over capacity places no rows: there is nothing to compute.
@@ -123,7 +128,7 @@ struct TileScheduler {
       t.expert = mn / p.tiles_m;
       t.a_row = (mn % p.tiles_m) * kBlockM;  // a column of the row buffer A (a row of C)
       t.k0 = p.expert_offset[t.expert];
-      t.k_blocks = (p.expert_offset[t.expert + 1] - t.k0) / kBlockK;
+      t.k_blocks = overflow ? 0 : (p.expert_offset[t.expert + 1] - t.k0) / kBlockK;
       t.out_row0 = t.a_row;
     } else {
       t.a_row = mn * kBlockM;
@@ -284,11 +289,16 @@ template <Mode kMode>
 void launch(const CUtensorMap& a, const CUtensorMap& b0, const CUtensorMap& b1, const Params& p, int sm_count,
             cudaStream_t stream) {
   constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
-  static bool configured = [] {
+  // The shared-memory limit is a per-device attribute of the kernel: set once on each device.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> configured[kMaxDevices];
+  int device = 0;
+  LYNX_CUDA(cudaGetDevice(&device));
+  if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
+  if (!configured[device].load()) {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)configured;
+    configured[device].store(true);
+  }
   expert_gemm_kernel<kMode><<<sm_count, kThreads, kSmem, stream>>>(a, b0, b1, p);
   LYNX_CHECK_LAUNCH();
 }

@@ -32,7 +32,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
   a.out_up = w.un.u;
   a.stall_task = w.test_stall_task;
   expert_gemm_swiglu(a, s);
-  w.context = ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data};
+  w.context = ContextKey::of(in);
 }
 
 }  // namespace

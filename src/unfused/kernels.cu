@@ -123,6 +123,8 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
     const Vec8* u, const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows, int64_t rows,
     int64_t vecs_per_row) {
   __shared__ float warp_sums[kRowBlock / 32];
+  // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
+  if (total_rows && *total_rows > rows) return;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     if (total_rows && row >= *total_rows) continue;
     if (row_token_slot && row_token_slot[row] < 0) {  // padding: zeros, for the weight gradients
@@ -208,8 +210,7 @@ __global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_
 
 }  // namespace
 
-void reset_status(DeviceStatus* status, cudaStream_t stream) {
-  LYNX_CUDA(cudaMemsetAsync(status, 0, sizeof(DeviceStatus), stream));
+void reset_route_tracking(DeviceStatus* status, cudaStream_t stream) {
   LYNX_CUDA(cudaMemsetAsync(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route), stream));
 }
 

@@ -12,8 +12,9 @@ namespace lynx::unfused {
 
 using bf16_t = uint16_t;  // bf16 storage; the kernels convert with cuda_bf16.h
 
-// Resets the status word: code kOk, no routing error seen.
-void reset_status(DeviceStatus* status, cudaStream_t stream);
+// Starts a call's routing check: no offending entry seen yet. The status code itself is left as it
+// is: an error stays set until the host reports it (Workspace::Impl::throw_if_status_error).
+void reset_route_tracking(DeviceStatus* status, cudaStream_t stream);
 
 // Checks every (id, weight) of this rank (check_route), copies the ids to int32, and reports the
 // lowest offending index through `status` (kExpertOutOfRange or kNonFiniteWeight).

@@ -32,7 +32,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
                         w.un.u + o * I, to_int(I)});
   }
   w.grouped->run(w.cublas, products, false, s);
-  w.context = ContextKey{in.x.data, in.topk_ids.data, in.topk_weights.data};
+  w.context = ContextKey::of(in);
   w.context_valid = true;
 }
 

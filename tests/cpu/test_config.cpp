@@ -110,6 +110,9 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   LayerShape bad = qwen3();
   bad.top_k = 200;
   expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.top_k");
+  bad = qwen3();
+  bad.num_ranks = 2;  // the schedule builder takes any R; the layer paths do not yet
+  expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.num_ranks");
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs
