@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch path of an MoE layer (argsort + torch._grouped_mm + SwiGLU + index_add_), timed on the
-benchmark shapes of ARCHITECTURE.md section 9, for side-by-side comparison with lynx-bench in the same
-device call. Writes the results format of bench/results (impl "torch-grouped-mm") and, given
---lynx-json, prints the ratio of each lynx row to the PyTorch path."""
+benchmark shapes of ARCHITECTURE.md section 9, side by side with lynx through its PyTorch binding when
+the `lynx` package is installed (same inputs, same process; impl "lynx-python", baseline the PyTorch
+path). Writes the results format of bench/results and, given --lynx-json (lynx-bench's output from the
+same device call), prints the ratio of each lynx-bench row to the PyTorch path."""
 
 import argparse
 import datetime
@@ -12,6 +13,11 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+try:
+    import lynx
+except ImportError:  # the binding is optional here: the PyTorch path is timed either way
+    lynx = None
 
 SHAPES = {  # name: (T, H, I, E, k)
     "qwen3-30b-a3b": (8192, 2048, 768, 128, 8),
@@ -99,25 +105,43 @@ def main():
         torch.cuda.synchronize()
         kept_mib = (torch.cuda.memory_allocated() - before) / 2**20
         del y
-        for pass_name, fn, mult in (("forward", fwd, 1), ("forward+backward", fwd_bwd, 3)):
+        def lynx_fwd():
+            with torch.no_grad():
+                lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+
+        def lynx_fwd_bwd():
+            y = lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+            torch.autograd.grad(y, params, dy)
+
+        for pass_name, fn, lynx_fn, mult in (("forward", fwd, lynx_fwd, 1),
+                                             ("forward+backward", fwd_bwd, lynx_fwd_bwd, 3)):
             ms = median_ms(fn, args.warmup, args.iters)
             rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "torch-grouped-mm",
                          "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
                          "baseline_ms": None, "dense_gemm_tflops": None, "kept_for_backward_mib": kept_mib})
+            if lynx is not None:
+                lms = median_ms(lynx_fn, args.warmup, args.iters)
+                lynx.check()
+                rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "lynx-python",
+                             "ms": lms, "tflops": mult * flops / (lms * 1e-3) / 1e12,
+                             "baseline_impl": "torch-grouped-mm", "baseline_ms": ms, "dense_gemm_tflops": None,
+                             "kept_for_backward_mib": None})
         del inputs, params, x, w_gate, w_up, w_down, dy
         torch.cuda.empty_cache()
 
-    print(f"{'shape':15} {'pass':17} {'torch ms':>9} {'TFLOP/s':>8} {'kept for backward MiB':>22}")
+    print(f"{'shape':15} {'pass':17} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} {'kept for backward MiB':>22}")
     for r in rows:
-        print(f"{r['shape']:15} {r['pass']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {r['kept_for_backward_mib']:22.0f}")
+        ratio = f"{r['baseline_ms'] / r['ms']:8.2f}x" if r["baseline_ms"] else f"{'-':>9}"
+        kept = f"{r['kept_for_backward_mib']:22.0f}" if r["kept_for_backward_mib"] is not None else f"{'-':>22}"
+        print(f"{r['shape']:15} {r['pass']:17} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {ratio} {kept}")
     commit = None
     if args.lynx_json:
         with open(args.lynx_json) as f:
             lynx_run = json.load(f)
-        lynx, commit = lynx_run["results"], lynx_run["commit"]
+        lynx_rows, commit = lynx_run["results"], lynx_run["commit"]
         print(f"\n{'shape':15} {'pass':17} {'impl':22} {'lynx ms':>8} {'torch ms':>9} {'torch/lynx':>10}")
-        for r in rows:
-            for l in lynx:
+        for r in (r for r in rows if r["impl"] == "torch-grouped-mm"):
+            for l in lynx_rows:
                 if (l["shape"], l["pass"], l["routing"]) == (r["shape"], r["pass"], "uniform"):
                     print(f"{r['shape']:15} {r['pass']:17} {l['impl']:22} {l['ms']:8.3f} {r['ms']:9.3f} "
                           f"{r['ms'] / l['ms']:9.2f}x")
