@@ -15,6 +15,7 @@
 #include "common/cuda_check.h"
 #include "fused/expert_gemm.h"
 #include "fused/sm90.cuh"
+#include "fused/tile_scheduler.h"
 #include "fused/tma.h"
 
 namespace lynx::fused {
@@ -22,8 +23,6 @@ namespace {
 
 enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 
-constexpr int kBlockM = 128;  // two consumer warpgroups × 64 rows
-constexpr int kBlockK = 64;   // 64 bf16 = 128 bytes: one row of a 128-byte swizzle atom
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
@@ -57,14 +56,9 @@ static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "sh
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
 
 struct Params {
-  const int32_t* expert_offset;
-  int32_t experts;
-  int32_t tiles_m;     // row blocks: capacity / 128 (row modes) or ceil(m / 128) per expert (weight grad)
-  int32_t tiles_n;     // ceil(n / BLOCK_N)
-  int32_t k_blocks;    // K / 64 (row modes; the weight gradient's K comes from the schedule)
+  TileGrid grid;
   int32_t m;           // rows of C per expert (weight grad)
   int32_t n;
-  int32_t capacity;
   int32_t out_split;   // weight grad: rows >= out_split go to out2 (row - out_split); else INT32_MAX
   int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
   __nv_bfloat16* out;
@@ -74,71 +68,16 @@ struct Params {
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
 
-// The expert whose (padded) block holds `row`: the last e with expert_offset[e] <= row.
-__device__ int32_t expert_of_row(const int32_t* expert_offset, int32_t experts, int32_t row) {
-  int32_t lo = 0, hi = experts;  // invariant: offset[lo] <= row < offset[hi]
-  while (hi - lo > 1) {
-    const int32_t mid = (lo + hi) / 2;
-    if (expert_offset[mid] <= row) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
-// What one tile computes, as both the producer and the consumers see it.
-struct Tile {
-  int32_t a_row;     // A's TMA row coordinate (schedule row, or row of Aᵀ)
-  int32_t b_row;     // B's TMA row coordinate (column of C)
-  int32_t k0;        // first K coordinate
-  int32_t k_blocks;
-  int32_t expert;
-  int64_t out_row0;  // first row of C in the output (weight grad: within the expert's matrix)
-};
-
-// Tile scheduler: CTA b takes tiles b, b + gridDim.x, ... Row modes: m-major over the 128-row blocks
-// of the schedule (the column blocks of one row block are consecutive, so concurrent CTAs share A rows
-// and one expert's weights in L2); tiles past the rows in use stop the walk. Weight grad: expert-major
-// over every (expert, row block, column block), K = the expert's padded rows (0 for an expert
-// without rows: its tiles store zeros).
-template <Mode kMode>
-struct TileScheduler {
-  const Params& p;
+// The persistent walk of one CTA over the tile schedule (tile_scheduler.h): tiles b, b + gridDim.x, ...
+struct TileWalk {
+  const TileGrid& grid;
   int32_t tiles;
   int32_t tile;
-  bool overflow = false;  // weight grad: the schedule is over capacity (no rows placed): store zeros
 
-  __device__ explicit TileScheduler(const Params& params) : p(params), tile(blockIdx.x) {
-    if constexpr (kMode == Mode::kWeightGrad) {
-      tiles = p.experts * p.tiles_m * p.tiles_n;
-      overflow = p.expert_offset[p.experts] > p.capacity;
-    } else {
-      const int32_t used = p.expert_offset[p.experts];
-      // A schedule over capacity places no rows: there is nothing to compute.
-      tiles = ((used <= p.capacity ? used : 0) / kBlockM) * p.tiles_n;
-    }
-  }
+  __device__ explicit TileWalk(const TileGrid& g) : grid(g), tiles(tile_count(g)), tile(blockIdx.x) {}
   __device__ bool valid() const { return tile < tiles; }
   __device__ void advance() { tile += gridDim.x; }
-  __device__ int32_t n_block() const { return tile % p.tiles_n; }
-
-  __device__ Tile get() const {
-    Tile t;
-    const int32_t mn = tile / p.tiles_n;
-    t.b_row = n_block() * Config<kMode>::kBlockN;
-    if constexpr (kMode == Mode::kWeightGrad) {
-      t.expert = mn / p.tiles_m;
-      t.a_row = (mn % p.tiles_m) * kBlockM;  // a column of the row buffer A (a row of C)
-      t.k0 = p.expert_offset[t.expert];
-      t.k_blocks = overflow ? 0 : (p.expert_offset[t.expert + 1] - t.k0) / kBlockK;
-      t.out_row0 = t.a_row;
-    } else {
-      t.a_row = mn * kBlockM;
-      t.expert = expert_of_row(p.expert_offset, p.experts, t.a_row);
-      t.k0 = 0;
-      t.k_blocks = p.k_blocks;
-      t.out_row0 = t.a_row;
-    }
-    return t;
-  }
+  __device__ Tile get() const { return tile_at(grid, tile); }
 };
 
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
@@ -176,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (C::kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
     int stage = 0;
     uint32_t phase = 0;
-    for (TileScheduler<kMode> sched(p); sched.valid(); sched.advance()) {
+    for (TileWalk sched(p.grid); sched.valid(); sched.advance()) {
       if (sched.tile == p.stall_task) return;
       const Tile t = sched.get();
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
@@ -215,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0;
   float acc0[kBlockN / 2];
   float acc1[C::kSwiGLU ? kBlockN / 2 : 1];
-  for (TileScheduler<kMode> sched(p); sched.valid(); sched.advance()) {
+  for (TileWalk sched(p.grid); sched.valid(); sched.advance()) {
     const Tile t = sched.get();
     if (t.k_blocks == 0) {  // an expert without rows: its weight gradient is exactly zero
 #pragma unroll
@@ -258,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t col_base = t.b_row + 2 * (lane % 4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      int64_t row = t.out_row0 + c * 64 + warp * 16 + lane / 4 + 8 * half;
+      int64_t row = t.a_row + c * 64 + warp * 16 + lane / 4 + 8 * half;
       __nv_bfloat16* out = p.out;
       if constexpr (kMode == Mode::kWeightGrad) {
         if (row >= p.m) continue;
@@ -312,13 +251,15 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, K % 64, N % 64");
   Params p{};
-  p.expert_offset = args.expert_offset;
-  p.experts = static_cast<int32_t>(args.experts);
-  p.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
-  p.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);
-  p.k_blocks = static_cast<int32_t>(args.k / kBlockK);
+  p.grid.expert_offset = args.expert_offset;
+  p.grid.experts = static_cast<int32_t>(args.experts);
+  p.grid.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
+  p.grid.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);
+  p.grid.block_n = block_n;
+  p.grid.k_blocks = static_cast<int32_t>(args.k / kBlockK);
+  p.grid.capacity = static_cast<int32_t>(args.capacity);
+  p.grid.weight_grad = false;
   p.n = static_cast<int32_t>(args.n);
-  p.capacity = static_cast<int32_t>(args.capacity);
   p.out_split = INT32_MAX;
   p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
   p.status = args.status;
@@ -365,13 +306,15 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
   const CUtensorMap b = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
   Params p{};
-  p.expert_offset = args.expert_offset;
-  p.experts = static_cast<int32_t>(args.experts);
-  p.tiles_m = static_cast<int32_t>((args.m + kBlockM - 1) / kBlockM);
-  p.tiles_n = static_cast<int32_t>((args.n + kBlockN - 1) / kBlockN);
+  p.grid.expert_offset = args.expert_offset;
+  p.grid.experts = static_cast<int32_t>(args.experts);
+  p.grid.tiles_m = static_cast<int32_t>((args.m + kBlockM - 1) / kBlockM);
+  p.grid.tiles_n = static_cast<int32_t>((args.n + kBlockN - 1) / kBlockN);
+  p.grid.block_n = kBlockN;
+  p.grid.capacity = static_cast<int32_t>(args.capacity);
+  p.grid.weight_grad = true;
   p.m = static_cast<int32_t>(args.m);
   p.n = static_cast<int32_t>(args.n);
-  p.capacity = static_cast<int32_t>(args.capacity);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
   p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
   p.out2 = reinterpret_cast<__nv_bfloat16*>(args.out2);
