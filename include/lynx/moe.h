@@ -77,7 +77,9 @@ class Workspace {
   // Whether backward on `in` can use the context this workspace holds (same x / topk tensors).
   bool has_context_for(const LayerInputs& in) const;
 
-  // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error.
+  // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error. An
+  // error stays set until reported here (or by an unfused call, which reports it itself); until then
+  // every later fused call on this workspace leaves its outputs unwritten.
   void check(cudaStream_t stream) const;
 
   struct Impl;

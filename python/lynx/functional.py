@@ -25,8 +25,10 @@ class Config:
 
 def check(device=None):
     """Waits for the current stream and raises lynx.LynxError if a lynx kernel reported an error
-    (an expert id out of range, a non-finite router weight, a schedule over capacity): the fused
-    path never synchronises, so such errors surface here (or as a CUDA error at the next sync)."""
+    (an expert id out of range, a non-finite router weight, a schedule over capacity). The fused path
+    never synchronises, so such errors surface only here (or as a CUDA error at the next sync). Until
+    it is reported, an error stays set and every later call on the same workspace leaves its outputs
+    unwritten: call this once per training step (it costs one stream synchronisation)."""
     stream = torch.cuda.current_stream(device).cuda_stream
     for ws in _workspaces.all_workspaces():
         ws.check(stream)

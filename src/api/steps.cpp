@@ -51,7 +51,7 @@ void fetch_counts(Workspace::Impl& w, cudaStream_t s) {
   LYNX_CUDA(cudaMemcpyAsync(w.status_host, w.status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, s));
   LYNX_CUDA(cudaEventRecord(w.counts_ready, s));
   LYNX_CUDA(cudaEventSynchronize(w.counts_ready));
-  w.throw_if_status_error();
+  w.throw_if_status_error(s);
   w.grouped->begin_pass();
   w.counts_on_host = true;
 }

@@ -124,11 +124,11 @@ void Workspace::Impl::release() {
   allocations.clear();
 }
 
-void Workspace::Impl::throw_if_status_error() const {
+void Workspace::Impl::throw_if_status_error(cudaStream_t stream) const {
   if (stall_report->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*stall_report, shape.top_k));
   if (status_host->code != int32_t(StatusCode::kOk)) {
     const std::string message = describe_status(*status_host, shape.top_k);
-    LYNX_CUDA(cudaMemset(&status->code, 0, sizeof(status->code)));
+    LYNX_CUDA(cudaMemsetAsync(&status->code, 0, sizeof(status->code), stream));
     status_host->code = int32_t(StatusCode::kOk);
     throw Error("", message);
   }
@@ -177,7 +177,7 @@ void Workspace::check(cudaStream_t stream) const {
     throw Error("", describe_status(*impl_->stall_report, impl_->shape.top_k));
   }
   LYNX_CUDA(sync);
-  impl_->throw_if_status_error();
+  impl_->throw_if_status_error(stream);
 }
 
 }  // namespace lynx

@@ -104,10 +104,11 @@ struct Workspace::Impl {
   const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }
   const int32_t* device_total_rows() const { return schedule.expert_offset + problem.local_experts(); }
 
-  // Throws lynx::Error when *status_host (already copied back and waited for) or the stall report
-  // holds an error; a reported routing/capacity error is cleared on the device first, so that the
-  // next call starts clean. (Errors stay set until reported: one layer cannot erase another's.)
-  void throw_if_status_error() const;
+  // Throws lynx::Error when *status_host (already copied back, `stream` waited for) or the stall
+  // report holds an error; a reported routing/capacity error is first cleared on the device, in
+  // `stream` order, so that the next call starts clean. (Errors stay set until reported: one call
+  // cannot erase another's.)
+  void throw_if_status_error(cudaStream_t stream) const;
 };
 
 }  // namespace lynx

@@ -40,6 +40,9 @@ struct Routing {
     }
     refresh();
   }
+  // ptrs point into this object's ids: a copy would point into the original's.
+  Routing(const Routing&) = delete;
+  Routing& operator=(const Routing&) = delete;
   // After ids changed size.
   void refresh() {
     ptrs.clear();
