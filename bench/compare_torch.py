@@ -8,7 +8,9 @@ same device call), prints the ratio of each lynx-bench row to the PyTorch path."
 import argparse
 import datetime
 import json
+import os
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -25,6 +27,16 @@ SHAPES = {  # name: (T, H, I, E, k)
     "mixtral-8x7b": (8192, 4096, 14336, 8, 2),
     "deepseek-v3": (4096, 7168, 2048, 256, 8),
 }
+
+
+def _commit():
+    """The commit of the checkout this script lives in (it may run from another directory)."""
+    try:
+        out = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short=12",
+                              "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down):
@@ -134,7 +146,7 @@ def main():
         ratio = f"{r['baseline_ms'] / r['ms']:8.2f}x" if r["baseline_ms"] else f"{'-':>9}"
         kept = f"{r['kept_for_backward_mib']:22.0f}" if r["kept_for_backward_mib"] is not None else f"{'-':>22}"
         print(f"{r['shape']:15} {r['pass']:17} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {ratio} {kept}")
-    commit = None
+    commit = _commit()
     if args.lynx_json:
         with open(args.lynx_json) as f:
             lynx_run = json.load(f)

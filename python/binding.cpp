@@ -93,6 +93,19 @@ PYBIND11_MODULE(_C, m) {
            py::arg("save_forward_context"))
       .def("device_bytes", &lynx::Workspace::device_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)
+      .def("schedule_arrays",
+           [](const lynx::Workspace& ws) {
+             // (name, device pointer, int32 elements) of each array of lynx::Schedule.
+             const lynx::Schedule s = ws.schedule();
+             const lynx::LayerShape& shape = ws.shape();
+             const auto at = [](const int32_t* p) { return reinterpret_cast<uintptr_t>(p); };
+             return py::make_tuple(
+                 py::make_tuple("row_token_slot", at(s.row_token_slot), s.capacity),
+                 py::make_tuple("row_src_rank", at(s.row_src_rank), s.capacity),
+                 py::make_tuple("expert_offset", at(s.expert_offset), s.local_experts + 1),
+                 py::make_tuple("expert_rows", at(s.expert_rows), s.local_experts),
+                 py::make_tuple("slot_row", at(s.slot_row), shape.tokens * shape.top_k));
+           })
       .def("has_context_for", [](const lynx::Workspace& ws, const py::tuple& in) { return ws.has_context_for(to_inputs(in)); })
       .def("check", [](const lynx::Workspace& ws, uintptr_t stream) {
         py::gil_scoped_release release;

@@ -7,6 +7,6 @@
 
 from lynx import functional, nn
 from lynx._C import LynxError
-from lynx.functional import Config, check, moe
+from lynx.functional import Config, Workspace, check, moe
 
-__all__ = ["Config", "LynxError", "check", "functional", "moe", "nn"]
+__all__ = ["Config", "LynxError", "Workspace", "check", "functional", "moe", "nn"]

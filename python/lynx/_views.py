@@ -22,3 +22,18 @@ def inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_d
     names = ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
     tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     return tuple(view(t, n) for t, n in zip(tensors, names))
+
+
+class _DeviceArray:
+    """An int32 device array seen through the CUDA array interface (no copy)."""
+
+    def __init__(self, ptr, length):
+        self.__cuda_array_interface__ = {"shape": (length,), "typestr": "<i4", "data": (ptr, False), "version": 2}
+
+
+def schedule_tensors(ws, device):
+    """The arrays of the workspace's schedule as int32 tensors that alias its buffers: valid until the
+    next call on the workspace rebuilds them (clone to keep)."""
+    with torch.cuda.device(device):
+        return {name: torch.as_tensor(_DeviceArray(ptr, length), device=device)
+                for name, ptr, length in ws.schedule_arrays()}

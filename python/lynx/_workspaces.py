@@ -1,5 +1,7 @@
 """Workspaces cached per (shape, config, device)."""
 
+import itertools
+
 import torch
 
 from lynx import _C
@@ -7,6 +9,12 @@ from lynx import _C
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
 _BY_KEY: dict = {}
 _BY_SPEC: dict = {}
+# Tag 0 is the shared default; every lynx.nn.MoE and lynx.functional.Workspace takes a fresh one.
+_TAGS = itertools.count(1)
+
+
+def new_tag() -> int:
+    return next(_TAGS)
 
 
 def key_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device) -> int:

@@ -1,12 +1,17 @@
-"""The functional API: lynx.functional.moe, with autograd, usable under torch.compile and in CUDA
-graphs (the default fused backend has no host synchronisation)."""
+"""The functional API.
+
+- `moe(...)`: the whole layer with autograd, usable under torch.compile and in CUDA graphs (the
+  default fused backend has no host synchronisation); workspaces are created and cached for you.
+- The C++ API's calls, for code that drives forward and backward itself: `Workspace`, `forward`,
+  `backward`, `recompute_forward_context`, `Workspace.schedule()`. They run the same custom ops.
+"""
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from lynx import _workspaces, ops
+from lynx import _views, _workspaces, ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +28,101 @@ class Config:
                              f"got {self.backend!r}")
 
 
+class Gradients(NamedTuple):
+    """What `backward` returns (lynx::Gradients); the shared expert's are None without one."""
+
+    dx: torch.Tensor
+    d_topk_weights: torch.Tensor
+    dw_gate: torch.Tensor
+    dw_up: torch.Tensor
+    dw_down: torch.Tensor
+    dws_gate: Optional[torch.Tensor]
+    dws_up: Optional[torch.Tensor]
+    dws_down: Optional[torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A copy of lynx::Schedule (include/lynx/moe.h): the routed rows in the order lynx computes them.
+    int32 CUDA tensors; `capacity` rows, experts padded to 128-row blocks."""
+
+    row_token_slot: torch.Tensor  # [capacity] token * k + j of each row, -1 for padding
+    row_src_rank: torch.Tensor    # [capacity] source rank of each row, -1 for padding
+    expert_offset: torch.Tensor   # [E + 1] first row of each expert (padded)
+    expert_rows: torch.Tensor     # [E] rows each expert received (unpadded)
+    slot_row: torch.Tensor        # [T * k] row of (t, j)
+
+
+class Workspace:
+    """lynx::Workspace: every buffer of one layer shape on one device, and the forward context it keeps
+    for backward. Its own tag: no other call shares it."""
+
+    def __init__(self, tokens: int, hidden: int, intermediate: int, num_experts: int, top_k: int,
+                 shared_intermediate: int = 0, config: Config = Config(), device=None):
+        self.shape = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate)
+        self.config = config
+        self.tag = _workspaces.new_tag()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        self._key = _workspaces.key_for(*self.shape, self._op_config(), self.device)
+
+    def _op_config(self):
+        """The trailing arguments of the custom ops that select this workspace."""
+        return (_workspaces._BACKENDS[self.config.backend], self.config.schedule_capacity,
+                self.config.save_forward_context, self.tag)
+
+    @property
+    def device_bytes(self) -> int:
+        return _workspaces.get(self._key).device_bytes()
+
+    @property
+    def context_bytes(self) -> int:
+        return _workspaces.get(self._key).context_bytes()
+
+    def schedule(self) -> Schedule:
+        """The schedule of the last forward or recompute on this workspace (copied, in stream order)."""
+        arrays = _views.schedule_tensors(_workspaces.get(self._key), self.device)
+        return Schedule(**{name: t.clone() for name, t in arrays.items()})
+
+    def check(self):
+        """Workspace::check on the current stream: raises lynx.LynxError for an error a kernel reported."""
+        _workspaces.get(self._key).check(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _args(self, x, topk_ids, w_gate, ws_gate):
+        T, H = x.shape
+        got = (T, H, w_gate.shape[1], w_gate.shape[0], topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
+        if got != self.shape:
+            raise ValueError(f"lynx: x, topk_ids, w_gate, ws_gate: the shape (T, H, I, E, k, I_s) = {got} is not the "
+                             f"workspace's {self.shape}")
+        return self._op_config()
+
+
+def forward(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
+            ws_down=None) -> torch.Tensor:
+    """lynx::forward: y [T, H] bf16; keeps the context for backward when the config says so. No autograd
+    (use `moe` for that)."""
+    config = ws._args(x, topk_ids, w_gate, ws_gate)
+    return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *config)
+
+
+def recompute_forward_context(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
+                              ws_up=None, ws_down=None) -> torch.Tensor:
+    """lynx::recompute_forward_context: rebuilds what backward needs without producing y. Returns the
+    rows each expert received (int32 [E])."""
+    config = ws._args(x, topk_ids, w_gate, ws_gate)
+    return ops.moe_recompute_forward_context(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
+                                             ws_down, *config)
+
+
+def backward(ws: Workspace, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
+             ws_down=None) -> Gradients:
+    """lynx::backward: every gradient, overwritten (not accumulated). Uses the context of the last
+    forward or recompute on `ws` for these inputs, and recomputes it when there is none."""
+    config = ws._args(x, topk_ids, w_gate, ws_gate)
+    grads = ops.moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *config)
+    shared = ws_gate is not None
+    return Gradients(*grads[:5], *(g if shared else None for g in grads[5:]))
+
+
 def check(device=None):
     """Waits for the current stream and raises lynx.LynxError if a lynx kernel reported an error
     (an expert id out of range, a non-finite router weight, a schedule over capacity). The fused path
@@ -37,7 +137,7 @@ def check(device=None):
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate: torch.Tensor,
         w_up: torch.Tensor, w_down: torch.Tensor, ws_gate: Optional[torch.Tensor] = None,
         ws_up: Optional[torch.Tensor] = None, ws_down: Optional[torch.Tensor] = None,
-        config: Config = Config(), workspace_tag: int = 0) -> torch.Tensor:
+        config: Config = Config(), workspace_tag: int = 0, workspace: Optional[Workspace] = None) -> torch.Tensor:
     """y[t] = shared(x[t]) + sum_j topk_weights[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]).
 
     x [T, H] bf16; topk_ids [T, k] int32/int64; topk_weights [T, k] fp32; w_gate, w_up [E, I, H],
@@ -48,10 +148,14 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
 
     Calls of the same shape share one workspace (its buffers, and the forward context it keeps for
     backward) unless their `workspace_tag`s differ; a backward whose context was replaced by another
-    call recomputes it. lynx.nn.MoE gives every layer its own tag."""
+    call recomputes it. lynx.nn.MoE gives every layer its own tag. A `workspace` given explicitly
+    replaces `config` and `workspace_tag`."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
-    return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                           _workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context,
-                           workspace_tag)
+    if workspace is not None:
+        op_config = workspace._args(x, topk_ids, w_gate, ws_gate)
+    else:
+        op_config = (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context,
+                     workspace_tag)
+    return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
 

@@ -1,18 +1,13 @@
 """lynx.nn.MoE: a TorchTitan-style MoE layer (router + routed experts + optional shared expert)
 whose experts run on the fused lynx ops."""
 
-import itertools
 import math
 from typing import Optional
 
 import torch
 from torch import nn
 
-from lynx import functional
-
-# Each layer gets its own workspace, so that its saved forward context survives the other layers'
-# forward passes until its backward.
-_TAGS = itertools.count(1)
+from lynx import _workspaces, functional
 
 
 class MoE(nn.Module):
@@ -34,7 +29,9 @@ class MoE(nn.Module):
         self.shared_intermediate = shared_intermediate
         self.renormalize = renormalize
         self.config = config
-        self.workspace_tag = next(_TAGS)
+        # Each layer gets its own workspace, so that its saved forward context survives the other
+        # layers' forward passes until its backward.
+        self.workspace_tag = _workspaces.new_tag()
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))

@@ -1,5 +1,9 @@
-"""torch.library custom ops over the C++ API: lynx::moe_forward and lynx::moe_backward, with fake
-(meta) kernels for torch.compile and the autograd formula tying them together."""
+"""torch.library custom ops over the C++ API: lynx::moe_forward, lynx::moe_backward and
+lynx::moe_recompute_forward_context, with fake (meta) kernels for torch.compile and the autograd
+formula tying forward and backward together.
+
+Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
+capacity, save_forward_context, workspace tag), so that a traced graph holds no Python objects."""
 
 from typing import Optional
 
@@ -61,6 +65,27 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
     _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
     return grads
+
+
+@torch.library.custom_op("lynx::moe_recompute_forward_context", mutates_args=())
+def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
+                                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
+                                  ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
+                                  save_forward_context: bool, tag: int) -> Tensor:
+    """Rebuilds in the workspace what backward needs, without producing y; returns the rows each
+    expert received (int32 [E]). NOTES: the workspace is state that torch.library cannot name, so
+    the per-expert counts are the op's output; an unused call may be dropped by a compiler, which is
+    safe because moe_backward recomputes whatever context it lacks."""
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
+    inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _C.recompute_forward_context(ws, inputs, _stream(x))
+    return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
+
+
+@moe_recompute_forward_context.register_fake
+def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
+      save_forward_context, tag):
+    return torch.empty(w_gate.shape[0], dtype=torch.int32, device=x.device)
 
 
 @moe_backward.register_fake

@@ -87,6 +87,48 @@ def test_forward_and_gradients_match_plain_pytorch(case, backend):
         assert rel(got, want) < TOL, name
 
 
+@pytest.mark.parametrize("backend", ["fused", "unfused"])
+@pytest.mark.parametrize("saved", [True, False], ids=["saved", "recomputed"])
+def test_explicit_workspace_forward_recompute_backward(backend, saved):
+    T, H, I, E, k, Is = 300, 128, 64, 8, 2, 64
+    x, ids, tw, w, s = make(T=T, H=H, I=I, E=E, k=k, Is=Is)
+    ws = lynx.Workspace(T, H, I, E, k, Is, config=lynx.Config(backend=backend, save_forward_context=saved))
+    assert ws.device_bytes > 0
+    y = lynx.functional.forward(ws, x, ids, tw, *w, *s)
+    counts = lynx.functional.recompute_forward_context(ws, x, ids, tw, *w, *s) if not saved else None
+    dy = torch.randn_like(y)
+    g = lynx.functional.backward(ws, dy, x, ids, tw, *w, *s)
+    ws.check()
+
+    leaves = [t.detach().float().requires_grad_() for t in [x, tw, *w, *s]]
+    y_ref = reference_moe(leaves[0], ids, leaves[1], *leaves[2:])
+    ref_grads = torch.autograd.grad(y_ref, leaves, dy.float())
+    assert rel(y, y_ref) < TOL
+    for name, got, want in zip(g._fields, g, ref_grads):
+        assert rel(got, want) < TOL, name
+
+    # The schedule: every (t, j) slot exactly once, experts in order, padded to 128-row blocks.
+    sched = ws.schedule()
+    want_rows = torch.bincount(ids.flatten(), minlength=E).int()
+    assert torch.equal(sched.expert_rows, want_rows)
+    if counts is not None:
+        assert torch.equal(counts, want_rows)
+    offsets = sched.expert_offset.long()
+    assert offsets[0] == 0 and (offsets % 128 == 0).all()
+    assert torch.equal(offsets[1:] - offsets[:-1], (want_rows.long() + 127) // 128 * 128)
+    rows = sched.slot_row.long()
+    assert torch.equal(sched.row_token_slot[rows].long(), torch.arange(T * k, device="cuda"))
+    assert torch.equal(offsets[ids.flatten()] <= rows, torch.ones_like(rows, dtype=torch.bool))
+    assert torch.equal(rows < offsets[ids.flatten() + 1], torch.ones_like(rows, dtype=torch.bool))
+
+
+def test_workspace_rejects_another_shape():
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    ws = lynx.Workspace(128, 64, 64, 4, 2)
+    with pytest.raises(ValueError, match="is not the workspace's"):
+        lynx.functional.forward(ws, x, ids, tw, *w)
+
+
 def test_experts_without_rows_get_zero_gradients():
     x, ids, tw, w, s = make(T=100, H=64, I=64, E=8, k=2, routing="two")
     for t in w:
