@@ -31,6 +31,7 @@ struct Options {
   std::vector<Routing> routings{Routing::kUniform};
   int64_t shared_intermediate = 0;
   int warmup = 3, iters = 20, check_tokens = 8, dense_n = 8192;
+  bool baseline = true;  // time the unfused path too
   std::string json;
   std::string command;
 };
@@ -38,9 +39,10 @@ struct Options {
 const char* kUsage =
     "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
-    "                  [--json FILE]\n"
+    "                  [--baseline unfused|none] [--json FILE]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
-    "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n";
+    "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
+    "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);
@@ -95,6 +97,9 @@ Options parse(int argc, char** argv) {
       o.check_tokens = to_int(flag, v, 0);
     } else if (flag == "--dense-n") {
       o.dense_n = to_int(flag, v, 256);
+    } else if (flag == "--baseline") {
+      if (v != "unfused" && v != "none") usage_error("--baseline takes unfused or none, got '" + v + "'");
+      o.baseline = v == "unfused";
     } else if (flag == "--json") {
       o.json = v;
     } else {
@@ -260,10 +265,11 @@ int run(const Options& o) {
       };
       for (const std::string& pass : o.passes) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
-        const double base = time_pass(unfused, pass);
+        const double base = o.baseline ? time_pass(unfused, pass) : 0.0;
         const double ms = time_pass(fused, pass);
         const char* impl = "fused";
-        rows.push_back({name, routing_name(routing), pass, impl, ms, flops / (ms * 1e-3) / 1e12, "unfused", base, check_text});
+        rows.push_back({name, routing_name(routing), pass, impl, ms, flops / (ms * 1e-3) / 1e12,
+                        o.baseline ? "unfused" : "", base, check_text});
       }
     }
   }

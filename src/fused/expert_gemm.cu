@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -246,6 +247,16 @@ void check(bool ok, const char* what) {
   if (!ok) throw Error("", std::string("internal: expert GEMM sizes not supported: ") + what);
 }
 
+// The raster group: choose_group_rows, or LYNX_GEMM_GROUP_ROWS=N from the environment (for sweeps).
+int32_t group_rows(const ExpertGemmArgs& args) {
+  static const int32_t forced = [] {
+    const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) return forced;
+  return choose_group_rows(args.routed_rows, args.experts);
+}
+
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
@@ -259,6 +270,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.k_blocks = static_cast<int32_t>(args.k / kBlockK);
   p.grid.capacity = static_cast<int32_t>(args.capacity);
   p.grid.weight_grad = false;
+  p.grid.group_rows = group_rows(args);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;
   p.out = reinterpret_cast<__nv_bfloat16*>(args.out);

@@ -27,6 +27,8 @@ struct ExpertGemmArgs {
   bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
   DeviceStatus* status = nullptr;         // where a stalled wait is reported
   int sm_count = 0;
+  int64_t routed_rows = 0;                // rows the routing sends to these experts on average (T·k): picks
+                                          // the raster group (choose_group_rows)
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
 };
 

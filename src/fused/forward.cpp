@@ -12,6 +12,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.expert_offset = w.schedule.expert_offset;
   a.status = w.stall_report_device;
   a.sm_count = w.sm_count;
+  a.routed_rows = w.shape.tokens * w.shape.top_k;
   return a;
 }
 

@@ -29,8 +29,9 @@ TEST(TileSchedule, RowModesCoverTheRowsInUseOnce) {
     const std::vector<int32_t> offsets = random_offsets(rng, experts, 700);
     const int32_t used = offsets[experts];
     const int32_t capacity = used + kBlockM * (rng() % 3);
+    const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
     const TileGrid g{offsets.data(), experts, capacity / kBlockM, (n + block_n - 1) / block_n, block_n, 12, capacity,
-                     false};
+                     false, group_rows};
     std::set<std::pair<int32_t, int32_t>> seen;
     for (int32_t tile = 0; tile < tile_count(g); ++tile) {
       const Tile t = tile_at(g, tile);
@@ -44,6 +45,36 @@ TEST(TileSchedule, RowModesCoverTheRowsInUseOnce) {
     }
     ASSERT_EQ(int64_t(seen.size()), int64_t(used / kBlockM) * g.tiles_n);
   }
+}
+
+TEST(TileSchedule, RowModesRasterInGroupsOfRowBlocks) {
+  // 10 row blocks in use, 3 column blocks, groups of 4: blocks 0-3 column by column, then 4-7, then
+  // the last group of 2.
+  const std::vector<int32_t> offsets = {0, 512, 1280};
+  const TileGrid g{offsets.data(), 2, 12, 3, 256, 4, 1536, false, 4};
+  ASSERT_EQ(tile_count(g), 30);
+  std::vector<std::pair<int32_t, int32_t>> order;
+  for (int32_t tile = 0; tile < tile_count(g); ++tile) {
+    const Tile t = tile_at(g, tile);
+    order.push_back({t.a_row / kBlockM, t.b_row / 256});
+  }
+  const std::vector<std::pair<int32_t, int32_t>> want = {
+      {0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}, {0, 2}, {1, 2}, {2, 2}, {3, 2},
+      {4, 0}, {5, 0}, {6, 0}, {7, 0}, {4, 1}, {5, 1}, {6, 1}, {7, 1}, {4, 2}, {5, 2}, {6, 2}, {7, 2},
+      {8, 0}, {9, 0}, {8, 1}, {9, 1}, {8, 2}, {9, 2}};
+  EXPECT_EQ(order, want);
+  EXPECT_EQ(tile_at(g, 3).expert, 0);
+  EXPECT_EQ(tile_at(g, 12).expert, 1);  // row block 4 starts the second expert
+}
+
+TEST(TileSchedule, GroupRowsStayWithinAnExpertsAverageRows) {
+  EXPECT_EQ(choose_group_rows(8192 * 8, 128), 4);   // qwen3-30b-a3b: 512 rows per expert
+  EXPECT_EQ(choose_group_rows(8192 * 8, 64), 8);    // olmoe-1b-7b: 1024
+  EXPECT_EQ(choose_group_rows(8192 * 2, 8), 16);    // mixtral-8x7b: 2048
+  EXPECT_EQ(choose_group_rows(4096 * 8, 256), 1);   // deepseek-v3: 128
+  EXPECT_EQ(choose_group_rows(1 << 30, 1), 16);     // capped
+  EXPECT_EQ(choose_group_rows(100, 8), 1);
+  EXPECT_EQ(choose_group_rows(0, 0), 1);
 }
 
 TEST(TileSchedule, RowModesStartNothingWhenTheScheduleOverflowed) {
