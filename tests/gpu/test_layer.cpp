@@ -309,6 +309,10 @@ TEST_P(Layer, EveryRowToOneExpert) {
   check_against_reference(c, fresh_seed(), config());
 }
 
+// About 17 row blocks per expert: the GEMM rasters in groups of 16 row blocks (choose_group_rows), and
+// groups reach across expert boundaries.
+TEST_P(Layer, RasterGroupsSpanExperts) { check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), config()); }
+
 TEST_P(Layer, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, fresh_seed(), config()); }
 
 TEST_P(Layer, SmallestShape) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed(), config()); }
