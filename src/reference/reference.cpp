@@ -57,6 +57,7 @@ struct FfnGrads {
 // Per-token buffers, allocated once per call, sized for the widest FFN.
 struct Scratch {
   std::vector<double> x, g, u, a, da;
+  double d_scale_magnitude = 0.0;  // Σ |da_i a_i| of the last ffn_backward
   Scratch(int64_t H, int64_t n) : x(H), g(n), u(n), a(n), da(n) {}
   template <class Src>
   Scratch(const Layer<Src>& L) : Scratch(L.H, std::max(L.I, L.I_shared)) {}
@@ -95,7 +96,11 @@ double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy
     for (int64_t i = 0; i < n; ++i) s.da[i] += dy[h] * to_double(f.down[h * n + i]);
 
   double d_scale = 0.0;
-  for (int64_t i = 0; i < n; ++i) d_scale += s.da[i] * s.a[i];
+  s.d_scale_magnitude = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    d_scale += s.da[i] * s.a[i];
+    s.d_scale_magnitude += std::abs(s.da[i] * s.a[i]);
+  }
 
   // From here s.g holds dg and s.u holds du.
   for (int64_t i = 0; i < n; ++i) {
@@ -152,6 +157,7 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
             g->dw_down.data() + e * L.H * L.I};
     d_topk_row[j] =
         ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, rg);
+    if (g) g->d_topk_magnitude[t * L.k + j] = s.d_scale_magnitude;
   }
 }
 
@@ -177,6 +183,7 @@ Gradients backward(const Layer<Src>& layer, const double* dy) {
   Gradients g;
   g.dx.assign(T * H, 0.0);
   g.d_topk_weights.assign(T * layer.k, 0.0);
+  g.d_topk_magnitude.assign(T * layer.k, 0.0);
   g.dw_gate.assign(E * I * H, 0.0);
   g.dw_up.assign(E * I * H, 0.0);
   g.dw_down.assign(E * H * I, 0.0);

@@ -31,6 +31,9 @@ struct Layer {
 struct Gradients {
   std::vector<double> dx;              // [T, H]
   std::vector<double> d_topk_weights;  // [T, k]
+  // [T, k] Σ_i |(w_down^T dy)_i · a_i|: the magnitude of the terms of each d_topk_weights dot product.
+  // Its rounding error scales with this, not with the (possibly cancelled) sum.
+  std::vector<double> d_topk_magnitude;
   std::vector<double> dw_gate, dw_up;  // [E, I, H]
   std::vector<double> dw_down;         // [E, H, I]
   std::vector<double> dws_gate, dws_up;  // [I_shared, H] (empty when I_shared == 0)

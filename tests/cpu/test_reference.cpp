@@ -197,6 +197,21 @@ TEST(Reference, KnownValuesOnATinyLayer) {
   EXPECT_NEAR(g.dw_gate[0], -1.39150576780723010, 1e-15);  // -1.5 silu'(1)
   EXPECT_NEAR(g.dw_up[0], -0.182764644657501220, 1e-15);   // -0.25 silu(1)
   EXPECT_NEAR(g.dws_down[0], -3.52318831191152978, 1e-15);  // a_shared = -2 silu(2)
+  // One term per dot product (I = 1): the magnitude is the value's absolute value.
+  EXPECT_NEAR(g.d_topk_magnitude[0], 2.19317573589001464, 1e-15);
+  EXPECT_NEAR(g.d_topk_magnitude[1], 0.238405844044235112, 1e-15);
+}
+
+TEST(Reference, DTopkMagnitudeBoundsTheValue) {
+  const Problem p = make_problem({9, 16, 8, 4, 2, 8}, 5);
+  const Gradients g = backward(p.layer(), p.dy.data());
+  ASSERT_EQ(g.d_topk_magnitude.size(), g.d_topk_weights.size());
+  bool some_cancellation = false;
+  for (size_t i = 0; i < g.d_topk_weights.size(); ++i) {
+    EXPECT_GE(g.d_topk_magnitude[i], std::abs(g.d_topk_weights[i]));
+    some_cancellation = some_cancellation || g.d_topk_magnitude[i] > 1.5 * std::abs(g.d_topk_weights[i]);
+  }
+  EXPECT_TRUE(some_cancellation);  // random signs: the terms do cancel
 }
 
 TEST(Reference, ForwardMatchesLiteralFormula) {

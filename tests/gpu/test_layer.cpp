@@ -140,10 +140,14 @@ struct HostLayer {
   }
 };
 
-// ‖got − want‖ / ‖want‖; got must be all finite.
+// ‖got − want‖ / ‖scale‖ (Frobenius; scale = want unless given); got must be all finite.
 template <class T>
-double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what) {
+double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what,
+                 const std::vector<double>* scale = nullptr) {
   EXPECT_EQ(got.size(), want.size()) << what;
+  if (scale) {
+    EXPECT_EQ(scale->size(), want.size()) << what;
+  }
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     double g;
@@ -157,7 +161,8 @@ double rel_error(const std::vector<T>& got, const std::vector<double>& want, con
       return INFINITY;
     }
     num += (g - want[i]) * (g - want[i]);
-    den += want[i] * want[i];
+    const double sc = scale ? (*scale)[i] : want[i];
+    den += sc * sc;
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
@@ -236,7 +241,10 @@ void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::v
   const ref::Gradients g = ref::backward(r, to_double_vec(dy).data());
   EXPECT_LT(rel_error(o.y, y_ref, "y"), kTolerance);
   EXPECT_LT(rel_error(o.dx, g.dx, "dx"), kTolerance);
-  EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights"), kTolerance);
+  // NOTES: each d_topk_weights value is one dot product over I of bf16-rounded factors, so its error
+  // is bounded by the magnitude of its terms, Σ|da_i a_i|, not by its value: with few tokens a
+  // single cancelled sum would make the relative error meaningless (T = 1 gave 1.2e-2 once).
+  EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights", &g.d_topk_magnitude), kTolerance);
   EXPECT_LT(rel_error(o.dw_gate, g.dw_gate, "dw_gate"), kTolerance);
   EXPECT_LT(rel_error(o.dw_up, g.dw_up, "dw_up"), kTolerance);
   EXPECT_LT(rel_error(o.dw_down, g.dw_down, "dw_down"), kTolerance);

@@ -28,9 +28,27 @@ def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
     return y
 
 
-def rel(a, b):
+def rel(a, b, scale=None):
+    """‖a − b‖ / ‖scale‖ (Frobenius; scale = b unless given); a must be all finite."""
     assert torch.isfinite(a).all(), "non-finite values"
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return ((a.float() - b.float()).norm() / (b if scale is None else scale).float().norm()).item()
+
+
+def d_topk_magnitude(x, topk_ids, w_gate, w_up, w_down, dy):
+    """[T, k] Σ_i |da_i · h_i| with da = w_down[e]ᵀ dy[t], h = silu(g) ⊙ u: the magnitude of the terms of
+    each topk_weights gradient. NOTES: that gradient is one dot product of bf16-rounded factors, so its
+    error scales with this, not with its (possibly cancelled) value; with few tokens a plain relative
+    error is meaningless."""
+    x32, dy32 = x.detach().float(), dy.float()
+    mag = torch.zeros(topk_ids.shape, device=x.device)
+    for e in range(w_gate.shape[0]):
+        token, slot = (topk_ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = F.silu(x32[token] @ w_gate[e].detach().float().t()) * (x32[token] @ w_up[e].detach().float().t())
+        da = dy32[token] @ w_down[e].detach().float()
+        mag[token, slot] = (da * h).abs().sum(dim=1)
+    return mag
 
 
 def make(T, H, I, E, k, Is=0, routing="random", seed=None):
@@ -83,8 +101,9 @@ def test_forward_and_gradients_match_plain_pytorch(case, backend):
 
     assert rel(y, y_ref) < TOL
     names = ["x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"]
+    mag = d_topk_magnitude(x, ids, *w, dy)
     for name, got, want in zip(names, grads, ref_grads):
-        assert rel(got, want) < TOL, name
+        assert rel(got, want, mag if name == "topk_weights" else None) < TOL, name
 
 
 @pytest.mark.parametrize("backend", ["fused", "unfused"])
@@ -104,8 +123,9 @@ def test_explicit_workspace_forward_recompute_backward(backend, saved):
     y_ref = reference_moe(leaves[0], ids, leaves[1], *leaves[2:])
     ref_grads = torch.autograd.grad(y_ref, leaves, dy.float())
     assert rel(y, y_ref) < TOL
+    mag = d_topk_magnitude(x, ids, *w, dy)
     for name, got, want in zip(g._fields, g, ref_grads):
-        assert rel(got, want) < TOL, name
+        assert rel(got, want, mag if name == "d_topk_weights" else None) < TOL, name
 
     # The schedule: every (t, j) slot exactly once, experts in order, padded to 128-row blocks.
     sched = ws.schedule()
