@@ -6,6 +6,9 @@
 //   kRowsMnB     C_e = A_e · [B0; B1]             B0: [E, K0, N], B1: [E, K - K0, N] (N-major)
 //   kWeightGrad  C_e = A_eᵀ · B_e                 A, B: [capacity, M] and [capacity, N] row buffers
 //                (M- and N-major), K = the expert's padded rows (padding rows hold zeros)
+// Epilogue: each consumer warpgroup writes its fragments in [64, 128] pieces into its own swizzled
+// shared-memory buffer and one thread stores them with TMA; the stores drain while the warpgroup
+// goes on with the next tile's mainloop.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -43,11 +46,16 @@ struct Config {
   static_assert(kStageBytes == 48 * 1024, "stage size");
 };
 
+// NOTES: an epilogue piece is 64 rows × 128 columns (16 KB): with four 48 KB stages, two pieces (one
+// per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two pieces.
+constexpr int kPieceBoxes = 2;  // [64, 64] boxes per piece
+
 template <Mode kMode>
 struct SharedStorage {
   using C = Config<kMode>;
   alignas(1024) __nv_bfloat16 a[C::kStages][kBlockM * kBlockK];                    // [BLOCK_M, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
+  alignas(1024) __nv_bfloat16 c[2][kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 128] bf16 piece as two [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producer: both consumer warpgroups are done with the stage
 };
@@ -60,11 +68,9 @@ struct Params {
   TileGrid grid;
   int32_t m;           // rows of C per expert (weight grad)
   int32_t n;
-  int32_t out_split;   // weight grad: rows >= out_split go to out2 (row - out_split); else INT32_MAX
+  int32_t out_split;   // weight grad: rows >= out_split go to tma_c1 (row - out_split); else INT32_MAX
   int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
-  __nv_bfloat16* out;
-  __nv_bfloat16* out2;  // SwiGLU: the gate products (may be null); weight grad: see out_split
-  __nv_bfloat16* out3;  // SwiGLU: the up products (may be null)
+  bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
   DeviceStatus* status;
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
@@ -83,14 +89,51 @@ struct TileWalk {
 
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
 
-__device__ __forceinline__ void store2(__nv_bfloat16* at, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(a, b);
+// One epilogue piece of consumer warpgroup `wg`: 64 rows × 128 columns, value(j, r) giving the two
+// fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
+// (col, row[, batch]) of `map`. Columns at or past n are not stored.
+template <bool k3d, class Value>
+__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
+                                            int wg, int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  // The previous piece's store must be done reading the buffer before it is overwritten.
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  // 128-byte swizzle: 16-byte chunk j % 8 of row R sits at chunk (j % 8) ^ (R % 8), and R % 8 = lane / 4
+  // for both rows a thread holds. Rows are 128-byte aligned, so the chunk XOR acts on the address.
+  const uint32_t base = sm90::smem_addr(buf[0]) + (warp * 16 + lane / 4) * 128 + 4 * (lane % 4) + (lane / 4) * 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 v = value(j, r);
+      const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
+      const uint32_t at = ((base + r * 8 * 128) ^ ((j % 8) * 16)) + (j / 8) * 64 * 64 * 2;
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&packed)) : "memory");
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + wg, 128);
+  if (thread == 0) {
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      if constexpr (k3d) {
+        sm90::tma_store_3d(map, buf[b], col + 64 * b, row, batch);
+      } else {
+        sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
+      }
+    }
+    sm90::bulk_commit_group();
+  }
 }
 
 template <Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b0,
-                       const __grid_constant__ CUtensorMap tma_b1, const Params p) {
+                       const __grid_constant__ CUtensorMap tma_b1, const __grid_constant__ CUtensorMap tma_c0,
+                       const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
+                       const Params p) {
   using C = Config<kMode>;
   constexpr int kStages = C::kStages;
   constexpr int kBlockN = C::kBlockN;
@@ -150,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
-  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  const int thread = threadIdx.x % 128;
   int stage = 0;
   uint32_t phase = 0;
   float acc0[kBlockN / 2];
@@ -194,40 +237,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_wait<0>();
     if (prev_stage >= 0 && thread == 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
 
-    // Epilogue: fragments straight to global memory as bf16 pairs.
-    const int32_t col_base = t.b_row + 2 * (lane % 4);
+    // Epilogue: [64, 128] pieces through shared memory and TMA stores.
+    const int32_t row = t.a_row + c * 64;
+    if constexpr (kMode == Mode::kWeightGrad) {
+      if (row < p.m) {
+        const bool second = row >= p.out_split;
+        const CUtensorMap* map = second ? &tma_c1 : &tma_c0;
+        const int32_t out_row = second ? row - p.out_split : row;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      int64_t row = t.a_row + c * 64 + warp * 16 + lane / 4 + 8 * half;
-      __nv_bfloat16* out = p.out;
-      if constexpr (kMode == Mode::kWeightGrad) {
-        if (row >= p.m) continue;
-        if (row >= p.out_split) out = p.out2, row -= p.out_split;
-        const int64_t rows_per_expert = p.out_split < p.m ? p.out_split : p.m;
-        out += int64_t(t.expert) * rows_per_expert * p.n;
-      }
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const int32_t col = col_base + 8 * j;
-        if (col >= p.n) continue;
-        const int64_t at = row * p.n + col;
-        const float g0 = acc0[4 * j + 2 * half], g1 = acc0[4 * j + 2 * half + 1];
-        if constexpr (C::kSwiGLU) {
-          const float u0 = acc1[4 * j + 2 * half], u1 = acc1[4 * j + 2 * half + 1];
-          store2(out + at, silu(g0) * u0, silu(g1) * u1);
-          if (p.out2) store2(p.out2 + at, g0, g1);
-          if (p.out3) store2(p.out3 + at, u0, u1);
-        } else {
-          store2(out + at, g0, g1);
+        for (int q = 0; q < 2; ++q) {
+          store_piece<true>(smem.c[c], map, c, t.b_row + 128 * q, out_row, t.expert, p.n, [&](int j, int r) {
+            return make_float2(acc0[4 * (16 * q + j) + 2 * r], acc0[4 * (16 * q + j) + 2 * r + 1]);
+          });
         }
+      }
+    } else if constexpr (C::kSwiGLU) {
+      store_piece<false>(smem.c[c], &tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
+        const int i = 4 * j + 2 * r;
+        return make_float2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]);
+      });
+      if (p.out_gate_up) {
+        store_piece<false>(smem.c[c], &tma_c1, c, t.b_row, row, 0, p.n,
+                           [&](int j, int r) { return make_float2(acc0[4 * j + 2 * r], acc0[4 * j + 2 * r + 1]); });
+        store_piece<false>(smem.c[c], &tma_c2, c, t.b_row, row, 0, p.n,
+                           [&](int j, int r) { return make_float2(acc1[4 * j + 2 * r], acc1[4 * j + 2 * r + 1]); });
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        store_piece<false>(smem.c[c], &tma_c0, c, t.b_row + 128 * q, row, 0, p.n, [&](int j, int r) {
+          return make_float2(acc0[4 * (16 * q + j) + 2 * r], acc0[4 * (16 * q + j) + 2 * r + 1]);
+        });
       }
     }
   }
+  // The stores must finish before the CTA's shared memory goes away.
+  if (thread == 0) sm90::bulk_wait_group<0>();
 }
 
+// The operand maps (A, B0, B1) and the output maps (C0, C1, C2) of one launch.
+struct Maps {
+  CUtensorMap a, b0, b1, c0, c1, c2;
+};
+
 template <Mode kMode>
-void launch(const CUtensorMap& a, const CUtensorMap& b0, const CUtensorMap& b1, const Params& p, int sm_count,
-            cudaStream_t stream) {
+void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
   constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
   // The shared-memory limit is a per-device attribute of the kernel: set once on each device.
   constexpr int kMaxDevices = 64;
@@ -239,7 +293,7 @@ void launch(const CUtensorMap& a, const CUtensorMap& b0, const CUtensorMap& b1, 
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     configured[device].store(true);
   }
-  expert_gemm_kernel<kMode><<<sm_count, kThreads, kSmem, stream>>>(a, b0, b1, p);
+  expert_gemm_kernel<kMode><<<sm_count, kThreads, kSmem, stream>>>(m.a, m.b0, m.b1, m.c0, m.c1, m.c2, p);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -273,7 +327,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.group_rows = group_rows(args);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;
-  p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
   p.status = args.status;
   p.stall_task = args.stall_task;
   return p;
@@ -283,12 +336,16 @@ template <Mode kMode>
 void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<kMode>::kBlockN;
   Params p = rows_params(args, kBlockN);
-  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
-  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
-  const CUtensorMap b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : b0;
-  p.out2 = reinterpret_cast<__nv_bfloat16*>(args.out_gate);
-  p.out3 = reinterpret_cast<__nv_bfloat16*>(args.out_up);
-  launch<kMode>(a, b0, b1, p, args.sm_count, stream);
+  check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
+  Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
+  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : m.b0;
+  m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
+  p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
+  m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
+  m.c2 = p.out_gate_up ? make_tma_2d(args.out_up, args.capacity, args.n, 64, 64) : m.c0;
+  launch<kMode>(m, p, args.sm_count, stream);
 }
 
 template <>
@@ -296,11 +353,13 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   check(args.k_split % kBlockK == 0 && args.k_split >= 0 && args.k_split <= args.k, "K split % 64");
   Params p = rows_params(args, Config<Mode::kRowsMnB>::kBlockN);
   const int64_t k0 = args.b1 ? args.k_split : args.k;
-  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
-  const CUtensorMap b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
-  const CUtensorMap b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : b0;
+  Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  m.b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
+  m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
+  m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
-  launch<Mode::kRowsMnB>(a, b0, b1, p, args.sm_count, stream);
+  launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
 }
 
 }  // namespace
@@ -314,9 +373,15 @@ void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream) { laun
 void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   check(args.capacity % kBlockM == 0 && args.m % 64 == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, M % 64, N % 64");
+  // Rows [0, split) of each expert's output go to out, the rest to out2 (as many rows again).
+  check(args.out2 == nullptr || (args.split % 64 == 0 && args.m == 2 * args.split), "weight grad split: M = 2 · split, split % 64");
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
-  const CUtensorMap a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
-  const CUtensorMap b = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
+  const int64_t out_rows = args.out2 ? args.split : args.m;
+  Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
+  m.b0 = m.b1 = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
+  m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
+  m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;
   Params p{};
   p.grid.expert_offset = args.expert_offset;
   p.grid.experts = static_cast<int32_t>(args.experts);
@@ -328,11 +393,9 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.m = static_cast<int32_t>(args.m);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
-  p.out = reinterpret_cast<__nv_bfloat16*>(args.out);
-  p.out2 = reinterpret_cast<__nv_bfloat16*>(args.out2);
   p.status = args.status;
   p.stall_task = -1;
-  launch<Mode::kWeightGrad>(a, b, b, p, args.sm_count, stream);
+  launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 
 }  // namespace lynx::fused
