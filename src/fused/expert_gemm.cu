@@ -29,13 +29,8 @@ enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kProducerRegs = 64;
-constexpr int kConsumerRegs = 216;
-// NOTES: setmaxnreg moves registers within what the CTA got at launch: 384 threads × 168 (the most
-// __launch_bounds__(384, 1) allows, rounded to 8). The consumers' increase blocks until the
-// producer's decrease has freed enough, so asking for more than the launch allocation deadlocks
-// (seen on the H200 with 64 + 2 × 224: the consumers never started).
-constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kLaunchRegs * kThreads, "register budget");
+constexpr int kConsumerRegs = 224;
+static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "register file");
 
 template <Mode kMode>
 struct Config {
@@ -104,16 +99,13 @@ __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z));
 
 // Producer side of a gathered operand: the [rows, 64] bf16 box at `dst` (128B swizzle, as TMA would
 // write it) gets, in row r, columns [col, col + 64) of source row row_token_slot[first_row + r] / top_k.
-// 128 producer threads: thread i copies 16-byte chunk i % 8 of rows i / 8, i / 8 + 16, ... (a warp
-// reads four whole 128-byte row segments per instruction).
+// 128 producer threads: thread i copies 16-byte chunk i % 8 of rows i / 8, i / 8 + 16, ...
 __device__ __forceinline__ void gather_box(__nv_bfloat16* dst, const Params& p, const __nv_bfloat16* src, int32_t ld,
                                            int32_t first_row, int rows, int32_t col) {
   const int i = threadIdx.x % 128, chunk = i % 8;
   const uint32_t base = sm90::smem_addr(dst);
-  // A box past the source's columns (weight grad: a 256-wide tile over a narrower operand) reads as zero.
-  const bool in_columns = col < ld;
   for (int r = i / 8; r < rows; r += 16) {
-    const int32_t slot = in_columns ? p.row_token_slot[first_row + r] : -1;
+    const int32_t slot = p.row_token_slot[first_row + r];
     const __nv_bfloat16* from = slot < 0 ? src : src + int64_t(slot / p.top_k) * ld + col + chunk * 8;
     sm90::cp_async_16(base + r * 128 + ((chunk ^ (r % 8)) * 16), from, slot < 0 ? 0 : 16);
   }
@@ -245,7 +237,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
-    if (gather) sm90::cp_async_wait_all();  // no copy outlives its thread
     return;
   }
 

@@ -98,8 +98,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint3
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // Arrives on `bar` once this thread's earlier cp.async copies have landed (counts as one of the
 // barrier's expected arrivals).
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
