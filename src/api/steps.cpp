@@ -9,7 +9,7 @@ int to_int(int64_t v) { return static_cast<int>(v); }
 
 }  // namespace
 
-void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, bool gather_x, cudaStream_t s) {
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
   using unfused::bf16_t;
@@ -20,10 +20,8 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, bool gather_x, 
   sched::DeviceRouting routing{};
   routing.topk_ids[0] = w.ids32;
   sched::build_schedule_device(w.problem, routing, w.schedule, s);
-  if (gather_x) {
-    unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
-                         w.problem.capacity, k, H, s);
-  }
+  unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
+                       w.problem.capacity, k, H, s);
   if (Is > 0) {
     unfused::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
                              in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);

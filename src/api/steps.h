@@ -11,9 +11,8 @@ T* data_of(const TensorView& v) {
 }
 
 // Queues, with no host synchronisation: status reset, routing validation, the schedule, the gather of
-// x rows into schedule order (w.un.xg; when gather_x: the fused path reads x rows in its GEMMs), and
-// the shared expert's gate/up GEMMs.
-void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, bool gather_x, cudaStream_t s);
+// x rows into schedule order, and the shared expert's gate/up GEMMs.
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 
 // Queues the shared expert's SwiGLU and down GEMM, then the combine of the routed rows (already in
 // w.un.rows_a) into y. Combine writes nothing if a kernel reported an error.

@@ -73,7 +73,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
-    if (config.backend == Backend::kUnfused) un.xg = alloc<unfused::bf16_t>(cap * H);  // the fused GEMMs read x rows
+    un.xg = alloc<unfused::bf16_t>(cap * H);
     un.g = alloc<unfused::bf16_t>(cap * I);
     un.u = alloc<unfused::bf16_t>(cap * I);
     un.h = alloc<unfused::bf16_t>(cap * I);
@@ -150,10 +150,8 @@ int64_t Workspace::context_bytes() const {
   if (!w.context_valid) return 0;
   const LayerShape& s = w.shape;
   const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
-  // Gathered x rows (unfused only), gate and up pre-activations (bf16), the shared expert's gate and
-  // up, the schedule.
-  const int64_t gathered_x = w.config.backend == Backend::kUnfused ? cap * s.hidden : 0;
-  const int64_t activations = 2 * (gathered_x + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
+  // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
+  const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
   const int64_t schedule = 4 * (2 * cap + 2 * E_loc + 1 + s.tokens * s.top_k);
   return activations + schedule;
 }

@@ -19,11 +19,11 @@ namespace lynx {
 // holds in forward / backward (buffers are reused between the two passes where lifetimes allow).
 struct UnfusedBuffers {
   using bf16_t = unfused::bf16_t;
-  bf16_t* xg;       // [cap, H]  gathered x rows (saved context; unfused only)
+  bf16_t* xg;       // [cap, H]  gathered x rows (saved context)
   bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
   bf16_t* u;        // [cap, I]  up projection (saved context)
   bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
-  bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd (unfused): gathered dy rows
+  bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd: gathered dy rows
   bf16_t* rows_b;   // [cap, H]  bwd: per-row dx
   bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e]
   bf16_t* dg;       // [cap, I]  bwd

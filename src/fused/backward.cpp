@@ -14,18 +14,17 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   const int64_t E = sh.local_experts(), cap = w.problem.capacity;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
-  // NOTES: the GEMMs read dy and x rows in schedule order themselves (gathered operands): no copies.
-  const bf16_t* dy_rows = data_of<const bf16_t>(dy);
-  const bf16_t* x_rows = data_of<const bf16_t>(in.x);
+  bf16_t* dyg = w.un.rows_a;  // [cap, H]  gathered dy rows (zeros on padding rows)
   bf16_t* dxe = w.un.rows_b;  // [cap, H]  per-row dx
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
 
   enqueue_shared_backward(w, in, dy, grads, s);
+  unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
 
   ExpertGemmArgs g = expert_gemm_args(w);
 
   // da = dy_row · w_down[e]   ([n, H] · [H, I], w_down read as stored: N-major)
-  g.gather_a = dy_rows;
+  g.a = dyg;
   g.k = H;
   g.b0 = data_of<const bf16_t>(in.weights.w_down);
   g.n = I;
@@ -37,7 +36,6 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
                            data_of<const float>(in.topk_weights), slots, total, cap, I, s);
 
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
-  g.gather_a = nullptr;
   g.a = dgu;
   g.k = 2 * I;
   g.b0 = data_of<const bf16_t>(in.weights.w_gate);
@@ -56,22 +54,18 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.expert_offset = w.schedule.expert_offset;
   wg.status = w.stall_report_device;
   wg.sm_count = w.sm_count;
-  wg.row_token_slot = slots;
-  wg.top_k = k;
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   wg.a = dgu;
   wg.m = 2 * I;
-  wg.gather_b = x_rows;
+  wg.b = w.un.xg;
   wg.n = H;
   wg.split = I;
   wg.out = data_of<bf16_t>(grads.dw_gate);
   wg.out2 = data_of<bf16_t>(grads.dw_up);
   expert_weight_grad(wg, s);
   // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
-  wg.a = nullptr;
-  wg.gather_a = dy_rows;
+  wg.a = dyg;
   wg.m = H;
-  wg.gather_b = nullptr;
   wg.b = w.un.h;
   wg.n = I;
   wg.split = 0;

@@ -28,8 +28,8 @@ namespace {
 enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kProducerRegs = 64;
-constexpr int kConsumerRegs = 224;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "register file");
 
 template <Mode kMode>
@@ -70,15 +70,7 @@ struct Params {
   int32_t n;
   int32_t out_split;   // weight grad: rows >= out_split go to tma_c1 (row - out_split); else INT32_MAX
   int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
-  int32_t k_total;     // row modes: K (the columns of a gathered A's source)
   bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
-  // Gathered operands (null: loaded by TMA from the operand's row buffer). Row r of the operand is
-  // row row_token_slot[r] / top_k of the source (zeros for padding rows, slot -1); the source has as
-  // many columns as the operand (row modes: A's K; weight grad: A's M, B's N).
-  const __nv_bfloat16* gather_a;
-  const __nv_bfloat16* gather_b;
-  const int32_t* row_token_slot;
-  int32_t top_k;
   DeviceStatus* status;
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
@@ -96,20 +88,6 @@ struct TileWalk {
 };
 
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
-
-// Producer side of a gathered operand: the [rows, 64] bf16 box at `dst` (128B swizzle, as TMA would
-// write it) gets, in row r, columns [col, col + 64) of source row row_token_slot[first_row + r] / top_k.
-// 128 producer threads: thread i copies 16-byte chunk i % 8 of rows i / 8, i / 8 + 16, ...
-__device__ __forceinline__ void gather_box(__nv_bfloat16* dst, const Params& p, const __nv_bfloat16* src, int32_t ld,
-                                           int32_t first_row, int rows, int32_t col) {
-  const int i = threadIdx.x % 128, chunk = i % 8;
-  const uint32_t base = sm90::smem_addr(dst);
-  for (int r = i / 8; r < rows; r += 16) {
-    const int32_t slot = p.row_token_slot[first_row + r];
-    const __nv_bfloat16* from = slot < 0 ? src : src + int64_t(slot / p.top_k) * ld + col + chunk * 8;
-    sm90::cp_async_16(base + r * 128 + ((chunk ^ (r % 8)) * 16), from, slot < 0 ? 0 : 16);
-  }
-}
 
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 128 columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
@@ -163,12 +141,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto& smem = *reinterpret_cast<SharedStorage<kMode>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int warpgroup = threadIdx.x / 128;
-  // NOTES: with a gathered operand all 128 producer threads copy rows (cp.async) and each arrives on
-  // the stage's full barrier, besides the TMA thread's arrive with the byte count.
-  const bool gather = p.gather_a != nullptr || p.gather_b != nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(&smem.full[s], gather ? 1 + 128 : 1);
+      sm90::mbarrier_init(&smem.full[s], 1);
       sm90::mbarrier_init(&smem.empty[s], 2);
     }
     sm90::fence_barrier_init();
@@ -176,17 +151,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {
-    // ---- producer: thread 0 issues the TMA loads; with a gathered operand all 128 threads copy rows ----
+    // ---- producer: one thread issues every TMA load ----
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != 0 && !gather) return;
-    const bool leader = threadIdx.x == 0;
-    if (leader) {
-      sm90::prefetch_tma_descriptor(&tma_a);
-      sm90::prefetch_tma_descriptor(&tma_b0);
-      if constexpr (C::kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
-    }
-    constexpr uint32_t kBytesA = 2 * kBlockM * kBlockK;
-    const uint32_t tma_bytes = C::kStageBytes - (p.gather_a ? kBytesA : 0) - (p.gather_b ? C::kStageBytes - kBytesA : 0);
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tma_descriptor(&tma_a);
+    sm90::prefetch_tma_descriptor(&tma_b0);
+    if constexpr (C::kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
     int stage = 0;
     uint32_t phase = 0;
     for (TileWalk sched(p.grid); sched.valid(); sched.advance()) {
@@ -195,44 +165,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         const int32_t k = t.k0 + kb * kBlockK;
         sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.tile);
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
         __nv_bfloat16* a = smem.a[stage];
         __nv_bfloat16* b = smem.b[stage][0];
-        if (leader) {
-          sm90::mbarrier_arrive_expect_tx(&smem.full[stage], tma_bytes);
-          if constexpr (kMode == Mode::kWeightGrad) {
-            // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
-            if (!p.gather_a) {
-              for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, &tma_a, &smem.full[stage], t.a_row + 64 * j, k);
-            }
-            if (!p.gather_b) {
-              for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, &tma_b0, &smem.full[stage], t.b_row + 64 * j, k);
-            }
+        if constexpr (kMode == Mode::kWeightGrad) {
+          // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
+          for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, &tma_a, &smem.full[stage], t.a_row + 64 * j, k);
+          for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, &tma_b0, &smem.full[stage], t.b_row + 64 * j, k);
+        } else {
+          sm90::tma_load_2d(a, &tma_a, &smem.full[stage], k, t.a_row);
+          if constexpr (kMode == Mode::kRowsMnB) {
+            const bool second = k >= p.k_split;
+            const CUtensorMap* map = second ? &tma_b1 : &tma_b0;
+            const int32_t kr = second ? k - p.k_split : k;
+            for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, &smem.full[stage], t.b_row + 64 * j, kr, t.expert);
           } else {
-            if (!p.gather_a) sm90::tma_load_2d(a, &tma_a, &smem.full[stage], k, t.a_row);
-            if constexpr (kMode == Mode::kRowsMnB) {
-              const bool second = k >= p.k_split;
-              const CUtensorMap* map = second ? &tma_b1 : &tma_b0;
-              const int32_t kr = second ? k - p.k_split : k;
-              for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, &smem.full[stage], t.b_row + 64 * j, kr, t.expert);
-            } else {
-              sm90::tma_load_3d(b, &tma_b0, &smem.full[stage], k, t.b_row, t.expert);
-              if constexpr (C::kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], k, t.b_row, t.expert);
-            }
+            sm90::tma_load_3d(b, &tma_b0, &smem.full[stage], k, t.b_row, t.expert);
+            if constexpr (C::kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], k, t.b_row, t.expert);
           }
-        }
-        if (gather) {
-          if constexpr (kMode == Mode::kWeightGrad) {
-            // K runs over schedule rows: the boxes are [64 schedule rows, 64 columns].
-            if (p.gather_a) {
-              for (int j = 0; j < kBlockM / 64; ++j) gather_box(a + j * 64 * kBlockK, p, p.gather_a, p.m, k, 64, t.a_row + 64 * j);
-            }
-            if (p.gather_b) {
-              for (int j = 0; j < kBlockN / 64; ++j) gather_box(b + j * 64 * kBlockK, p, p.gather_b, p.n, k, 64, t.b_row + 64 * j);
-            }
-          } else {
-            gather_box(a, p, p.gather_a, p.k_total, t.a_row, kBlockM, k);  // [BLOCK_M, BLOCK_K]
-          }
-          sm90::cp_async_mbarrier_arrive(&smem.full[stage]);
         }
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
@@ -259,8 +209,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     int prev_stage = -1;
     for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
       sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, sched.tile);
-      // Rows copied by cp.async are generic-proxy writes; wgmma reads through the async proxy.
-      if (gather) sm90::fence_proxy_async_shared();
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
@@ -379,12 +327,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.group_rows = group_rows(args);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;
-  p.k_total = static_cast<int32_t>(args.k);
-  check((args.a == nullptr) != (args.gather_a == nullptr), "A from a row buffer or gathered, not both");
-  check(args.gather_a == nullptr || (args.row_token_slot != nullptr && args.top_k > 0), "gather needs the schedule");
-  p.gather_a = reinterpret_cast<const __nv_bfloat16*>(args.gather_a);
-  p.row_token_slot = args.row_token_slot;
-  p.top_k = static_cast<int32_t>(args.top_k);
   p.status = args.status;
   p.stall_task = args.stall_task;
   return p;
@@ -396,9 +338,9 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   Params p = rows_params(args, kBlockN);
   check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
   Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
   m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : m.b0;
-  m.a = args.a ? make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK) : m.b0;  // unused when gathered
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
@@ -412,9 +354,9 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   Params p = rows_params(args, Config<Mode::kRowsMnB>::kBlockN);
   const int64_t k0 = args.b1 ? args.k_split : args.k;
   Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
-  m.a = args.a ? make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK) : m.b0;  // unused when gathered
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
   launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
@@ -435,15 +377,10 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   check(args.out2 == nullptr || (args.split % 64 == 0 && args.m == 2 * args.split), "weight grad split: M = 2 · split, split % 64");
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
   const int64_t out_rows = args.out2 ? args.split : args.m;
-  check((args.a == nullptr) != (args.gather_a == nullptr) && (args.b == nullptr) != (args.gather_b == nullptr),
-        "each operand from a row buffer or gathered");
-  check((args.gather_a == nullptr && args.gather_b == nullptr) || (args.row_token_slot != nullptr && args.top_k > 0),
-        "gather needs the schedule");
   Maps m;
+  m.a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
+  m.b0 = m.b1 = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
   m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
-  // A gathered operand has no map: any valid one stands in (never loaded from).
-  m.a = args.a ? make_tma_2d(args.a, args.capacity, args.m, 64, 64) : m.c0;
-  m.b0 = m.b1 = args.b ? make_tma_2d(args.b, args.capacity, args.n, 64, 64) : m.c0;
   m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;
   Params p{};
   p.grid.expert_offset = args.expert_offset;
@@ -456,10 +393,6 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.m = static_cast<int32_t>(args.m);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
-  p.gather_a = reinterpret_cast<const __nv_bfloat16*>(args.gather_a);
-  p.gather_b = reinterpret_cast<const __nv_bfloat16*>(args.gather_b);
-  p.row_token_slot = args.row_token_slot;
-  p.top_k = static_cast<int32_t>(args.top_k);
   p.status = args.status;
   p.stall_task = -1;
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);

@@ -14,9 +14,6 @@ using bf16_t = uint16_t;
 
 struct ExpertGemmArgs {
   const bf16_t* a = nullptr;              // [capacity, K]  rows in schedule order (expert-major, 128-padded)
-  const bf16_t* gather_a = nullptr;       // instead of a: [tokens, K], row r of A is row row_token_slot[r] / top_k
-  const int32_t* row_token_slot = nullptr;  // [capacity] the schedule's (with gather_a)
-  int64_t top_k = 1;
   int64_t capacity = 0;                   // multiple of 128
   int64_t k = 0;                          // multiple of 64
   const bf16_t* b0 = nullptr;             // [experts, n, K]  (gate, or the only weight); n-major: [experts, k_split, n]
@@ -55,11 +52,6 @@ void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream);
 struct WeightGradArgs {
   const bf16_t* a = nullptr;
   const bf16_t* b = nullptr;
-  // Instead of a / b: [tokens, m] / [tokens, n] sources, row r taken from row row_token_slot[r] / top_k.
-  const bf16_t* gather_a = nullptr;
-  const bf16_t* gather_b = nullptr;
-  const int32_t* row_token_slot = nullptr;
-  int64_t top_k = 1;
   int64_t m = 0, n = 0, capacity = 0, experts = 0;
   int64_t split = 0;
   const int32_t* expert_offset = nullptr;

@@ -13,20 +13,17 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.status = w.stall_report_device;
   a.sm_count = w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
-  a.row_token_slot = w.schedule.row_token_slot;
-  a.top_k = w.shape.top_k;
   return a;
 }
 
 namespace {
 
-// Dispatch and the gate/up GEMM with SwiGLU: everything backward needs (g, u saved), plus h. The
-// GEMM reads x rows in schedule order itself (no gathered copy).
+// Dispatch and the gate/up GEMM with SwiGLU: everything backward needs (g, u saved), plus h.
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   w.context_valid = false;
-  enqueue_dispatch(w, in, /*gather_x=*/false, s);
+  enqueue_dispatch(w, in, s);
   ExpertGemmArgs a = expert_gemm_args(w);
-  a.gather_a = data_of<const bf16_t>(in.x);
+  a.a = w.un.xg;
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);

@@ -15,7 +15,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
   const int64_t H = sh.hidden, I = sh.intermediate;
   const int64_t E_loc = sh.local_experts();
   w.context_valid = false;
-  enqueue_dispatch(w, in, /*gather_x=*/true, s);
+  enqueue_dispatch(w, in, s);
   fetch_counts(w, s);
 
   const int32_t* offset = w.host_expert_offset();
