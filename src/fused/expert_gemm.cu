@@ -30,7 +30,12 @@ enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "register file");
+// NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
+// __launch_bounds__(384, 1) allows, rounded down to 8): 40 + 2 × 232 uses it exactly. The consumers'
+// increase blocks until the producer's decrease has freed enough, so a budget over the launch
+// allocation deadlocks before any wait can time out (seen on the H200 with 64 + 2 × 224).
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kLaunchRegs * kThreads, "register budget");
 
 template <Mode kMode>
 struct Config {
