@@ -65,6 +65,8 @@ class Workspace {
  public:
   // Allocates every buffer the layer needs for `shape` on the current CUDA device.
   Workspace(const LayerShape& shape, const Config& config = {});
+  // Waits for the workspace's device to finish all queued work (earlier calls may still use the
+  // buffers), then frees everything.
   ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -74,7 +76,10 @@ class Workspace {
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
   Schedule schedule() const;     // the schedule of the last forward / recompute call
-  // Whether backward on `in` can use the context this workspace holds (same x / topk tensors).
+  // Whether backward on `in` can use the context this workspace holds: the same x, topk_ids,
+  // topk_weights, w_gate, w_up (and shared ws_gate, ws_up) pointers as the forward or recompute that built it. Pointers are all
+  // it can compare: a caller that frees and reuses that memory, or changes those tensors in place,
+  // must call recompute_forward_context before backward.
   bool has_context_for(const LayerInputs& in) const;
 
   // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error. An

@@ -7,6 +7,7 @@
 """
 
 import dataclasses
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -55,70 +56,118 @@ class Schedule:
 
 class Workspace:
     """lynx::Workspace: every buffer of one layer shape on one device, and the forward context it keeps
-    for backward. Its own tag: no other call shares it."""
+    for backward. It has its own tag (no other call shares it) and is freed with this object, or by
+    close(); freeing waits for the device."""
 
     def __init__(self, tokens: int, hidden: int, intermediate: int, num_experts: int, top_k: int,
                  shared_intermediate: int = 0, config: Config = Config(), device=None):
         self.shape = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate)
         self.config = config
         self.tag = _workspaces.new_tag()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        d = torch.device("cuda" if device is None else device)
+        if d.type != "cuda":
+            raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
+        self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
         self._key = _workspaces.key_for(*self.shape, self._op_config(), self.device)
+        self._context = None  # what the kept context was built from: [(weakref, version)]
+        self._finalizer = weakref.finalize(self, _workspaces.release, self.tag)
+
+    def close(self):
+        """Frees the workspace now (after the device has finished with it)."""
+        self._finalizer()
 
     def _op_config(self):
         """The trailing arguments of the custom ops that select this workspace."""
-        return (_workspaces._BACKENDS[self.config.backend], self.config.schedule_capacity,
-                self.config.save_forward_context, self.tag)
+        return _op_config(self.config, self.tag)
+
+    def _impl(self):
+        if not self._finalizer.alive:
+            raise ValueError("lynx: workspace: used after close()")
+        return _workspaces.get(self._key)
 
     @property
     def device_bytes(self) -> int:
-        return _workspaces.get(self._key).device_bytes()
+        return self._impl().device_bytes()
 
     @property
     def context_bytes(self) -> int:
-        return _workspaces.get(self._key).context_bytes()
+        return self._impl().context_bytes()
 
     def schedule(self) -> Schedule:
-        """The schedule of the last forward or recompute on this workspace (copied, in stream order)."""
-        arrays = _views.schedule_tensors(_workspaces.get(self._key), self.device)
+        """The schedule of the last forward or recompute on this workspace, copied on the current stream:
+        call it on the stream that ran that call (or after synchronising with it)."""
+        arrays = _views.schedule_tensors(self._impl(), self.device)
         return Schedule(**{name: t.clone() for name, t in arrays.items()})
 
     def check(self):
         """Workspace::check on the current stream: raises lynx.LynxError for an error a kernel reported."""
-        _workspaces.get(self._key).check(torch.cuda.current_stream(self.device).cuda_stream)
+        self._impl().check(torch.cuda.current_stream(self.device).cuda_stream)
 
-    def _args(self, x, topk_ids, w_gate, ws_gate):
+    def _args(self, x, topk_ids, w_gate, ws_gate, tensors):
+        self._impl()
         T, H = x.shape
         got = (T, H, w_gate.shape[1], w_gate.shape[0], topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
         if got != self.shape:
             raise ValueError(f"lynx: x, topk_ids, w_gate, ws_gate: the shape (T, H, I, E, k, I_s) = {got} is not the "
                              f"workspace's {self.shape}")
+        for t in tensors:
+            if t is not None and isinstance(t, torch.Tensor) and t.device != self.device:
+                raise ValueError(f"lynx: x, topk_ids, topk_weights, weights: on {t.device}, the workspace is on "
+                                 f"{self.device}")
         return self._op_config()
+
+    @staticmethod
+    def _context_of(tensors):
+        return [(weakref.ref(t), t._version) for t in tensors if t is not None]
+
+    def _has_context(self, tensors) -> bool:
+        """Whether the kept context was built from these very tensors, unchanged since. NOTES: the C++
+        side can only compare pointers, which PyTorch's allocator reuses; weak references and version
+        counters catch a freed-and-reallocated or an in-place-modified input."""
+        now = [t for t in tensors if t is not None]
+        if self._context is None or len(now) != len(self._context):
+            return False
+        return all(ref() is t and t._version == v for (ref, v), t in zip(self._context, now))
+
+
+def _context_inputs(x, topk_ids, topk_weights, w_gate, w_up, ws_gate, ws_up):
+    """The inputs a forward context is built from (include/lynx/moe.h, has_context_for)."""
+    return (x, topk_ids, topk_weights, w_gate, w_up, ws_gate, ws_up)
 
 
 def forward(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
             ws_down=None) -> torch.Tensor:
-    """lynx::forward: y [T, H] bf16; keeps the context for backward when the config says so. No autograd
-    (use `moe` for that)."""
-    config = ws._args(x, topk_ids, w_gate, ws_gate)
-    return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *config)
+    """lynx::forward: y [T, H] bf16; keeps the context for backward when the config says so. For code
+    that runs backward itself: pass tensors that do not require grad (`moe` is the autograd entry)."""
+    tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    config = ws._args(x, topk_ids, w_gate, ws_gate, tensors)
+    y = ops.moe_forward(*tensors, *config)
+    ws._context = (Workspace._context_of(_context_inputs(x, topk_ids, topk_weights, w_gate, w_up, ws_gate, ws_up))
+                   if ws.config.save_forward_context else None)
+    return y
 
 
 def recompute_forward_context(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                               ws_up=None, ws_down=None) -> torch.Tensor:
     """lynx::recompute_forward_context: rebuilds what backward needs without producing y. Returns the
     rows each expert received (int32 [E])."""
-    config = ws._args(x, topk_ids, w_gate, ws_gate)
-    return ops.moe_recompute_forward_context(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
-                                             ws_down, *config)
+    tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    config = ws._args(x, topk_ids, w_gate, ws_gate, tensors)
+    counts = ops.moe_recompute_forward_context(*tensors, *config)
+    ws._context = Workspace._context_of(_context_inputs(x, topk_ids, topk_weights, w_gate, w_up, ws_gate, ws_up))
+    return counts
 
 
 def backward(ws: Workspace, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
              ws_down=None) -> Gradients:
     """lynx::backward: every gradient, overwritten (not accumulated). Uses the context of the last
-    forward or recompute on `ws` for these inputs, and recomputes it when there is none."""
-    config = ws._args(x, topk_ids, w_gate, ws_gate)
-    grads = ops.moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *config)
+    forward or recompute on `ws` when it was built from these same tensors, unchanged since (same
+    objects, same version counters); otherwise it recomputes the context first."""
+    tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    config = ws._args(x, topk_ids, w_gate, ws_gate, (dy, *tensors))
+    if not ws._has_context(_context_inputs(x, topk_ids, topk_weights, w_gate, w_up, ws_gate, ws_up)):
+        recompute_forward_context(ws, *tensors)
+    grads = ops.moe_backward(dy, *tensors, *config)
     shared = ws_gate is not None
     return Gradients(*grads[:5], *(g if shared else None for g in grads[5:]))
 
@@ -153,9 +202,17 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
     if workspace is not None:
-        op_config = workspace._args(x, topk_ids, w_gate, ws_gate)
+        op_config = workspace._args(x, topk_ids, w_gate, ws_gate, (x, topk_ids, topk_weights, w_gate, w_up, w_down,
+                                                                   ws_gate, ws_up, ws_down))
+        workspace._context = None  # the autograd path keeps its own inputs alive; see moe_backward
     else:
-        op_config = (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context,
-                     workspace_tag)
+        if workspace_tag < 0:
+            raise ValueError(f"lynx: workspace_tag: must be >= 0 (negative tags are lynx's own), got {workspace_tag}")
+        op_config = _op_config(config, workspace_tag)
     return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
+
+
+def _op_config(config: Config, tag: int):
+    """The trailing arguments of the custom ops: backend code, schedule capacity, save context, tag."""
+    return (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context, tag)
 

@@ -2,12 +2,13 @@
 whose experts run on the fused lynx ops."""
 
 import math
+import weakref
 from typing import Optional
 
 import torch
 from torch import nn
 
-from lynx import _workspaces, functional
+from lynx import _workspaces, functional, ops
 
 
 class MoE(nn.Module):
@@ -32,6 +33,7 @@ class MoE(nn.Module):
         # Each layer gets its own workspace, so that its saved forward context survives the other
         # layers' forward passes until its backward.
         self.workspace_tag = _workspaces.new_tag()
+        weakref.finalize(self, _workspaces.release, self.workspace_tag)
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
@@ -67,6 +69,6 @@ class MoE(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_ids, topk_weights = self.route(tokens)
-        y = functional.moe(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
-                           self.shared_w3, self.shared_w2, config=self.config, workspace_tag=self.workspace_tag)
+        y = ops.moe_forward(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
+                            self.shared_w3, self.shared_w2, *functional._op_config(self.config, self.workspace_tag))
         return y.reshape(shape)

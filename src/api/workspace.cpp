@@ -106,7 +106,16 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
   }
 }
 
-Workspace::Impl::~Impl() { release(); }
+Workspace::Impl::~Impl() {
+  // NOTES: kernels queued by earlier calls may still use these buffers (nothing here synchronises),
+  // so destruction waits for the workspace's device before freeing anything.
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) {
+    cudaDeviceSynchronize();
+    cudaSetDevice(current);
+  }
+  release();
+}
 
 void Workspace::Impl::release() {
   grouped.reset();

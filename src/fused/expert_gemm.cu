@@ -312,7 +312,7 @@ int32_t group_rows(const ExpertGemmArgs& args) {
     const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");
     return v ? std::atoi(v) : 0;
   }();
-  if (forced > 0) return forced;
+  if (forced > 0) return forced < 64 ? forced : 64;  // keeps group_rows · tiles_n far from overflow
   return choose_group_rows(args.routed_rows, args.experts);
 }
 

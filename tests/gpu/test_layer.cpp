@@ -140,14 +140,10 @@ struct HostLayer {
   }
 };
 
-// ‖got − want‖ / ‖scale‖ (Frobenius; scale = want unless given); got must be all finite.
+// ‖got − want‖ / ‖want‖ (Frobenius); got must be all finite.
 template <class T>
-double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what,
-                 const std::vector<double>* scale = nullptr) {
+double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what) {
   EXPECT_EQ(got.size(), want.size()) << what;
-  if (scale) {
-    EXPECT_EQ(scale->size(), want.size()) << what;
-  }
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     double g;
@@ -161,8 +157,7 @@ double rel_error(const std::vector<T>& got, const std::vector<double>& want, con
       return INFINITY;
     }
     num += (g - want[i]) * (g - want[i]);
-    const double sc = scale ? (*scale)[i] : want[i];
-    den += sc * sc;
+    den += want[i] * want[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
@@ -241,10 +236,20 @@ void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::v
   const ref::Gradients g = ref::backward(r, to_double_vec(dy).data());
   EXPECT_LT(rel_error(o.y, y_ref, "y"), kTolerance);
   EXPECT_LT(rel_error(o.dx, g.dx, "dx"), kTolerance);
-  // NOTES: each d_topk_weights value is one dot product over I of bf16-rounded factors, so its error
-  // is bounded by the magnitude of its terms, Σ|da_i a_i|, not by its value: with few tokens a
-  // single cancelled sum would make the relative error meaningless (T = 1 gave 1.2e-2 once).
-  EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights", &g.d_topk_magnitude), kTolerance);
+  // NOTES: each d_topk_weights value is one dot product over I of bf16-rounded factors (da, g, u),
+  // so its error scales with the magnitude of its terms, Σ|da_i a_i|, not with its value: each term
+  // is off by a few 2⁻⁹ at most, with random signs. Every value must be within 1e-2 of that
+  // magnitude (the only meaningful test of a single cancelled sum: T = 1 once gave a plain relative
+  // error of 1.2e-2); a tensor of 32 values or more must also meet the plain relative Frobenius
+  // error, which averages the cancellations out and is 3-5 times tighter.
+  ASSERT_EQ(o.d_topk.size(), g.d_topk_magnitude.size());
+  for (size_t i = 0; i < o.d_topk.size(); ++i) {
+    ASSERT_LE(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]), kTolerance * g.d_topk_magnitude[i])
+        << "d_topk_weights[" << i << "] = " << o.d_topk[i] << ", reference " << g.d_topk_weights[i];
+  }
+  if (o.d_topk.size() >= 32) {
+    EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights"), kTolerance);
+  }
   EXPECT_LT(rel_error(o.dw_gate, g.dw_gate, "dw_gate"), kTolerance);
   EXPECT_LT(rel_error(o.dw_up, g.dw_up, "dw_up"), kTolerance);
   EXPECT_LT(rel_error(o.dw_down, g.dw_down, "dw_down"), kTolerance);
