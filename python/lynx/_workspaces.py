@@ -1,4 +1,4 @@
-"""Workspaces cached per (shape, config, device)."""
+"""Workspaces cached per (shape, config, device), and their release."""
 
 import itertools
 
@@ -7,47 +7,54 @@ import torch
 from lynx import _C
 
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
-_BY_KEY: dict = {}
-_BY_SPEC: dict = {}
-_KEYS = itertools.count()
+_BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.
 _TAGS = itertools.count(-1, -1)
+_RELEASED: set = set()
+# Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
+# the capture, so they wait here until the next lookup outside a capture.
+_PENDING: list = []
 
 
 def new_tag() -> int:
     return next(_TAGS)
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def release(tag: int) -> None:
-    """Drops every workspace with this tag (its memory is freed once nothing else refers to it; the
-    C++ destructor waits for the device first)."""
-    for spec in [s for s in _BY_SPEC if s[6][3] == tag]:
-        _BY_KEY.pop(_BY_SPEC.pop(spec), None)
+    """Drops every workspace with this tag; later lookups with it get a fresh workspace that is not
+    kept. The C++ destructor waits for the device before freeing."""
+    _RELEASED.add(tag)
+    dropped = [_BY_SPEC.pop(s) for s in [s for s in _BY_SPEC if s[6][3] == tag]]
+    if _capturing():
+        _PENDING.extend(dropped)
 
 
-def key_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device) -> int:
-    """The key of the workspace for this shape, config (backend code, schedule capacity, save context,
-    tag: calls with different tags never share a workspace) and CUDA device, created on first use."""
+def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device):
+    """The workspace for this shape, config (backend code, schedule capacity, save context, tag: calls
+    with different tags never share one) and CUDA device, created on first use. A released tag (its
+    layer or Workspace is gone, e.g. before a pending backward) gets a new workspace that is not cached:
+    it lives as long as the caller holds it."""
+    if _PENDING and not _capturing():
+        _PENDING.clear()
     index = torch.device(device).index
     if index is None:
         index = torch.cuda.current_device()
     spec = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, index)
-    key = _BY_SPEC.get(spec)
-    if key is None:
+    ws = _BY_SPEC.get(spec)
+    if ws is None:
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
                               schedule_capacity=config[1], save_forward_context=config[2])
-        key = next(_KEYS)
-        _BY_KEY[key] = ws
-        _BY_SPEC[spec] = key
-    return key
-
-
-def get(key: int):
-    return _BY_KEY[key]
+        if config[3] not in _RELEASED:
+            _BY_SPEC[spec] = ws
+    return ws
 
 
 def all_workspaces():
-    return list(_BY_KEY.values())
+    return list(_BY_SPEC.values())

@@ -68,22 +68,26 @@ class Workspace:
         if d.type != "cuda":
             raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
         self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
-        self._key = _workspaces.key_for(*self.shape, self._op_config(), self.device)
-        self._context = None  # what the kept context was built from: [(weakref, version)]
-        self._finalizer = weakref.finalize(self, _workspaces.release, self.tag)
+        self._ws = _workspaces.workspace_for(*self.shape, self._op_config(), self.device)
+        self._context = None  # what the kept context was built from: [(weakref, version)], or None
+        self._closed = False
+        weakref.finalize(self, _workspaces.release, self.tag)
 
     def close(self):
         """Frees the workspace now (after the device has finished with it)."""
-        self._finalizer()
+        self._closed = True
+        self._ws = None
+        _workspaces.release(self.tag)
 
     def _op_config(self):
         """The trailing arguments of the custom ops that select this workspace."""
         return _op_config(self.config, self.tag)
 
     def _impl(self):
-        if not self._finalizer.alive:
+        # NOTES: a plain flag, not the finalizer's state: torch.compile guards on what it reads here.
+        if self._closed:
             raise ValueError("lynx: workspace: used after close()")
-        return _workspaces.get(self._key)
+        return self._ws
 
     @property
     def device_bytes(self) -> int:
@@ -118,12 +122,19 @@ class Workspace:
 
     @staticmethod
     def _context_of(tensors):
-        return [(weakref.ref(t), t._version) for t in tensors if t is not None]
+        """Weak references and version counters of the inputs; None (backward will recompute) when an
+        input was made under torch.inference_mode, which keeps no version counter."""
+        present = [t for t in tensors if t is not None]
+        if any(t.is_inference() for t in present):
+            return None
+        return [(weakref.ref(t), t._version) for t in present]
 
     def _has_context(self, tensors) -> bool:
-        """Whether the kept context was built from these very tensors, unchanged since. NOTES: the C++
-        side can only compare pointers, which PyTorch's allocator reuses; weak references and version
-        counters catch a freed-and-reallocated or an in-place-modified input."""
+        """Whether the kept context was built from these very tensor objects, unchanged since. NOTES: the
+        C++ side can only compare pointers, which PyTorch's allocator reuses; weak references and version
+        counters catch a freed-and-reallocated or an in-place-modified input. A new view of the same
+        data (x.view(...)) is another object and costs a recompute; a change through `.data` bumps no
+        version and is not seen."""
         now = [t for t in tensors if t is not None]
         if self._context is None or len(now) != len(self._context):
             return False

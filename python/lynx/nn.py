@@ -32,8 +32,7 @@ class MoE(nn.Module):
         self.config = config
         # Each layer gets its own workspace, so that its saved forward context survives the other
         # layers' forward passes until its backward.
-        self.workspace_tag = _workspaces.new_tag()
-        weakref.finalize(self, _workspaces.release, self.workspace_tag)
+        self._take_workspace_tag()
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
@@ -46,6 +45,17 @@ class MoE(nn.Module):
         else:
             self.shared_w1 = self.shared_w3 = self.shared_w2 = None
         self.reset_parameters()
+
+    def _take_workspace_tag(self):
+        """A tag of its own (a workspace of its own), released when the layer is garbage-collected."""
+        self.workspace_tag = _workspaces.new_tag()
+        weakref.finalize(self, _workspaces.release, self.workspace_tag)
+
+    def __setstate__(self, state):
+        # Copies (copy.deepcopy) and unpickled layers get their own tag: sharing one would make the
+        # layers overwrite each other's saved forward context.
+        super().__setstate__(state)
+        self._take_workspace_tag()
 
     @torch.no_grad()
     def reset_parameters(self):

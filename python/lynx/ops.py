@@ -24,7 +24,7 @@ def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_fo
     E, I, _ = w_gate.shape
     shared = 0 if ws_gate is None else ws_gate.shape[0]
     config = (backend, schedule_capacity, save_forward_context, tag)
-    return _workspaces.get(_workspaces.key_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device))
+    return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
 
 
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())

@@ -108,13 +108,14 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
 
 Workspace::Impl::~Impl() {
   // NOTES: kernels queued by earlier calls may still use these buffers (nothing here synchronises),
-  // so destruction waits for the workspace's device before freeing anything.
+  // so destruction waits for the workspace's device, then frees everything on that device. An error
+  // of the wait or the frees (say, after a trapped kernel) belongs to no later call: it is cleared.
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) {
-    cudaDeviceSynchronize();
-    cudaSetDevice(current);
-  }
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+  if (switched) cudaDeviceSynchronize();
   release();
+  cudaGetLastError();
+  if (switched) cudaSetDevice(current);
 }
 
 void Workspace::Impl::release() {

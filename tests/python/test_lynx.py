@@ -189,6 +189,25 @@ def test_workspace_lifetime_and_tags():
         lynx.moe(x, ids, tw, *w, workspace_tag=-3)
 
 
+def test_copied_layers_get_their_own_workspaces():
+    import copy
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    twin = copy.deepcopy(layer)
+    assert twin.workspace_tag != layer.workspace_tag
+    x = torch.randn(50, 128, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(layer(x), twin(x))
+
+
+def test_explicit_forward_under_inference_mode():
+    T, H, I, E, k = 100, 64, 64, 4, 2
+    with torch.inference_mode():
+        x, ids, tw, w, s = make(T=T, H=H, I=I, E=E, k=k)
+        ws = lynx.Workspace(T, H, I, E, k)
+        y = lynx.functional.forward(ws, x, ids, tw, *w)
+    ws.check()
+    assert rel(y, reference_moe(x, ids, tw, *w)) < TOL
+
+
 def test_workspace_rejects_another_shape():
     x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
     ws = lynx.Workspace(128, 64, 64, 4, 2)
