@@ -474,6 +474,27 @@ TEST_F(FusedForward, GraphReplayWithNewRouting) { capture_and_replay({300, 128, 
 
 TEST_F(FusedForward, GraphReplayWithSharedExpert) { capture_and_replay({200, 128, 64, 8, 2, 64}); }
 
+// A workspace destroyed right after queueing a call: its destructor waits for the device, so the
+// queued kernels never touch freed memory (memcheck runs this test) and the output is complete.
+TEST_F(FusedForward, DestroyingAWorkspaceWaitsForItsKernels) {
+  const Case c{300, 128, 128, 8, 2, 64};
+  HostLayer L(c, fresh_seed());
+  DeviceBuffer y(c.T * c.H * 2);
+  y.fill_bytes(0xFF);
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Config config;
+    config.backend = Backend::kFused;
+    Workspace ws(L.shape, config);
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), stream);
+  }
+  LYNX_TEST_CUDA(cudaStreamSynchronize(stream));
+  LYNX_TEST_CUDA(cudaStreamDestroy(stream));
+  const std::vector<double> w = L.weights_double();
+  EXPECT_LT(rel_error(to_host<HostBf16>(y, c.T * c.H), ref::forward(L.reference(w)), "y"), kTolerance);
+}
+
 // Shapes too large for the CPU reference: the fused forward against the unfused one.
 TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   const Case c{4096, 1024, 512, 32, 4, 256};
