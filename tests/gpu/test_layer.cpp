@@ -481,6 +481,7 @@ TEST_F(FusedForward, DestroyingAWorkspaceWaitsForItsKernels) {
   HostLayer L(c, fresh_seed());
   DeviceBuffer y(c.T * c.H * 2);
   y.fill_bytes(0xFF);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());  // the poison lands before the non-blocking stream starts
   cudaStream_t stream;
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
