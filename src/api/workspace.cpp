@@ -52,6 +52,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
+    // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
+    // wait for: the status word must be set before the constructor returns.
+    LYNX_CUDA(cudaStreamSynchronize(nullptr));
     LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
     *stall_report = DeviceStatus{};
     LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
