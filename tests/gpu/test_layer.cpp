@@ -474,6 +474,36 @@ TEST_F(FusedForward, GraphReplayWithNewRouting) { capture_and_replay({300, 128, 
 
 TEST_F(FusedForward, GraphReplayWithSharedExpert) { capture_and_replay({200, 128, 64, 8, 2, 64}); }
 
+// Backward after a forward whose schedule overflowed capacity, before the error is reported: the
+// routed outputs (dx, d_topk_weights) stay unwritten, the weight gradients are exact zeros (no rows
+// were placed), nothing is read from unplaced row slots (memcheck), and check() names the overflow.
+TEST_F(FusedForward, BackwardAfterCapacityOverflowWritesNoRoutedOutputs) {
+  Case c{100, 64, 64, 8, 2, 0};
+  c.routing = "cyclic";  // all 8 experts receive rows: 8 padded blocks of 128
+  HostLayer L(c, fresh_seed());
+  Config config;
+  config.backend = Backend::kFused;
+  config.schedule_capacity = 256;
+  Workspace ws(L.shape, config);
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer dy = to_device(std::vector<HostBf16>(c.T * c.H, float_to_bf16(1.0f)));
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);
+  try {
+    ws.check(nullptr);
+    ADD_FAILURE() << "the overflow was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.schedule_capacity is 256"), std::string::npos) << e.what();
+  }
+  const Outputs o = out.to_host_outputs();
+  for (HostBf16 v : o.dx) ASSERT_EQ(v.bits, 0xFFFF) << "dx was written";
+  for (float v : o.d_topk) ASSERT_TRUE(std::isnan(v)) << "d_topk_weights was written";
+  for (const auto* dw : {&o.dw_gate, &o.dw_up, &o.dw_down}) {
+    for (HostBf16 v : *dw) ASSERT_EQ(v.bits & 0x7FFF, 0) << "a weight gradient is not zero";
+  }
+}
+
 // A workspace destroyed right after queueing a call: its destructor waits for the device, so the
 // queued kernels never touch freed memory (memcheck runs this test) and the output is complete.
 TEST_F(FusedForward, DestroyingAWorkspaceWaitsForItsKernels) {
