@@ -29,7 +29,8 @@ struct ExpertWeights {
   TensorView ws_down;  // [H, I_s] bf16, absent when shape.shared_intermediate == 0
 };
 
-// The inputs of one layer call on this rank. All tensors are device memory, contiguous.
+// The inputs of one layer call on this rank. All tensors are device memory, contiguous, 16-byte
+// aligned; the expert weights (and their gradients) 128-byte aligned, as TMA needs.
 struct LayerInputs {
   TensorView x;             // [T, H] bf16
   TensorView topk_ids;      // [T, k] int32 or int64, global expert ids in [0, E)

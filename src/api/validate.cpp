@@ -23,11 +23,15 @@ std::string shape_str(std::initializer_list<int64_t> shape) {
   return s + "]";
 }
 
-// NOTES: 16-byte alignment is what TMA and 128-bit vector loads need; every allocator gives it.
+// NOTES: 16 bytes is what 128-bit vector loads need. The expert weights and their gradients are
+// read and written by TMA with the 128-byte swizzle, which needs 128-byte aligned global addresses
+// (CUDA Programming Guide, "Using TMA", swizzle requirements). Every allocator gives both; a view
+// into a larger tensor may not.
 constexpr uintptr_t kAlignment = 16;
+constexpr uintptr_t kTmaAlignment = 128;
 
 void check_tensor(const TensorView& v, const std::string& name, std::initializer_list<DType> dtypes,
-                  std::initializer_list<int64_t> shape) {
+                  std::initializer_list<int64_t> shape, uintptr_t alignment = kAlignment) {
   if (!v.present()) throw Error(name, "is required but absent (null data pointer)");
   bool dtype_ok = false;
   std::string expected_dtypes;
@@ -41,8 +45,8 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
   for (int64_t s : shape) shape_ok = shape_ok && v.shape[d++] == s;
   if (!shape_ok) throw Error(name, "shape must be " + shape_str(shape) + ", got " + shape_str(v));
   if (!v.is_contiguous()) throw Error(name, "must be contiguous row-major (innermost stride 1, no padding)");
-  if (reinterpret_cast<uintptr_t>(v.data) % kAlignment != 0) {
-    throw Error(name, "data pointer must be " + std::to_string(kAlignment) + "-byte aligned");
+  if (reinterpret_cast<uintptr_t>(v.data) % alignment != 0) {
+    throw Error(name, "data pointer must be " + std::to_string(alignment) + "-byte aligned");
   }
 }
 
@@ -58,9 +62,9 @@ void validate_inputs(const LayerShape& s, const LayerInputs& in) {
   check_tensor(in.x, "x", {DType::kBF16}, {T, H});
   check_tensor(in.topk_ids, "topk_ids", {DType::kI32, DType::kI64}, {T, k});
   check_tensor(in.topk_weights, "topk_weights", {DType::kF32}, {T, k});
-  check_tensor(in.weights.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H});
-  check_tensor(in.weights.w_up, "w_up", {DType::kBF16}, {E_loc, I, H});
-  check_tensor(in.weights.w_down, "w_down", {DType::kBF16}, {E_loc, H, I});
+  check_tensor(in.weights.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(in.weights.w_up, "w_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(in.weights.w_down, "w_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
     check_tensor(in.weights.ws_gate, "ws_gate", {DType::kBF16}, {Is, H});
@@ -82,9 +86,9 @@ void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradien
   check_tensor(dy, "dy", {DType::kBF16}, {T, H});
   check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});
   check_tensor(g.d_topk_weights, "d_topk_weights", {DType::kF32}, {T, k});
-  check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H});
-  check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H});
-  check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I});
+  check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
     check_tensor(g.dws_gate, "dws_gate", {DType::kBF16}, {Is, H});

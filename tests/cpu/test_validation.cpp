@@ -123,6 +123,20 @@ TEST(Validation, StridesAndAlignment) {
   in = good_inputs(s);
   in.x.data = static_cast<char*>(in.x.data) + 2;
   expect_error([&] { validate_inputs(s, in); }, "x", "aligned");
+  // x needs 16 bytes; the expert weights, read by TMA with the 128-byte swizzle, 128.
+  in = good_inputs(s);
+  in.x.data = static_cast<char*>(in.x.data) + 16;
+  EXPECT_NO_THROW(validate_inputs(s, in));
+  in = good_inputs(s);
+  in.weights.w_down.data = static_cast<char*>(in.weights.w_down.data) + 64;
+  expect_error([&] { validate_inputs(s, in); }, "w_down", "128-byte aligned");
+  in = good_inputs(s);
+  in.weights.w_gate.data = static_cast<char*>(in.weights.w_gate.data) + 128;
+  EXPECT_NO_THROW(validate_inputs(s, in));
+  Gradients g = good_gradients(s);
+  g.dw_up.data = static_cast<char*>(g.dw_up.data) + 32;
+  expect_error([&] { validate_gradients(s, make_view(fake(21), DType::kBF16, {s.tokens, s.hidden}), g); }, "dw_up",
+               "128-byte aligned");
 }
 
 TEST(Validation, MissingAndUnexpectedTensors) {
