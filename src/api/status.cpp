@@ -32,8 +32,11 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
       const char* wait = st.a == 1   ? "full stage (consumer waiting for the producer's TMA loads)"
                          : st.a == 2 ? "empty stage (producer waiting for the consumers to free a stage)"
                                      : "unknown";
+      const std::string task = st.b >= 0    ? "task " + std::to_string(st.b)
+                               : st.b == -1 ? std::string("the next task (not yet known)")
+                                            : std::string("past the last task");
       return "a device wait timed out in block " + std::to_string(st.rank) + ": wait " + std::to_string(st.a) + " = " +
-             wait + ", task " + std::to_string(st.b) + ", phase/counter " + std::to_string(st.c) +
+             wait + ", " + task + ", phase/counter " + std::to_string(st.c) +
              "; the kernel trapped and the CUDA context is lost";
     }
   }

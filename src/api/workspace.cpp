@@ -52,8 +52,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
+    gemm_tickets = alloc<int32_t>(2);
+    LYNX_CUDA(cudaMemset(gemm_tickets, 0, 2 * sizeof(int32_t)));
     // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
-    // wait for: the status word must be set before the constructor returns.
+    // wait for: the status word and the tickets must be set before the constructor returns.
     LYNX_CUDA(cudaStreamSynchronize(nullptr));
     LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
     *stall_report = DeviceStatus{};

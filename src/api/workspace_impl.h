@@ -85,6 +85,7 @@ struct Workspace::Impl {
   bool counts_on_host = false;          // counts_host holds the current schedule's counts
 
   int32_t sm_count = 0;
+  int32_t* gemm_tickets = nullptr;  // [2] device: the expert GEMM's tile ticket and finished CTAs; zero between launches
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it

@@ -10,7 +10,8 @@ enum class StatusCode : int32_t {
   kCapacityOverflow = 1,  // a = rows needed, b = schedule capacity
   kExpertOutOfRange = 2,  // a = flat index t*k+j, b = the id, c = E
   kNonFiniteWeight = 3,   // a = flat index t*k+j, b = the weight's bits
-  kWaitTimeout = 4,       // rank = block, a = which wait (sm90::Wait), b = task, c = phase or counter seen
+  kWaitTimeout = 4,       // rank = block, a = which wait (sm90::Wait), b = task (-1: the next, not yet
+                          // known; -2: past the last), c = phase or counter seen
 };
 
 // One per workspace, in device memory; zeroed at workspace creation and by the host after it reads

@@ -1,6 +1,7 @@
 // The grouped expert GEMM kernel: one producer warpgroup (TMA), two consumer warpgroups (wgmma,
-// 64 rows each), a static persistent tile scheduler. Four modes share the pipeline (A_e = the
-// expert's block of schedule rows):
+// 64 rows each), a persistent tile scheduler (tiles claimed in order from a device ticket, or a static
+// round robin; choose_tile_order).
+// Four modes share the pipeline (A_e = the expert's block of schedule rows):
 //   kRowsSwiGLU  C_e = silu(A_e·Gᵀ) ⊙ (A_e·Uᵀ)   G, U: [E, N, K] (K-major)
 //   kRows        C_e = A_e · Bᵀ                   B: [E, N, K] (K-major)
 //   kRowsMnB     C_e = A_e · [B0; B1]             B0: [E, K0, N], B1: [E, K - K0, N] (N-major)
@@ -63,6 +64,7 @@ struct SharedStorage {
   alignas(1024) __nv_bfloat16 c[2][kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 128] bf16 piece as two [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producer: both consumer warpgroups are done with the stage
+  int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the end
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
 static_assert(sizeof(__nv_bfloat16) * 128 * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
@@ -77,20 +79,30 @@ struct Params {
   int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
   bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
   DeviceStatus* status;
+  bool in_order;       // tiles claimed in order from `tickets`; else the static round robin
+  int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
 
-// The persistent walk of one CTA over the tile schedule (tile_scheduler.h): tiles b, b + gridDim.x, ...
-struct TileWalk {
-  const TileGrid& grid;
-  int32_t tiles;
-  int32_t tile;
+constexpr int32_t kNoTile = -1;  // stage_tile: the stage continues the tile before it
+constexpr int32_t kDone = -2;    // stage_tile: no tiles are left; the stage holds no data
 
-  __device__ explicit TileWalk(const TileGrid& g) : grid(g), tiles(tile_count(g)), tile(blockIdx.x) {}
-  __device__ bool valid() const { return tile < tiles; }
-  __device__ void advance() { tile += gridDim.x; }
-  __device__ Tile get() const { return tile_at(grid, tile); }
-};
+// ---- tile scheduler: the producer thread picks each tile; the consumers learn it from its first stage ----
+// NOTES: in order (p.in_order): a static round robin lets CTAs drift apart over the waves, so the tiles
+// that share a weight tile or a row block (neighbours in tile_at's raster) run apart in time and
+// re-read their operands from DRAM; claims from a ticket keep neighbours together. Which CTA computes
+// a tile does not change its bits: each tile is still computed whole, over its K in order. When each
+// order wins: choose_tile_order.
+__device__ __forceinline__ int32_t claim_ticket(const Params& p) { return atomicAdd(&p.tickets[0], 1); }
+
+// The last CTA to finish claiming zeroes the counters for the next launch on the stream.
+__device__ __forceinline__ void finish_claims(const Params& p) {
+  __threadfence();  // this CTA's last claim is ordered before its count
+  if (atomicAdd(&p.tickets[1], 1) == int32_t(gridDim.x) - 1) {
+    atomicExch(&p.tickets[0], 0);
+    atomicExch(&p.tickets[1], 0);
+  }
+}
 
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
 
@@ -150,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
       sm90::mbarrier_init(&smem.empty[s], 2);
+      smem.stage_tile[s] = kNoTile;
     }
     sm90::fence_barrier_init();
   }
@@ -162,14 +175,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::prefetch_tma_descriptor(&tma_a);
     sm90::prefetch_tma_descriptor(&tma_b0);
     if constexpr (C::kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
+    const int32_t tiles = tile_count(p.grid);
     int stage = 0;
     uint32_t phase = 0;
-    for (TileWalk sched(p.grid); sched.valid(); sched.advance()) {
-      if (sched.tile == p.stall_task) return;
-      const Tile t = sched.get();
+    // In order, the next tile's claim is in flight while this tile loads.
+    int32_t ticket = p.in_order ? claim_ticket(p) : int32_t(blockIdx.x);
+    for (;;) {
+      const int32_t tile = ticket < tiles ? ticket : kDone;
+      if (tile != kDone) ticket = p.in_order ? claim_ticket(p) : ticket + int32_t(gridDim.x);
+      if (tile == p.stall_task) {  // test hook: this CTA never fills the stage its consumers wait on
+        if (p.in_order) finish_claims(p);
+        return;
+      }
+      // The consumers learn each tile from its first stage (written before the arrive, whose release
+      // orders it before their acquiring wait); the end, and a tile without K blocks (an expert
+      // without rows in weight-grad mode), take a stage with no data.
+      if (tile == kDone || tile_at(p.grid, tile).k_blocks == 0) {
+        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+        smem.stage_tile[stage] = tile;
+        sm90::mbarrier_arrive(&smem.full[stage]);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+        if (tile == kDone) break;
+        continue;
+      }
+      const Tile t = tile_at(p.grid, tile);
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         const int32_t k = t.k0 + kb * kBlockK;
-        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, sched.tile);
+        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+        smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
         sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
         __nv_bfloat16* a = smem.a[stage];
         __nv_bfloat16* b = smem.b[stage][0];
@@ -192,6 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
+    if (p.in_order) finish_claims(p);
     return;
   }
 
@@ -203,17 +237,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0;
   float acc0[kBlockN / 2];
   float acc1[C::kSwiGLU ? kBlockN / 2 : 1];
-  for (TileWalk sched(p.grid); sched.valid(); sched.advance()) {
-    const Tile t = sched.get();
-    if (t.k_blocks == 0) {  // an expert without rows: its weight gradient is exactly zero
+  for (;;) {
+    // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
+    // consumers were waiting to learn their next tile).
+    sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
+    const int32_t tile = smem.stage_tile[stage];
+    if (tile == kDone) break;
+    const Tile t = tile_at(p.grid, tile);
+    // NOTES: zeroed for every tile, not only for an expert without rows (whose weight gradient must be
+    // exactly zero): the wgmma operands are read-write ("+f"), so without this the compiler keeps the
+    // previous tile's accumulators alive across the loop, and ptxas serialises every wgmma of this
+    // kernel (each HGMMA waits for the one before; tools/sass-check): the dynamic scheduler's 7-13%
+    // loss in bench/results/2026-11-29-h200-6e0170f-dynamic-tiles.txt.
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) acc0[i] = 0.0f;
+    for (int i = 0; i < kBlockN / 2; ++i) acc0[i] = 0.0f;
+    if constexpr (C::kSwiGLU) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
+    }
+    if (t.k_blocks == 0) {
+      // The stage held no data; it is released once every thread of the warpgroup has read its tile.
+      sm90::named_barrier_sync(1 + c, 128);
+      if (thread == 0) sm90::mbarrier_arrive(&smem.empty[stage]);
+      if (++stage == kStages) stage = 0, phase ^= 1;
     }
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
     int prev_stage = -1;
     for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-      sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, sched.tile);
+      if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
@@ -306,18 +358,27 @@ void check(bool ok, const char* what) {
   if (!ok) throw Error("", std::string("internal: expert GEMM sizes not supported: ") + what);
 }
 
-// The raster group: choose_group_rows, or LYNX_GEMM_GROUP_ROWS=N from the environment (for sweeps).
-int32_t group_rows(const ExpertGemmArgs& args) {
-  static const int32_t forced = [] {
+// The tile order: choose_tile_order, or from the environment for sweeps: LYNX_GEMM_ORDER=static|in-order
+// (the raster of that branch of the rule), LYNX_GEMM_GROUP_ROWS=N.
+TileOrder tile_order(int64_t routed_rows, int64_t experts) {
+  static const int forced_order = [] {
+    const char* v = std::getenv("LYNX_GEMM_ORDER");
+    return !v ? -1 : std::string(v) == "in-order" ? 1 : std::string(v) == "static" ? 0 : -1;
+  }();
+  static const int32_t forced_rows = [] {
     const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");
     return v ? std::atoi(v) : 0;
   }();
-  if (forced > 0) return forced < 64 ? forced : 64;  // keeps group_rows · tiles_n far from overflow
-  return choose_group_rows(args.routed_rows, args.experts);
+  TileOrder o = forced_order == 1   ? in_order_tiles()
+                : forced_order == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
+                                    : choose_tile_order(routed_rows, experts);
+  if (forced_rows > 0) o.group_rows = forced_rows < 64 ? forced_rows : 64;  // keeps group_rows · tiles_n far from overflow
+  return o;
 }
 
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
+  check(args.tickets != nullptr, "tile tickets");
   check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, K % 64, N % 64");
   Params p{};
@@ -329,10 +390,14 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.k_blocks = static_cast<int32_t>(args.k / kBlockK);
   p.grid.capacity = static_cast<int32_t>(args.capacity);
   p.grid.weight_grad = false;
-  p.grid.group_rows = group_rows(args);
+  const TileOrder order = tile_order(args.routed_rows, args.experts);
+  p.grid.group_rows = order.group_rows;
+  p.grid.expert_groups = order.expert_groups;
+  p.in_order = order.in_order;
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;
   p.status = args.status;
+  p.tickets = args.tickets;
   p.stall_task = args.stall_task;
   return p;
 }
@@ -376,6 +441,7 @@ void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream) {
 void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRowsMnB>(args, stream); }
 
 void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
+  check(args.tickets != nullptr, "tile tickets");
   check(args.capacity % kBlockM == 0 && args.m % 64 == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, M % 64, N % 64");
   // Rows [0, split) of each expert's output go to out, the rest to out2 (as many rows again).
@@ -399,6 +465,8 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.n = static_cast<int32_t>(args.n);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
   p.status = args.status;
+  p.in_order = tile_order(args.routed_rows, args.experts).in_order;
+  p.tickets = args.tickets;
   p.stall_task = -1;
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }

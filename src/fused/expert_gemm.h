@@ -26,9 +26,11 @@ struct ExpertGemmArgs {
   bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
   bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
   DeviceStatus* status = nullptr;         // where a stalled wait is reported
+  int32_t* tickets = nullptr;             // [2] device, zero between launches: the dynamic tile scheduler's
+                                          // counters (launches sharing them must be stream-ordered)
   int sm_count = 0;
   int64_t routed_rows = 0;                // rows the routing sends to these experts on average (T·k): picks
-                                          // the raster group (choose_group_rows)
+                                          // the tile order (choose_tile_order)
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
 };
 
@@ -58,7 +60,9 @@ struct WeightGradArgs {
   bf16_t* out = nullptr;
   bf16_t* out2 = nullptr;
   DeviceStatus* status = nullptr;
+  int32_t* tickets = nullptr;  // as ExpertGemmArgs::tickets
   int sm_count = 0;
+  int64_t routed_rows = 0;     // as ExpertGemmArgs::routed_rows
 };
 
 void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream);

@@ -11,6 +11,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.experts = w.shape.local_experts();
   a.expert_offset = w.schedule.expert_offset;
   a.status = w.stall_report_device;
+  a.tickets = w.gemm_tickets;
   a.sm_count = w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
   return a;

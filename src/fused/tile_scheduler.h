@@ -21,7 +21,8 @@ struct TileGrid {
   int32_t k_blocks;   // row modes: K / kBlockK (the weight gradient's K comes from the schedule)
   int32_t capacity;   // schedule rows the buffers hold
   bool weight_grad;   // per-expert weight gradients (K = an expert's rows) instead of row blocks
-  int32_t group_rows = 1;  // row modes: row blocks per raster group (choose_group_rows)
+  int32_t group_rows = 1;      // row modes: row blocks per raster group (choose_tile_order)
+  bool expert_groups = false;  // row modes: raster groups end at expert boundaries (choose_tile_order)
 };
 
 // What one tile computes.
@@ -55,10 +56,13 @@ LYNX_HD int32_t tile_count(const TileGrid& g) {
   return ((used <= g.capacity ? used : 0) / kBlockM) * g.tiles_n;
 }
 
-// Tile `tile`. Row modes: grouped raster. Row blocks go in groups of `group_rows`; within a group
-// the column blocks are outermost, so a wave of concurrent CTAs covers a few row blocks × many column
-// blocks and reads each weight tile for the whole group while it is in L2 (with group_rows = 1 the
-// order is m-major). Weight grad: expert-major, m-major within an expert.
+// Tile `tile`. Row modes: grouped raster. Row blocks go in groups of `group_rows`; within a group the
+// column blocks are outermost, so a wave of concurrent CTAs covers a few row blocks × many column
+// blocks and reads each weight tile once for the whole group while it is in L2 (group_rows = 1:
+// m-major). With `expert_groups` no group reaches into the next expert: expert e's tiles are
+// [B_e · tiles_n, B_e+1 · tiles_n) of the launch (B_e = its first row block) and its last group may be
+// smaller; without, groups are all `group_rows` blocks (the launch's last one excepted) and may straddle
+// experts. Weight grad: expert-major, m-major within an expert.
 LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
   Tile t;
   if (g.weight_grad) {
@@ -71,11 +75,18 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
     const bool overflow = g.expert_offset[g.experts] > g.capacity;
     t.k_blocks = overflow ? 0 : (g.expert_offset[t.expert + 1] - t.k0) / kBlockK;
   } else {
-    const int32_t used_blocks = g.expert_offset[g.experts] / kBlockM;
+    int32_t first_block = 0, blocks = g.expert_offset[g.experts] / kBlockM, local = tile;
+    if (g.expert_groups) {
+      // B_e · tiles_n <= tile < B_e+1 · tiles_n  <=>  B_e <= tile / tiles_n < B_e+1
+      const int32_t e = expert_of_row(g.expert_offset, g.experts, tile / g.tiles_n * kBlockM);
+      first_block = g.expert_offset[e] / kBlockM;
+      blocks = g.expert_offset[e + 1] / kBlockM - first_block;
+      local = tile - first_block * g.tiles_n;
+    }
     const int32_t per_group = g.group_rows * g.tiles_n;
-    const int32_t first = tile / per_group * g.group_rows, r = tile % per_group;
-    const int32_t rows = g.group_rows < used_blocks - first ? g.group_rows : used_blocks - first;
-    t.a_row = (first + r % rows) * kBlockM;
+    const int32_t first = local / per_group * g.group_rows, r = local % per_group;
+    const int32_t rows = g.group_rows < blocks - first ? g.group_rows : blocks - first;
+    t.a_row = (first_block + first + r % rows) * kBlockM;
     t.b_row = (r / rows) * g.block_n;
     t.expert = expert_of_row(g.expert_offset, g.experts, t.a_row);
     t.k0 = 0;
@@ -84,15 +95,40 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
   return t;
 }
 
-// NOTES: the raster group of the row modes. A wave of S concurrent tiles covering G row blocks and
-// S / G column blocks reads G A-blocks (128 × K) and S / G weight tiles (256 × K): the traffic is least
-// near G = sqrt(2 S) ≈ 16 on 132 SMs. A group reaching into another expert shares no weights, so G
-// stays within the row blocks an expert receives on average. Powers of two only.
-inline int32_t choose_group_rows(int64_t routed_rows, int64_t experts) {
-  const int64_t blocks_per_expert = experts > 0 ? routed_rows / experts / kBlockM : 0;
+// How the expert GEMM walks its tiles: claimed in order from a device ticket, or a static round robin
+// (CTA b takes tiles b, b + gridDim.x, ...), and the raster (tile_at).
+struct TileOrder {
+  bool in_order;
+  bool expert_groups;
+  int32_t group_rows;
+};
+
+// NOTES: the order is chosen per launch from the rows an expert receives on average. A wave of S
+// concurrent tiles covering G row blocks and S / G column blocks reads G A-blocks (128 × K) and
+// S / G weight tiles (256 × K): the traffic is least near G = sqrt(2 S) ≈ 16 on 132 SMs.
+// - Fewer than two row blocks per expert (deepseek-v3: 128 rows on average, so about half of the
+//   experts get a second, nearly empty block): the weights dominate the traffic and each weight tile
+//   serves one or two row blocks. Groups end at expert boundaries, so an expert's blocks are
+//   neighbours, and tiles are claimed in order, so neighbours run together and the second block reads
+//   the weights from L2. Static round robin with m-major order let CTAs drift apart and read ~26.6 GB
+//   where ~16 GB are needed; in-order claims with expert groups: forward 10.18 → 9.32 ms, backward
+//   19.95 → 18.27 ms (bench/results/2026-11-29-h200-hybrid-order.txt).
+// - More row blocks per expert (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b): the static round robin
+//   with groups of a fixed size that straddle experts, G the power of two ≤ 16 within the row blocks
+//   an expert receives on average. In-order claims were 1-5% slower there, expert-bounded groups up
+//   to 6% slower (same file; bench/results/2026-11-29-h200-*-expert-raster.txt).
+inline int64_t row_blocks_per_expert(int64_t routed_rows, int64_t experts) {
+  return experts > 0 ? routed_rows / experts / kBlockM : 0;
+}
+inline TileOrder in_order_tiles() { return {true, true, 16}; }
+inline TileOrder static_tiles(int64_t blocks_per_expert) {
   int32_t g = 1;
   while (g < 16 && 2 * g <= blocks_per_expert) g *= 2;
-  return g;
+  return {false, false, g};
+}
+inline TileOrder choose_tile_order(int64_t routed_rows, int64_t experts) {
+  const int64_t blocks = row_blocks_per_expert(routed_rows, experts);
+  return blocks < 2 ? in_order_tiles() : static_tiles(blocks);
 }
 
 }  // namespace lynx::fused

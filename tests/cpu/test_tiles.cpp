@@ -31,7 +31,7 @@ TEST(TileSchedule, RowModesCoverTheRowsInUseOnce) {
     const int32_t capacity = used + kBlockM * (rng() % 3);
     const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
     const TileGrid g{offsets.data(), experts, capacity / kBlockM, (n + block_n - 1) / block_n, block_n, 12, capacity,
-                     false, group_rows};
+                     false, group_rows, trial % 3 == 0};
     std::set<std::pair<int32_t, int32_t>> seen;
     for (int32_t tile = 0; tile < tile_count(g); ++tile) {
       const Tile t = tile_at(g, tile);
@@ -47,34 +47,70 @@ TEST(TileSchedule, RowModesCoverTheRowsInUseOnce) {
   }
 }
 
-TEST(TileSchedule, RowModesRasterInGroupsOfRowBlocks) {
-  // 10 row blocks in use, 3 column blocks, groups of 4: blocks 0-3 column by column, then 4-7, then
-  // the last group of 2.
-  const std::vector<int32_t> offsets = {0, 512, 1280};
-  const TileGrid g{offsets.data(), 2, 12, 3, 256, 4, 1536, false, 4};
-  ASSERT_EQ(tile_count(g), 30);
+// Row block, column block of each tile in launch order.
+std::vector<std::pair<int32_t, int32_t>> raster(const TileGrid& g) {
   std::vector<std::pair<int32_t, int32_t>> order;
   for (int32_t tile = 0; tile < tile_count(g); ++tile) {
     const Tile t = tile_at(g, tile);
-    order.push_back({t.a_row / kBlockM, t.b_row / 256});
+    order.push_back({t.a_row / kBlockM, t.b_row / g.block_n});
   }
-  const std::vector<std::pair<int32_t, int32_t>> want = {
-      {0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}, {0, 2}, {1, 2}, {2, 2}, {3, 2},
-      {4, 0}, {5, 0}, {6, 0}, {7, 0}, {4, 1}, {5, 1}, {6, 1}, {7, 1}, {4, 2}, {5, 2}, {6, 2}, {7, 2},
-      {8, 0}, {9, 0}, {8, 1}, {9, 1}, {8, 2}, {9, 2}};
-  EXPECT_EQ(order, want);
-  EXPECT_EQ(tile_at(g, 3).expert, 0);
-  EXPECT_EQ(tile_at(g, 12).expert, 1);  // row block 4 starts the second expert
+  return order;
 }
 
-TEST(TileSchedule, GroupRowsStayWithinAnExpertsAverageRows) {
-  EXPECT_EQ(choose_group_rows(8192 * 8, 128), 4);   // qwen3-30b-a3b: 512 rows per expert
-  EXPECT_EQ(choose_group_rows(8192 * 8, 64), 8);    // olmoe-1b-7b: 1024
-  EXPECT_EQ(choose_group_rows(8192 * 2, 8), 16);    // mixtral-8x7b: 2048
-  EXPECT_EQ(choose_group_rows(4096 * 8, 256), 1);   // deepseek-v3: 128
-  EXPECT_EQ(choose_group_rows(1 << 30, 1), 16);     // capped
-  EXPECT_EQ(choose_group_rows(100, 8), 1);
-  EXPECT_EQ(choose_group_rows(0, 0), 1);
+TEST(TileSchedule, RasterGroupsStraddleExperts) {
+  // Experts of 3 and 5 row blocks, 2 column blocks, groups of 4: {0,1,2,3}, {4,5,6,7}, each column by
+  // column; block 3 is the second expert's.
+  const std::vector<int32_t> offsets = {0, 384, 1024};
+  const TileGrid g{offsets.data(), 2, 8, 2, 128, 4, 1024, false, 4, false};
+  const std::vector<std::pair<int32_t, int32_t>> want = {
+      {0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1},
+      {4, 0}, {5, 0}, {6, 0}, {7, 0}, {4, 1}, {5, 1}, {6, 1}, {7, 1}};
+  EXPECT_EQ(raster(g), want);
+  EXPECT_EQ(tile_at(g, 2).expert, 0);
+  EXPECT_EQ(tile_at(g, 3).expert, 1);
+}
+
+TEST(TileSchedule, RasterGroupsEndAtExpertBoundaries) {
+  // The same experts with expert_groups: {0,1,2}, then {3,4,5,6}, {7}.
+  const std::vector<int32_t> offsets = {0, 384, 1024};
+  const TileGrid g{offsets.data(), 2, 8, 2, 128, 4, 1024, false, 4, true};
+  const std::vector<std::pair<int32_t, int32_t>> want = {
+      {0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1},
+      {3, 0}, {4, 0}, {5, 0}, {6, 0}, {3, 1}, {4, 1}, {5, 1}, {6, 1},
+      {7, 0}, {7, 1}};
+  EXPECT_EQ(raster(g), want);
+  EXPECT_EQ(tile_at(g, 5).expert, 0);
+  EXPECT_EQ(tile_at(g, 6).expert, 1);
+}
+
+TEST(TileSchedule, ExpertGroupsSkipEmptyExperts) {
+  // Expert 1 is empty; expert 2 has blocks 2-4, groups of 2: {0,1}, {2,3}, {4}.
+  const std::vector<int32_t> offsets = {0, 256, 256, 640};
+  const TileGrid g{offsets.data(), 3, 5, 1, 256, 4, 640, false, 2, true};
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}};
+  EXPECT_EQ(raster(g), want);
+  EXPECT_EQ(tile_at(g, 2).expert, 2);
+}
+
+TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
+  // deepseek-v3: 128 rows per expert on average: in order, groups end at experts.
+  const TileOrder deepseek = choose_tile_order(4096 * 8, 256);
+  EXPECT_TRUE(deepseek.in_order);
+  EXPECT_TRUE(deepseek.expert_groups);
+  EXPECT_EQ(deepseek.group_rows, 16);
+  // qwen3-30b-a3b (512 rows per expert), olmoe-1b-7b (1024), mixtral-8x7b (2048): static round robin,
+  // groups of the power of two within an expert's average blocks, at most 16, straddling experts.
+  for (const auto& [rows, experts, g] : std::vector<std::tuple<int64_t, int64_t, int32_t>>{
+           {8192 * 8, 128, 4}, {8192 * 8, 64, 8}, {8192 * 2, 8, 16}, {int64_t(1) << 30, 1, 16}, {256, 1, 2}, {768, 1, 4}}) {
+    const TileOrder o = choose_tile_order(rows, experts);
+    EXPECT_FALSE(o.in_order) << rows << " rows, " << experts << " experts";
+    EXPECT_FALSE(o.expert_groups);
+    EXPECT_EQ(o.group_rows, g) << rows << " rows, " << experts << " experts";
+  }
+  EXPECT_TRUE(choose_tile_order(255, 1).in_order);  // under two blocks
+  EXPECT_TRUE(choose_tile_order(100, 8).in_order);
+  EXPECT_TRUE(choose_tile_order(0, 0).in_order);
+  EXPECT_EQ(static_tiles(1).group_rows, 1);
 }
 
 TEST(TileSchedule, RowModesStartNothingWhenTheScheduleOverflowed) {

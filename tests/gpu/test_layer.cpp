@@ -322,9 +322,15 @@ TEST_P(Layer, EveryRowToOneExpert) {
   check_against_reference(c, fresh_seed(), config());
 }
 
-// About 17 row blocks per expert: the GEMM rasters in groups of 16 row blocks (choose_group_rows), and
-// groups reach across expert boundaries.
+// About 17 row blocks per expert: the GEMM's static order rasters in groups of 16 row blocks
+// (choose_tile_order), and groups reach across expert boundaries.
 TEST_P(Layer, RasterGroupsSpanExperts) { check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), config()); }
+
+// About 130 rows per expert, as deepseek-v3: tiles claimed in order, groups ending at each expert, and
+// many experts with a second, nearly empty row block.
+TEST_P(Layer, InOrderTilesWithTwoBlocksPerExpert) {
+  check_against_reference({520, 128, 192, 16, 4, 0}, fresh_seed(), config());
+}
 
 TEST_P(Layer, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, fresh_seed(), config()); }
 
