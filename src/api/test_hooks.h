@@ -1,12 +1,31 @@
 // Hooks for tests only: not part of the public API.
 #pragma once
 
+#include <utility>
+
 #include "api/workspace_impl.h"
+#include "common/cuda_check.h"
 
 namespace lynx::test_hooks {
 
 // Makes the fused forward's gate/up kernel never load tile `task` (-1 turns the hook off), so that its
 // bounded waits must time out and report instead of hanging.
 inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_task = task; }
+
+// Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
+// padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading
+// the zeros fresh device memory often holds. Synchronous.
+inline void poison_row_buffers(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  const int64_t cap = w.problem.capacity, H = w.shape.hidden, I = w.shape.intermediate;
+  const std::pair<void*, int64_t> buffers[] = {
+      {w.un.xg, cap * H}, {w.un.g, cap * I},      {w.un.u, cap * I},      {w.un.h, cap * I},
+      {w.un.rows_a, cap * H}, {w.un.rows_b, cap * H}, {w.un.da, cap * I}, {w.un.dg, cap * I},
+      {w.un.du, cap * I},     {w.fb.dgu, cap * 2 * I}};
+  for (const auto& [ptr, count] : buffers) {
+    if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(count) * sizeof(uint16_t)));
+  }
+  LYNX_CUDA(cudaDeviceSynchronize());
+}
 
 }  // namespace lynx::test_hooks

@@ -22,6 +22,8 @@ struct ExpertGemmArgs {
   int64_t experts = 0;
   int64_t n = 0;                          // multiple of 64
   const int32_t* expert_offset = nullptr; // [experts + 1] device; [experts] = rows used (padded total)
+  const int32_t* expert_rows = nullptr;   // [experts] device: rows before padding (null: every tile is computed
+                                          // whole; else a tile whose rows 64-127 are padding stores zeros there)
   bf16_t* out = nullptr;                  // [capacity, n]
   bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
   bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null

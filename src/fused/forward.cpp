@@ -10,6 +10,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.capacity = w.problem.capacity;
   a.experts = w.shape.local_experts();
   a.expert_offset = w.schedule.expert_offset;
+  a.expert_rows = w.schedule.expert_rows;
   a.status = w.stall_report_device;
   a.tickets = w.gemm_tickets;
   a.sm_count = w.sm_count;

@@ -23,6 +23,8 @@ struct TileGrid {
   bool weight_grad;   // per-expert weight gradients (K = an expert's rows) instead of row blocks
   int32_t group_rows = 1;      // row modes: row blocks per raster group (choose_tile_order)
   bool expert_groups = false;  // row modes: raster groups end at expert boundaries (choose_tile_order)
+  const int32_t* expert_rows = nullptr;  // row modes: [experts] rows before padding (device memory); null:
+                                         // every tile counts as full
 };
 
 // What one tile computes.
@@ -32,6 +34,7 @@ struct Tile {
   int32_t k0;        // first K coordinate
   int32_t k_blocks;  // 0: an expert without rows (its weight-gradient tile is zero)
   int32_t expert;
+  int32_t rows;      // row modes: rows of the tile that are not padding (1 .. kBlockM); weight grad: kBlockM
 };
 
 // The expert whose (padded) block holds `row`: the last e with expert_offset[e] <= row.
@@ -74,6 +77,7 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
     // A schedule over capacity placed no rows: every weight gradient is zero.
     const bool overflow = g.expert_offset[g.experts] > g.capacity;
     t.k_blocks = overflow ? 0 : (g.expert_offset[t.expert + 1] - t.k0) / kBlockK;
+    t.rows = kBlockM;
   } else {
     int32_t first_block = 0, blocks = g.expert_offset[g.experts] / kBlockM, local = tile;
     if (g.expert_groups) {
@@ -89,6 +93,8 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
     t.a_row = (first_block + first + r % rows) * kBlockM;
     t.b_row = (r / rows) * g.block_n;
     t.expert = expert_of_row(g.expert_offset, g.experts, t.a_row);
+    const int32_t left = g.expert_rows ? g.expert_rows[t.expert] - (t.a_row - g.expert_offset[t.expert]) : kBlockM;
+    t.rows = left < kBlockM ? left : kBlockM;
     t.k0 = 0;
     t.k_blocks = g.k_blocks;
   }

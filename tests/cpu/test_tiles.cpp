@@ -92,6 +92,22 @@ TEST(TileSchedule, ExpertGroupsSkipEmptyExperts) {
   EXPECT_EQ(tile_at(g, 2).expert, 2);
 }
 
+TEST(TileSchedule, RowModesCountTheRowsThatAreNotPadding) {
+  // Experts of 200, 0, 64 and 129 rows, padded to 256, 0, 128 and 256: the tiles hold 128 and 72, 64,
+  // then 128 and 1 rows; without expert_rows every tile counts as full. Both rasters agree.
+  const std::vector<int32_t> offsets = {0, 256, 256, 384, 640}, rows = {200, 0, 64, 129};
+  for (const bool expert_groups : {false, true}) {
+    TileGrid g{offsets.data(), 4, 5, 1, 256, 4, 640, false, 1, expert_groups};
+    std::vector<int32_t> got;
+    for (int32_t tile = 0; tile < tile_count(g); ++tile) got.push_back(tile_at(g, tile).rows);
+    EXPECT_EQ(got, std::vector<int32_t>(5, kBlockM));
+    g.expert_rows = rows.data();
+    got.clear();
+    for (int32_t tile = 0; tile < tile_count(g); ++tile) got.push_back(tile_at(g, tile).rows);
+    EXPECT_EQ(got, (std::vector<int32_t>{128, 72, 64, 128, 1}));
+  }
+}
+
 TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   // deepseek-v3: 128 rows per expert on average: in order, groups end at experts.
   const TileOrder deepseek = choose_tile_order(4096 * 8, 256);

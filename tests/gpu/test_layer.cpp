@@ -278,6 +278,7 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   std::mt19937_64 rng(seed ^ 0x5eed);
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Workspace ws(L.shape, config);
+  test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
   expect_matches_reference(o, L, dy);
   // Experts that received no row: weight gradients exactly zero (they were poisoned before the call).
