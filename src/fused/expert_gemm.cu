@@ -242,6 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
     const int32_t tile = smem.stage_tile[stage];
+    // Every thread has read the tile before the stage can be released (only thread 0 arrives on
+    // `empty`, and the producer then rewrites stage_tile); compute-sanitizer racecheck flags it without.
+    sm90::named_barrier_sync(1 + c, 128);
     if (tile == kDone) break;
     const Tile t = tile_at(p.grid, tile);
     // NOTES: zeroed for every tile, not only for an expert without rows (whose weight gradient must be
@@ -255,9 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
     }
-    if (t.k_blocks == 0) {
-      // The stage held no data; it is released once every thread of the warpgroup has read its tile.
-      sm90::named_barrier_sync(1 + c, 128);
+    if (t.k_blocks == 0) {  // the stage held no data
       if (thread == 0) sm90::mbarrier_arrive(&smem.empty[stage]);
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
@@ -267,8 +268,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // half of the experts end with such a block.
     const bool idle = c == 1 && t.rows <= 64;
     if (idle && t.k_blocks > 0) {
-      // Every thread has read the tile from the first stage before it is released.
-      sm90::named_barrier_sync(1 + c, 128);
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
         if (thread == 0) sm90::mbarrier_arrive(&smem.empty[stage]);
