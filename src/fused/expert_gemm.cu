@@ -266,13 +266,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     // warpgroup 1 computes nothing and only passes the stages on (its accumulators stay zero, so it
     // stores the zeros that padding rows must hold). At deepseek-v3 (128 ± 11 rows per expert) about
     // half of the experts end with such a block.
+    // Only thread 0 waits for the stages: a thread that released nothing could otherwise fall a whole
+    // phase behind (its parity wait would then pass a phase late), and the barrier keeps the others
+    // from reaching the next tile's wait before its stages are in.
     const bool idle = c == 1 && t.rows <= 64;
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-        if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
-        if (thread == 0) sm90::mbarrier_arrive(&smem.empty[stage]);
+        if (thread == 0) {
+          if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
+          sm90::mbarrier_arrive(&smem.empty[stage]);
+        }
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
+      sm90::named_barrier_sync(1 + c, 128);
     }
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
