@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
     const int32_t tile = smem.stage_tile[stage];
-    // Every thread has read the tile before the stage can be released (only thread 0 arrives on
-    // `empty`, and the producer then rewrites stage_tile); compute-sanitizer racecheck flags it without.
+    // Every thread has read the tile before the stage can be released: only thread 0 arrives on
+    // `empty` (the producer then rewrites stage_tile), and an arrive releases its own thread's accesses.
     sm90::named_barrier_sync(1 + c, 128);
     if (tile == kDone) break;
     const Tile t = tile_at(p.grid, tile);
