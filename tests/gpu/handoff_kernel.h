@@ -1,0 +1,20 @@
+// A stand-alone copy of the expert GEMM's tile hand-off (producer thread -> consumer warpgroups through
+// a shared-memory word per pipeline stage), small enough to run under compute-sanitizer racecheck
+// and learn whether the tool flags the pattern itself (docs/testing.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lynx::test {
+
+enum class HandOffRelease {
+  kBarrierThenThreadZero,  // as the GEMM: the warpgroup syncs, thread 0 arrives on `empty` (count 2)
+  kEveryThread,            // every consumer thread arrives on `empty` (count 256)
+};
+
+// Runs one CTA: the producer hands tiles 0 .. tiles-1 (tile t spans 1 + t % 3 stages), then an end
+// marker (-2). Returns, per consumer thread (256), the tile ids it read, tiles + 1 values each.
+std::vector<int32_t> run_tile_handoff(int32_t tiles, HandOffRelease release);
+
+}  // namespace lynx::test
