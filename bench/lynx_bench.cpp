@@ -190,6 +190,19 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
   f << "  ]\n}\n";
 }
 
+// The L2 the GEMMs share: its size and any persisting set-aside (a set-aside shrinks what streaming
+// accesses may keep; profiles showed an "L2 Persisting Size" without saying whether it was in use).
+void print_l2() {
+  int device = 0, l2 = 0, max_persisting = 0;
+  size_t persisting = 0;
+  LYNX_CUDA(cudaGetDevice(&device));
+  LYNX_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  LYNX_CUDA(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
+  LYNX_CUDA(cudaDeviceGetLimit(&persisting, cudaLimitPersistingL2CacheSize));
+  std::printf("L2 %.1f MiB; persisting set-aside %.1f MiB (at most %.1f MiB)\n", l2 / 1048576.0,
+              persisting / 1048576.0, max_persisting / 1048576.0);
+}
+
 int run(const Options& o) {
   std::string gpu;
   const std::string why = gpu_problem(gpu);
@@ -200,6 +213,7 @@ int run(const Options& o) {
   const double dense = dense_gemm_tflops(o.dense_n, o.warmup + 2, o.iters);
   std::printf("lynx-bench  %s  commit %s  dense bf16 GEMM %d^3: %.1f TFLOP/s\n", gpu.c_str(), LYNX_GIT_COMMIT,
               o.dense_n, dense);
+  print_l2();
   std::vector<Row> rows;
   std::vector<Memory> memory;
   bool all_ok = true;
