@@ -190,17 +190,22 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
   f << "  ]\n}\n";
 }
 
-// The L2 the GEMMs share: its size and any persisting set-aside (a set-aside shrinks what streaming
-// accesses may keep; profiles showed an "L2 Persisting Size" without saying whether it was in use).
+// The L2 the GEMMs share, and any persisting set-aside (profiles show an "L2 Persisting Size" without
+// saying whether one is set; lynx sets none). Informational: a failed query prints "unknown".
 void print_l2() {
   int device = 0, l2 = 0, max_persisting = 0;
   size_t persisting = 0;
-  LYNX_CUDA(cudaGetDevice(&device));
-  LYNX_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  LYNX_CUDA(cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device));
-  LYNX_CUDA(cudaDeviceGetLimit(&persisting, cudaLimitPersistingL2CacheSize));
-  std::printf("L2 %.1f MiB; persisting set-aside %.1f MiB (at most %.1f MiB)\n", l2 / 1048576.0,
-              persisting / 1048576.0, max_persisting / 1048576.0);
+  const bool ok = cudaGetDevice(&device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&max_persisting, cudaDevAttrMaxPersistingL2CacheSize, device) == cudaSuccess &&
+                  cudaDeviceGetLimit(&persisting, cudaLimitPersistingL2CacheSize) == cudaSuccess;
+  if (!ok) {
+    cudaGetLastError();
+    std::printf("L2: unknown\n");
+    return;
+  }
+  std::printf("L2 %.2f MB; persisting set-aside %.2f MB (at most %.2f MB)\n", l2 / 1e6, persisting / 1e6,
+              max_persisting / 1e6);
 }
 
 int run(const Options& o) {

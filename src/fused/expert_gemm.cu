@@ -382,7 +382,10 @@ void check(bool ok, const char* what) {
 TileOrder tile_order(int64_t routed_rows, int64_t experts) {
   static const int forced_order = [] {
     const char* v = std::getenv("LYNX_GEMM_ORDER");
-    return !v ? -1 : std::string(v) == "in-order" ? 1 : std::string(v) == "static" ? 0 : -1;
+    if (!v) return -1;
+    if (std::string(v) == "in-order") return 1;
+    if (std::string(v) == "static") return 0;
+    throw Error("LYNX_GEMM_ORDER", std::string("must be static or in-order, got '") + v + "'");
   }();
   static const int32_t forced_rows = [] {
     const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");

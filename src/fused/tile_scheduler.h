@@ -121,8 +121,10 @@ struct TileOrder {
 //   19.95 → 18.27 ms (bench/results/2026-11-29-h200-hybrid-order.txt).
 // - More row blocks per expert (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b): the static round robin
 //   with groups of a fixed size that straddle experts, G the power of two ≤ 16 within the row blocks
-//   an expert receives on average. In-order claims were 1-5% slower there, expert-bounded groups up
-//   to 6% slower (same file; bench/results/2026-11-29-h200-*-expert-raster.txt).
+//   an expert receives on average. In-order claims were mixed there (same file): up to 5% slower at
+//   qwen3 backward, about equal in forward, faster in some single runs (mixtral forward, olmoe
+//   backward) but not in the 3-round A/B; expert-bounded groups in static order were up to 6% slower
+//   (bench/results/2026-11-29-h200-*-expert-raster.txt). Main's order stays until a rule measures better.
 inline int64_t row_blocks_per_expert(int64_t routed_rows, int64_t experts) {
   return experts > 0 ? routed_rows / experts / kBlockM : 0;
 }

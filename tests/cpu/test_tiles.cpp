@@ -84,27 +84,32 @@ TEST(TileSchedule, RasterGroupsEndAtExpertBoundaries) {
 }
 
 TEST(TileSchedule, ExpertGroupsSkipEmptyExperts) {
-  // Expert 1 is empty; expert 2 has blocks 2-4, groups of 2: {0,1}, {2,3}, {4}.
+  // Expert 0 has blocks 0-1, expert 1 none, expert 2 blocks 2-4; 2 column blocks, groups of 2:
+  // {0,1}, then {2,3} and {4} of expert 2, each column by column.
   const std::vector<int32_t> offsets = {0, 256, 256, 640};
-  const TileGrid g{offsets.data(), 3, 5, 1, 256, 4, 640, false, 2, true};
-  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}};
+  const TileGrid g{offsets.data(), 3, 5, 2, 256, 4, 640, false, 2, true};
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0},
+                                                         {3, 0}, {2, 1}, {3, 1}, {4, 0}, {4, 1}};
   EXPECT_EQ(raster(g), want);
-  EXPECT_EQ(tile_at(g, 2).expert, 2);
+  EXPECT_EQ(tile_at(g, 3).expert, 0);
+  EXPECT_EQ(tile_at(g, 4).expert, 2);
 }
 
 TEST(TileSchedule, RowModesCountTheRowsThatAreNotPadding) {
-  // Experts of 200, 0, 64 and 129 rows, padded to 256, 0, 128 and 256: the tiles hold 128 and 72, 64,
-  // then 128 and 1 rows; without expert_rows every tile counts as full. Both rasters agree.
+  // Experts of 200, 0, 64 and 129 rows, padded to 256, 0, 128 and 256: row blocks 0-4 hold 128, 72,
+  // 64, 128 and 1 rows. Every tile of a block says so, in both rasters (2 column blocks, groups of 2,
+  // so the two orders differ); without expert_rows every tile counts as full.
   const std::vector<int32_t> offsets = {0, 256, 256, 384, 640}, rows = {200, 0, 64, 129};
+  const std::vector<int32_t> block_rows = {128, 72, 64, 128, 1};
   for (const bool expert_groups : {false, true}) {
-    TileGrid g{offsets.data(), 4, 5, 1, 256, 4, 640, false, 1, expert_groups};
-    std::vector<int32_t> got;
-    for (int32_t tile = 0; tile < tile_count(g); ++tile) got.push_back(tile_at(g, tile).rows);
-    EXPECT_EQ(got, std::vector<int32_t>(5, kBlockM));
+    TileGrid g{offsets.data(), 4, 5, 2, 256, 4, 640, false, 2, expert_groups};
+    ASSERT_EQ(tile_count(g), 10);
+    for (int32_t tile = 0; tile < tile_count(g); ++tile) EXPECT_EQ(tile_at(g, tile).rows, kBlockM);
     g.expert_rows = rows.data();
-    got.clear();
-    for (int32_t tile = 0; tile < tile_count(g); ++tile) got.push_back(tile_at(g, tile).rows);
-    EXPECT_EQ(got, (std::vector<int32_t>{128, 72, 64, 128, 1}));
+    for (int32_t tile = 0; tile < tile_count(g); ++tile) {
+      const Tile t = tile_at(g, tile);
+      EXPECT_EQ(t.rows, block_rows[t.a_row / kBlockM]) << "tile " << tile << (expert_groups ? ", expert groups" : "");
+    }
   }
 }
 

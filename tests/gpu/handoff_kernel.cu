@@ -45,25 +45,29 @@ __global__ void __launch_bounds__(384, 1) tile_handoff_kernel(int32_t tiles, int
       if (id == kDone) return;
     }
   }
-  // ---- consumers: warpgroup c reads each tile id from its first stage ----
+  // ---- consumers: warpgroup c reads each tile id from its first stage, as the GEMM's consumers ----
   const int c = threadIdx.x / 128 - 1, thread = threadIdx.x % 128;
   int32_t* mine = seen + int64_t(threadIdx.x - 128) * (tiles + 1);
+  auto release = [&](int s) {
+    if (kEveryThread || thread == 0) sm90::mbarrier_arrive(&empty[s]);
+  };
   for (int32_t n = 0;; ++n) {
     sm90::mbarrier_wait(&full[stage], phase, nullptr, sm90::Wait::kFullStage, kNoTile);
     const int32_t id = stage_tile[stage];
     mine[n] = id;
+    if constexpr (!kEveryThread) sm90::named_barrier_sync(1 + c, 128);
     if (id == kDone) return;
+    // A stage is released one stage late, as the GEMM releases it after the next wgmma group.
+    int prev = -1;
     for (int32_t kb = 0; kb < tile_stages(id); ++kb) {
       if (kb > 0) sm90::mbarrier_wait(&full[stage], phase, nullptr, sm90::Wait::kFullStage, id);
-      if constexpr (kEveryThread) {
-        sm90::mbarrier_arrive(&empty[stage]);
-      } else {
-        // Stands for the GEMM's wgmma, which no warp of the warpgroup passes alone.
-        sm90::named_barrier_sync(1 + c, 128);
-        if (thread == 0) sm90::mbarrier_arrive(&empty[stage]);
-      }
+      // Stands for the wgmma, which no warp of the warpgroup passes alone.
+      if constexpr (!kEveryThread) sm90::named_barrier_sync(1 + c, 128);
+      if (prev >= 0) release(prev);
+      prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
+    release(prev);
   }
 }
 

@@ -1,6 +1,8 @@
-// A stand-alone copy of the expert GEMM's tile hand-off (producer thread -> consumer warpgroups through
-// a shared-memory word per pipeline stage), small enough to run under compute-sanitizer racecheck
-// and learn whether the tool flags the pattern itself (docs/testing.md).
+// A reduced model of the expert GEMM's tile hand-off (producer thread -> consumer warpgroups through a
+// shared-memory word per pipeline stage): the same waits, reads and releases (a stage released one
+// stage late), without operand loads, so every stage completes by the producer's plain arrive, as the
+// GEMM's no-data stages do. Small enough to run under compute-sanitizer racecheck and learn whether the
+// tool flags the pattern itself (docs/testing.md); it does not model the TMA-completed stages.
 #pragma once
 
 #include <cstdint>
