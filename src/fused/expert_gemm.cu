@@ -63,7 +63,7 @@ struct SharedStorage {
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 c[2][kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 128] bf16 piece as two [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
-  uint64_t empty[C::kStages];  // consumers -> producer: both consumer warpgroups are done with the stage
+  uint64_t empty[C::kStages];  // consumers -> producer: every consumer thread is done with the stage
   int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the end
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
-      sm90::mbarrier_init(&smem.empty[s], 2);
+      sm90::mbarrier_init(&smem.empty[s], 2 * 128);
       smem.stage_tile[s] = kNoTile;
     }
     sm90::fence_barrier_init();
@@ -241,10 +241,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
+    // NOTES: every consumer thread arrives on `empty`, so each release covers that thread's own read of
+    // stage_tile (an arrive releases only its own thread's accesses).
     const int32_t tile = smem.stage_tile[stage];
-    // Every thread has read the tile before the stage can be released: only thread 0 arrives on
-    // `empty` (the producer then rewrites stage_tile), and an arrive releases its own thread's accesses.
-    sm90::named_barrier_sync(1 + c, 128);
     if (tile == kDone) break;
     const Tile t = tile_at(p.grid, tile);
     // NOTES: zeroed for every tile, not only for an expert without rows (whose weight gradient must be
@@ -259,26 +258,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
     }
     if (t.k_blocks == 0) {  // the stage held no data
-      if (thread == 0) sm90::mbarrier_arrive(&smem.empty[stage]);
+      sm90::mbarrier_arrive(&smem.empty[stage]);
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     // NOTES: the last row block of an expert holds 1-128 rows; when its rows 64-127 are all padding,
     // warpgroup 1 computes nothing and only passes the stages on (its accumulators stay zero, so it
     // stores the zeros that padding rows must hold). At deepseek-v3 (128 ± 11 rows per expert) about
     // half of the experts end with such a block.
-    // Only thread 0 waits for the stages: a thread that released nothing could otherwise fall a whole
-    // phase behind (its parity wait would then pass a phase late), and the barrier keeps the others
-    // from reaching the next tile's wait before its stages are in.
+    // Every thread waits for each stage before it releases it, so none can fall a phase behind.
     const bool idle = c == 1 && t.rows <= 64;
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-        if (thread == 0) {
-          if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
-          sm90::mbarrier_arrive(&smem.empty[stage]);
-        }
+        if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
+        sm90::mbarrier_arrive(&smem.empty[stage]);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
-      sm90::named_barrier_sync(1 + c, 128);
     }
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
@@ -306,12 +300,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();
-      if (prev_stage >= 0 && thread == 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+      if (prev_stage >= 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
       prev_stage = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     sm90::wgmma_wait<0>();
-    if (prev_stage >= 0 && thread == 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+    if (prev_stage >= 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
 
     // Epilogue: [64, 128] pieces through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;
