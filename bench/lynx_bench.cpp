@@ -32,6 +32,7 @@ struct Options {
   int64_t shared_intermediate = 0;
   int warmup = 3, iters = 20, check_tokens = 8, dense_n = 8192;
   bool baseline = true;  // time the unfused path too
+  bool keep_context = true;  // config.save_forward_context of both workspaces
   std::string json;
   std::string command;
 };
@@ -39,10 +40,12 @@ struct Options {
 const char* kUsage =
     "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
-    "                  [--baseline unfused|none] [--json FILE]\n"
+    "                  [--baseline unfused|none] [--context keep|drop] [--json FILE]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
-    "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n";
+    "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n"
+    "  --context  keep (default): forward saves what backward needs; drop: it does not (forward pass only;\n"
+    "             the check recomputes the context before its backward)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);
@@ -100,11 +103,17 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--baseline") {
       if (v != "unfused" && v != "none") usage_error("--baseline takes unfused or none, got '" + v + "'");
       o.baseline = v == "unfused";
+    } else if (flag == "--context") {
+      if (v != "keep" && v != "drop") usage_error("--context takes keep or drop, got '" + v + "'");
+      o.keep_context = v == "keep";
     } else if (flag == "--json") {
       o.json = v;
     } else {
       usage_error("unknown option '" + flag + "'");
     }
+  }
+  if (!o.keep_context && (o.passes.size() != 1 || o.passes[0] != "forward")) {
+    usage_error("--context drop times the forward pass only: add --pass forward");
   }
   return o;
 }
@@ -233,6 +242,7 @@ int run(const Options& o) {
       Config fused_config, unfused_config;
       fused_config.backend = Backend::kFused;
       unfused_config.backend = Backend::kUnfused;
+      fused_config.save_forward_context = unfused_config.save_forward_context = o.keep_context;
       Workspace fused(p.shape(), fused_config), unfused(p.shape(), unfused_config);
       const LayerInputs in = p.inputs();
       const Gradients grads = p.gradients();
@@ -245,6 +255,7 @@ int run(const Options& o) {
         std::vector<uint16_t> y_unfused;
         for (Workspace* ws : {&unfused, &fused}) {
           forward(*ws, in, p.y(), nullptr);
+          if (!o.keep_context) recompute_forward_context(*ws, in, nullptr);
           backward(*ws, in, p.dy(), grads, nullptr);
           ws->check(nullptr);
           const CheckResult c = check_rows(p, o.check_tokens, true);

@@ -20,8 +20,9 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
 
 namespace {
 
-// Dispatch and the gate/up GEMM with SwiGLU: everything backward needs (g, u saved), plus h.
-void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+// Dispatch and the gate/up GEMM with SwiGLU: h, and with `keep_gate_up` everything backward needs
+// (g and u saved).
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   w.context_valid = false;
   enqueue_dispatch(w, in, s);
   ExpertGemmArgs a = expert_gemm_args(w);
@@ -31,8 +32,10 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
   a.b1 = data_of<const bf16_t>(in.weights.w_up);
   a.n = w.shape.intermediate;
   a.out = w.un.h;
-  a.out_gate = w.un.g;
-  a.out_up = w.un.u;
+  // NOTES: without a saved context the gate and up products are not stored: a third of the gate/up
+  // kernel's output bytes each (forward for inference, or training that recomputes before backward).
+  a.out_gate = keep_gate_up ? w.un.g : nullptr;
+  a.out_up = keep_gate_up ? w.un.u : nullptr;
   a.stall_task = w.test_stall_task;
   expert_gemm_swiglu(a, s);
   w.context = ContextKey::of(in);
@@ -41,12 +44,12 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
 }  // namespace
 
 void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
-  forward_context(w, in, s);
+  forward_context(w, in, s, true);
   w.context_valid = true;
 }
 
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
-  forward_context(w, in, s);
+  forward_context(w, in, s, w.config.save_forward_context);
   ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.h;
   a.k = w.shape.intermediate;
