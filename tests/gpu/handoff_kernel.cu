@@ -14,16 +14,14 @@ constexpr int32_t kNoTile = -1;
 
 __device__ int32_t tile_stages(int32_t id) { return id == kDone ? 1 : 1 + id % 3; }
 
-template <HandOffRelease kRelease>
 __global__ void __launch_bounds__(384, 1) tile_handoff_kernel(int32_t tiles, int32_t* seen) {
   namespace sm90 = fused::sm90;
-  constexpr bool kEveryThread = kRelease == HandOffRelease::kEveryThread;
   __shared__ uint64_t full[kStages], empty[kStages];
   __shared__ int32_t stage_tile[kStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&full[s], 1);
-      sm90::mbarrier_init(&empty[s], kEveryThread ? 256 : 2);
+      sm90::mbarrier_init(&empty[s], 256);
       stage_tile[s] = kNoTile;
     }
     sm90::fence_barrier_init();
@@ -45,42 +43,31 @@ __global__ void __launch_bounds__(384, 1) tile_handoff_kernel(int32_t tiles, int
       if (id == kDone) return;
     }
   }
-  // ---- consumers: warpgroup c reads each tile id from its first stage, as the GEMM's consumers ----
-  const int c = threadIdx.x / 128 - 1, thread = threadIdx.x % 128;
+  // ---- consumers: every thread reads each tile id from its first stage, as the GEMM's consumers ----
   int32_t* mine = seen + int64_t(threadIdx.x - 128) * (tiles + 1);
-  auto release = [&](int s) {
-    if (kEveryThread || thread == 0) sm90::mbarrier_arrive(&empty[s]);
-  };
   for (int32_t n = 0;; ++n) {
     sm90::mbarrier_wait(&full[stage], phase, nullptr, sm90::Wait::kFullStage, kNoTile);
     const int32_t id = stage_tile[stage];
     mine[n] = id;
-    if constexpr (!kEveryThread) sm90::named_barrier_sync(1 + c, 128);
     if (id == kDone) return;
     // A stage is released one stage late, as the GEMM releases it after the next wgmma group.
     int prev = -1;
     for (int32_t kb = 0; kb < tile_stages(id); ++kb) {
       if (kb > 0) sm90::mbarrier_wait(&full[stage], phase, nullptr, sm90::Wait::kFullStage, id);
-      // Stands for the wgmma, which no warp of the warpgroup passes alone.
-      if constexpr (!kEveryThread) sm90::named_barrier_sync(1 + c, 128);
-      if (prev >= 0) release(prev);
+      if (prev >= 0) sm90::mbarrier_arrive(&empty[prev]);
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
-    release(prev);
+    sm90::mbarrier_arrive(&empty[prev]);
   }
 }
 
 }  // namespace
 
-std::vector<int32_t> run_tile_handoff(int32_t tiles, HandOffRelease release) {
+std::vector<int32_t> run_tile_handoff(int32_t tiles) {
   DeviceBuffer seen(size_t(256) * (tiles + 1) * sizeof(int32_t));
   seen.fill_bytes(0x7F);
-  if (release == HandOffRelease::kEveryThread) {
-    tile_handoff_kernel<HandOffRelease::kEveryThread><<<1, 384>>>(tiles, seen.as<int32_t>());
-  } else {
-    tile_handoff_kernel<HandOffRelease::kBarrierThenThreadZero><<<1, 384>>>(tiles, seen.as<int32_t>());
-  }
+  tile_handoff_kernel<<<1, 384>>>(tiles, seen.as<int32_t>());
   LYNX_TEST_CUDA(cudaGetLastError());
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
   return to_host<int32_t>(seen, size_t(256) * (tiles + 1));
