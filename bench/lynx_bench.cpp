@@ -144,6 +144,7 @@ struct Row {
   std::string baseline_impl;  // empty: no baseline for this row
   double baseline_ms;
   std::string check;
+  double forward_part_ms, backward_part_ms;  // forward+backward only: each part within the same runs
 };
 
 std::vector<uint16_t> copy_output(const TensorView& v) {
@@ -193,7 +194,11 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
       << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": "
       << (r.baseline_impl.empty() ? "null" : json_string(r.baseline_impl)) << ", \"baseline_ms\": "
       << (r.baseline_impl.empty() ? "null" : std::to_string(r.baseline_ms))
-      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check) << "}"
+      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check);
+    if (r.pass == "forward+backward") {
+      f << ", \"forward_part_ms\": " << r.forward_part_ms << ", \"backward_part_ms\": " << r.backward_part_ms;
+    }
+    f << "}"
       << (i + 1 < rows.size() ? ",\n" : "\n");
   }
   f << "  ]\n}\n";
@@ -282,24 +287,26 @@ int run(const Options& o) {
         memory.push_back({name, fused.device_bytes() / kMiB, fused.context_bytes() / kMiB, unfused.device_bytes() / kMiB});
       }
       const double fwd_flops = forward_flops(p.shape());
-      auto time_pass = [&](Workspace& ws, const std::string& pass) {
-        if (pass == "forward") return median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
+      auto time_pass = [&](Workspace& ws, const std::string& pass) -> SplitMs {
+        if (pass == "forward") {
+          const double t = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
+          return {t, t, 0.0};
+        }
         if (pass == "backward") {
           forward(ws, in, p.y(), nullptr);
-          return median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
+          const double t = median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
+          return {t, 0.0, t};
         }
-        return median_ms([&] {
-          forward(ws, in, p.y(), nullptr);
-          backward(ws, in, p.dy(), grads, nullptr);
-        }, o.warmup, o.iters, nullptr);
+        return median_split_ms([&] { forward(ws, in, p.y(), nullptr); },
+                               [&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
       };
       for (const std::string& pass : o.passes) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
-        const double base = o.baseline ? time_pass(unfused, pass) : 0.0;
-        const double ms = time_pass(fused, pass);
+        const double base = o.baseline ? time_pass(unfused, pass).total : 0.0;
+        const SplitMs t = time_pass(fused, pass);
         const char* impl = "fused";
-        rows.push_back({name, routing_name(routing), pass, impl, ms, flops / (ms * 1e-3) / 1e12,
-                        o.baseline ? "unfused" : "", base, check_text});
+        rows.push_back({name, routing_name(routing), pass, impl, t.total, flops / (t.total * 1e-3) / 1e12,
+                        o.baseline ? "unfused" : "", base, check_text, t.first, t.second});
       }
     }
   }
@@ -313,6 +320,16 @@ int run(const Options& o) {
     } else {
       std::printf(" %10.3f %7.2fx\n", r.baseline_ms, r.baseline_ms / r.ms);
     }
+  }
+  bool parts_header = false;
+  for (const Row& r : rows) {
+    if (r.pass != "forward+backward") continue;
+    if (!parts_header) {
+      std::printf("\nfused forward+backward in parts (median ms of each part, within the same runs):\n");
+      parts_header = true;
+    }
+    std::printf("  %-15s %-8s forward %8.3f  backward %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.forward_part_ms,
+                r.backward_part_ms);
   }
   std::printf("\ndevice memory (MiB): workspace fused / unfused, and the saved forward context (in the fused workspace)\n");
   for (const Memory& m : memory) {

@@ -30,4 +30,36 @@ double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream) {
   return iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
 }
 
+struct SplitMs {
+  double total, first, second;  // medians of each, over the same iterations
+};
+
+// Times `first(); second();` as one run and each part by its own events in the same iterations: the
+// parts of a sequence, which may differ from each part timed alone (caches, clocks).
+template <class F, class G>
+SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream_t stream) {
+  for (int i = 0; i < warmup; ++i) first(), second();
+  cudaEvent_t ev[3];
+  for (cudaEvent_t& e : ev) LYNX_CUDA(cudaEventCreate(&e));
+  std::vector<float> total(iters), a(iters), b(iters);
+  for (int i = 0; i < iters; ++i) {
+    LYNX_CUDA(cudaEventRecord(ev[0], stream));
+    first();
+    LYNX_CUDA(cudaEventRecord(ev[1], stream));
+    second();
+    LYNX_CUDA(cudaEventRecord(ev[2], stream));
+    LYNX_CUDA(cudaEventSynchronize(ev[2]));
+    LYNX_CUDA(cudaEventElapsedTime(&total[i], ev[0], ev[2]));
+    LYNX_CUDA(cudaEventElapsedTime(&a[i], ev[0], ev[1]));
+    LYNX_CUDA(cudaEventElapsedTime(&b[i], ev[1], ev[2]));
+  }
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  auto median = [](std::vector<float>& v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? double(v[n / 2]) : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  return {median(total), median(a), median(b)};
+}
+
 }  // namespace lynx::bench
