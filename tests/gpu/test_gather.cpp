@@ -1,0 +1,92 @@
+// The row gather (unfused::gather_rows, used by both paths for x and dy) against a host gather, bit for
+// bit: every source value encodes its token and column, so a row copied from the wrong token or a
+// piece placed at the wrong column differs. Widths from one 128-byte row to deepseek-v3's 14336 bytes.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gpu/gpu_test.h"
+#include "unfused/kernels.h"
+
+namespace lynx::test {
+namespace {
+
+class GatherRows : public GpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+uint16_t encoded(int64_t token, int64_t column) {
+  return static_cast<uint16_t>((token * 7919 + column * 31 + 1) & 0xFFFF);
+}
+
+struct Result {
+  std::vector<uint16_t> dst;
+  std::vector<uint16_t> expected;
+};
+
+// Gathers the rows below `total` (about 15% of them padding) into a [capacity + 2, width] buffer
+// poisoned with 0xFF bytes: rows at or past `total` must stay poisoned, and every row when `total`
+// exceeds the capacity (a schedule over capacity places no rows).
+Result gather(int64_t width, int64_t total, int64_t capacity, uint32_t seed) {
+  const int64_t tokens = 37, top_k = 3;
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> src(size_t(tokens * width));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < width; ++c) src[size_t(t * width + c)] = encoded(t, c);
+  const int64_t rows = capacity + 2;
+  std::vector<int32_t> slots(size_t(rows), -1);
+  std::uniform_int_distribution<int32_t> slot(0, int32_t(tokens * top_k - 1));
+  std::bernoulli_distribution padding(0.15);
+  for (int64_t r = 0; r < total && r < rows; ++r) slots[size_t(r)] = padding(rng) ? -1 : slot(rng);
+
+  Result res;
+  res.expected.assign(size_t(rows * width), 0xFFFF);
+  if (total <= capacity) {
+    for (int64_t r = 0; r < total; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        res.expected[size_t(r * width + c)] = slots[size_t(r)] < 0 ? 0 : encoded(slots[size_t(r)] / top_k, c);
+  }
+  DeviceBuffer d_src = to_device(src), d_slots = to_device(slots);
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  DeviceBuffer d_dst(size_t(rows * width) * sizeof(uint16_t));
+  d_dst.fill_bytes(0xFF);
+  unfused::gather_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slots.as<int32_t>(), d_total.as<int32_t>(),
+                       capacity, top_k, width, nullptr);
+  LYNX_TEST_CUDA(cudaGetLastError());
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  res.dst = to_host<uint16_t>(d_dst, size_t(rows * width));
+  return res;
+}
+
+void expect_equal(const Result& r, int64_t width) {
+  ASSERT_EQ(r.dst.size(), r.expected.size());
+  for (size_t i = 0; i < r.dst.size(); ++i) {
+    ASSERT_EQ(r.dst[i], r.expected[i]) << "row " << i / size_t(width) << ", column " << i % size_t(width);
+  }
+}
+
+TEST_P(GatherRows, MatchesHostGather) {
+  const int64_t width = GetParam();
+  expect_equal(gather(width, 173, 200, 1), width);
+}
+
+TEST_P(GatherRows, EveryRowBelowCapacity) {
+  const int64_t width = GetParam();
+  expect_equal(gather(width, 200, 200, 2), width);
+}
+
+TEST_P(GatherRows, NoRowsWritesNothing) {
+  const int64_t width = GetParam();
+  expect_equal(gather(width, 0, 200, 3), width);
+}
+
+TEST_P(GatherRows, OverCapacityWritesNothing) {
+  const int64_t width = GetParam();
+  expect_equal(gather(width, 201, 200, 4), width);
+}
+
+// Row bytes 128, 4096, 4224, 10240 and 14336 (widths that are and are not multiples of the block's 256
+// vectors of 8).
+INSTANTIATE_TEST_SUITE_P(Widths, GatherRows, ::testing::Values(int64_t(64), int64_t(2048), int64_t(2112),
+                                                               int64_t(5120), int64_t(7168)));
+
+}  // namespace
+}  // namespace lynx::test
