@@ -119,12 +119,17 @@ struct TileOrder {
 //   the weights from L2. Static round robin with m-major order let CTAs drift apart and read ~26.6 GB
 //   where ~16 GB are needed; in-order claims with expert groups: forward 10.18 → 9.32 ms, backward
 //   19.95 → 18.27 ms (bench/results/2026-11-29-h200-hybrid-order.txt).
-// - More row blocks per expert (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b): the static round robin
-//   with groups of a fixed size that straddle experts, G the power of two ≤ 16 within the row blocks
-//   an expert receives on average. In-order claims were mixed there (same file): up to 5% slower at
-//   qwen3 backward, about equal in forward, faster in some single runs (mixtral forward, olmoe
-//   backward) but not in the 3-round A/B; expert-bounded groups in static order were up to 6% slower
-//   (bench/results/2026-11-29-h200-*-expert-raster.txt). Main's order stays until a rule measures better.
+// - 16 or more row blocks per expert (mixtral-8x7b: 16, and ~108 waves of gate/up tiles): in order
+//   too, groups of 16 ending at experts. Over that many waves the static round robin's CTAs drift
+//   apart; with every consumer thread releasing its stages (session 5) in-order claims won in each of
+//   5 alternating rounds: forward 9.73-9.86 → 9.43-9.48 ms, backward 19.10-19.17 → 18.91-18.95, at a
+//   lower board power (bench/results/2026-11-29-h200-session5-handoff-ab.txt). Before that change the
+//   3-round A/B had not confirmed single-run gains.
+// - Between (qwen3-30b-a3b: 4, olmoe-1b-7b: 8): the static round robin with groups of a fixed size
+//   that straddle experts, G the power of two within the row blocks an expert receives on average.
+//   In-order claims lost there: qwen3 forward +2.2% in each of 4 rounds (same file); expert-bounded
+//   groups in static order were up to 6% slower (bench/results/2026-11-29-h200-*-expert-raster.txt).
+//   Not measured between 8 and 16 blocks.
 inline int64_t row_blocks_per_expert(int64_t routed_rows, int64_t experts) {
   return experts > 0 ? routed_rows / experts / kBlockM : 0;
 }
@@ -134,9 +139,10 @@ inline TileOrder static_tiles(int64_t blocks_per_expert) {
   while (g < 16 && 2 * g <= blocks_per_expert) g *= 2;
   return {false, false, g};
 }
+constexpr int64_t kInOrderFromBlocks = 16;
 inline TileOrder choose_tile_order(int64_t routed_rows, int64_t experts) {
   const int64_t blocks = row_blocks_per_expert(routed_rows, experts);
-  return blocks < 2 ? in_order_tiles() : static_tiles(blocks);
+  return blocks < 2 || blocks >= kInOrderFromBlocks ? in_order_tiles() : static_tiles(blocks);
 }
 
 }  // namespace lynx::fused

@@ -119,10 +119,17 @@ TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   EXPECT_TRUE(deepseek.in_order);
   EXPECT_TRUE(deepseek.expert_groups);
   EXPECT_EQ(deepseek.group_rows, 16);
-  // qwen3-30b-a3b (512 rows per expert), olmoe-1b-7b (1024), mixtral-8x7b (2048): static round robin,
-  // groups of the power of two within an expert's average blocks, at most 16, straddling experts.
+  // mixtral-8x7b (2048 rows per expert: 16 blocks) and more: in order, groups of 16 ending at experts.
+  for (const auto& [rows, experts] : std::vector<std::pair<int64_t, int64_t>>{{8192 * 2, 8}, {int64_t(1) << 30, 1}}) {
+    const TileOrder o = choose_tile_order(rows, experts);
+    EXPECT_TRUE(o.in_order) << rows << " rows, " << experts << " experts";
+    EXPECT_TRUE(o.expert_groups);
+    EXPECT_EQ(o.group_rows, 16);
+  }
+  // qwen3-30b-a3b (512 rows per expert), olmoe-1b-7b (1024), and 2 to 15 blocks: static round robin,
+  // groups of the power of two within an expert's average blocks, straddling experts.
   for (const auto& [rows, experts, g] : std::vector<std::tuple<int64_t, int64_t, int32_t>>{
-           {8192 * 8, 128, 4}, {8192 * 8, 64, 8}, {8192 * 2, 8, 16}, {int64_t(1) << 30, 1, 16}, {256, 1, 2}, {768, 1, 4}}) {
+           {8192 * 8, 128, 4}, {8192 * 8, 64, 8}, {15 * 128, 1, 8}, {256, 1, 2}, {768, 1, 4}}) {
     const TileOrder o = choose_tile_order(rows, experts);
     EXPECT_FALSE(o.in_order) << rows << " rows, " << experts << " experts";
     EXPECT_FALSE(o.expert_groups);
