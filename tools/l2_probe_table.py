@@ -1,42 +1,61 @@
-"""The table of tools/gpu-l2-probe from Nsight Compute's text output: read_side launches come four per
-rule (side 0, side 0 again; side 0, side 1), and for each rule the second read's L2 and DRAM traffic
-is shown for the same side and for the other side."""
+"""The table of tools/gpu-l2-probe from its Nsight Compute text output: per launch of two_readers
+(block 0 reads a buffer, then block j re-reads it in the same kernel), the second reader's SM and the
+launch's L2 fabric and DRAM traffic; then the SMs split in two at the largest gap in fabric traffic,
+which is the L2 partition map when the gap is clear (about half the buffer against all of it)."""
 import re
 import sys
 
 NAMES = {
     "lts__t_sectors_srcunit_tex.sum": "tex",
-    "lts__t_sectors_srcunit_tex_lookup_miss.sum": "tex_miss",
     "lts__t_sectors_srcunit_ltcfabric.sum": "fabric",
     "lts__t_sectors_srcunit_ltcfabric_lookup_miss.sum": "fabric_miss",
     "dram__bytes_read.sum": "dram",
 }
 UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "sector": 32, "Ksector": 32e3, "Msector": 32e6}
+READERS = re.compile(r"launch (\d+): first reader SM (\d+), second reader SM (\d+)(.*)")
 
 
 def launches(text):
     runs, current = [], None
     for line in text.splitlines():
-        if re.match(r"\s+\S.*read_side\(", line):
+        if re.match(r"\s+\S.*two_readers\(", line):
             current = {}
             runs.append(current)
             continue
         parts = line.split()
         if current is not None and len(parts) >= 3 and parts[0] in NAMES:
-            value = float(parts[-1].replace(",", ""))
-            current[NAMES[parts[0]]] = value * UNITS.get(parts[1], 1) / 1e6  # MB
+            current[NAMES[parts[0]]] = float(parts[-1].replace(",", "")) * UNITS.get(parts[1], 1) / 1e6  # MB
     return runs
 
 
-def table(runs):
-    rows = ["rule  second read by   tex MB  tex miss  fabric MB  fabric miss  DRAM MB"]
-    for rule in range(len(runs) // 4):
-        for label, run in (("same side", runs[4 * rule + 1]), ("other side", runs[4 * rule + 3])):
-            rows.append(f"{rule:4d}  {label:14s} " + " ".join(
-                f"{run.get(k, float('nan')):9.1f}" for k in ("tex", "tex_miss", "fabric", "fabric_miss", "dram")))
+def readers(text):
+    return [(int(m.group(1)), int(m.group(2)), int(m.group(3)), "not valid" not in m.group(4))
+            for m in map(READERS.match, text.splitlines()) if m]
+
+
+def table(runs, who):
+    rows = ["launch  first SM  second SM  fabric MB  fabric miss MB  DRAM MB"]
+    points = []
+    for run, (j, first, second, valid) in zip(runs, who):
+        rows.append(f"{j:6d}  {first:8d}  {second:9d}  {run.get('fabric', float('nan')):9.1f}  "
+                    f"{run.get('fabric_miss', float('nan')):14.1f}  {run.get('dram', float('nan')):7.1f}"
+                    + ("" if valid else "  (not valid: the second reader timed out)"))
+        if valid and "fabric" in run:
+            points.append((run["fabric"], second, first))
+    if len(points) >= 2:
+        points.sort()
+        gaps = [(points[i + 1][0] - points[i][0], i) for i in range(len(points) - 1)]
+        gap, at = max(gaps)
+        near = sorted(p[1] for p in points[: at + 1])
+        far = sorted(p[1] for p in points[at + 1:])
+        rows.append(f"largest gap in fabric traffic: {gap:.1f} MB, between {points[at][0]:.1f} and "
+                    f"{points[at + 1][0]:.1f} MB")
+        rows.append(f"with the first reader's SM (less fabric): {' '.join(map(str, near))}")
+        rows.append(f"the other side (more fabric): {' '.join(map(str, far))}")
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        print(table(launches(f.read())))
+        text = f.read()
+    print(table(launches(text), readers(text)))
