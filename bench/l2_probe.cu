@@ -83,6 +83,7 @@ int main() {
     LYNX_CUDA(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
     std::printf("launch %d: first reader SM %d, second reader SM %d%s\n", j, host[0], host[1],
                 host[2] ? " (timed out waiting for the first: not valid)" : "");
+    std::fflush(stdout);  // the lines survive a timeout of the profiled run
   }
   return 0;
 }

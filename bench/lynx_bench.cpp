@@ -45,7 +45,8 @@ const char* kUsage =
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
     "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n"
     "  --context  keep (default): forward saves what backward needs; drop: it does not (forward pass only;\n"
-    "             the check recomputes the context before its backward)\n";
+    "             the check recomputes the context before its backward; the unfused baseline stores g and u\n"
+    "             either way)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);

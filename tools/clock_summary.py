@@ -1,6 +1,6 @@
 """One line from nvidia-smi samples of `clocks.sm, power.draw, clocks_event_reasons.active` (csv,
 noheader, nounits): the SM clock while busy (above 600 MHz) and the clock-event reasons seen, decoded
-from the NVML bit mask. Used by tools/gpu-clocks; tested in tests/python/test_clock_summary.py."""
+from the NVML bit mask. Used by tools/gpu-clocks; tested in tests/tools/test_clock_summary.py."""
 import statistics
 import sys
 
@@ -22,14 +22,17 @@ def summarise(lines):
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
         try:
-            mhz, watts, mask = float(parts[0]), float(parts[1]), int(parts[2], 16)
+            mhz, mask = float(parts[0]), int(parts[2], 16)
         except (ValueError, IndexError):
             bad += 1
             continue
         if mhz <= 600:
             continue
         busy.append(mhz)
-        power.append(watts)
+        try:
+            power.append(float(parts[1]))
+        except ValueError:  # "[N/A]" on some boards: the clock still counts
+            pass
         for bit, name in REASONS.items():
             if mask & bit:
                 reasons[name] = reasons.get(name, 0) + 1
@@ -37,9 +40,10 @@ def summarise(lines):
         return f"clocks: no busy samples ({bad} unreadable lines)"
     seen = ", ".join(f"{n} {100 * c / len(busy):.0f}%" for n, c in sorted(reasons.items(), key=lambda x: -x[1]))
     slow = sum(1 for m in busy if m < 1800)
+    watts = (f"power W median {statistics.median(power):.0f} max {max(power):.0f}" if power
+             else "power not readable")
     return (f"clocks: {len(busy)} busy samples: SM MHz min {min(busy):.0f} median {statistics.median(busy):.0f} "
-            f"max {max(busy):.0f}, below 1800 in {100 * slow / len(busy):.0f}%; power W median "
-            f"{statistics.median(power):.0f} max {max(power):.0f}; reasons: {seen or 'none'}")
+            f"max {max(busy):.0f}, below 1800 in {100 * slow / len(busy):.0f}%; {watts}; reasons: {seen or 'none'}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ def launches(text):
             continue
         parts = line.split()
         if current is not None and len(parts) >= 3 and parts[0] in NAMES:
-            current[NAMES[parts[0]]] = float(parts[-1].replace(",", "")) * UNITS.get(parts[1], 1) / 1e6  # MB
+            if parts[1] not in UNITS:
+                raise ValueError(f"unknown unit {parts[1]!r} in: {line.strip()}")
+            current[NAMES[parts[0]]] = float(parts[-1].replace(",", "")) * UNITS[parts[1]] / 1e6  # MB
     return runs
 
 
@@ -35,6 +37,11 @@ def readers(text):
 
 def table(runs, who):
     rows = ["launch  first SM  second SM  fabric MB  fabric miss MB  DRAM MB"]
+    if len(runs) != len(who):
+        rows.append(f"warning: {len(runs)} profiled launches but {len(who)} program lines: paired in order")
+    firsts = {first for _, first, _, _ in who}
+    if len(firsts) > 1:
+        rows.append(f"warning: block 0 ran on several SMs ({sorted(firsts)}): the split mixes references")
     points = []
     for run, (j, first, second, valid) in zip(runs, who):
         rows.append(f"{j:6d}  {first:8d}  {second:9d}  {run.get('fabric', float('nan')):9.1f}  "

@@ -327,7 +327,8 @@ TEST_P(Layer, EveryRowToOneExpert) {
 // (choose_tile_order), and groups reach across expert boundaries.
 TEST_P(Layer, RasterGroupsSpanExperts) { check_against_reference({600, 128, 64, 4, 4, 0}, fresh_seed(), config()); }
 
-// About 17 row blocks per expert: tiles claimed in order, groups of 16 ending at each expert (16 + 1).
+// Every token to every expert (E = k = 4): 2200 rows, 18 row blocks per expert: tiles claimed in order,
+// groups of 16 + 2 ending at each expert; the last block's 24 rows leave warpgroup 1 idle.
 TEST_P(Layer, InOrderTilesWithManyBlocksPerExpert) {
   check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), config());
 }

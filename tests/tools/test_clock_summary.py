@@ -29,6 +29,11 @@ class ClockSummary(unittest.TestCase):
         line = summarise(["Field \"clocks_event_reasons.active\" is not a valid field to query.", ""])
         self.assertEqual(line, "clocks: no busy samples (2 unreadable lines)")
 
+    def test_unreadable_power_keeps_the_clock(self):
+        line = summarise(["1700, [N/A], 0x4"])
+        self.assertIn("1 busy samples: SM MHz min 1700", line)
+        self.assertIn("power not readable", line)
+
     def test_no_reasons(self):
         self.assertIn("reasons: none", summarise(["1980, 300.0, 0x0"]))
 

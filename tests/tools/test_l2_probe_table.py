@@ -39,6 +39,10 @@ class L2ProbeTable(unittest.TestCase):
         self.assertIn("not valid", out[2])
         self.assertEqual(out[-1], "the other side (more fabric): 6")
 
+    def test_unknown_units_are_an_error(self):
+        with self.assertRaises(ValueError):
+            launches(HEADER + "\n    dram__bytes_read.sum   Tbyte   1.0")
+
     def test_other_kernels_are_ignored(self):
         self.assertEqual(launches("  (anonymous namespace)::read_side(const int4 *) (132, 1, 1)\n"
                                   "    dram__bytes_read.sum   Mbyte   1.0"), [])
