@@ -392,6 +392,20 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
   return o;
 }
 
+// Half tiles (warpgroup 1 idle on a block whose rows 64-127 are padding) unless the environment turns
+// them off for a sweep: LYNX_GEMM_HALF_TILES=0. NOTES: at deepseek-v3 the half tile of an expert's
+// second block runs ahead of the full tile it shares weights with, which may cost L2 hits
+// (docs/plan.md, item 1); the switch measures that.
+bool half_tiles() {
+  static const bool on = [] {
+    const char* v = std::getenv("LYNX_GEMM_HALF_TILES");
+    if (!v || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw Error("LYNX_GEMM_HALF_TILES", std::string("must be 0 or 1, got '") + v + "'");
+  }();
+  return on;
+}
+
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -399,7 +413,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
         "capacity % 128, K % 64, N % 64");
   Params p{};
   p.grid.expert_offset = args.expert_offset;
-  p.grid.expert_rows = args.expert_rows;
+  p.grid.expert_rows = half_tiles() ? args.expert_rows : nullptr;
   p.grid.experts = static_cast<int32_t>(args.experts);
   p.grid.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
   p.grid.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);
