@@ -4,11 +4,19 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_check.h"
 
 namespace lynx::bench {
+
+// The median of the timings (ms), the mean of the middle two for an even count.
+inline double median(std::vector<float> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return n % 2 ? double(ms[n / 2]) : 0.5 * (double(ms[n / 2 - 1]) + double(ms[n / 2]));
+}
 
 template <class F>
 double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream) {
@@ -26,8 +34,7 @@ double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+  return median(std::move(ms));
 }
 
 struct SplitMs {
@@ -54,12 +61,7 @@ SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream
     LYNX_CUDA(cudaEventElapsedTime(&b[i], ev[1], ev[2]));
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
-  auto median = [](std::vector<float>& v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? double(v[n / 2]) : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
-  return {median(total), median(a), median(b)};
+  return {median(std::move(total)), median(std::move(a)), median(std::move(b))};
 }
 
 }  // namespace lynx::bench
