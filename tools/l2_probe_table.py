@@ -5,29 +5,20 @@ which is the L2 partition map when the gap is clear (about half the buffer again
 import re
 import sys
 
+import ncu_text
+
 NAMES = {
     "lts__t_sectors_srcunit_tex.sum": "tex",
     "lts__t_sectors_srcunit_ltcfabric.sum": "fabric",
     "lts__t_sectors_srcunit_ltcfabric_lookup_miss.sum": "fabric_miss",
     "dram__bytes_read.sum": "dram",
 }
-UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "sector": 32, "Ksector": 32e3, "Msector": 32e6}
 READERS = re.compile(r"launch (\d+): first reader SM (\d+), second reader SM (\d+)(.*)")
 
 
 def launches(text):
-    runs, current = [], None
-    for line in text.splitlines():
-        if re.match(r"\s+\S.*two_readers\(", line):
-            current = {}
-            runs.append(current)
-            continue
-        parts = line.split()
-        if current is not None and len(parts) >= 3 and parts[0] in NAMES:
-            if parts[1] not in UNITS:
-                raise ValueError(f"unknown unit {parts[1]!r} in: {line.strip()}")
-            current[NAMES[parts[0]]] = float(parts[-1].replace(",", "")) * UNITS[parts[1]] / 1e6  # MB
-    return runs
+    """Per two_readers launch, its traffic in MB."""
+    return [{k: v / 1e6 for k, v in run.items()} for _, run in ncu_text.launches(text, r"two_readers\(", NAMES)]
 
 
 def readers(text):

@@ -1,7 +1,8 @@
 """The table of tools/gpu-traffic from Nsight Compute's text output: per expert GEMM mode, the metrics of
 its last launch (ms, GB)."""
-import re
 import sys
+
+import ncu_text
 
 NAMES = {
     "gpu__time_duration.sum": "ms",
@@ -10,28 +11,14 @@ NAMES = {
     "lts__t_bytes.sum": "l2",
     "lts__t_sectors_srcunit_ltcfabric.sum": "fabric",
 }
-SCALE = {  # to ms for durations, to GB for bytes and sectors
-    "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3, "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3,
-    "byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0, "Tbyte": 1e3,
-    "sector": 32e-9, "Ksector": 32e-6, "Msector": 32e-3, "Gsector": 32.0,
-}
 MODES = {"0": "gate/up+SwiGLU", "1": "rows (down)", "2": "rows, N-major B", "3": "weight grad"}
 
 
 def last_launch_per_mode(text):
-    last, current = {}, None
-    for line in text.splitlines():
-        m = re.search(r"expert_gemm_kernel<(?:\(lynx::fused::<unnamed>::Mode\))?(\d)>", line)
-        if m and re.match(r"\s+\S", line):
-            current = {}
-            last[m.group(1)] = current
-            continue
-        parts = line.split()
-        if current is not None and len(parts) >= 3 and parts[0] in NAMES:
-            if parts[1] not in SCALE:
-                raise ValueError(f"unknown unit {parts[1]!r} in: {line.strip()}")
-            current[NAMES[parts[0]]] = float(parts[-1].replace(",", "")) * SCALE[parts[1]]
-    return last
+    """Per mode, the metrics of its last launch: ms, and GB for the traffic."""
+    header = r"expert_gemm_kernel<(?:\(lynx::fused::<unnamed>::Mode\))?(\d)>"
+    return {m.group(1): {k: v if k == "ms" else v / 1e9 for k, v in run.items()}
+            for m, run in ncu_text.launches(text, header, NAMES)}
 
 
 def table(last):

@@ -41,7 +41,7 @@ class L2ProbeTable(unittest.TestCase):
 
     def test_unknown_units_are_an_error(self):
         with self.assertRaises(ValueError):
-            launches(HEADER + "\n    dram__bytes_read.sum   Tbyte   1.0")
+            launches(HEADER + "\n    dram__bytes_read.sum   Pbyte   1.0")
 
     def test_other_kernels_are_ignored(self):
         self.assertEqual(launches("  (anonymous namespace)::read_side(const int4 *) (132, 1, 1)\n"
