@@ -31,6 +31,8 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
     case StatusCode::kWaitTimeout: {
       const char* wait = st.a == 1   ? "full stage (consumer waiting for the producer's TMA loads)"
                          : st.a == 2 ? "empty stage (producer waiting for the consumers to free a stage)"
+                         : st.a == 3 ? "unit posted (cluster rank 1 waiting for rank 0's next claimed unit)"
+                         : st.a == 4 ? "unit taken (cluster rank 0 waiting for rank 1 to take a claimed unit)"
                                      : "unknown";
       const std::string task = st.b >= 0    ? "task " + std::to_string(st.b)
                                : st.b == -1 ? std::string("the next task (not yet known)")

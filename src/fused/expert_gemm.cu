@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -29,12 +30,13 @@ namespace {
 enum class Mode { kRowsSwiGLU, kRows, kRowsMnB, kWeightGrad };
 
 constexpr int kThreads = 384; // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
 // NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
-// __launch_bounds__(384, 1) allows, rounded down to 8): 40 + 2 × 232 uses it exactly. The consumers'
+// __launch_bounds__(384, 1) allows, rounded down to 8): 56 + 2 × 224 uses it exactly. The consumers'
 // increase blocks until the producer's decrease has freed enough, so a budget over the launch
-// allocation deadlocks before any wait can time out (seen on the H200 with 64 + 2 × 224).
+// allocation deadlocks before any wait can time out (seen on the H200 with 64 + 2 × 224). ptxas holds
+// the producer's code to its count: with cluster units (two tiles to decode) 40 spilled.
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kLaunchRegs * kThreads, "register budget");
 
@@ -50,7 +52,16 @@ struct Config {
   static constexpr int kStages = 4;
   static constexpr uint32_t kStageBytes = 2 * (kBlockM * kBlockK + kOperandsB * kBlockN * kBlockK);
   static_assert(kStageBytes == 48 * 1024, "stage size");
+  // The row modes run as clusters of two CTAs (tile_scheduler.h, cluster units); the weight gradient,
+  // whose tiles are few and K-long per expert, as single CTAs.
+  static constexpr int kCluster = kMode == Mode::kWeightGrad ? 1 : kClusterTiles;
+  // B's TMA boxes per stage ([128, 64] K-major, [64 K, 64] N-major): a shared B is loaded half by
+  // each CTA of the cluster.
+  static constexpr int kBoxesB = kTransB ? kBlockN / 64 : kOperandsB * kBlockN / 128;
 };
+
+constexpr int kConsumerThreads = 256;
+constexpr int kConsumerWarps = kConsumerThreads / 32;
 
 // NOTES: an epilogue piece is 64 rows × 128 columns (16 KB): with four 48 KB stages, two pieces (one
 // per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two pieces.
@@ -63,8 +74,12 @@ struct SharedStorage {
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 c[2][kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 128] bf16 piece as two [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
-  uint64_t empty[C::kStages];  // consumers -> producer: every consumer thread is done with the stage
+  uint64_t empty[C::kStages];  // consumers -> producers: every consumer thread here, and each consumer warp of
+                               // the cluster's other CTA, is done with the stage
   int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the end
+  uint64_t unit_full[2];   // in-order claims, cluster rank 1: rank 0 posted a unit into unit_slot
+  uint64_t unit_empty[2];  // in-order claims, cluster rank 0: rank 1 took the unit of the slot
+  int32_t unit_slot[2];    // rank 1: the units rank 0 claimed, two in flight
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
 static_assert(sizeof(__nv_bfloat16) * 128 * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
@@ -84,8 +99,10 @@ struct Params {
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
 
-constexpr int32_t kNoTile = -1;  // stage_tile: the stage continues the tile before it
-constexpr int32_t kDone = -2;    // stage_tile: no tiles are left; the stage holds no data
+constexpr int32_t kNoTile = -1;   // stage_tile: the stage continues the tile before it
+constexpr int32_t kDone = -2;     // stage_tile: no tiles are left; the stage holds no data
+constexpr int32_t kPadTile = -3;  // stage_tile: rank 1's tile of the last unit is past the last tile; its
+                                  // K blocks' stages hold no data and are passed on in step with rank 0
 
 // ---- tile scheduler: the producer thread picks each tile; the consumers learn it from its first stage ----
 // NOTES: in order (p.in_order): a static round robin lets CTAs drift apart over the waves, so the tiles
@@ -95,10 +112,10 @@ constexpr int32_t kDone = -2;    // stage_tile: no tiles are left; the stage hol
 // order wins: choose_tile_order.
 __device__ __forceinline__ int32_t claim_ticket(const Params& p) { return atomicAdd(&p.tickets[0], 1); }
 
-// The last CTA to finish claiming zeroes the counters for the next launch on the stream.
-__device__ __forceinline__ void finish_claims(const Params& p) {
+// The last of the `claimers` CTAs to finish claiming zeroes the counters for the next launch on the stream.
+__device__ __forceinline__ void finish_claims(const Params& p, int32_t claimers) {
   __threadfence();  // this CTA's last claim is ordered before its count
-  if (atomicAdd(&p.tickets[1], 1) == int32_t(gridDim.x) - 1) {
+  if (atomicAdd(&p.tickets[1], 1) == claimers - 1) {
     atomicExch(&p.tickets[0], 0);
     atomicExch(&p.tickets[1], 0);
   }
@@ -145,94 +162,181 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
   }
 }
 
+// ---- in-order claims in a cluster: rank 0 claims each unit and posts it to rank 1 ----
+// Two slots, so rank 0's next claim is posted while rank 1 still loads the current unit. The n-th
+// unit goes through slot n % 2, that slot's (n / 2)-th use.
+template <class Smem>
+__device__ __forceinline__ int32_t post_unit(Smem& smem, int32_t n, int32_t unit, DeviceStatus* status) {
+  const int slot = n & 1;
+  const uint32_t parity = (n >> 1) & 1;
+  sm90::mbarrier_wait_cluster(&smem.unit_empty[slot], parity ^ 1, status, sm90::Wait::kUnitTaken, unit);
+  sm90::st_peer(&smem.unit_slot[slot], 1, unit);
+  sm90::mbarrier_arrive_peer(&smem.unit_full[slot], 1);  // releases the store
+  return unit;
+}
+
+template <class Smem>
+__device__ __forceinline__ int32_t take_unit(Smem& smem, int32_t n, DeviceStatus* status) {
+  const int slot = n & 1;
+  const uint32_t parity = (n >> 1) & 1;
+  sm90::mbarrier_wait_cluster(&smem.unit_full[slot], parity, status, sm90::Wait::kUnitPosted, kNoTile);
+  const int32_t unit = *static_cast<volatile int32_t*>(&smem.unit_slot[slot]);
+  sm90::mbarrier_arrive_peer(&smem.unit_empty[slot], 0);  // the slot may be written again
+  return unit;
+}
+
+__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+                                        uint16_t multicast) {
+  if (multicast) {
+    sm90::tma_load_2d_multicast(dst, map, bar, c0, c1, multicast);
+  } else {
+    sm90::tma_load_2d(dst, map, bar, c0, c1);
+  }
+}
+
+__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+                                        int32_t c2, uint16_t multicast) {
+  if (multicast) {
+    sm90::tma_load_3d_multicast(dst, map, bar, c0, c1, c2, multicast);
+  } else {
+    sm90::tma_load_3d(dst, map, bar, c0, c1, c2);
+  }
+}
+
+// K block `k` of tile `t` into `stage`. A shared operand (`share`) is loaded half by each CTA of the
+// cluster, each half into both CTAs; the rest by this CTA for itself. Either way each CTA's `full`
+// barrier receives the whole stage, kStageBytes.
 template <Mode kMode>
-__global__ void __launch_bounds__(kThreads, 1)
-    expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b0,
-                       const __grid_constant__ CUtensorMap tma_b1, const __grid_constant__ CUtensorMap tma_c0,
-                       const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
-                       const Params p) {
+__device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage, const Tile& t, int32_t k,
+                                           Shared share, uint32_t rank, const CUtensorMap* tma_a,
+                                           const CUtensorMap* tma_b0, const CUtensorMap* tma_b1, const Params& p) {
   using C = Config<kMode>;
-  constexpr int kStages = C::kStages;
-  constexpr int kBlockN = C::kBlockN;
-  extern __shared__ uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<SharedStorage<kMode>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(&smem.full[s], 1);
-      sm90::mbarrier_init(&smem.empty[s], 2 * 128);
-      smem.stage_tile[s] = kNoTile;
+  constexpr uint16_t kBoth = 0b11;
+  uint64_t* full = &smem.full[stage];
+  __nv_bfloat16* a = smem.a[stage];
+  __nv_bfloat16* b = smem.b[stage][0];
+  if constexpr (kMode == Mode::kWeightGrad) {
+    // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
+    for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, tma_a, full, t.a_row + 64 * j, k);
+    for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, tma_b0, full, t.b_row + 64 * j, k);
+  } else {
+    // A: [BLOCK_M, BLOCK_K] as two [64, 64] boxes.
+    for (int j = 0; j < 2; ++j) {
+      if (share == Shared::kA && j != int(rank)) continue;
+      load_2d(a + j * 64 * kBlockK, tma_a, full, k, t.a_row + 64 * j, share == Shared::kA ? kBoth : 0);
     }
-    sm90::fence_barrier_init();
+    // B: kBoxesB boxes; a shared B's first half from rank 0, its second from rank 1.
+    for (int j = 0; j < C::kBoxesB; ++j) {
+      if (share == Shared::kB && j / (C::kBoxesB / 2) != int(rank)) continue;
+      const uint16_t multicast = share == Shared::kB ? kBoth : 0;
+      if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes
+        const bool second = k >= p.k_split;
+        load_3d(b + j * 64 * kBlockK, second ? tma_b1 : tma_b0, full, t.b_row + 64 * j, second ? k - p.k_split : k,
+                t.expert, multicast);
+      } else if constexpr (C::kSwiGLU) {  // gate, then up: [128, 64] each
+        load_3d(smem.b[stage][j], j == 0 ? tma_b0 : tma_b1, full, k, t.b_row, t.expert, multicast);
+      } else {  // [256, 64] as two [128, 64]
+        load_3d(b + j * 128 * kBlockK, tma_b0, full, k, t.b_row + 128 * j, t.expert, multicast);
+      }
+    }
   }
-  __syncthreads();
+}
 
-  if (warpgroup == 0) {
-    // ---- producer: one thread issues every TMA load ----
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    sm90::prefetch_tma_descriptor(&tma_a);
-    sm90::prefetch_tma_descriptor(&tma_b0);
-    if constexpr (C::kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b1);
-    const int32_t tiles = tile_count(p.grid);
-    int stage = 0;
-    uint32_t phase = 0;
-    // In order, the next tile's claim is in flight while this tile loads.
-    int32_t ticket = p.in_order ? claim_ticket(p) : int32_t(blockIdx.x);
-    for (;;) {
-      const int32_t tile = ticket < tiles ? ticket : kDone;
-      if (tile != kDone) ticket = p.in_order ? claim_ticket(p) : ticket + int32_t(gridDim.x);
-      if (tile == p.stall_task) {  // test hook: this CTA never fills the stage its consumers wait on
-        if (p.in_order) finish_claims(p);
-        return;
-      }
-      // The consumers learn each tile from its first stage (written before the arrive, whose release
-      // orders it before their acquiring wait); the end, and a tile without K blocks (an expert
-      // without rows in weight-grad mode), take a stage with no data.
-      if (tile == kDone || tile_at(p.grid, tile).k_blocks == 0) {
-        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
-        smem.stage_tile[stage] = tile;
-        sm90::mbarrier_arrive(&smem.full[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-        if (tile == kDone) break;
-        continue;
-      }
-      const Tile t = tile_at(p.grid, tile);
-      for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-        const int32_t k = t.k0 + kb * kBlockK;
-        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
-        smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
-        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
-        __nv_bfloat16* a = smem.a[stage];
-        __nv_bfloat16* b = smem.b[stage][0];
-        if constexpr (kMode == Mode::kWeightGrad) {
-          // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
-          for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, &tma_a, &smem.full[stage], t.a_row + 64 * j, k);
-          for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, &tma_b0, &smem.full[stage], t.b_row + 64 * j, k);
+// ---- producer: one thread walks the units and issues every TMA load of this CTA's tiles ----
+// NOTES: static order: cluster c takes units c, c + clusters, ...; in order: the claims CTA (rank 0,
+// or every CTA without clusters) claims units from the ticket. Both CTAs of a cluster go through the
+// same number of stages per unit (a padding tile passes as many as a real one), so their stage
+// sequences stay paired: a stage's empty barrier counts both CTAs' consumers, and a multicast into
+// the partner's stage waits on this CTA's own barrier.
+template <Mode kMode>
+__device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUtensorMap* tma_a,
+                                         const CUtensorMap* tma_b0, const CUtensorMap* tma_b1, const Params& p,
+                                         uint32_t rank) {
+  using C = Config<kMode>;
+  constexpr int kCluster = C::kCluster;
+  const int32_t tiles = tile_count(p.grid);
+  const int32_t units = (tiles + kCluster - 1) / kCluster;
+  const int32_t clusters = int32_t(gridDim.x) / kCluster;
+  const bool claims = p.in_order && rank == 0;
+  int stage = 0;
+  uint32_t phase = 0;
+  // In order, the next unit's claim is in flight while this unit loads.
+  int32_t ticket = claims ? claim_ticket(p) : int32_t(blockIdx.x) / kCluster;
+  for (int32_t n = 0;; ++n) {
+    int32_t unit = ticket < units ? ticket : kDone;
+    if constexpr (kCluster > 1) {
+      if (p.in_order) unit = rank == 0 ? post_unit(smem, n, unit, p.status) : take_unit(smem, n, p.status);
+    }
+    if (unit != kDone) ticket = claims ? claim_ticket(p) : ticket + clusters;
+    const int32_t tile = unit == kDone ? kDone : unit * kCluster + int32_t(rank);
+    if (tile == p.stall_task) break;  // test hook: this CTA never fills the stage its consumers wait on
+    // The consumers learn each tile from its first stage (written before the arrive, whose release
+    // orders it before their acquiring wait); the end, and a tile without K blocks (an expert without
+    // rows in weight-grad mode), take a stage with no data.
+    Tile t{};
+    Shared share = Shared::kNone;
+    const bool pad = tile >= tiles;
+    if (tile != kDone) {
+      if (pad) {
+        t.k_blocks = p.grid.k_blocks;
+      } else if constexpr (kCluster > 1) {
+        const int32_t first = unit * kCluster;
+        const Tile t0 = tile_at(p.grid, first);
+        if (first + 1 < tiles) {
+          const Tile t1 = tile_at(p.grid, first + 1);
+          share = shared_operand(t0, t1);
+          t = rank == 0 ? t0 : t1;
         } else {
-          sm90::tma_load_2d(a, &tma_a, &smem.full[stage], k, t.a_row);
-          if constexpr (kMode == Mode::kRowsMnB) {
-            const bool second = k >= p.k_split;
-            const CUtensorMap* map = second ? &tma_b1 : &tma_b0;
-            const int32_t kr = second ? k - p.k_split : k;
-            for (int j = 0; j < kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, &smem.full[stage], t.b_row + 64 * j, kr, t.expert);
-          } else {
-            sm90::tma_load_3d(b, &tma_b0, &smem.full[stage], k, t.b_row, t.expert);
-            if constexpr (C::kSwiGLU) sm90::tma_load_3d(smem.b[stage][1], &tma_b1, &smem.full[stage], k, t.b_row, t.expert);
-          }
+          t = t0;
         }
-        if (++stage == kStages) stage = 0, phase ^= 1;
+      } else {
+        t = tile_at(p.grid, tile);
       }
     }
-    if (p.in_order) finish_claims(p);
-    return;
+    if (tile == kDone || t.k_blocks == 0) {
+      sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+      smem.stage_tile[stage] = tile;
+      sm90::mbarrier_arrive(&smem.full[stage]);
+      if (++stage == C::kStages) stage = 0, phase ^= 1;
+      if (tile == kDone) break;
+      continue;
+    }
+    for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
+      sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+      smem.stage_tile[stage] = kb > 0 ? kNoTile : pad ? kPadTile : tile;
+      if (pad) {
+        sm90::mbarrier_arrive(&smem.full[stage]);
+      } else {
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
+        load_stage(smem, stage, t, t.k0 + kb * kBlockK, share, rank, tma_a, tma_b0, tma_b1, p);
+      }
+      if (++stage == C::kStages) stage = 0, phase ^= 1;
+    }
   }
+  if (claims) finish_claims(p, clusters);
+}
 
-  // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
-  sm90::setmaxnreg_inc<kConsumerRegs>();
-  const int c = warpgroup - 1;
-  const int thread = threadIdx.x % 128;
+// Releases a stage: every consumer thread arrives on this CTA's `empty` barrier (an arrive releases
+// only its own thread's accesses, so each thread covers its own reads), and in a cluster each warp,
+// once converged, on the partner's too, which may multicast into this CTA's stage next.
+// `peer_empty`: the partner's empty[0] in the cluster's shared-memory window (sm90::peer_addr).
+template <Mode kMode>
+__device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int stage, uint32_t peer_empty) {
+  sm90::mbarrier_arrive(&smem.empty[stage]);
+  if constexpr (Config<kMode>::kCluster > 1) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive_cluster(peer_empty + stage * sizeof(uint64_t));
+  }
+}
+
+// ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
+template <Mode kMode>
+__device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUtensorMap* tma_c0,
+                                         const CUtensorMap* tma_c1, const CUtensorMap* tma_c2, const Params& p,
+                                         int c, uint32_t rank) {
+  using C = Config<kMode>;
+  constexpr int kBlockN = C::kBlockN;
+  const uint32_t peer_empty = C::kCluster > 1 ? sm90::peer_addr(&smem.empty[0], rank ^ 1) : 0;
   int stage = 0;
   uint32_t phase = 0;
   float acc0[kBlockN / 2];
@@ -241,11 +345,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
-    // NOTES: every consumer thread arrives on `empty`, so each release covers that thread's own read of
-    // stage_tile (an arrive releases only its own thread's accesses).
     const int32_t tile = smem.stage_tile[stage];
     if (tile == kDone) break;
-    const Tile t = tile_at(p.grid, tile);
+    const bool pad = tile == kPadTile;
+    Tile t{};
+    if (pad) {
+      t.k_blocks = p.grid.k_blocks;
+    } else {
+      t = tile_at(p.grid, tile);
+    }
     // NOTES: zeroed for every tile, not only for an expert without rows (whose weight gradient must be
     // exactly zero): the wgmma operands are read-write ("+f"), so without this the compiler keeps the
     // previous tile's accumulators alive across the loop, and ptxas serialises every wgmma of this
@@ -258,20 +366,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
     }
     if (t.k_blocks == 0) {  // the stage held no data
-      sm90::mbarrier_arrive(&smem.empty[stage]);
-      if (++stage == kStages) stage = 0, phase ^= 1;
+      release_stage(smem, stage, peer_empty);
+      if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     // NOTES: the last row block of an expert holds 1-128 rows; when its rows 64-127 are all padding,
     // warpgroup 1 computes nothing and only passes the stages on (its accumulators stay zero, so it
     // stores the zeros that padding rows must hold). At deepseek-v3 (128 ± 11 rows per expert) about
-    // half of the experts end with such a block.
+    // half of the experts end with such a block. A padding tile passes every stage on in both.
     // Every thread waits for each stage before it releases it, so none can fall a phase behind.
-    const bool idle = c == 1 && t.rows <= 64;
+    const bool idle = pad || (c == 1 && t.rows <= 64);
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
-        sm90::mbarrier_arrive(&smem.empty[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
+        release_stage(smem, stage, peer_empty);
+        if (++stage == C::kStages) stage = 0, phase ^= 1;
       }
     }
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
@@ -300,19 +408,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();
-      if (prev_stage >= 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+      if (prev_stage >= 0) release_stage(smem, prev_stage, peer_empty);
       prev_stage = stage;
-      if (++stage == kStages) stage = 0, phase ^= 1;
+      if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     sm90::wgmma_wait<0>();
-    if (prev_stage >= 0) sm90::mbarrier_arrive(&smem.empty[prev_stage]);
+    if (prev_stage >= 0) release_stage(smem, prev_stage, peer_empty);
+    if (pad) continue;
 
     // Epilogue: [64, 128] pieces through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;
     if constexpr (kMode == Mode::kWeightGrad) {
       if (row < p.m) {
         const bool second = row >= p.out_split;
-        const CUtensorMap* map = second ? &tma_c1 : &tma_c0;
+        const CUtensorMap* map = second ? tma_c1 : tma_c0;
         const int32_t out_row = second ? row - p.out_split : row;
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -322,27 +431,79 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if constexpr (C::kSwiGLU) {
-      store_piece<false>(smem.c[c], &tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
+      store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
         const int i = 4 * j + 2 * r;
         return make_float2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]);
       });
       if (p.out_gate_up) {
-        store_piece<false>(smem.c[c], &tma_c1, c, t.b_row, row, 0, p.n,
+        store_piece<false>(smem.c[c], tma_c1, c, t.b_row, row, 0, p.n,
                            [&](int j, int r) { return make_float2(acc0[4 * j + 2 * r], acc0[4 * j + 2 * r + 1]); });
-        store_piece<false>(smem.c[c], &tma_c2, c, t.b_row, row, 0, p.n,
+        store_piece<false>(smem.c[c], tma_c2, c, t.b_row, row, 0, p.n,
                            [&](int j, int r) { return make_float2(acc1[4 * j + 2 * r], acc1[4 * j + 2 * r + 1]); });
       }
     } else {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        store_piece<false>(smem.c[c], &tma_c0, c, t.b_row + 128 * q, row, 0, p.n, [&](int j, int r) {
+        store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 128 * q, row, 0, p.n, [&](int j, int r) {
           return make_float2(acc0[4 * (16 * q + j) + 2 * r], acc0[4 * (16 * q + j) + 2 * r + 1]);
         });
       }
     }
   }
   // The stores must finish before the CTA's shared memory goes away.
-  if (thread == 0) sm90::bulk_wait_group<0>();
+  if (threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
+}
+
+template <Mode kMode>
+__global__ void __launch_bounds__(kThreads, 1)
+    expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b0,
+                       const __grid_constant__ CUtensorMap tma_b1, const __grid_constant__ CUtensorMap tma_c0,
+                       const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
+                       const Params p) {
+  using C = Config<kMode>;
+  constexpr int kCluster = C::kCluster;
+  extern __shared__ uint8_t smem_raw[];
+  // NOTES: the dynamic shared memory starts at the same address in every CTA, so the aligned storage,
+  // and each stage, sits at the same offset in both CTAs of a cluster, as multicast loads require.
+  auto& smem = *reinterpret_cast<SharedStorage<kMode>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t rank = kCluster > 1 ? sm90::cluster_rank() : 0;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      sm90::mbarrier_init(&smem.full[s], 1);
+      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads + (kCluster > 1 ? kConsumerWarps : 0));
+      smem.stage_tile[s] = kNoTile;
+    }
+    for (int s = 0; s < 2; ++s) {
+      sm90::mbarrier_init(&smem.unit_full[s], 1);
+      sm90::mbarrier_init(&smem.unit_empty[s], 1);
+    }
+    sm90::fence_barrier_init();
+  }
+  // The partner's barriers must be initialised before this CTA arrives on them or multicasts to them.
+  if constexpr (kCluster > 1) {
+    sm90::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+
+  if (warpgroup == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      sm90::prefetch_tma_descriptor(&tma_a);
+      sm90::prefetch_tma_descriptor(&tma_b0);
+      if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
+      producer(smem, &tma_a, &tma_b0, &tma_b1, p, rank);
+    }
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    consumer(smem, &tma_c0, &tma_c1, &tma_c2, p, warpgroup - 1, rank);
+  }
+  // NOTES: no CTA of a cluster leaves while its partner may still arrive on its barriers or multicast
+  // into its stages. This wait is not bounded itself, but each of the partner's waits is: a stalled
+  // partner traps, and the trap ends the grid.
+  if constexpr (kCluster > 1) sm90::cluster_sync();
 }
 
 // The operand maps (A, B0, B1) and the output maps (C0, C1, C2) of one launch.
@@ -352,18 +513,38 @@ struct Maps {
 
 template <Mode kMode>
 void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
+  constexpr int kCluster = Config<kMode>::kCluster;
   constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
-  // The shared-memory limit is a per-device attribute of the kernel: set once on each device.
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3((sm_count > kCluster ? sm_count : kCluster) / kCluster * kCluster);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // Once per device: the shared-memory limit (a per-device attribute of the kernel) and how many
+  // clusters can be resident at once (the GPCs may leave an SM without a partner).
   constexpr int kMaxDevices = 64;
-  static std::atomic<bool> configured[kMaxDevices];
+  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not yet configured
   int device = 0;
   LYNX_CUDA(cudaGetDevice(&device));
   if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
-  if (!configured[device].load()) {
+  if (resident_clusters[device].load() == 0) {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    configured[device].store(true);
+    int clusters = 1;
+    if (kCluster > 1) LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kMode>, &config));
+    if (clusters < 1) throw Error("", "internal: no cluster of " + std::to_string(kCluster) + " expert GEMM CTAs fits the GPU");
+    resident_clusters[device].store(clusters);
   }
-  expert_gemm_kernel<kMode><<<sm_count, kThreads, kSmem, stream>>>(m.a, m.b0, m.b1, m.c0, m.c1, m.c2, p);
+  const int clusters =
+      kCluster > 1 ? std::max(1, std::min(sm_count / kCluster, resident_clusters[device].load())) : sm_count;
+  config.gridDim = dim3(clusters * kCluster);
+  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.b0, m.b1, m.c0, m.c1, m.c2, p));
   LYNX_CHECK_LAUNCH();
 }
 
@@ -439,9 +620,10 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   Params p = rows_params(args, kBlockN);
   check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
   Maps m;
-  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
-  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
-  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : m.b0;
+  // A in [64, 64] boxes, B in [128, 64] (load_stage), so that either can be multicast in halves.
+  m.a = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
+  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK);
+  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, 128, kBlockK) : m.b0;
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
@@ -455,7 +637,7 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   Params p = rows_params(args, Config<Mode::kRowsMnB>::kBlockN);
   const int64_t k0 = args.b1 ? args.k_split : args.k;
   Maps m;
-  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  m.a = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
   m.b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);

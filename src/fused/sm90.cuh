@@ -45,7 +45,7 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity
 }
 
 // Which wait stalled, for the diagnostic of a bounded wait.
-enum class Wait : int32_t { kFullStage = 1, kEmptyStage = 2 };
+enum class Wait : int32_t { kFullStage = 1, kEmptyStage = 2, kUnitPosted = 3, kUnitTaken = 4 };
 
 // NOTES: try_wait already suspends the thread for a hardware-chosen time, so 2^22 tries is many
 // seconds: far beyond any legitimate wait, short enough to turn a deadlock into an error.
@@ -72,6 +72,58 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, De
   }
 }
 
+// ---- thread-block clusters -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t peer_addr(const void* p, uint32_t rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+  return a;
+}
+
+// Arrives on the mbarrier at `bar` in CTA `rank` of the cluster, releasing this thread's earlier
+// accesses at cluster scope.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* bar, uint32_t rank) {
+  mbarrier_arrive_cluster(peer_addr(bar, rank));
+}
+
+__device__ __forceinline__ void st_peer(int32_t* p, uint32_t rank, int32_t v) {
+  asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(peer_addr(p, rank)), "r"(v) : "memory");
+}
+
+// Every thread of every CTA in the cluster: arrive (release) and wait (acquire). Not `.aligned`, so
+// threads of a warp may reach it apart.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+__device__ __forceinline__ bool mbarrier_try_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// As mbarrier_wait, acquiring what the other CTAs of the cluster released with their arrives.
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
+                                                      int32_t task) {
+  for (uint32_t tries = 0; !mbarrier_try_wait_cluster(bar, parity); ++tries) {
+    if (tries == kMaxWaitTries) report_stall(report, which, task, parity);
+  }
+}
+
 // ---- TMA ------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1) {
@@ -88,6 +140,26 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(
           smem_addr(dst)),
       "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// As tma_load_2d / tma_load_3d, written to the same shared-memory offset in every CTA of `cta_mask`
+// (bit i: cluster rank i), each CTA's mbarrier at `bar`'s offset receiving the bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                                      int32_t c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                                      int32_t c1, int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
 

@@ -101,6 +101,26 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
   return t;
 }
 
+// ---- cluster units (row modes) ----
+// The row modes run as clusters of two CTAs that walk the tiles in units: unit u is tiles 2u (cluster
+// rank 0) and 2u + 1 (rank 1). When the two tiles read an operand in common, each CTA loads half of it
+// into both CTAs' shared memory (TMA multicast), so the pair reads it from L2 once and at the same
+// moment. NOTES: in tile_at's raster, neighbouring tiles are neighbouring row blocks of one column
+// block (the weight tile in common) or, in a group of one row block, neighbouring column blocks of
+// one row block (the A block in common). At deepseek-v3 (1-2 row blocks per expert) the CTAs that
+// shared a weight tile without clusters started a median 6.4 µs apart, time in which the GPU loads
+// ~42 MB, so the second read of ~half of them missed L2: gate/up read 19.8 GB from DRAM for ~15.6
+// needed (bench/results/2026-11-29-h200-session6-cluster.txt).
+constexpr int32_t kClusterTiles = 2;
+enum class Shared : int32_t { kNone = 0, kA = 1, kB = 2 };
+
+LYNX_HD Shared shared_operand(const Tile& t0, const Tile& t1) {
+  if (t0.k0 != t1.k0 || t0.k_blocks != t1.k_blocks) return Shared::kNone;
+  if (t0.expert == t1.expert && t0.b_row == t1.b_row) return Shared::kB;
+  if (t0.a_row == t1.a_row) return Shared::kA;
+  return Shared::kNone;
+}
+
 // How the expert GEMM walks its tiles: claimed in order from a device ticket, or a static round robin
 // (CTA b takes tiles b, b + gridDim.x, ...), and the raster (tile_at).
 struct TileOrder {

@@ -141,6 +141,65 @@ TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   EXPECT_EQ(static_tiles(1).group_rows, 1);
 }
 
+// Unit u of a cluster: tiles 2u and 2u + 1. What shared_operand says they share must be the same
+// bytes: B the same weight rows of the same expert, A the same schedule rows, over the same K.
+TEST(TileSchedule, ClusterUnitsShareOnlyWhatIsTheSame) {
+  std::mt19937 rng(13);
+  int64_t shared_a = 0, shared_b = 0;
+  for (int trial = 0; trial < 50; ++trial) {
+    const int32_t experts = 1 + rng() % 40, n = 64 * (1 + rng() % 40), block_n = trial % 2 ? 256 : 128;
+    const std::vector<int32_t> offsets = random_offsets(rng, experts, 700);
+    const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
+    const TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, (n + block_n - 1) / block_n, block_n, 12,
+                     offsets[experts], false, group_rows, trial % 3 == 0};
+    for (int32_t tile = 0; tile + 1 < tile_count(g); tile += kClusterTiles) {
+      const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
+      switch (shared_operand(t0, t1)) {
+        case Shared::kB:
+          ASSERT_EQ(t0.expert, t1.expert);
+          ASSERT_EQ(t0.b_row, t1.b_row);
+          ASSERT_NE(t0.a_row, t1.a_row);
+          ++shared_b;
+          break;
+        case Shared::kA:
+          ASSERT_EQ(t0.a_row, t1.a_row);
+          ASSERT_EQ(t0.expert, t1.expert);
+          ASSERT_NE(t0.b_row, t1.b_row);
+          ++shared_a;
+          break;
+        case Shared::kNone:
+          ASSERT_TRUE(t0.expert != t1.expert || (t0.a_row != t1.a_row && t0.b_row != t1.b_row));
+          break;
+      }
+      ASSERT_EQ(t0.k_blocks, t1.k_blocks);
+    }
+  }
+  EXPECT_GT(shared_a, 0);
+  EXPECT_GT(shared_b, 0);
+}
+
+// deepseek-v3's rasters (1-2 row blocks per expert, in order, groups ending at experts): every unit
+// shares an operand, the weight tile when the expert has two row blocks, else the row block. (The
+// static raster of qwen3-30b-a3b straddles experts: a unit across an expert boundary shares nothing,
+// ~22% of them.)
+TEST(TileSchedule, ClusterUnitsOfDeepseekAllShare) {
+  std::mt19937 rng(17);
+  std::binomial_distribution<int32_t> rows(4096 * 8, 1.0 / 256);
+  for (const int32_t n : {2048, 7168}) {
+    const int32_t experts = 256, block_n = n == 2048 ? 128 : 256;
+    const TileOrder order = choose_tile_order(4096 * 8, experts);
+    std::vector<int32_t> offsets(experts + 1, 0);
+    for (int32_t e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + (rows(rng) + kBlockM - 1) / kBlockM * kBlockM;
+    const TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, n / block_n, block_n, 32, offsets[experts],
+                     false, order.group_rows, order.expert_groups};
+    for (int32_t tile = 0; tile + 1 < tile_count(g); tile += kClusterTiles) {
+      const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
+      const bool two_blocks = offsets[t0.expert + 1] - offsets[t0.expert] > kBlockM;
+      ASSERT_EQ(shared_operand(t0, t1), two_blocks ? Shared::kB : Shared::kA) << "n " << n << ", tile " << tile;
+    }
+  }
+}
+
 TEST(TileSchedule, RowModesStartNothingWhenTheScheduleOverflowed) {
   const std::vector<int32_t> offsets = {0, 256, 512};
   const TileGrid g{offsets.data(), 2, 3, 2, 128, 4, 384, false};  // 512 rows needed, 384 held
