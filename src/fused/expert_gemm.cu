@@ -325,7 +325,7 @@ __device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int st
   sm90::mbarrier_arrive(&smem.empty[stage]);
   if constexpr (Config<kMode>::kCluster > 1) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive_cluster(peer_empty + stage * sizeof(uint64_t));
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive_remote(peer_empty + stage * sizeof(uint64_t));
   }
 }
 

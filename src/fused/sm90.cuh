@@ -87,13 +87,18 @@ __device__ __forceinline__ uint32_t peer_addr(const void* p, uint32_t rank) {
   return a;
 }
 
-// Arrives on the mbarrier at `bar` in CTA `rank` of the cluster, releasing this thread's earlier
-// accesses at cluster scope.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+// Arrives on the mbarrier at `cluster_addr` (peer_addr) with the default semantics, release at CTA
+// scope. NOTES: enough to hand back a stage whose reads this thread has completed (its wgmma groups
+// waited on), which the other CTA then overwrites with TMA; `.release.cluster` compiles to a
+// MEMBAR.ALL.GPU before the arrive, which in the GEMM's per-stage release cost ~40% of its speed.
+__device__ __forceinline__ void mbarrier_arrive_remote(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
+
+// Arrives on the mbarrier at `bar` in CTA `rank` of the cluster, releasing this thread's earlier
+// accesses (e.g. st_peer) at cluster scope: for rare hand-offs, not per stage (see above).
 __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* bar, uint32_t rank) {
-  mbarrier_arrive_cluster(peer_addr(bar, rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_addr(bar, rank)) : "memory");
 }
 
 __device__ __forceinline__ void st_peer(int32_t* p, uint32_t rank, int32_t v) {
