@@ -12,6 +12,10 @@ namespace lynx::test_hooks {
 // bounded waits must time out and report instead of hanging.
 inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_task = task; }
 
+// Runs every row-mode expert GEMM as cluster units (1), as single CTAs (0), or as the rule decides
+// (-1), whatever the shape: the small test shapes' K never reaches the rule's threshold.
+inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_gemm_clusters = clusters; }
+
 // Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
 // padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading
 // the zeros fresh device memory often holds. Synchronous.

@@ -52,9 +52,9 @@ struct Config {
   static constexpr int kStages = 4;
   static constexpr uint32_t kStageBytes = 2 * (kBlockM * kBlockK + kOperandsB * kBlockN * kBlockK);
   static_assert(kStageBytes == 48 * 1024, "stage size");
-  // The row modes run as clusters of two CTAs (tile_scheduler.h, cluster units); the weight gradient,
-  // whose tiles are few and K-long per expert, as single CTAs.
-  static constexpr int kCluster = kMode == Mode::kWeightGrad ? 1 : kClusterTiles;
+  // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
+  // the weight gradient always as single CTAs.
+  static constexpr bool kMayPair = kMode != Mode::kWeightGrad;
   // B's TMA boxes per stage ([128, 64] K-major, [64 K, 64] N-major): a shared B is loaded half by
   // each CTA of the cluster.
   static constexpr int kBoxesB = kTransB ? kBlockN / 64 : kOperandsB * kBlockN / 128;
@@ -95,6 +95,7 @@ struct Params {
   bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
   DeviceStatus* status;
   bool in_order;       // tiles claimed in order from `tickets`; else the static round robin
+  int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
 };
@@ -253,22 +254,20 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUten
                                          const CUtensorMap* tma_b0, const CUtensorMap* tma_b1, const Params& p,
                                          uint32_t rank) {
   using C = Config<kMode>;
-  constexpr int kCluster = C::kCluster;
+  const int32_t cluster = C::kMayPair ? p.cluster : 1;
   const int32_t tiles = tile_count(p.grid);
-  const int32_t units = (tiles + kCluster - 1) / kCluster;
-  const int32_t clusters = int32_t(gridDim.x) / kCluster;
+  const int32_t units = (tiles + cluster - 1) / cluster;
+  const int32_t clusters = int32_t(gridDim.x) / cluster;
   const bool claims = p.in_order && rank == 0;
   int stage = 0;
   uint32_t phase = 0;
   // In order, the next unit's claim is in flight while this unit loads.
-  int32_t ticket = claims ? claim_ticket(p) : int32_t(blockIdx.x) / kCluster;
+  int32_t ticket = claims ? claim_ticket(p) : int32_t(blockIdx.x) / cluster;
   for (int32_t n = 0;; ++n) {
     int32_t unit = ticket < units ? ticket : kDone;
-    if constexpr (kCluster > 1) {
-      if (p.in_order) unit = rank == 0 ? post_unit(smem, n, unit, p.status) : take_unit(smem, n, p.status);
-    }
+    if (cluster > 1 && p.in_order) unit = rank == 0 ? post_unit(smem, n, unit, p.status) : take_unit(smem, n, p.status);
     if (unit != kDone) ticket = claims ? claim_ticket(p) : ticket + clusters;
-    const int32_t tile = unit == kDone ? kDone : unit * kCluster + int32_t(rank);
+    const int32_t tile = unit == kDone ? kDone : unit * cluster + int32_t(rank);
     if (tile == p.stall_task) break;  // test hook: this CTA never fills the stage its consumers wait on
     // The consumers learn each tile from its first stage (written before the arrive, whose release
     // orders it before their acquiring wait); the end, and a tile without K blocks (an expert without
@@ -279,8 +278,8 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUten
     if (tile != kDone) {
       if (pad) {
         t.k_blocks = p.grid.k_blocks;
-      } else if constexpr (kCluster > 1) {
-        const int32_t first = unit * kCluster;
+      } else if (cluster > 1) {
+        const int32_t first = unit * cluster;
         const Tile t0 = tile_at(p.grid, first);
         if (first + 1 < tiles) {
           const Tile t1 = tile_at(p.grid, first + 1);
@@ -319,11 +318,12 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUten
 // Releases a stage: every consumer thread arrives on this CTA's `empty` barrier (an arrive releases
 // only its own thread's accesses, so each thread covers its own reads), and in a cluster each warp,
 // once converged, on the partner's too, which may multicast into this CTA's stage next.
-// `peer_empty`: the partner's empty[0] in the cluster's shared-memory window (sm90::peer_addr).
+// `peer_empty`: the partner's empty[0] in the cluster's shared-memory window (sm90::peer_addr), used
+// when `paired`.
 template <Mode kMode>
-__device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int stage, uint32_t peer_empty) {
+__device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int stage, bool paired, uint32_t peer_empty) {
   sm90::mbarrier_arrive(&smem.empty[stage]);
-  if constexpr (Config<kMode>::kCluster > 1) {
+  if (Config<kMode>::kMayPair && paired) {
     __syncwarp();
     if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive_remote(peer_empty + stage * sizeof(uint64_t));
   }
@@ -336,7 +336,8 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
                                          int c, uint32_t rank) {
   using C = Config<kMode>;
   constexpr int kBlockN = C::kBlockN;
-  const uint32_t peer_empty = C::kCluster > 1 ? sm90::peer_addr(&smem.empty[0], rank ^ 1) : 0;
+  const bool paired = C::kMayPair && p.cluster > 1;
+  const uint32_t peer_empty = paired ? sm90::peer_addr(&smem.empty[0], rank ^ 1) : 0;
   int stage = 0;
   uint32_t phase = 0;
   float acc0[kBlockN / 2];
@@ -366,7 +367,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
       for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
     }
     if (t.k_blocks == 0) {  // the stage held no data
-      release_stage(smem, stage, peer_empty);
+      release_stage(smem, stage, paired, peer_empty);
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     // NOTES: the last row block of an expert holds 1-128 rows; when its rows 64-127 are all padding,
@@ -378,7 +379,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
-        release_stage(smem, stage, peer_empty);
+        release_stage(smem, stage, paired, peer_empty);
         if (++stage == C::kStages) stage = 0, phase ^= 1;
       }
     }
@@ -408,12 +409,12 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();
-      if (prev_stage >= 0) release_stage(smem, prev_stage, peer_empty);
+      if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
       prev_stage = stage;
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     sm90::wgmma_wait<0>();
-    if (prev_stage >= 0) release_stage(smem, prev_stage, peer_empty);
+    if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
     if (pad) continue;
 
     // Epilogue: [64, 128] pieces through shared memory and TMA stores.
@@ -461,18 +462,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
                        const Params p) {
   using C = Config<kMode>;
-  constexpr int kCluster = C::kCluster;
+  const bool paired = C::kMayPair && p.cluster > 1;
   extern __shared__ uint8_t smem_raw[];
   // NOTES: the dynamic shared memory starts at the same address in every CTA, so the aligned storage,
   // and each stage, sits at the same offset in both CTAs of a cluster, as multicast loads require.
   auto& smem = *reinterpret_cast<SharedStorage<kMode>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t rank = kCluster > 1 ? sm90::cluster_rank() : 0;
+  const uint32_t rank = paired ? sm90::cluster_rank() : 0;
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
-      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads + (kCluster > 1 ? kConsumerWarps : 0));
+      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads + (paired ? kConsumerWarps : 0));
       smem.stage_tile[s] = kNoTile;
     }
     for (int s = 0; s < 2; ++s) {
@@ -482,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_barrier_init();
   }
   // The partner's barriers must be initialised before this CTA arrives on them or multicasts to them.
-  if constexpr (kCluster > 1) {
+  if (paired) {
     sm90::cluster_sync();
   } else {
     __syncthreads();
@@ -503,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // NOTES: no CTA of a cluster leaves while its partner may still arrive on its barriers or multicast
   // into its stages. This wait is not bounded itself, but each of the partner's waits is: a stalled
   // partner traps, and the trap ends the grid.
-  if constexpr (kCluster > 1) sm90::cluster_sync();
+  if (paired) sm90::cluster_sync();
 }
 
 // The operand maps (A, B0, B1) and the output maps (C0, C1, C2) of one launch.
@@ -513,37 +514,43 @@ struct Maps {
 
 template <Mode kMode>
 void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
-  constexpr int kCluster = Config<kMode>::kCluster;
   constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
+  const bool paired = p.cluster > 1;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.x = kClusterTiles;
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3((sm_count > kCluster ? sm_count : kCluster) / kCluster * kCluster);
+  config.gridDim = dim3(sm_count);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  // Once per device: the shared-memory limit (a per-device attribute of the kernel) and how many
-  // clusters can be resident at once (the GPCs may leave an SM without a partner).
+  config.attrs = paired ? &cluster : nullptr;
+  config.numAttrs = paired ? 1 : 0;
+  // Per device: the shared-memory limit (a per-device attribute of the kernel), set once, and how many
+  // clusters can be resident at once (the GPCs may leave an SM without a partner), asked once.
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not yet configured
+  static std::atomic<bool> configured[kMaxDevices];
+  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not asked yet
   int device = 0;
   LYNX_CUDA(cudaGetDevice(&device));
   if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
-  if (resident_clusters[device].load() == 0) {
+  if (!configured[device].load()) {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    int clusters = 1;
-    if (kCluster > 1) LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kMode>, &config));
-    if (clusters < 1) throw Error("", "internal: no cluster of " + std::to_string(kCluster) + " expert GEMM CTAs fits the GPU");
-    resident_clusters[device].store(clusters);
+    configured[device].store(true);
   }
-  const int clusters =
-      kCluster > 1 ? std::max(1, std::min(sm_count / kCluster, resident_clusters[device].load())) : sm_count;
-  config.gridDim = dim3(clusters * kCluster);
+  if (paired) {
+    if (resident_clusters[device].load() == 0) {
+      config.gridDim = dim3(std::max(sm_count / kClusterTiles, 1) * kClusterTiles);
+      int clusters = 0;
+      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kMode>, &config));
+      if (clusters < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
+      resident_clusters[device].store(clusters);
+    }
+    const int clusters = std::max(1, std::min(sm_count / kClusterTiles, resident_clusters[device].load()));
+    config.gridDim = dim3(clusters * kClusterTiles);
+  }
   LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.b0, m.b1, m.c0, m.c1, m.c2, p));
   LYNX_CHECK_LAUNCH();
 }
@@ -587,6 +594,17 @@ bool half_tiles() {
   return on;
 }
 
+// Cluster units (use_cluster_units) unless the environment decides for a sweep: LYNX_GEMM_CLUSTER=0|1.
+bool cluster_units(int64_t routed_rows, int64_t experts, int64_t k) {
+  static const int forced = [] {
+    const char* v = std::getenv("LYNX_GEMM_CLUSTER");
+    if (!v) return -1;
+    if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
+    throw Error("LYNX_GEMM_CLUSTER", std::string("must be 0 or 1, got '") + v + "'");
+  }();
+  return forced >= 0 ? forced == 1 : use_cluster_units(routed_rows, experts, k);
+}
+
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -606,6 +624,8 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.group_rows = order.group_rows;
   p.grid.expert_groups = order.expert_groups;
   p.in_order = order.in_order;
+  const bool paired = args.clusters >= 0 ? args.clusters == 1 : cluster_units(args.routed_rows, args.experts, args.k);
+  p.cluster = paired ? kClusterTiles : 1;
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;
   p.status = args.status;
@@ -679,6 +699,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
   p.status = args.status;
   p.in_order = tile_order(args.routed_rows, args.experts).in_order;
+  p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);

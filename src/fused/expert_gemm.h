@@ -34,6 +34,8 @@ struct ExpertGemmArgs {
   int64_t routed_rows = 0;                // rows the routing sends to these experts on average (T·k): picks
                                           // the tile order (choose_tile_order)
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
+  int32_t clusters = -1;                  // test hook: 1 runs the tiles as cluster units, 0 as single CTAs,
+                                          // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
 };
 
 // out = A·B0ᵀ per expert block of rows.

@@ -15,6 +15,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.tickets = w.gemm_tickets;
   a.sm_count = w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
+  a.clusters = w.test_gemm_clusters;
   return a;
 }
 

@@ -114,6 +114,19 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
 constexpr int32_t kClusterTiles = 2;
 enum class Shared : int32_t { kNone = 0, kA = 1, kB = 2 };
 
+// NOTES: when clusters pay. The pair runs in lockstep (a stage is refilled only when both CTAs are
+// done with it), which costs where the operands already came from L2: on 2026-11-29 (H200, 3
+// alternating rounds, bench/results/2026-11-29-h200-session6-cluster.txt) clusters in every row
+// launch made qwen3-30b-a3b's forward 7.6% slower, olmoe's 4.7%, mixtral's backward 6.4%, and
+// deepseek-v3's down GEMM (K = 2048) 5%; deepseek-v3's gate/up (K = 7168) went from 19.7 to 15.9 GB
+// of DRAM reads and 5.24 to 4.82 ms. So: under two row blocks per expert on average (the weights
+// dominate the traffic and each weight tile serves one or two row blocks) and a long K (64 K blocks
+// or more: the CTAs sharing a weight tile drift apart over the K loop).
+constexpr int64_t kClusterFromKBlocks = 64;
+inline bool use_cluster_units(int64_t routed_rows, int64_t experts, int64_t k) {
+  return experts > 0 && routed_rows / experts < 2 * kBlockM && k / kBlockK >= kClusterFromKBlocks;
+}
+
 LYNX_HD Shared shared_operand(const Tile& t0, const Tile& t1) {
   if (t0.k0 != t1.k0 || t0.k_blocks != t1.k_blocks) return Shared::kNone;
   if (t0.expert == t1.expert && t0.b_row == t1.b_row) return Shared::kB;

@@ -270,7 +270,9 @@ class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend
   }
 };
 
-void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false) {
+// `clusters`: test_hooks::set_gemm_clusters (-1: the rule).
+void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
+                             int32_t clusters = -1) {
   SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
                " routing=" + c.routing);
@@ -278,6 +280,7 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   std::mt19937_64 rng(seed ^ 0x5eed);
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Workspace ws(L.shape, config);
+  test_hooks::set_gemm_clusters(ws, clusters);
   test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
   expect_matches_reference(o, L, dy);
@@ -374,6 +377,60 @@ TEST_P(Layer, BitwiseDeterministic) {
     ASSERT_TRUE(same(o.dw_down, first.dw_down)) << "run " << run;
     ASSERT_TRUE(same(o.dws_down, first.dws_down)) << "run " << run;
   }
+}
+
+// The row-mode expert GEMMs as cluster units (forced; the rule pairs only long K, use_cluster_units)
+// on cases that reach every kind of unit: a shared weight tile, a shared row block, nothing shared
+// (units across experts or column blocks), rank 1's padding tile after an odd tile count, in-order
+// claims posted through the mailbox and the static round robin, half tiles, experts without rows.
+class PairedTiles : public test::GpuTest {
+ protected:
+  static Config fused() {
+    Config c;
+    c.backend = Backend::kFused;
+    return c;
+  }
+};
+
+TEST_F(PairedTiles, InOrderTwoBlocksPerExpert) {  // 16 · 130 rows: shared B and A, half tiles
+  check_against_reference({520, 256, 256, 16, 4, 0}, fresh_seed(), fused(), false, 1);
+}
+TEST_F(PairedTiles, InOrderManyBlocksPerExpert) {  // 18 blocks per expert: groups of 16 + 2
+  check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), fused(), false, 1);
+}
+TEST_F(PairedTiles, StaticGroupsSpanExperts) {  // ~4.7 blocks per expert: units across experts share nothing
+  check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 1);
+}
+TEST_F(PairedTiles, ExpertsWithNoRows) {
+  Case c{257, 64, 64, 8, 2, 0};
+  c.routing = "subset";
+  check_against_reference(c, fresh_seed(), fused(), false, 1);
+}
+TEST_F(PairedTiles, OneTileAndAPaddingTile) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed(), fused(), false, 1); }
+TEST_F(PairedTiles, OddTileCounts) {  // 3 row blocks of one expert; down has 1 column block: 3 tiles
+  check_against_reference({300, 192, 192, 1, 1, 0}, fresh_seed(), fused(), false, 1);
+}
+TEST_F(PairedTiles, RecomputedContext) {
+  Config c = fused();
+  c.save_forward_context = false;
+  check_against_reference({200, 128, 64, 8, 2, 64}, fresh_seed(), c, /*recompute=*/true, 1);
+}
+TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over its K in order either way
+  const Case c{520, 256, 256, 16, 4, 64};
+  const HostLayer L(c, fresh_seed());
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace single(L.shape, fused()), paired(L.shape, fused());
+  test_hooks::set_gemm_clusters(single, 0);
+  test_hooks::set_gemm_clusters(paired, 1);
+  const Outputs a = run_layer(single, L, dy), b = run_layer(paired, L, dy);
+  auto same = [](const auto& x, const auto& y) { return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0; };
+  EXPECT_TRUE(same(a.y, b.y));
+  EXPECT_TRUE(same(a.dx, b.dx));
+  EXPECT_TRUE(same(a.d_topk, b.d_topk));
+  EXPECT_TRUE(same(a.dw_gate, b.dw_gate));
+  EXPECT_TRUE(same(a.dw_up, b.dw_up));
+  EXPECT_TRUE(same(a.dw_down, b.dw_down));
 }
 
 // A routing error on the device is reported by the call, naming the entry, and y is not written.
@@ -606,13 +663,14 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
 
 // A forced stall (test hook: one tile's loads are never issued) ends in a diagnostic naming the wait,
 // not a hang. The trap kills the CUDA context, so it runs in a child process.
-[[noreturn]] void run_stalled_forward() {
+[[noreturn]] void run_stalled_forward(int32_t clusters) {
   const Case c{300, 128, 128, 4, 2, 0};
   const HostLayer L(c, 7);
   Config config;
   config.backend = Backend::kFused;
   Workspace ws(L.shape, config);
   test_hooks::set_stall_task(ws, 0);
+  test_hooks::set_gemm_clusters(ws, clusters);
   DeviceBuffer y(c.T * c.H * 2);
   try {
     forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
@@ -626,7 +684,14 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
 
 TEST_F(FusedForward, ForcedStallIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_stalled_forward(), ::testing::ExitedWithCode(3),
+  EXPECT_EXIT(run_stalled_forward(0), ::testing::ExitedWithCode(3), "timed out in block [0-9]+: wait [12] = (full|empty) stage");
+}
+
+// The same in cluster units with in-order claims: rank 0 of the first cluster stops; its consumers, its
+// partner's producer (stages or the unit mailbox) or its partner's consumers time out.
+TEST_F(FusedForward, ForcedStallInAClusterIsReportedNotHung) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_stalled_forward(1), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait [1-4] = (full stage|empty stage|unit posted|unit taken)");
 }
 
