@@ -55,9 +55,8 @@ struct Config {
   // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
   // the weight gradient always as single CTAs.
   static constexpr bool kMayPair = kMode != Mode::kWeightGrad;
-  // B's TMA boxes per stage ([128, 64] K-major, [64 K, 64] N-major): a shared B is loaded half by
-  // each CTA of the cluster.
-  static constexpr int kBoxesB = kTransB ? kBlockN / 64 : kOperandsB * kBlockN / 128;
+  // N-major B ([64 K, 64 N] TMA boxes) per stage.
+  static constexpr int kBoxesB = kBlockN / 64;
 };
 
 constexpr int kConsumerThreads = 256;
@@ -186,31 +185,22 @@ __device__ __forceinline__ int32_t take_unit(Smem& smem, int32_t n, DeviceStatus
   return unit;
 }
 
-__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
-                                        uint16_t multicast) {
-  if (multicast) {
-    sm90::tma_load_2d_multicast(dst, map, bar, c0, c1, multicast);
-  } else {
-    sm90::tma_load_2d(dst, map, bar, c0, c1);
-  }
-}
+// The operand maps of a launch, as the kernel holds them (grid constants). a and b0 load a whole
+// stage's A and B (b0 and b1 both with SwiGLU); a_half ([64, 64] boxes) and b_half ([128, 64] boxes,
+// plain K-major B) load the halves a cluster multicasts.
+struct OperandMaps {
+  const CUtensorMap *a, *a_half, *b0, *b1, *b_half;
+};
 
-__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
-                                        int32_t c2, uint16_t multicast) {
-  if (multicast) {
-    sm90::tma_load_3d_multicast(dst, map, bar, c0, c1, c2, multicast);
-  } else {
-    sm90::tma_load_3d(dst, map, bar, c0, c1, c2);
-  }
-}
-
-// K block `k` of tile `t` into `stage`. A shared operand (`share`) is loaded half by each CTA of the
+// K block `k` of tile `t` into `stage`. A shared operand (kShare) is loaded half by each CTA of the
 // cluster, each half into both CTAs; the rest by this CTA for itself. Either way each CTA's `full`
-// barrier receives the whole stage, kStageBytes.
-template <Mode kMode>
+// barrier receives the whole stage, kStageBytes. NOTES: kShare is a template parameter, and a stage
+// that shares nothing takes the unsplit boxes, because the producer's time per stage is on the
+// critical path (about three stages of slack against the load latency): with split boxes and
+// run-time choices per box, launches without clusters ran 5-10% slower.
+template <Mode kMode, Shared kShare>
 __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage, const Tile& t, int32_t k,
-                                           Shared share, uint32_t rank, const CUtensorMap* tma_a,
-                                           const CUtensorMap* tma_b0, const CUtensorMap* tma_b1, const Params& p) {
+                                           uint32_t rank, const OperandMaps& maps, const Params& p) {
   using C = Config<kMode>;
   constexpr uint16_t kBoth = 0b11;
   uint64_t* full = &smem.full[stage];
@@ -218,28 +208,54 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
   __nv_bfloat16* b = smem.b[stage][0];
   if constexpr (kMode == Mode::kWeightGrad) {
     // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
-    for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, tma_a, full, t.a_row + 64 * j, k);
-    for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, tma_b0, full, t.b_row + 64 * j, k);
+    for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, maps.a, full, t.a_row + 64 * j, k);
+    for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, maps.b0, full, t.b_row + 64 * j, k);
   } else {
-    // A: [BLOCK_M, BLOCK_K] as two [64, 64] boxes.
-    for (int j = 0; j < 2; ++j) {
-      if (share == Shared::kA && j != int(rank)) continue;
-      load_2d(a + j * 64 * kBlockK, tma_a, full, k, t.a_row + 64 * j, share == Shared::kA ? kBoth : 0);
+    // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`.
+    if constexpr (kShare == Shared::kA) {
+      sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
+    } else {
+      sm90::tma_load_2d(a, maps.a, full, k, t.a_row);
     }
-    // B: kBoxesB boxes; a shared B's first half from rank 0, its second from rank 1.
-    for (int j = 0; j < C::kBoxesB; ++j) {
-      if (share == Shared::kB && j / (C::kBoxesB / 2) != int(rank)) continue;
-      const uint16_t multicast = share == Shared::kB ? kBoth : 0;
-      if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes
-        const bool second = k >= p.k_split;
-        load_3d(b + j * 64 * kBlockK, second ? tma_b1 : tma_b0, full, t.b_row + 64 * j, second ? k - p.k_split : k,
-                t.expert, multicast);
-      } else if constexpr (C::kSwiGLU) {  // gate, then up: [128, 64] each
-        load_3d(smem.b[stage][j], j == 0 ? tma_b0 : tma_b1, full, k, t.b_row, t.expert, multicast);
-      } else {  // [256, 64] as two [128, 64]
-        load_3d(b + j * 128 * kBlockK, tma_b0, full, k, t.b_row + 128 * j, t.expert, multicast);
+    // B; shared: the first half from rank 0, the second from rank 1.
+    if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes, 4 of them
+      const bool second = k >= p.k_split;
+      const CUtensorMap* map = second ? maps.b1 : maps.b0;
+      const int32_t kr = second ? k - p.k_split : k;
+      if constexpr (kShare == Shared::kB) {
+        for (int j = 2 * int(rank); j < 2 * int(rank) + 2; ++j) {
+          sm90::tma_load_3d_multicast(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert, kBoth);
+        }
+      } else {
+        for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert);
+      }
+    } else if constexpr (C::kSwiGLU) {  // gate and up: [128, 64] each
+      if constexpr (kShare == Shared::kB) {
+        sm90::tma_load_3d_multicast(smem.b[stage][rank], rank == 0 ? maps.b0 : maps.b1, full, k, t.b_row, t.expert, kBoth);
+      } else {
+        sm90::tma_load_3d(smem.b[stage][0], maps.b0, full, k, t.b_row, t.expert);
+        sm90::tma_load_3d(smem.b[stage][1], maps.b1, full, k, t.b_row, t.expert);
+      }
+    } else {  // [256, 64] in one box; shared: [128, 64] halves
+      if constexpr (kShare == Shared::kB) {
+        sm90::tma_load_3d_multicast(b + rank * 128 * kBlockK, maps.b_half, full, k, t.b_row + 128 * int32_t(rank), t.expert, kBoth);
+      } else {
+        sm90::tma_load_3d(b, maps.b0, full, k, t.b_row, t.expert);
       }
     }
+  }
+}
+
+// Every K block of tile `t` (stage_tile `tile` on the first) through the pipeline.
+template <Mode kMode, Shared kShare>
+__device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
+                                          int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
+  for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
+    sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+    smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
+    sm90::mbarrier_arrive_expect_tx(&smem.full[stage], Config<kMode>::kStageBytes);
+    load_stage<kMode, kShare>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
+    if (++stage == Config<kMode>::kStages) stage = 0, phase ^= 1;
   }
 }
 
@@ -250,8 +266,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
 // sequences stay paired: a stage's empty barrier counts both CTAs' consumers, and a multicast into
 // the partner's stage waits on this CTA's own barrier.
 template <Mode kMode>
-__device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUtensorMap* tma_a,
-                                         const CUtensorMap* tma_b0, const CUtensorMap* tma_b1, const Params& p,
+__device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const OperandMaps& maps, const Params& p,
                                          uint32_t rank) {
   using C = Config<kMode>;
   const int32_t cluster = C::kMayPair ? p.cluster : 1;
@@ -300,16 +315,19 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const CUten
       if (tile == kDone) break;
       continue;
     }
-    for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-      sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
-      smem.stage_tile[stage] = kb > 0 ? kNoTile : pad ? kPadTile : tile;
-      if (pad) {
+    if (pad) {  // no data: the stages go on in step with the partner's
+      for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
+        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+        smem.stage_tile[stage] = kb == 0 ? kPadTile : kNoTile;
         sm90::mbarrier_arrive(&smem.full[stage]);
-      } else {
-        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], C::kStageBytes);
-        load_stage(smem, stage, t, t.k0 + kb * kBlockK, share, rank, tma_a, tma_b0, tma_b1, p);
+        if (++stage == C::kStages) stage = 0, phase ^= 1;
       }
-      if (++stage == C::kStages) stage = 0, phase ^= 1;
+    } else if (share == Shared::kA) {
+      load_tile<kMode, C::kMayPair ? Shared::kA : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
+    } else if (share == Shared::kB) {
+      load_tile<kMode, C::kMayPair ? Shared::kB : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
+    } else {
+      load_tile<kMode, Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     }
   }
   if (claims) finish_claims(p, clusters);
@@ -457,8 +475,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
 
 template <Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
-    expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b0,
-                       const __grid_constant__ CUtensorMap tma_b1, const __grid_constant__ CUtensorMap tma_c0,
+    expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
+                       const __grid_constant__ CUtensorMap tma_b0, const __grid_constant__ CUtensorMap tma_b1,
+                       const __grid_constant__ CUtensorMap tma_b_half, const __grid_constant__ CUtensorMap tma_c0,
                        const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
                        const Params p) {
   using C = Config<kMode>;
@@ -495,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::prefetch_tma_descriptor(&tma_a);
       sm90::prefetch_tma_descriptor(&tma_b0);
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
-      producer(smem, &tma_a, &tma_b0, &tma_b1, p, rank);
+      producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
@@ -507,9 +526,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (paired) sm90::cluster_sync();
 }
 
-// The operand maps (A, B0, B1) and the output maps (C0, C1, C2) of one launch.
+// The operand maps (OperandMaps) and the output maps (C0, C1, C2) of one launch.
 struct Maps {
-  CUtensorMap a, b0, b1, c0, c1, c2;
+  CUtensorMap a, a_half, b0, b1, b_half, c0, c1, c2;
 };
 
 template <Mode kMode>
@@ -551,7 +570,8 @@ void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
     const int clusters = std::max(1, std::min(sm_count / kClusterTiles, resident_clusters[device].load()));
     config.gridDim = dim3(clusters * kClusterTiles);
   }
-  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.b0, m.b1, m.c0, m.c1, m.c2, p));
+  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.a_half, m.b0, m.b1, m.b_half, m.c0, m.c1,
+                               m.c2, p));
   LYNX_CHECK_LAUNCH();
 }
 
@@ -640,10 +660,11 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   Params p = rows_params(args, kBlockN);
   check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
   Maps m;
-  // A in [64, 64] boxes, B in [128, 64] (load_stage), so that either can be multicast in halves.
-  m.a = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
-  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK);
-  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, 128, kBlockK) : m.b0;
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
+  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
+  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : m.b0;
+  m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK);
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
@@ -657,8 +678,9 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   Params p = rows_params(args, Config<Mode::kRowsMnB>::kBlockN);
   const int64_t k0 = args.b1 ? args.k_split : args.k;
   Maps m;
-  m.a = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
-  m.b0 = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
+  m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
+  m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
+  m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
@@ -682,8 +704,8 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
   const int64_t out_rows = args.out2 ? args.split : args.m;
   Maps m;
-  m.a = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
-  m.b0 = m.b1 = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
+  m.a = m.a_half = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
+  m.b0 = m.b1 = m.b_half = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
   m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
   m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;
   Params p{};
