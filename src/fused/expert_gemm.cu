@@ -169,7 +169,7 @@ template <class Smem>
 __device__ __forceinline__ int32_t post_unit(Smem& smem, int32_t n, int32_t unit, DeviceStatus* status) {
   const int slot = n & 1;
   const uint32_t parity = (n >> 1) & 1;
-  sm90::mbarrier_wait_cluster(&smem.unit_empty[slot], parity ^ 1, status, sm90::Wait::kUnitTaken, unit);
+  sm90::mbarrier_wait<sm90::Scope::kCluster>(&smem.unit_empty[slot], parity ^ 1, status, sm90::Wait::kUnitTaken, unit);
   sm90::st_peer(&smem.unit_slot[slot], 1, unit);
   sm90::mbarrier_arrive_peer(&smem.unit_full[slot], 1);  // releases the store
   return unit;
@@ -179,7 +179,7 @@ template <class Smem>
 __device__ __forceinline__ int32_t take_unit(Smem& smem, int32_t n, DeviceStatus* status) {
   const int slot = n & 1;
   const uint32_t parity = (n >> 1) & 1;
-  sm90::mbarrier_wait_cluster(&smem.unit_full[slot], parity, status, sm90::Wait::kUnitPosted, kNoTile);
+  sm90::mbarrier_wait<sm90::Scope::kCluster>(&smem.unit_full[slot], parity, status, sm90::Wait::kUnitPosted, kNoTile);
   const int32_t unit = *static_cast<volatile int32_t*>(&smem.unit_slot[slot]);
   sm90::mbarrier_arrive_peer(&smem.unit_empty[slot], 0);  // the slot may be written again
   return unit;

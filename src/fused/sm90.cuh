@@ -34,13 +34,26 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
+// Scope of a wait's acquire: the CTA (default), or the cluster, to see what another CTA of the cluster
+// released with its arrive.
+enum class Scope { kCta, kCluster };
+
+template <Scope kScope = Scope::kCta>
 __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
+  if constexpr (kScope == Scope::kCluster) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
   return done != 0;
 }
 
@@ -65,9 +78,10 @@ __device__ __forceinline__ void report_stall(DeviceStatus* report, Wait which, i
   __trap();
 }
 
+template <Scope kScope = Scope::kCta>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
                                               int32_t task) {
-  for (uint32_t tries = 0; !mbarrier_try_wait(bar, parity); ++tries) {
+  for (uint32_t tries = 0; !mbarrier_try_wait<kScope>(bar, parity); ++tries) {
     if (tries == kMaxWaitTries) report_stall(report, which, task, parity);
   }
 }
@@ -109,24 +123,6 @@ __device__ __forceinline__ void st_peer(int32_t* p, uint32_t rank, int32_t v) {
 // threads of a warp may reach it apart.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-__device__ __forceinline__ bool mbarrier_try_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-// As mbarrier_wait, acquiring what the other CTAs of the cluster released with their arrives.
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
-                                                      int32_t task) {
-  for (uint32_t tries = 0; !mbarrier_try_wait_cluster(bar, parity); ++tries) {
-    if (tries == kMaxWaitTries) report_stall(report, which, task, parity);
-  }
 }
 
 // ---- TMA ------------------------------------------------------------------------------------------

@@ -169,6 +169,23 @@ struct Outputs {
   std::vector<float> d_topk;
 };
 
+// The first output whose bits differ between a and b ("" when every output is the same).
+std::string first_difference(const Outputs& a, const Outputs& b) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  if (!same(a.y, b.y)) return "y";
+  if (!same(a.dx, b.dx)) return "dx";
+  if (!same(a.d_topk, b.d_topk)) return "d_topk_weights";
+  if (!same(a.dw_gate, b.dw_gate)) return "dw_gate";
+  if (!same(a.dw_up, b.dw_up)) return "dw_up";
+  if (!same(a.dw_down, b.dw_down)) return "dw_down";
+  if (!same(a.dws_gate, b.dws_gate)) return "dws_gate";
+  if (!same(a.dws_up, b.dws_up)) return "dws_up";
+  if (!same(a.dws_down, b.dws_down)) return "dws_down";
+  return "";
+}
+
 // Device buffers of every output of a layer call, with their views.
 struct OutputBuffers {
   const Case c;
@@ -366,16 +383,8 @@ TEST_P(Layer, BitwiseDeterministic) {
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Workspace ws(L.shape, config());
   const Outputs first = run_layer(ws, L, dy);
-  auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
   for (int run = 1; run < 20; ++run) {
-    const Outputs o = run_layer(ws, L, dy);
-    ASSERT_TRUE(same(o.y, first.y)) << "run " << run;
-    ASSERT_TRUE(same(o.dx, first.dx)) << "run " << run;
-    ASSERT_TRUE(same(o.d_topk, first.d_topk)) << "run " << run;
-    ASSERT_TRUE(same(o.dw_gate, first.dw_gate)) << "run " << run;
-    ASSERT_TRUE(same(o.dw_up, first.dw_up)) << "run " << run;
-    ASSERT_TRUE(same(o.dw_down, first.dw_down)) << "run " << run;
-    ASSERT_TRUE(same(o.dws_down, first.dws_down)) << "run " << run;
+    ASSERT_EQ(first_difference(run_layer(ws, L, dy), first), "") << "differs in run " << run;
   }
 }
 
@@ -423,14 +432,7 @@ TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over
   Workspace single(L.shape, fused()), paired(L.shape, fused());
   test_hooks::set_gemm_clusters(single, 0);
   test_hooks::set_gemm_clusters(paired, 1);
-  const Outputs a = run_layer(single, L, dy), b = run_layer(paired, L, dy);
-  auto same = [](const auto& x, const auto& y) { return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0; };
-  EXPECT_TRUE(same(a.y, b.y));
-  EXPECT_TRUE(same(a.dx, b.dx));
-  EXPECT_TRUE(same(a.d_topk, b.d_topk));
-  EXPECT_TRUE(same(a.dw_gate, b.dw_gate));
-  EXPECT_TRUE(same(a.dw_up, b.dw_up));
-  EXPECT_TRUE(same(a.dw_down, b.dw_down));
+  EXPECT_EQ(first_difference(run_layer(single, L, dy), run_layer(paired, L, dy)), "");
 }
 
 // A routing error on the device is reported by the call, naming the entry, and y is not written.
