@@ -589,14 +589,21 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
     if (std::string(v) == "static") return 0;
     throw Error("LYNX_GEMM_ORDER", std::string("must be static or in-order, got '") + v + "'");
   }();
+  // At most 64 row blocks per group: keeps group_rows · tiles_n far from overflow.
   static const int32_t forced_rows = [] {
     const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");
-    return v ? std::atoi(v) : 0;
+    if (!v) return 0;
+    char* end = nullptr;
+    const long rows = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || rows < 1 || rows > 64) {
+      throw Error("LYNX_GEMM_GROUP_ROWS", std::string("must be a whole number of row blocks in [1, 64], got '") + v + "'");
+    }
+    return int32_t(rows);
   }();
   TileOrder o = forced_order == 1   ? in_order_tiles()
                 : forced_order == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
                                     : choose_tile_order(routed_rows, experts);
-  if (forced_rows > 0) o.group_rows = forced_rows < 64 ? forced_rows : 64;  // keeps group_rows · tiles_n far from overflow
+  if (forced_rows > 0) o.group_rows = forced_rows;
   return o;
 }
 
