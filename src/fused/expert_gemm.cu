@@ -622,14 +622,14 @@ bool half_tiles() {
 }
 
 // Cluster units (use_cluster_units) unless the environment decides for a sweep: LYNX_GEMM_CLUSTER=0|1.
-bool cluster_units(int64_t routed_rows, int64_t experts, int64_t k) {
+bool cluster_units(int64_t k) {
   static const int forced = [] {
     const char* v = std::getenv("LYNX_GEMM_CLUSTER");
     if (!v) return -1;
     if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
     throw Error("LYNX_GEMM_CLUSTER", std::string("must be 0 or 1, got '") + v + "'");
   }();
-  return forced >= 0 ? forced == 1 : use_cluster_units(routed_rows, experts, k);
+  return forced >= 0 ? forced == 1 : use_cluster_units(k);
 }
 
 // The Params every row mode shares.
@@ -651,7 +651,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.group_rows = order.group_rows;
   p.grid.expert_groups = order.expert_groups;
   p.in_order = order.in_order;
-  const bool paired = args.clusters >= 0 ? args.clusters == 1 : cluster_units(args.routed_rows, args.experts, args.k);
+  const bool paired = args.clusters >= 0 ? args.clusters == 1 : cluster_units(args.k);
   p.cluster = paired ? kClusterTiles : 1;
   p.n = static_cast<int32_t>(args.n);
   p.out_split = INT32_MAX;

@@ -114,18 +114,18 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
 constexpr int32_t kClusterTiles = 2;
 enum class Shared : int32_t { kNone = 0, kA = 1, kB = 2 };
 
-// NOTES: when clusters pay. The pair runs in lockstep (a stage is refilled only when both CTAs are
-// done with it), which costs where the operands already came from L2: on 2026-11-29 (H200, 3
-// alternating rounds, bench/results/2026-11-29-h200-session6-cluster.txt) clusters in every row
-// launch made qwen3-30b-a3b's forward 7.6% slower, olmoe's 4.7%, mixtral's backward 6.4%, and
-// deepseek-v3's down GEMM (K = 2048) 5%; deepseek-v3's gate/up (K = 7168) went from 19.7 to 15.9 GB
-// of DRAM reads and 5.24 to 4.82 ms. So: under two row blocks per expert on average (the weights
-// dominate the traffic and each weight tile serves one or two row blocks) and a long K (64 K blocks
-// or more: the CTAs sharing a weight tile drift apart over the K loop).
+// NOTES: when clusters pay: a long K (64 K blocks or more). Over a long K loop the CTAs that share a
+// tile's operand without clusters read it far apart in time (deepseek-v3's gate/up, K = 7168: a median
+// 6.4 µs apart, ~42 MB of other loads, so about half of the second reads missed L2); over a short
+// one the pair's lockstep (a stage is refilled only when both CTAs are done with it) costs more than
+// the L2 traffic saved. Measured on 2026-11-29 (H200, alternating rounds in one call,
+// bench/results/2026-11-29-h200-session6-cluster.txt, sections 5-7 and 9): paired, deepseek-v3's
+// gate/up read 15.9 GB from DRAM instead of 19.7 and its forward ran 8.3% faster, its backward (K =
+// 7168 and 4096) 2.1%; mixtral-8x7b (K = 4096 and 14336) forward 1.7-2.3% and backward 0.6-1.3%
+// faster; slower with every launch paired: qwen3-30b-a3b forward 3.9-7.6% and olmoe-1b-7b 1.6-4.7%
+// (K <= 2048), and deepseek-v3's down alone (K = 2048) 5%.
 constexpr int64_t kClusterFromKBlocks = 64;
-inline bool use_cluster_units(int64_t routed_rows, int64_t experts, int64_t k) {
-  return experts > 0 && routed_rows / experts < 2 * kBlockM && k / kBlockK >= kClusterFromKBlocks;
-}
+inline bool use_cluster_units(int64_t k) { return k / kBlockK >= kClusterFromKBlocks; }
 
 LYNX_HD Shared shared_operand(const Tile& t0, const Tile& t1) {
   if (t0.k0 != t1.k0 || t0.k_blocks != t1.k_blocks) return Shared::kNone;

@@ -200,21 +200,14 @@ TEST(TileSchedule, ClusterUnitsOfDeepseekAllShare) {
   }
 }
 
-TEST(TileSchedule, ClusterUnitsForFewRowBlocksAndLongK) {
-  // deepseek-v3 (128 rows per expert): gate/up (K = H = 7168) and the backward's K = 7168 and
-  // K = 2 I = 4096 launches pair; down (K = I = 2048) does not.
-  EXPECT_TRUE(use_cluster_units(4096 * 8, 256, 7168));
-  EXPECT_TRUE(use_cluster_units(4096 * 8, 256, 4096));
-  EXPECT_FALSE(use_cluster_units(4096 * 8, 256, 2048));
-  EXPECT_TRUE(use_cluster_units(4096 * 8, 256, kClusterFromKBlocks * kBlockK));
-  EXPECT_FALSE(use_cluster_units(4096 * 8, 256, kClusterFromKBlocks * kBlockK - kBlockK));
-  // Two row blocks per expert or more (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b): never.
-  EXPECT_FALSE(use_cluster_units(8192 * 8, 128, 2048));
-  EXPECT_FALSE(use_cluster_units(8192 * 8, 64, 2048));
-  EXPECT_FALSE(use_cluster_units(8192 * 2, 8, 4096));
-  EXPECT_FALSE(use_cluster_units(256, 1, 7168));
-  EXPECT_TRUE(use_cluster_units(255, 1, 7168));
-  EXPECT_FALSE(use_cluster_units(0, 0, 7168));
+TEST(TileSchedule, ClusterUnitsForALongK) {
+  // deepseek-v3: gate/up (K = H = 7168) and the backward's dgrads (K = 7168, K = 2I = 4096) pair,
+  // down (K = I = 2048) does not; mixtral-8x7b (K = 4096, 14336, 28672) pairs; qwen3-30b-a3b and
+  // olmoe-1b-7b (K <= 2048) never.
+  for (const int64_t k : {7168, 4096, 14336, 28672}) EXPECT_TRUE(use_cluster_units(k)) << k;
+  for (const int64_t k : {2048, 1536, 1024, 768, 64}) EXPECT_FALSE(use_cluster_units(k)) << k;
+  EXPECT_TRUE(use_cluster_units(kClusterFromKBlocks * kBlockK));
+  EXPECT_FALSE(use_cluster_units(kClusterFromKBlocks * kBlockK - kBlockK));
 }
 
 TEST(TileSchedule, RowModesStartNothingWhenTheScheduleOverflowed) {
