@@ -1,5 +1,6 @@
 #include "fused/backward.h"
 
+#include "api/omit.h"
 #include "api/steps.h"
 #include "fused/expert_gemm.h"
 #include "fused/forward.h"
@@ -19,7 +20,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
 
   enqueue_shared_backward(w, in, dy, grads, s);
-  unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
+  if (!omitted(Stage::kDyGather)) unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
 
   ExpertGemmArgs g = expert_gemm_args(w);
 
@@ -29,11 +30,13 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.b0 = data_of<const bf16_t>(in.weights.w_down);
   g.n = I;
   g.out = w.un.da;
-  expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDgradDown)) expert_gemm_n_major(g, s);
 
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
-  unfused::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
-                           data_of<const float>(in.topk_weights), slots, total, cap, I, s);
+  if (!omitted(Stage::kSwigluBackward)) {
+    unfused::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g,
+                             w.un.u, data_of<const float>(in.topk_weights), slots, total, cap, I, s);
+  }
 
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
   g.a = dgu;
@@ -43,9 +46,11 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.k_split = I;
   g.n = H;
   g.out = dxe;
-  expert_gemm_n_major(g, s);
-  unfused::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H,
-                   w.status, s);
+  if (!omitted(Stage::kDgradGateUp)) expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDxCombine)) {
+    unfused::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k,
+                     H, w.status, s);
+  }
 
   // Weight gradients over each expert's padded rows.
   WeightGradArgs wg;
@@ -64,7 +69,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.split = I;
   wg.out = data_of<bf16_t>(grads.dw_gate);
   wg.out2 = data_of<bf16_t>(grads.dw_up);
-  expert_weight_grad(wg, s);
+  if (!omitted(Stage::kWgradGateUp)) expert_weight_grad(wg, s);
   // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
   wg.a = dyg;
   wg.m = H;
@@ -73,7 +78,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.split = 0;
   wg.out = data_of<bf16_t>(grads.dw_down);
   wg.out2 = nullptr;
-  expert_weight_grad(wg, s);
+  if (!omitted(Stage::kWgradDown)) expert_weight_grad(wg, s);
 }
 
 }  // namespace lynx::fused

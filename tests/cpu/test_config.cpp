@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "api/omit.h"
 #include "lynx/lynx.h"
 #include "unfused/gemm_strategy.h"
 
@@ -125,6 +126,24 @@ TEST(GemmStrategy, FollowsTheMeasuredSweep) {
   EXPECT_EQ(choose_gemm_strategy(2 * 8, 2048.0 * 14336 * 4096 * 2), GemmStrategy::kLoop);    // mixtral-8x7b
   EXPECT_EQ(choose_gemm_strategy(2 * 256, 128.0 * 2048 * 7168 * 2), GemmStrategy::kLoop);    // deepseek-v3
   EXPECT_EQ(choose_gemm_strategy(4, 1e6), GemmStrategy::kLoop);  // a handful of launches costs nothing
+}
+
+// LYNX_OMIT's names (src/api/omit.h): each stage by its name, lists, and a clear error for the rest.
+TEST(OmitStages, ParsesEveryStageAndRejectsUnknownNames) {
+  EXPECT_EQ(parse_omitted_stages(""), 0u);
+  for (uint32_t i = 0; i < uint32_t(Stage::kCount); ++i) {
+    EXPECT_EQ(parse_omitted_stages(stage_name(Stage(i))), 1u << i) << stage_name(Stage(i));
+  }
+  EXPECT_EQ(parse_omitted_stages("gather,down"), (1u << uint32_t(Stage::kGather)) | (1u << uint32_t(Stage::kDown)));
+  for (const char* bad : {"gate", "gather,", ",down", "gather,,down", "Gather", "all"}) {
+    try {
+      parse_omitted_stages(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LYNX_OMIT"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("stages: gather, shared, gate_up"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
