@@ -31,6 +31,7 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   } else {
     unfused::forward(w, in, y, stream);
   }
+  ++w.forward_calls;
 }
 
 void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream) {
@@ -55,6 +56,7 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
   } else {
     unfused::backward(w, in, dy, grads, stream);
   }
+  ++w.backward_calls;
 }
 
 }  // namespace lynx

@@ -37,12 +37,12 @@ uint32_t parse_omitted_stages(const std::string& list) {
   }
 }
 
-bool omitted(Stage s) {
+bool omitted(Stage s, int64_t calls_before) {
   static const uint32_t bits = [] {
     const char* v = std::getenv("LYNX_OMIT");
     return v ? parse_omitted_stages(v) : 0u;
   }();
-  return (bits >> uint32_t(s)) & 1u;
+  return calls_before > 0 && ((bits >> uint32_t(s)) & 1u);
 }
 
 }  // namespace lynx

@@ -21,11 +21,11 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s)
   sched::DeviceRouting routing{};
   routing.topk_ids[0] = w.ids32;
   sched::build_schedule_device(w.problem, routing, w.schedule, s);
-  if (!omitted(Stage::kGather)) {
+  if (!omitted(Stage::kGather, w.forward_calls)) {
     unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
                          w.problem.capacity, k, H, s);
   }
-  if (Is > 0 && !omitted(Stage::kSharedForward)) {
+  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
     unfused::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
                              in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);
     unfused::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
@@ -36,12 +36,12 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s)
 void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
-  if (Is > 0 && !omitted(Stage::kSharedForward)) {
+  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
     unfused::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
     unfused::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
                              in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
   }
-  if (omitted(Stage::kCombine)) return;
+  if (omitted(Stage::kCombine, w.forward_calls)) return;
   unfused::combine(data_of<unfused::bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
                    Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
 }
@@ -75,7 +75,7 @@ void enqueue_shared_backward(Workspace::Impl& w, const LayerInputs& in, const Te
                              cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int T = to_int(sh.tokens), H = to_int(sh.hidden), Is = to_int(sh.shared_intermediate);
-  if (Is == 0 || omitted(Stage::kSharedBackward)) return;
+  if (Is == 0 || omitted(Stage::kSharedBackward, w.backward_calls)) return;
   using unfused::gemm;
   const void* dyp = dy.data;
   // dhs = dy · ws_down; SwiGLU backward (router weight 1); dx_s = dgs · ws_gate + dus · ws_up (fp32)

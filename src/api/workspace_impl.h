@@ -90,6 +90,8 @@ struct Workspace::Impl {
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
   int32_t test_stall_task = -1;                 // test hook (api/test_hooks.h)
+  int64_t forward_calls = 0;                    // forward passes queued so far (LYNX_OMIT, api/omit.h)
+  int64_t backward_calls = 0;                   // backward passes queued so far
   int32_t test_gemm_clusters = -1;              // test hook (api/test_hooks.h): -1 the rule, 0 off, 1 on
 
   Impl(const LayerShape& shape, const Config& config);

@@ -20,7 +20,9 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
 
   enqueue_shared_backward(w, in, dy, grads, s);
-  if (!omitted(Stage::kDyGather)) unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
+  if (!omitted(Stage::kDyGather, w.backward_calls)) {
+    unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
+  }
 
   ExpertGemmArgs g = expert_gemm_args(w);
 
@@ -30,10 +32,10 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.b0 = data_of<const bf16_t>(in.weights.w_down);
   g.n = I;
   g.out = w.un.da;
-  if (!omitted(Stage::kDgradDown)) expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDgradDown, w.backward_calls)) expert_gemm_n_major(g, s);
 
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
-  if (!omitted(Stage::kSwigluBackward)) {
+  if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
     unfused::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g,
                              w.un.u, data_of<const float>(in.topk_weights), slots, total, cap, I, s);
   }
@@ -46,8 +48,8 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.k_split = I;
   g.n = H;
   g.out = dxe;
-  if (!omitted(Stage::kDgradGateUp)) expert_gemm_n_major(g, s);
-  if (!omitted(Stage::kDxCombine)) {
+  if (!omitted(Stage::kDgradGateUp, w.backward_calls)) expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDxCombine, w.backward_calls)) {
     unfused::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k,
                      H, w.status, s);
   }
@@ -69,7 +71,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.split = I;
   wg.out = data_of<bf16_t>(grads.dw_gate);
   wg.out2 = data_of<bf16_t>(grads.dw_up);
-  if (!omitted(Stage::kWgradGateUp)) expert_weight_grad(wg, s);
+  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) expert_weight_grad(wg, s);
   // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
   wg.a = dyg;
   wg.m = H;
@@ -78,7 +80,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.split = 0;
   wg.out = data_of<bf16_t>(grads.dw_down);
   wg.out2 = nullptr;
-  if (!omitted(Stage::kWgradDown)) expert_weight_grad(wg, s);
+  if (!omitted(Stage::kWgradDown, w.backward_calls)) expert_weight_grad(wg, s);
 }
 
 }  // namespace lynx::fused

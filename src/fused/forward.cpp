@@ -39,7 +39,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   a.out_gate = keep_gate_up ? w.un.g : nullptr;
   a.out_up = keep_gate_up ? w.un.u : nullptr;
   a.stall_task = w.test_stall_task;
-  if (!omitted(Stage::kGateUp)) expert_gemm_swiglu(a, s);
+  if (!omitted(Stage::kGateUp, w.forward_calls)) expert_gemm_swiglu(a, s);
   w.context = ContextKey::of(in);
 }
 
@@ -58,7 +58,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   a.b0 = data_of<const bf16_t>(in.weights.w_down);
   a.n = w.shape.hidden;
   a.out = w.un.rows_a;
-  if (!omitted(Stage::kDown)) expert_gemm(a, s);
+  if (!omitted(Stage::kDown, w.forward_calls)) expert_gemm(a, s);
   enqueue_shared_and_combine(w, in, y, s);
   w.context_valid = w.config.save_forward_context;
 }

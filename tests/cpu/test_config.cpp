@@ -1,6 +1,7 @@
 // The config heuristics and their range checks (pure host functions).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "api/omit.h"
@@ -144,6 +145,18 @@ TEST(OmitStages, ParsesEveryStageAndRejectsUnknownNames) {
       EXPECT_NE(std::string(e.what()).find("stages: gather, shared, gate_up"), std::string::npos) << e.what();
     }
   }
+}
+
+// The first call of a pass runs every stage (so that a stage left out later leaves real values behind).
+// The only test in this binary that reads LYNX_OMIT, which omitted() reads once.
+TEST(OmitStages, LeavesStagesOutOnlyAfterTheFirstCallOfTheirPass) {
+  ASSERT_EQ(setenv("LYNX_OMIT", "down,wgrad_down", 1), 0);
+  EXPECT_FALSE(omitted(Stage::kDown, 0));
+  EXPECT_TRUE(omitted(Stage::kDown, 1));
+  EXPECT_TRUE(omitted(Stage::kWgradDown, 3));
+  EXPECT_FALSE(omitted(Stage::kWgradDown, 0));
+  EXPECT_FALSE(omitted(Stage::kGateUp, 5));
+  unsetenv("LYNX_OMIT");
 }
 
 }  // namespace
