@@ -34,8 +34,10 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                          : st.a == 3 ? "unit posted (cluster rank 1 waiting for rank 0's next claimed unit)"
                          : st.a == 4 ? "unit taken (cluster rank 0 waiting for rank 1 to take a claimed unit)"
                                      : "unknown";
-      const std::string task = st.b >= 0    ? "task " + std::to_string(st.b)
-                               : st.b == -1 ? std::string("the next task (not yet known)")
+      const bool unit = st.a == 3 || st.a == 4;  // the mailbox waits name cluster units, not tiles
+      const std::string task = st.b >= 0    ? (unit ? "unit " : "task ") + std::to_string(st.b)
+                               : st.b == -1 ? std::string(unit ? "the next unit (not yet known)" : "the next task (not yet known)")
+                               : st.b == -3 ? std::string("a padding tile (cluster rank 1 after an odd tile count)")
                                             : std::string("past the last task");
       return "a device wait timed out in block " + std::to_string(st.rank) + ": wait " + std::to_string(st.a) + " = " +
              wait + ", " + task + ", phase/counter " + std::to_string(st.c) +

@@ -16,6 +16,10 @@ inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_t
 // (-1), whatever the shape: the small test shapes' K never reaches the rule's threshold.
 inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_gemm_clusters = clusters; }
 
+// Launches the expert GEMMs on `sm_count` SMs' worth of CTAs (0: all), so that a few CTAs, or one
+// cluster, walk many tiles: pipeline phases and the unit mailbox's slots wrap many times.
+inline void set_gemm_sm_count(Workspace& ws, int32_t sm_count) { ws.impl().test_gemm_sm_count = sm_count; }
+
 // Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
 // padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading
 // the zeros fresh device memory often holds. Synchronous.

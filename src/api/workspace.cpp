@@ -3,6 +3,7 @@
 #include "api/routing_check.h"
 #include "api/workspace_impl.h"
 #include "common/cuda_check.h"
+#include "fused/expert_gemm.h"
 
 namespace lynx {
 namespace {
@@ -100,6 +101,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     }
     if (config.backend == Backend::kFused) {
       fb.dgu = alloc<unfused::bf16_t>(cap * 2 * I);
+      fused::prepare_expert_gemm_kernels(sm_count);
     }
     LYNX_CUBLAS(cublasCreate(&cublas));
     // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes

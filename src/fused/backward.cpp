@@ -61,7 +61,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.expert_offset = w.schedule.expert_offset;
   wg.status = w.stall_report_device;
   wg.tickets = w.gemm_tickets;
-  wg.sm_count = w.sm_count;
+  wg.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
   wg.routed_rows = w.shape.tokens * w.shape.top_k;
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   wg.a = dgu;

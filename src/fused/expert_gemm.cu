@@ -55,8 +55,7 @@ struct Config {
   // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
   // the weight gradient always as single CTAs.
   static constexpr bool kMayPair = kMode != Mode::kWeightGrad;
-  // N-major B ([64 K, 64 N] TMA boxes) per stage.
-  static constexpr int kBoxesB = kBlockN / 64;
+  static_assert(kClusterTiles == 2, "the kernel pairs CTAs: multicast mask 0b11, partner rank ^ 1, halves");
 };
 
 constexpr int kConsumerThreads = 256;
@@ -75,7 +74,8 @@ struct SharedStorage {
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producers: every consumer thread here, and each consumer warp of
                                // the cluster's other CTA, is done with the stage
-  int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the end
+  int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the
+                                   // end, kPadTile on a padding tile's first stage
   uint64_t unit_full[2];   // in-order claims, cluster rank 1: rank 0 posted a unit into unit_slot
   uint64_t unit_empty[2];  // in-order claims, cluster rank 0: rank 1 took the unit of the slot
   int32_t unit_slot[2];    // rank 1: the units rank 0 claimed, two in flight
@@ -209,7 +209,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
   if constexpr (kMode == Mode::kWeightGrad) {
     // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
     for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, maps.a, full, t.a_row + 64 * j, k);
-    for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, maps.b0, full, t.b_row + 64 * j, k);
+    for (int j = 0; j < C::kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, maps.b0, full, t.b_row + 64 * j, k);
   } else {
     // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`.
     if constexpr (kShare == Shared::kA) {
@@ -218,7 +218,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
       sm90::tma_load_2d(a, maps.a, full, k, t.a_row);
     }
     // B; shared: the first half from rank 0, the second from rank 1.
-    if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes, 4 of them
+    if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes, kBlockN / 64 = 4 of them
       const bool second = k >= p.k_split;
       const CUtensorMap* map = second ? maps.b1 : maps.b0;
       const int32_t kr = second ? k - p.k_split : k;
@@ -227,7 +227,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
           sm90::tma_load_3d_multicast(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert, kBoth);
         }
       } else {
-        for (int j = 0; j < C::kBoxesB; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert);
+        for (int j = 0; j < C::kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert);
       }
     } else if constexpr (C::kSwiGLU) {  // gate and up: [128, 64] each
       if constexpr (kShare == Shared::kB) {
@@ -531,45 +531,62 @@ struct Maps {
   CUtensorMap a, a_half, b0, b1, b_half, c0, c1, c2;
 };
 
-template <Mode kMode>
-void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
-  const bool paired = p.cluster > 1;
+cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* cluster) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = cluster;
+  config.numAttrs = cluster ? 1 : 0;
+  return config;
+}
+
+cudaLaunchAttribute pair_attribute() {
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kClusterTiles;
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(sm_count);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = paired ? &cluster : nullptr;
-  config.numAttrs = paired ? 1 : 0;
-  // Per device: the shared-memory limit (a per-device attribute of the kernel), set once, and how many
-  // clusters can be resident at once (the GPCs may leave an SM without a partner), asked once.
+  return cluster;
+}
+
+// Once per device and mode: the kernel's shared-memory limit (a per-device attribute) and, for the
+// modes that may pair, how many clusters can be resident at once (the GPCs may leave an SM without a
+// partner). Returns that count (0 for the weight gradient). prepare_expert_gemm_kernels runs it when a
+// fused workspace is made, so that no launch, captured in a graph or not, is the first to.
+template <Mode kMode>
+int prepare(int sm_count) {
+  constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
   constexpr int kMaxDevices = 64;
-  static std::atomic<bool> configured[kMaxDevices];
-  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not asked yet
+  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not prepared yet (-1: prepared, never pairs)
   int device = 0;
   LYNX_CUDA(cudaGetDevice(&device));
   if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
-  if (!configured[device].load()) {
+  if (resident_clusters[device].load() == 0) {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    configured[device].store(true);
-  }
-  if (paired) {
-    if (resident_clusters[device].load() == 0) {
-      config.gridDim = dim3(std::max(sm_count / kClusterTiles, 1) * kClusterTiles);
-      int clusters = 0;
+    int clusters = -1;
+    if (Config<kMode>::kMayPair) {
+      cudaLaunchAttribute pair = pair_attribute();
+      const cudaLaunchConfig_t config =
+          launch_config(std::max(sm_count / kClusterTiles, 1) * kClusterTiles, kSmem, nullptr, &pair);
       LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kMode>, &config));
       if (clusters < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
-      resident_clusters[device].store(clusters);
     }
-    const int clusters = std::max(1, std::min(sm_count / kClusterTiles, resident_clusters[device].load()));
-    config.gridDim = dim3(clusters * kClusterTiles);
+    resident_clusters[device].store(clusters);
   }
+  return std::max(resident_clusters[device].load(), 0);
+}
+
+template <Mode kMode>
+void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
+  constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
+  const int resident = prepare<kMode>(sm_count);
+  cudaLaunchAttribute pair = pair_attribute();
+  const cudaLaunchConfig_t config =
+      p.cluster > 1 ? launch_config(std::max(1, std::min(sm_count / kClusterTiles, resident)) * kClusterTiles, kSmem,
+                                    stream, &pair)
+                    : launch_config(sm_count, kSmem, stream, nullptr);
   LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.a_half, m.b0, m.b1, m.b_half, m.c0, m.c1,
                                m.c2, p));
   LYNX_CHECK_LAUNCH();
@@ -637,6 +654,8 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
   check(args.capacity % kBlockM == 0 && args.k % kBlockK == 0 && args.n % 64 == 0 && args.capacity <= INT32_MAX,
         "capacity % 128, K % 64, N % 64");
+  check(args.k > 0 && args.n > 0, "K > 0 and N > 0 (a padding tile passes K / 64 stages)");
+  check(args.clusters >= -1 && args.clusters <= 1, "clusters: -1 (the rule), 0 or 1");
   Params p{};
   p.grid.expert_offset = args.expert_offset;
   p.grid.expert_rows = half_tiles() ? args.expert_rows : nullptr;
@@ -695,6 +714,13 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
 }
 
 }  // namespace
+
+void prepare_expert_gemm_kernels(int sm_count) {
+  prepare<Mode::kRowsSwiGLU>(sm_count);
+  prepare<Mode::kRows>(sm_count);
+  prepare<Mode::kRowsMnB>(sm_count);
+  prepare<Mode::kWeightGrad>(sm_count);
+}
 
 void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRows>(args, stream); }
 void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream) {

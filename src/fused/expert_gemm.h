@@ -38,6 +38,11 @@ struct ExpertGemmArgs {
                                           // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
 };
 
+// Sets up the GEMM kernels on the current device (shared-memory limits, how many 2-CTA clusters fit),
+// once per process and device. A fused workspace calls it when it is made; a launch does it itself
+// otherwise, which must not be the first thing a stream capture does.
+void prepare_expert_gemm_kernels(int sm_count);
+
 // out = A·B0ᵀ per expert block of rows.
 void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream);
 

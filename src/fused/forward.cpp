@@ -14,7 +14,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.expert_rows = w.schedule.expert_rows;
   a.status = w.stall_report_device;
   a.tickets = w.gemm_tickets;
-  a.sm_count = w.sm_count;
+  a.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
   a.clusters = w.test_gemm_clusters;
   return a;

@@ -102,9 +102,13 @@ __device__ __forceinline__ uint32_t peer_addr(const void* p, uint32_t rank) {
 }
 
 // Arrives on the mbarrier at `cluster_addr` (peer_addr) with the default semantics, release at CTA
-// scope. NOTES: enough to hand back a stage whose reads this thread has completed (its wgmma groups
-// waited on), which the other CTA then overwrites with TMA; `.release.cluster` compiles to a
-// MEMBAR.ALL.GPU before the arrive, which in the GEMM's per-stage release cost ~40% of its speed.
+// scope. NOTES: used to hand a stage back to the other CTA, which then overwrites it with TMA. What
+// makes that safe is not the arrive's ordering (a CTA-scope release and the other CTA's CTA-scope
+// acquire are not a formal synchronizes-with in the PTX model) but that the stage's reads are already
+// complete when the thread arrives: they are wgmma reads, waited on by wgmma.wait_group; CUTLASS's
+// cluster pipelines make the same assumption. So no generic-proxy read of stage memory may come
+// between the wait and this arrive. `.release.cluster` compiles to a MEMBAR.ALL.GPU before the
+// arrive, which in the GEMM's per-stage release cost ~40% of its speed.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t cluster_addr) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }

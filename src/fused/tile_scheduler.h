@@ -135,7 +135,8 @@ LYNX_HD Shared shared_operand(const Tile& t0, const Tile& t1) {
 }
 
 // How the expert GEMM walks its tiles: claimed in order from a device ticket, or a static round robin
-// (CTA b takes tiles b, b + gridDim.x, ...), and the raster (tile_at).
+// (CTA b takes tiles b, b + gridDim.x, ...; in cluster units, cluster c takes units c, c + clusters,
+// ...), and the raster (tile_at).
 struct TileOrder {
   bool in_order;
   bool expert_groups;

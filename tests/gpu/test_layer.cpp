@@ -287,9 +287,9 @@ class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend
   }
 };
 
-// `clusters`: test_hooks::set_gemm_clusters (-1: the rule).
+// `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count.
 void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
-                             int32_t clusters = -1) {
+                             int32_t clusters = -1, int32_t gemm_sm_count = 0) {
   SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
                " routing=" + c.routing);
@@ -298,6 +298,7 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Workspace ws(L.shape, config);
   test_hooks::set_gemm_clusters(ws, clusters);
+  test_hooks::set_gemm_sm_count(ws, gemm_sm_count);
   test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
   expect_matches_reference(o, L, dy);
@@ -424,6 +425,20 @@ TEST_F(PairedTiles, RecomputedContext) {
   c.save_forward_context = false;
   check_against_reference({200, 128, 64, 8, 2, 64}, fresh_seed(), c, /*recompute=*/true, 1);
 }
+// One cluster (a grid of two CTAs) walks every unit: the unit mailbox's slots are reused dozens of
+// times (in order), the stage phases wrap, and the last unit may hold a padding tile.
+TEST_F(PairedTiles, OneClusterInOrder) {  // 18 blocks per expert, 72 tiles per GEMM
+  check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), fused(), false, 1, 2);
+}
+TEST_F(PairedTiles, OneClusterStatic) {  // ~4.7 blocks per expert, shared expert
+  check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 1, 2);
+}
+TEST_F(PairedTiles, OneClusterOddTileCounts) {
+  check_against_reference({300, 192, 192, 1, 1, 0}, fresh_seed(), fused(), false, 1, 2);
+}
+// The rule itself pairs at K = 4096 (gate/up: K = H; the dgrad of down: K = H): no hook.
+TEST_F(PairedTiles, ByTheRuleAtALongK) { check_against_reference({96, 4096, 128, 4, 2, 0}, fresh_seed(), fused()); }
+
 TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over its K in order either way
   const Case c{520, 256, 256, 16, 4, 64};
   const HostLayer L(c, fresh_seed());
@@ -504,11 +519,12 @@ TEST_P(Layer, BackwardWithoutContextIsAnError) {
 // new routing written into the same buffers, and every replay matches the reference.
 class FusedForward : public test::GpuTest {};
 
-void capture_and_replay(const Case& c) {
+void capture_and_replay(const Case& c, int32_t clusters = -1) {
   HostLayer L(c, fresh_seed());
   Config config;
   config.backend = Backend::kFused;
   Workspace ws(L.shape, config);
+  test_hooks::set_gemm_clusters(ws, clusters);
   DeviceBuffer y(c.T * c.H * 2);
   const TensorView yv = make_view(y.get(), DType::kBF16, {c.T, c.H});
   // NOTES: a blocking stream, so that the synchronous-looking cudaMemcpy / cudaMemset of new routing
@@ -545,6 +561,8 @@ void capture_and_replay(const Case& c) {
 TEST_F(FusedForward, GraphReplayWithNewRouting) { capture_and_replay({300, 128, 192, 8, 2, 0}); }
 
 TEST_F(FusedForward, GraphReplayWithSharedExpert) { capture_and_replay({200, 128, 64, 8, 2, 64}); }
+
+TEST_F(FusedForward, GraphReplayInClusterUnits) { capture_and_replay({300, 128, 192, 8, 2, 0}, 1); }
 
 // Backward after a forward whose schedule overflowed capacity, before the error is reported: the
 // routed outputs (dx, d_topk_weights) stay unwritten, the weight gradients are exact zeros (no rows
@@ -689,8 +707,8 @@ TEST_F(FusedForward, ForcedStallIsReportedNotHung) {
   EXPECT_EXIT(run_stalled_forward(0), ::testing::ExitedWithCode(3), "timed out in block [0-9]+: wait [12] = (full|empty) stage");
 }
 
-// The same in cluster units with in-order claims: rank 0 of the first cluster stops; its consumers, its
-// partner's producer (stages or the unit mailbox) or its partner's consumers time out.
+// The same in cluster units with in-order claims: rank 0 of the cluster that claims unit 0 stops; its
+// consumers, its partner's producer (stages or the unit mailbox) or its partner's consumers time out.
 TEST_F(FusedForward, ForcedStallInAClusterIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run_stalled_forward(1), ::testing::ExitedWithCode(3),
