@@ -625,9 +625,9 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
 }
 
 // Half tiles (warpgroup 1 idle on a block whose rows 64-127 are padding) unless the environment turns
-// them off for a sweep: LYNX_GEMM_HALF_TILES=0. NOTES: at deepseek-v3 the half tile of an expert's
-// second block runs ahead of the full tile it shares weights with, which may cost L2 hits
-// (docs/plan.md, item 1); the switch measures that.
+// them off for a sweep: LYNX_GEMM_HALF_TILES=0. NOTES: it tested whether a half tile running ahead of
+// the full tile it shares weights with cost deepseek-v3's L2 hits: no (off: forward 2.6% slower, the
+// same DRAM bytes; bench/results/2026-11-29-h200-session6-cluster.txt, sections 1-2).
 bool half_tiles() {
   static const bool on = [] {
     const char* v = std::getenv("LYNX_GEMM_HALF_TILES");
