@@ -58,11 +58,11 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   WeightGradArgs wg;
   wg.capacity = cap;
   wg.experts = E;
-  wg.expert_offset = w.schedule.expert_offset;
-  wg.status = w.stall_report_device;
-  wg.tickets = w.gemm_tickets;
-  wg.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
-  wg.routed_rows = w.shape.tokens * w.shape.top_k;
+  wg.expert_offset = g.expert_offset;  // the launch settings of the row GEMMs (expert_gemm_args)
+  wg.status = g.status;
+  wg.tickets = g.tickets;
+  wg.sm_count = g.sm_count;
+  wg.routed_rows = g.routed_rows;
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   wg.a = dgu;
   wg.m = 2 * I;

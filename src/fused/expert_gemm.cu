@@ -624,28 +624,26 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
   return o;
 }
 
+// A sweep switch from the environment: -1 when unset, else 0 or 1; anything else is an error.
+int env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return -1;
+  if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
+  throw Error(name, std::string("must be 0 or 1, got '") + v + "'");
+}
+
 // Half tiles (warpgroup 1 idle on a block whose rows 64-127 are padding) unless the environment turns
 // them off for a sweep: LYNX_GEMM_HALF_TILES=0. NOTES: it tested whether a half tile running ahead of
 // the full tile it shares weights with cost deepseek-v3's L2 hits: no (off: forward 2.6% slower, the
 // same DRAM bytes; bench/results/2026-11-29-h200-session6-cluster.txt, sections 1-2).
 bool half_tiles() {
-  static const bool on = [] {
-    const char* v = std::getenv("LYNX_GEMM_HALF_TILES");
-    if (!v || std::string(v) == "1") return true;
-    if (std::string(v) == "0") return false;
-    throw Error("LYNX_GEMM_HALF_TILES", std::string("must be 0 or 1, got '") + v + "'");
-  }();
-  return on;
+  static const int forced = env_switch("LYNX_GEMM_HALF_TILES");
+  return forced != 0;
 }
 
 // Cluster units (use_cluster_units) unless the environment decides for a sweep: LYNX_GEMM_CLUSTER=0|1.
 bool cluster_units(int64_t k) {
-  static const int forced = [] {
-    const char* v = std::getenv("LYNX_GEMM_CLUSTER");
-    if (!v) return -1;
-    if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
-    throw Error("LYNX_GEMM_CLUSTER", std::string("must be 0 or 1, got '") + v + "'");
-  }();
+  static const int forced = env_switch("LYNX_GEMM_CLUSTER");
   return forced >= 0 ? forced == 1 : use_cluster_units(k);
 }
 
