@@ -76,6 +76,7 @@ struct SharedStorage {
                                // the cluster's other CTA, is done with the stage
   int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the
                                    // end, kPadTile on a padding tile's first stage
+  Tile stage_info[C::kStages];     // with a tile or kPadTile in stage_tile: that tile as the producer decoded it
   uint64_t unit_full[2];   // in-order claims, cluster rank 1: rank 0 posted a unit into unit_slot
   uint64_t unit_empty[2];  // in-order claims, cluster rank 0: rank 1 took the unit of the slot
   int32_t unit_slot[2];    // rank 1: the units rank 0 claimed, two in flight
@@ -253,10 +254,23 @@ __device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage
   for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
     sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
     smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
+    if (kb == 0) smem.stage_info[stage] = t;
     sm90::mbarrier_arrive_expect_tx(&smem.full[stage], Config<kMode>::kStageBytes);
     load_stage<kMode, kShare>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
     if (++stage == Config<kMode>::kStages) stage = 0, phase ^= 1;
   }
+}
+
+// A stage without data, marked `marker` for the consumers (the end, a tile without K blocks, a
+// padding tile's stages), with the decoded tile `t` for a marker that names one.
+template <Mode kMode>
+__device__ __forceinline__ void pass_stage(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, int32_t marker,
+                                           const Tile& t, int32_t tile, const Params& p) {
+  sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
+  smem.stage_tile[stage] = marker;
+  if (marker != kNoTile && marker != kDone) smem.stage_info[stage] = t;
+  sm90::mbarrier_arrive(&smem.full[stage]);
+  if (++stage == Config<kMode>::kStages) stage = 0, phase ^= 1;
 }
 
 // ---- producer: one thread walks the units and issues every TMA load of this CTA's tiles ----
@@ -284,9 +298,9 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
     if (unit != kDone) ticket = claims ? claim_ticket(p) : ticket + clusters;
     const int32_t tile = unit == kDone ? kDone : unit * cluster + int32_t(rank);
     if (tile == p.stall_task) break;  // test hook: this CTA never fills the stage its consumers wait on
-    // The consumers learn each tile from its first stage (written before the arrive, whose release
-    // orders it before their acquiring wait); the end, and a tile without K blocks (an expert without
-    // rows in weight-grad mode), take a stage with no data.
+    // The consumers learn each tile, decoded, from its first stage (stage_tile and stage_info, written
+    // before the arrive, whose release orders them before their acquiring wait); the end, and a tile
+    // without K blocks (an expert without rows in weight-grad mode), take a stage with no data.
     Tile t{};
     Shared share = Shared::kNone;
     const bool pad = tile >= tiles;
@@ -308,20 +322,12 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
       }
     }
     if (tile == kDone || t.k_blocks == 0) {
-      sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
-      smem.stage_tile[stage] = tile;
-      sm90::mbarrier_arrive(&smem.full[stage]);
-      if (++stage == C::kStages) stage = 0, phase ^= 1;
+      pass_stage(smem, stage, phase, tile, t, tile, p);
       if (tile == kDone) break;
       continue;
     }
     if (pad) {  // no data: the stages go on in step with the partner's
-      for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-        sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
-        smem.stage_tile[stage] = kb == 0 ? kPadTile : kNoTile;
-        sm90::mbarrier_arrive(&smem.full[stage]);
-        if (++stage == C::kStages) stage = 0, phase ^= 1;
-      }
+      for (int32_t kb = 0; kb < t.k_blocks; ++kb) pass_stage(smem, stage, phase, kb == 0 ? kPadTile : kNoTile, t, tile, p);
     } else if (share == Shared::kA) {
       load_tile<kMode, C::kMayPair ? Shared::kA : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     } else if (share == Shared::kB) {
@@ -367,12 +373,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     const int32_t tile = smem.stage_tile[stage];
     if (tile == kDone) break;
     const bool pad = tile == kPadTile;
-    Tile t{};
-    if (pad) {
-      t.k_blocks = p.grid.k_blocks;
-    } else {
-      t = tile_at(p.grid, tile);
-    }
+    // NOTES: the producer's decoding, not tile_at again: its global loads (a binary search over the
+    // expert offsets) sat between the first stage's arrival and the first wgmma of every tile.
+    const Tile t = smem.stage_info[stage];
     // NOTES: zeroed for every tile, not only for an expert without rows (whose weight gradient must be
     // exactly zero): the wgmma operands are read-write ("+f"), so without this the compiler keeps the
     // previous tile's accumulators alive across the loop, and ptxas serialises every wgmma of this
