@@ -27,12 +27,15 @@ enum class Backend : int32_t {
 };
 
 // Tuning knobs. A zero means "choose for me" (see resolve_config).
+// NOTES: num_comm_sms, minibatch_rows and ring_rows are for the single persistent fused kernel of
+// ARCHITECTURE.md, which does not exist yet (docs/forward.md): they are resolved and range-checked,
+// and nothing uses them. Every path is deterministic today: `deterministic = false` changes nothing.
 struct Config {
-  int32_t num_comm_sms = 0;         // SMs doing dispatch/combine in the fused kernels
-  int32_t minibatch_rows = 0;       // rows per minibatch; multiple of kTileRows
-  int64_t ring_rows = 0;            // rows of the dispatch ring; multiple of minibatch_rows
+  int32_t num_comm_sms = 0;         // reserved: SMs doing dispatch/combine in the persistent kernel
+  int32_t minibatch_rows = 0;       // reserved: rows per minibatch; multiple of kTileRows
+  int64_t ring_rows = 0;            // reserved: rows of the dispatch ring; multiple of minibatch_rows
   int64_t schedule_capacity = 0;    // most routed rows (after padding) one call may schedule
-  bool deterministic = true;        // bitwise-identical results for identical inputs
+  bool deterministic = true;        // bitwise-identical results for identical inputs (always, today)
   bool save_forward_context = true; // forward keeps what backward needs (else: recompute_forward_context)
   Backend backend = Backend::kAuto;
 };
