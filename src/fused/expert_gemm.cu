@@ -195,11 +195,18 @@ struct OperandMaps {
 
 // K block `k` of tile `t` into `stage`. A shared operand (kShare) is loaded half by each CTA of the
 // cluster, each half into both CTAs; the rest by this CTA for itself. Either way each CTA's `full`
-// barrier receives the whole stage, kStageBytes. NOTES: kShare is a template parameter, and a stage
-// that shares nothing takes the unsplit boxes, because the producer's time per stage is on the
+// barrier receives the whole stage, stage_bytes<kHalfA>. NOTES: kShare is a template parameter, and a
+// stage that shares nothing takes the unsplit boxes, because the producer's time per stage is on the
 // critical path (about three stages of slack against the load latency): with split boxes and
 // run-time choices per box, launches without clusters ran 5-10% slower.
-template <Mode kMode, Shared kShare>
+// kHalfA (row modes): the tile's rows 64-127 are padding (a half tile, warpgroup 1 idle), so only
+// rows 0-63 of A are loaded: at deepseek-v3 about a third of the tiles, 8 KB less per stage each.
+template <Mode kMode, bool kHalfA>
+constexpr uint32_t stage_bytes() {
+  return Config<kMode>::kStageBytes - (kHalfA ? 64 * kBlockK * sizeof(__nv_bfloat16) : 0);
+}
+
+template <Mode kMode, Shared kShare, bool kHalfA>
 __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage, const Tile& t, int32_t k,
                                            uint32_t rank, const OperandMaps& maps, const Params& p) {
   using C = Config<kMode>;
@@ -212,9 +219,14 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
     for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, maps.a, full, t.a_row + 64 * j, k);
     for (int j = 0; j < C::kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, maps.b0, full, t.b_row + 64 * j, k);
   } else {
-    // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`.
+    // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`. A half tile: rows 0-63 only
+    // (shared: both tiles are halves of the same block, and rank 0 loads them for both).
     if constexpr (kShare == Shared::kA) {
-      sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
+      if (!kHalfA || rank == 0) {
+        sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
+      }
+    } else if constexpr (kHalfA) {
+      sm90::tma_load_2d(a, maps.a_half, full, k, t.a_row);
     } else {
       sm90::tma_load_2d(a, maps.a, full, k, t.a_row);
     }
@@ -248,16 +260,27 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
 }
 
 // Every K block of tile `t` (stage_tile `tile` on the first) through the pipeline.
-template <Mode kMode, Shared kShare>
-__device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
-                                          int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
+template <Mode kMode, Shared kShare, bool kHalfA>
+__device__ __forceinline__ void load_tile_as(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
+                                             int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
   for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
     sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
     smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
     if (kb == 0) smem.stage_info[stage] = t;
-    sm90::mbarrier_arrive_expect_tx(&smem.full[stage], Config<kMode>::kStageBytes);
-    load_stage<kMode, kShare>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
+    sm90::mbarrier_arrive_expect_tx(&smem.full[stage], stage_bytes<kMode, kHalfA>());
+    load_stage<kMode, kShare, kHalfA>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
     if (++stage == Config<kMode>::kStages) stage = 0, phase ^= 1;
+  }
+}
+
+// A half tile (the consumers' `idle` rule for warpgroup 1) takes the stages with half of A.
+template <Mode kMode, Shared kShare>
+__device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
+                                          int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
+  if (kMode != Mode::kWeightGrad && t.rows <= 64) {
+    load_tile_as<kMode, kShare, true>(smem, stage, phase, t, tile, rank, maps, p);
+  } else {
+    load_tile_as<kMode, kShare, false>(smem, stage, phase, t, tile, rank, maps, p);
   }
 }
 
