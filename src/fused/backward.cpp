@@ -59,6 +59,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.capacity = cap;
   wg.experts = E;
   wg.expert_offset = g.expert_offset;  // the launch settings of the row GEMMs (expert_gemm_args)
+  wg.expert_rows = w.schedule.expert_rows;
   wg.status = g.status;
   wg.tickets = g.tickets;
   wg.sm_count = g.sm_count;

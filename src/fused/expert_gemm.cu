@@ -773,6 +773,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.grid.block_n = kBlockN;
   p.grid.capacity = static_cast<int32_t>(args.capacity);
   p.grid.weight_grad = true;
+  p.grid.expert_rows = args.expert_rows;
   p.m = static_cast<int32_t>(args.m);
   p.n = static_cast<int32_t>(args.n);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;

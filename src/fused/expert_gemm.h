@@ -58,14 +58,16 @@ void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream);
 //   out[e][i][j] = Σ_r a[r][i] · b[r][j]         (i < split, or every i when out2 is null)
 //   out2[e][i - split][j] = the same             (i >= split)
 // a: [capacity, m], b: [capacity, n], the per-row buffers as they are (no transposed copies); their
-// padding rows must hold zeros. Each output tile is computed by one CTA over the expert's rows in
-// order: deterministic. An expert without rows gets exact zeros.
+// padding rows in each 64-row block that K covers must hold zeros. Each output tile is computed by one
+// CTA over the expert's rows in order: deterministic. An expert without rows gets exact zeros.
 struct WeightGradArgs {
   const bf16_t* a = nullptr;
   const bf16_t* b = nullptr;
   int64_t m = 0, n = 0, capacity = 0, experts = 0;
   int64_t split = 0;
   const int32_t* expert_offset = nullptr;
+  const int32_t* expert_rows = nullptr;   // [experts] device, rows before padding: K stops after the last
+                                          // 64-row block holding rows (null: the whole padded block)
   bf16_t* out = nullptr;
   bf16_t* out2 = nullptr;
   DeviceStatus* status = nullptr;

@@ -237,6 +237,20 @@ TEST(TileSchedule, WeightGradCoversEveryExpertTileWithItsRows) {
   }
 }
 
+// With the rows per expert: K ends with the last 64-row block that holds rows.
+TEST(TileSchedule, WeightGradStopsAtTheLastBlockWithRows) {
+  const std::vector<int32_t> offsets = {0, 256, 256, 384, 512};
+  const std::vector<int32_t> rows = {129, 0, 64, 65};
+  TileGrid g{offsets.data(), 4, 1, 1, 256, 0, 512, true};
+  g.expert_rows = rows.data();
+  const int32_t expected[] = {3, 0, 1, 2};
+  for (int32_t tile = 0; tile < tile_count(g); ++tile) {
+    const Tile t = tile_at(g, tile);
+    EXPECT_EQ(t.k0, offsets[t.expert]);
+    EXPECT_EQ(t.k_blocks, expected[t.expert]) << "expert " << t.expert;
+  }
+}
+
 TEST(TileSchedule, WeightGradIsZeroWhenTheScheduleOverflowed) {
   const std::vector<int32_t> offsets = {0, 256, 512};
   const TileGrid g{offsets.data(), 2, 1, 1, 256, 0, 384, true};
