@@ -54,7 +54,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
                      H, w.status, s);
   }
 
-  // Weight gradients over each expert's padded rows.
+  // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
   WeightGradArgs wg;
   wg.capacity = cap;
   wg.experts = E;

@@ -6,7 +6,7 @@
 //   kRows        C_e = A_e · Bᵀ                   B: [E, N, K] (K-major)
 //   kRowsMnB     C_e = A_e · [B0; B1]             B0: [E, K0, N], B1: [E, K - K0, N] (N-major)
 //   kWeightGrad  C_e = A_eᵀ · B_e                 A, B: [capacity, M] and [capacity, N] row buffers
-//                (M- and N-major), K = the expert's padded rows (padding rows hold zeros)
+//                (M- and N-major), K = the expert's rows rounded up to 64 (padding rows hold zeros)
 // Epilogue: each consumer warpgroup writes its fragments in [64, 128] pieces into its own swizzled
 // shared-memory buffer and one thread stores them with TMA; the stores drain while the warpgroup
 // goes on with the next tile's mainloop.

@@ -54,7 +54,8 @@ void expert_gemm_swiglu(const ExpertGemmArgs& args, cudaStream_t stream);
 // the weights is made.
 void expert_gemm_n_major(const ExpertGemmArgs& args, cudaStream_t stream);
 
-// Weight gradients per local expert e, over the expert's schedule rows r (its padded block):
+// Weight gradients per local expert e, over the expert's schedule rows r (its block, up to the last
+// 64 rows that hold any):
 //   out[e][i][j] = Σ_r a[r][i] · b[r][j]         (i < split, or every i when out2 is null)
 //   out2[e][i - split][j] = the same             (i >= split)
 // a: [capacity, m], b: [capacity, n], the per-row buffers as they are (no transposed copies); their

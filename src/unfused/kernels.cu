@@ -60,7 +60,7 @@ __global__ void report_routing_kernel(const Id* ids, const float* weights, int64
 
 // grid-stride over groups of kGatherRows rows, one group per block at a time; thread v copies the
 // 16-byte vectors v, v + blockDim.x, ... of each row of the group. Padding rows get zeros (the weight
-// gradients sum over whole padded blocks).
+// gradients sum over them, and the row GEMMs compute them, within the 64-row blocks they read).
 // NOTES: the group's loads are all issued before its stores (kGatherRows independent 16-byte loads in
 // flight per thread) and there is no 64-bit division per element: the first version (one warp per
 // row, one load-store pair at a time) reached 28% of DRAM bandwidth, a flattened 4-vector version

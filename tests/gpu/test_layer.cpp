@@ -436,6 +436,15 @@ TEST_F(PairedTiles, OneClusterStatic) {  // ~4.7 blocks per expert, shared exper
 TEST_F(PairedTiles, OneClusterOddTileCounts) {
   check_against_reference({300, 192, 192, 1, 1, 0}, fresh_seed(), fused(), false, 1, 2);
 }
+// Every expert a single half block (~5 rows), every launch with two or more column blocks (H = I =
+// 512): units of two column tiles share a half row block in every row mode (gate/up, down, both
+// dgrads), where rank 0 alone loads rows 0-63 of A for both CTAs; in order (under two blocks per
+// expert) and, on one cluster, with the claims wrapping the mailbox.
+TEST_F(PairedTiles, HalfTilesShareTheirRowBlockInEveryMode) {
+  const Case c{40, 512, 512, 8, 1, 0};
+  check_against_reference(c, fresh_seed(), fused(), false, 1);
+  check_against_reference(c, fresh_seed(), fused(), false, 1, 2);
+}
 // The rule itself pairs at K = 4096 (gate/up: K = H; the dgrad of down: K = H): no hook.
 TEST_F(PairedTiles, ByTheRuleAtALongK) { check_against_reference({96, 4096, 128, 4, 2, 0}, fresh_seed(), fused()); }
 
