@@ -277,7 +277,7 @@ __device__ __forceinline__ void load_tile_as(SharedStorage<kMode>& smem, int& st
 template <Mode kMode, Shared kShare>
 __device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
                                           int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
-  if (kMode != Mode::kWeightGrad && t.rows <= 64) {
+  if (kMode != Mode::kWeightGrad && half_tile(t)) {
     load_tile_as<kMode, kShare, true>(smem, stage, phase, t, tile, rank, maps, p);
   } else {
     load_tile_as<kMode, kShare, false>(smem, stage, phase, t, tile, rank, maps, p);
@@ -419,7 +419,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // stores the zeros that padding rows must hold). At deepseek-v3 (128 ± 11 rows per expert) about
     // half of the experts end with such a block. A padding tile passes every stage on in both.
     // Every thread waits for each stage before it releases it, so none can fall a phase behind.
-    const bool idle = pad || (c == 1 && t.rows <= 64);
+    const bool idle = pad || (c == 1 && half_tile(t));
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);

@@ -108,6 +108,10 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
   return t;
 }
 
+// A half tile (row modes): the block's rows 64-127 are all padding. Consumer warpgroup 1 computes
+// nothing for it, and the producer loads only rows 0-63 of A.
+LYNX_HD bool half_tile(const Tile& t) { return t.rows <= kBlockM / 2; }
+
 // ---- cluster units (row modes) ----
 // The row modes run as clusters of two CTAs that walk the tiles in units: unit u is tiles 2u (cluster
 // rank 0) and 2u + 1 (rank 1). When the two tiles read an operand in common, each CTA loads half of it
