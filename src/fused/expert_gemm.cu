@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/activation.cuh"
 #include "common/cuda_check.h"
 #include "fused/expert_gemm.h"
 #include "fused/sm90.cuh"
@@ -121,8 +122,6 @@ __device__ __forceinline__ void finish_claims(const Params& p, int32_t claimers)
     atomicExch(&p.tickets[1], 0);
   }
 }
-
-__device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
 
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 128 columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "api/routing_check.h"
+#include "common/activation.cuh"
 #include "common/cuda_check.h"
 #include "unfused/kernels.h"
 
@@ -14,9 +15,6 @@ namespace {
 struct alignas(16) Vec8 {
   __nv_bfloat162 v[4];
 };
-
-__device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
-__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
 
 __device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_slot, const int32_t* total_rows) {
   if (total_rows && row >= *total_rows) return false;
