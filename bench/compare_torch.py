@@ -2,8 +2,9 @@
 """The PyTorch path of an MoE layer (argsort + torch._grouped_mm + SwiGLU + index_add_), timed on the
 benchmark shapes of ARCHITECTURE.md section 9, side by side with lynx through its PyTorch binding when
 the `lynx` package is installed (same inputs, same process; impl "lynx-python", baseline the PyTorch
-path). Writes the results format of bench/results and, given --lynx-json (lynx-bench's output from the
-same device call), prints the ratio of each lynx-bench row to the PyTorch path."""
+path), and the PyTorch path's two expert GEMMs alone (pass "forward GEMMs alone"). Writes the results
+format of bench/results and, given --lynx-json (lynx-bench's output from the same device call), prints
+the ratio of each lynx-bench row to the PyTorch path."""
 
 import argparse
 import datetime
@@ -53,6 +54,27 @@ def moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down):
     ye = torch._grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
     ye = ye * topk_weights.reshape(-1)[order].unsqueeze(1).to(ye.dtype)
     return torch.zeros_like(x).index_add_(0, token, ye)
+
+
+def gemms_alone(x, topk_ids, w_gate, w_up, w_down):
+    """The PyTorch path's two expert GEMMs alone, on inputs already in expert order: gate and up as one
+    grouped GEMM (N = 2I), then down over h. What a fused layer's GEMMs compare with (issue 3: beat the
+    PyTorch path's GEMMs-alone time). Returns the callable to time."""
+    T, k = topk_ids.shape
+    E, I = w_gate.shape[0], w_gate.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    xs = x.detach()[order // k].contiguous()
+    w_gu = torch.cat([w_gate.detach(), w_up.detach()], dim=1).transpose(-2, -1)  # [E, H, 2I]
+    w_dt = w_down.detach().transpose(-2, -1)                                    # [E, I, H]
+    gu = torch._grouped_mm(xs, w_gu, offs=offs)
+    h = (F.silu(gu[:, :I]) * gu[:, I:]).contiguous()
+
+    def run():
+        torch._grouped_mm(xs, w_gu, offs=offs)
+        torch._grouped_mm(h, w_dt, offs=offs)
+    return run
 
 
 def median_ms(fn, warmup, iters):
@@ -125,6 +147,13 @@ def main():
             y = lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
             torch.autograd.grad(y, params, dy)
 
+        with torch.no_grad():
+            gemms = gemms_alone(x, topk_ids, w_gate, w_up, w_down)
+            ms = median_ms(gemms, args.warmup, args.iters)
+        rows.append({"shape": name, "routing": "uniform", "pass": "forward GEMMs alone", "impl": "torch-grouped-mm",
+                     "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "baseline_impl": None, "baseline_ms": None,
+                     "dense_gemm_tflops": None, "kept_for_backward_mib": None})
+        del gemms
         for pass_name, fn, lynx_fn, mult in (("forward", fwd, lynx_fwd, 1),
                                              ("forward+backward", fwd_bwd, lynx_fwd_bwd, 3)):
             ms = median_ms(fn, args.warmup, args.iters)
@@ -141,11 +170,11 @@ def main():
         del inputs, params, x, w_gate, w_up, w_down, dy
         torch.cuda.empty_cache()
 
-    print(f"{'shape':15} {'pass':17} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} {'kept for backward MiB':>22}")
+    print(f"{'shape':15} {'pass':19} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} {'kept for backward MiB':>22}")
     for r in rows:
         ratio = f"{r['baseline_ms'] / r['ms']:8.2f}x" if r["baseline_ms"] else f"{'-':>9}"
         kept = f"{r['kept_for_backward_mib']:22.0f}" if r["kept_for_backward_mib"] is not None else f"{'-':>22}"
-        print(f"{r['shape']:15} {r['pass']:17} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {ratio} {kept}")
+        print(f"{r['shape']:15} {r['pass']:19} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {ratio} {kept}")
     commit = _commit()
     if args.lynx_json:
         with open(args.lynx_json) as f:

@@ -10,7 +10,7 @@ int to_int(int64_t v) { return static_cast<int>(v); }
 
 }  // namespace
 
-void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
   using unfused::bf16_t;
@@ -21,7 +21,7 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s)
   sched::DeviceRouting routing{};
   routing.topk_ids[0] = w.ids32;
   sched::build_schedule_device(w.problem, routing, w.schedule, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) {
+  if (gather_rows && !omitted(Stage::kGather, w.forward_calls)) {
     unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
                          w.problem.capacity, k, H, s);
   }

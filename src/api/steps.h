@@ -11,8 +11,9 @@ T* data_of(const TensorView& v) {
 }
 
 // Queues, with no host synchronisation: status reset, routing validation, the schedule, the gather of
-// x rows into schedule order, and the shared expert's gate/up GEMMs.
-void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+// x rows into schedule order (unless `gather_rows` is false: the fused GEMM gathers them itself), and
+// the shared expert's gate/up GEMMs.
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows = true);
 
 // Queues the shared expert's SwiGLU and down GEMM, then the combine of the routed rows (already in
 // w.un.rows_a) into y. Combine writes nothing if a kernel reported an error.

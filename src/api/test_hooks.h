@@ -20,6 +20,14 @@ inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_
 // cluster, walk many tiles: pipeline phases and the unit mailbox's slots wrap many times.
 inline void set_gemm_sm_count(Workspace& ws, int32_t sm_count) { ws.impl().test_gemm_sm_count = sm_count; }
 
+// The fused GEMMs' in-kernel gather may run only `blocks` row blocks ahead of the tiles begun (0: the
+// rule), so that small test shapes exercise its throttle.
+inline void set_gather_lookahead(Workspace& ws, int32_t blocks) { ws.impl().test_gather_lookahead = blocks; }
+
+// The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),
+// so that the producer's bounded wait for them must time out and report instead of hanging.
+inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }
+
 // Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
 // padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading
 // the zeros fresh device memory often holds. Synchronous.

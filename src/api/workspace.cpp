@@ -4,6 +4,7 @@
 #include "api/workspace_impl.h"
 #include "common/cuda_check.h"
 #include "fused/expert_gemm.h"
+#include "fused/gather_plan.h"
 
 namespace lynx {
 namespace {
@@ -101,6 +102,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     }
     if (config.backend == Backend::kFused) {
       fb.dgu = alloc<unfused::bf16_t>(cap * 2 * I);
+      gather_sync = alloc<int32_t>(fused::gather_sync_ints(cap));
       fused::prepare_expert_gemm_kernels(sm_count);
     }
     LYNX_CUBLAS(cublasCreate(&cublas));

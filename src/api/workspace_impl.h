@@ -86,6 +86,7 @@ struct Workspace::Impl {
 
   int32_t sm_count = 0;
   int32_t* gemm_tickets = nullptr;  // [2] device: the expert GEMM's tile ticket and finished CTAs; zero between launches
+  int32_t* gather_sync = nullptr;   // fused: the in-kernel gather's counters (fused/gather_plan.h), zeroed by each launch
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
@@ -94,6 +95,8 @@ struct Workspace::Impl {
   int64_t backward_calls = 0;                   // backward passes queued so far
   int32_t test_gemm_clusters = -1;              // test hook (api/test_hooks.h): -1 the rule, 0 off, 1 on
   int32_t test_gemm_sm_count = 0;               // test hook (api/test_hooks.h): the expert GEMMs' grid (0: sm_count)
+  int32_t test_gather_lookahead = 0;            // test hook (api/test_hooks.h): the in-kernel gather's lookahead (0: the rule)
+  int32_t test_gather_stall_block = -1;         // test hook (api/test_hooks.h): a row block the gather never copies
 
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();

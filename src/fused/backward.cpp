@@ -20,9 +20,8 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
 
   enqueue_shared_backward(w, in, dy, grads, s);
-  if (!omitted(Stage::kDyGather, w.backward_calls)) {
-    unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
-  }
+  const bool gather = !omitted(Stage::kDyGather, w.backward_calls);
+  if (gather && !gather_in_kernel()) unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
 
   ExpertGemmArgs g = expert_gemm_args(w);
 
@@ -32,7 +31,11 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.b0 = data_of<const bf16_t>(in.weights.w_down);
   g.n = I;
   g.out = w.un.da;
-  if (!omitted(Stage::kDgradDown, w.backward_calls)) expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDgradDown, w.backward_calls)) {
+    ExpertGemmArgs da = g;
+    if (gather && gather_in_kernel()) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
+    expert_gemm_n_major(da, s);
+  }
 
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {

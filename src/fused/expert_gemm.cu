@@ -21,6 +21,7 @@
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
 #include "fused/expert_gemm.h"
+#include "fused/row_gather.cuh"
 #include "fused/sm90.cuh"
 #include "fused/tile_scheduler.h"
 #include "fused/tma.h"
@@ -99,6 +100,7 @@ struct Params {
   int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
+  RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
 };
 
 constexpr int32_t kNoTile = -1;   // stage_tile: the stage continues the tile before it
@@ -350,7 +352,11 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
     }
     if (pad) {  // no data: the stages go on in step with the partner's
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) pass_stage(smem, stage, phase, kb == 0 ? kPadTile : kNoTile, t, tile, p);
-    } else if (share == Shared::kA) {
+      continue;
+    }
+    // The rows of the tile's block, when the kernel gathers A itself (announced first: row_gather.cuh).
+    if (kMode != Mode::kWeightGrad && p.gather.src) await_gathered_rows(p.gather, t.a_row / kBlockM, tile, p.status);
+    if (share == Shared::kA) {
       load_tile<kMode, C::kMayPair ? Shared::kA : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     } else if (share == Shared::kB) {
       load_tile<kMode, C::kMayPair ? Shared::kB : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
@@ -540,6 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::prefetch_tma_descriptor(&tma_b0);
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
       producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
+    } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
+      gather_rows_warp(p.gather, p.grid, p.status);  // warps 1-3
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
@@ -700,7 +708,26 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.status = args.status;
   p.tickets = args.tickets;
   p.stall_task = args.stall_task;
+  p.gather.stall_block = -1;
+  if (args.gather_src) {
+    check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
+    // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
+    p.gather.src = reinterpret_cast<const uint4*>(args.gather_src);
+    p.gather.dst = reinterpret_cast<uint4*>(const_cast<bf16_t*>(args.a));
+    p.gather.row_token_slot = args.row_token_slot;
+    p.gather.top_k = static_cast<int32_t>(args.top_k);
+    p.gather.vecs = static_cast<int32_t>(args.k / 8);
+    p.gather.lookahead = args.gather_lookahead > 0 ? args.gather_lookahead : gather_lookahead_blocks(args.k);
+    p.gather.sync = args.gather_sync;
+    p.gather.stall_block = args.gather_stall_block;
+  }
   return p;
+}
+
+// The gather's counters start from zero in every launch that gathers.
+void reset_gather(const ExpertGemmArgs& args, cudaStream_t stream) {
+  if (!args.gather_src) return;
+  LYNX_CUDA(cudaMemsetAsync(args.gather_sync, 0, sizeof(int32_t) * gather_sync_ints(args.capacity), stream));
 }
 
 template <Mode kMode>
@@ -718,6 +745,7 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
   m.c2 = p.out_gate_up ? make_tma_2d(args.out_up, args.capacity, args.n, 64, 64) : m.c0;
+  reset_gather(args, stream);
   launch<kMode>(m, p, args.sm_count, stream);
 }
 
@@ -733,10 +761,17 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
+  reset_gather(args, stream);
   launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
 }
 
 }  // namespace
+
+// In-kernel gather unless the environment turns it off for a sweep: LYNX_GEMM_GATHER=0.
+bool gather_in_kernel() {
+  static const int forced = env_switch("LYNX_GEMM_GATHER");
+  return forced != 0;
+}
 
 void prepare_expert_gemm_kernels(int sm_count) {
   prepare<Mode::kRowsSwiGLU>(sm_count);
@@ -781,6 +816,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
+  p.gather.stall_block = -1;
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 

@@ -36,7 +36,21 @@ struct ExpertGemmArgs {
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
   int32_t clusters = -1;                  // test hook: 1 runs the tiles as cluster units, 0 as single CTAs,
                                           // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
+  // In-kernel gather (row_gather.cuh): when gather_src is set, the kernel itself writes A (`a`, which
+  // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
+  // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.
+  const bf16_t* gather_src = nullptr;     // [tokens, K]
+  const int32_t* row_token_slot = nullptr;// [capacity] device
+  int64_t top_k = 0;
+  int32_t* gather_sync = nullptr;         // [gather_sync_ints(capacity)] device (gather_plan.h); the launch
+                                          // zeroes it first, in stream order
+  int32_t gather_lookahead = 0;           // test hook: row blocks the gather may run ahead (0: the rule)
+  int32_t gather_stall_block = -1;        // test hook: a row block the gather claims but never copies
 };
+
+// Whether the fused path gathers the rows inside the expert GEMM (LYNX_GEMM_GATHER=0 turns it off for
+// a sweep; the gather kernel then runs first, as before).
+bool gather_in_kernel();
 
 // Sets up the GEMM kernels on the current device (shared-memory limits, how many 2-CTA clusters fit),
 // once per process and device. A fused workspace calls it when it is made; a launch does it itself

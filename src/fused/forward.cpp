@@ -17,7 +17,16 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
   a.clusters = w.test_gemm_clusters;
+  a.gather_lookahead = w.test_gather_lookahead;
+  a.gather_stall_block = w.test_gather_stall_block;
   return a;
+}
+
+void gather_rows_in(ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows) {
+  a.gather_src = data_of<const bf16_t>(rows);
+  a.row_token_slot = w.schedule.row_token_slot;
+  a.top_k = w.shape.top_k;
+  a.gather_sync = w.gather_sync;
 }
 
 namespace {
@@ -26,9 +35,11 @@ namespace {
 // (g and u saved).
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   w.context_valid = false;
-  enqueue_dispatch(w, in, s);
+  const bool gather = !omitted(Stage::kGather, w.forward_calls);
+  enqueue_dispatch(w, in, s, !gather_in_kernel());
   ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.xg;
+  if (gather && gather_in_kernel()) gather_rows_in(a, w, in.x);
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);

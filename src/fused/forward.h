@@ -13,6 +13,9 @@ namespace lynx::fused {
 // The fields of ExpertGemmArgs that come from the workspace (schedule, status, SM count).
 ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w);
 
+// Makes the launch of `a` gather its A rows (into a.a, schedule order) from `rows` ([T, K]) itself.
+void gather_rows_in(ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows);
+
 void forward(Workspace::Impl& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
 void recompute_forward_context(Workspace::Impl& ws, const LayerInputs& in, cudaStream_t stream);
 

@@ -58,7 +58,14 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity
 }
 
 // Which wait stalled, for the diagnostic of a bounded wait.
-enum class Wait : int32_t { kFullStage = 1, kEmptyStage = 2, kUnitPosted = 3, kUnitTaken = 4 };
+enum class Wait : int32_t {
+  kFullStage = 1,
+  kEmptyStage = 2,
+  kUnitPosted = 3,
+  kUnitTaken = 4,
+  kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
+  kGatherAhead = 6,   // gather warp: its row block is too far ahead of the tiles the producers have begun
+};
 
 // NOTES: try_wait already suspends the thread for a hardware-chosen time, so 2^22 tries is many
 // seconds: far beyond any legitimate wait, short enough to turn a deadlock into an error.
@@ -83,6 +90,60 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, De
                                               int32_t task) {
   for (uint32_t tries = 0; !mbarrier_try_wait<kScope>(bar, parity); ++tries) {
     if (tries == kMaxWaitTries) report_stall(report, which, task, parity);
+  }
+}
+
+// ---- global-memory counters (bounded by time: the gather's waits poll device memory) ----------------
+
+__device__ __forceinline__ int32_t ld_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ int32_t ld_relaxed(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Adds `v`, releasing this thread's earlier writes (and, cumulatively, those it has synchronised with).
+__device__ __forceinline__ void red_release_add(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_relaxed_max(int32_t* p, int32_t v) {
+  asm volatile("red.relaxed.gpu.global.max.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Orders generic-proxy accesses to global memory with later async-proxy (TMA) ones of this thread.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// NOTES: 10 s: a row block is copied in microseconds and the gather runs at most a few hundred
+// microseconds ahead of the GEMM; compute-sanitizer slows both alike.
+constexpr uint64_t kCounterWaitNs = 10'000'000'000ull;
+
+// Waits until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls; past
+// kCounterWaitNs it reports `which` with the value last seen and traps. Returns the value seen.
+template <bool kAcquire>
+__device__ __forceinline__ int32_t wait_counter(const int32_t* p, int32_t target, uint32_t sleep_ns,
+                                                DeviceStatus* report, Wait which, int32_t task) {
+  int32_t v = kAcquire ? ld_acquire(p) : ld_relaxed(p);
+  if (v >= target) return v;
+  const uint64_t start = globaltimer_ns();
+  for (;;) {
+    __nanosleep(sleep_ns);
+    v = kAcquire ? ld_acquire(p) : ld_relaxed(p);
+    if (v >= target) return v;
+    if (globaltimer_ns() - start > kCounterWaitNs) report_stall(report, which, task, v);
   }
 }
 

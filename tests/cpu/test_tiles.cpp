@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fused/gather_plan.h"
 #include "fused/tile_scheduler.h"
 
 namespace lynx::fused {
@@ -256,6 +257,28 @@ TEST(TileSchedule, WeightGradIsZeroWhenTheScheduleOverflowed) {
   const TileGrid g{offsets.data(), 2, 1, 1, 256, 0, 384, true};
   for (int32_t tile = 0; tile < tile_count(g); ++tile) EXPECT_EQ(tile_at(g, tile).k_blocks, 0);
   EXPECT_EQ(tile_count(g), 2);  // the tiles still run, to store zeros
+}
+
+// The in-kernel gather's lookahead (fused/gather_plan.h): about 24 MB of rows, never under 8 blocks.
+TEST(KernelGatherPlan, LookaheadIsAboutHalfTheL2InRowBlocks) {
+  EXPECT_EQ(gather_lookahead_blocks(2048), 48);  // qwen3-30b-a3b, olmoe-1b-7b: 512 KB blocks
+  EXPECT_EQ(gather_lookahead_blocks(4096), 24);  // mixtral-8x7b
+  EXPECT_EQ(gather_lookahead_blocks(7168), 13);  // deepseek-v3: 1.75 MB blocks
+  EXPECT_EQ(gather_lookahead_blocks(64), kGatherAheadBytes / (kBlockM * 64 * 2));
+  EXPECT_EQ(gather_lookahead_blocks(1 << 20), kGatherMinAheadBlocks);  // huge rows: the floor
+  EXPECT_EQ(gather_lookahead_blocks(0), kGatherMinAheadBlocks);
+  for (int64_t k = 64; k <= 65536; k += 64) {
+    const int32_t blocks = gather_lookahead_blocks(k);
+    EXPECT_GE(blocks, kGatherMinAheadBlocks);
+    if (blocks > kGatherMinAheadBlocks) {
+      EXPECT_LE(int64_t(blocks) * kBlockM * k * 2, kGatherAheadBytes) << k;
+    }
+  }
+}
+
+TEST(KernelGatherPlan, SyncHoldsACounterPerRowBlock) {
+  EXPECT_EQ(gather_sync_ints(0), kGatherSyncHeader);
+  EXPECT_EQ(gather_sync_ints(128 * 37), kGatherSyncHeader + 37);
 }
 
 TEST(TileSchedule, ExpertOfRowSkipsEmptyExperts) {

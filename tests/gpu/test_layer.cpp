@@ -287,9 +287,10 @@ class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend
   }
 };
 
-// `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count.
+// `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count;
+// `gather_lookahead`: set_gather_lookahead (0: the rule).
 void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
-                             int32_t clusters = -1, int32_t gemm_sm_count = 0) {
+                             int32_t clusters = -1, int32_t gemm_sm_count = 0, int32_t gather_lookahead = 0) {
   SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
                " routing=" + c.routing);
@@ -299,6 +300,7 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   Workspace ws(L.shape, config);
   test_hooks::set_gemm_clusters(ws, clusters);
   test_hooks::set_gemm_sm_count(ws, gemm_sm_count);
+  test_hooks::set_gather_lookahead(ws, gather_lookahead);
   test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
   expect_matches_reference(o, L, dy);
@@ -457,6 +459,34 @@ TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over
   test_hooks::set_gemm_clusters(single, 0);
   test_hooks::set_gemm_clusters(paired, 1);
   EXPECT_EQ(first_difference(run_layer(single, L, dy), run_layer(paired, L, dy)), "");
+}
+
+// The in-kernel gather (fused/row_gather.cuh) with a lookahead of one row block: its warps keep
+// waiting for the producers to begin nearer blocks while the producers wait for theirs, on a grid of
+// one CTA pair or two CTAs walking every tile; static and in-order tile orders, clusters or not, the
+// backward's dy gather (inside the da GEMM) as well.
+class KernelGather : public test::GpuTest {
+ protected:
+  static Config fused() {
+    Config c;
+    c.backend = Backend::kFused;
+    return c;
+  }
+};
+
+TEST_F(KernelGather, ThrottledStaticOrder) {  // ~4.7 blocks per expert, shared expert
+  check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 0, 2, 1);
+}
+TEST_F(KernelGather, ThrottledInOrder) {  // 18 blocks per expert
+  check_against_reference({2200, 128, 64, 4, 4, 0}, fresh_seed(), fused(), false, 0, 2, 1);
+}
+TEST_F(KernelGather, ThrottledInClusterUnits) {  // 16 · 130 rows: half tiles, shared A and B
+  check_against_reference({520, 256, 256, 16, 4, 0}, fresh_seed(), fused(), false, 1, 2, 1);
+}
+TEST_F(KernelGather, ThrottledWithRecomputedContext) {
+  Config c = fused();
+  c.save_forward_context = false;
+  check_against_reference({300, 192, 192, 8, 2, 0}, fresh_seed(), c, /*recompute=*/true, 0, 2, 1);
 }
 
 // A routing error on the device is reported by the call, naming the entry, and y is not written.
@@ -722,6 +752,32 @@ TEST_F(FusedForward, ForcedStallInAClusterIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run_stalled_forward(1), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait [1-4] = (full stage|empty stage|unit posted|unit taken)");
+}
+
+// The gather's rows never arrive (test hook: row block 0 is claimed, never copied): the producer's
+// bounded wait for them reports, naming the wait.
+[[noreturn]] void run_forward_with_stalled_gather() {
+  const Case c{300, 128, 128, 4, 2, 0};
+  const HostLayer L(c, 7);
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  test_hooks::set_gather_stall_block(ws, 0);
+  DeviceBuffer y(c.T * c.H * 2);
+  try {
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+    ws.check(nullptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+TEST_F(KernelGather, StalledRowsAreReportedNotHung) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_forward_with_stalled_gather(), ::testing::ExitedWithCode(3),
+              "timed out in block [0-9]+: wait 5 = rows gathered");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),

@@ -1,0 +1,29 @@
+// Host-side choices of the expert GEMM's in-kernel gather (row_gather.cuh), pure functions that the
+// CPU tests check.
+#pragma once
+
+#include <cstdint>
+
+#include "fused/tile_scheduler.h"
+
+namespace lynx::fused {
+
+// The gather's counters of a launch, zero before it: the next schedule row to claim, the furthest row
+// block a producer has begun, then per row block the rows copied so far (kBlockM when complete).
+constexpr int32_t kGatherRowTicket = 0;
+constexpr int32_t kGatherFrontier = 1;
+constexpr int32_t kGatherSyncHeader = 2;
+inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
+
+// NOTES: how far the gather may run ahead, in row blocks: about 24 MB of rows, about half the H200's
+// L2, so that a block is still there when its tiles read it; at least 8 blocks, so that the copies
+// keep ahead of the first wave (qwen3-30b-a3b: 48 blocks of 512 KB; deepseek-v3: 13 of 1.8 MB).
+constexpr int64_t kGatherAheadBytes = int64_t(24) << 20;
+constexpr int32_t kGatherMinAheadBlocks = 8;
+inline int32_t gather_lookahead_blocks(int64_t k) {
+  const int64_t block_bytes = int64_t(kBlockM) * k * 2;
+  const int64_t blocks = block_bytes > 0 ? kGatherAheadBytes / block_bytes : 0;
+  return static_cast<int32_t>(blocks < kGatherMinAheadBlocks ? kGatherMinAheadBlocks : blocks);
+}
+
+}  // namespace lynx::fused
