@@ -680,6 +680,22 @@ bool cluster_units(int64_t k) {
   return forced >= 0 ? forced == 1 : use_cluster_units(k);
 }
 
+// The in-kernel gather's lookahead in row blocks: gather_lookahead_blocks, or from the environment for
+// sweeps: LYNX_GEMM_GATHER_AHEAD=N (N >= 1).
+int32_t gather_lookahead(int64_t k) {
+  static const int32_t forced = [] {
+    const char* v = std::getenv("LYNX_GEMM_GATHER_AHEAD");
+    if (!v) return 0;
+    char* end = nullptr;
+    const long blocks = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || blocks < 1 || blocks > INT32_MAX) {
+      throw Error("LYNX_GEMM_GATHER_AHEAD", std::string("must be a whole number of row blocks >= 1, got '") + v + "'");
+    }
+    return int32_t(blocks);
+  }();
+  return forced > 0 ? forced : gather_lookahead_blocks(k);
+}
+
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -717,7 +733,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.row_token_slot = args.row_token_slot;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
     p.gather.vecs = static_cast<int32_t>(args.k / 8);
-    p.gather.lookahead = args.gather_lookahead > 0 ? args.gather_lookahead : gather_lookahead_blocks(args.k);
+    p.gather.lookahead = args.gather_lookahead > 0 ? args.gather_lookahead : gather_lookahead(args.k);
     p.gather.sync = args.gather_sync;
     p.gather.stall_block = args.gather_stall_block;
   }
