@@ -27,9 +27,10 @@ enum class Backend : int32_t {
 };
 
 // Tuning knobs. A zero means "choose for me" (see resolve_config).
-// NOTES: num_comm_sms, minibatch_rows and ring_rows are for the single persistent fused kernel of
-// ARCHITECTURE.md, which does not exist yet (docs/forward.md): they are resolved and range-checked,
-// and nothing uses them. Every path is deterministic today: `deterministic = false` changes nothing.
+// NOTES: num_comm_sms, minibatch_rows and ring_rows are for the comm SMs and dispatch ring of
+// ARCHITECTURE.md, which at R = 1 lynx does not use: the expert GEMM's own spare warps gather the rows
+// into the saved-context buffer (docs/design-notes.md). They are resolved and range-checked, and
+// nothing uses them. Every path is deterministic today: `deterministic = false` changes nothing.
 struct Config {
   int32_t num_comm_sms = 0;         // reserved: SMs doing dispatch/combine in the persistent kernel
   int32_t minibatch_rows = 0;       // reserved: rows per minibatch; multiple of kTileRows
