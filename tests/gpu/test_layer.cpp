@@ -465,14 +465,7 @@ TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over
 // waiting for the producers to begin nearer blocks while the producers wait for theirs, on a grid of
 // one CTA pair or two CTAs walking every tile; static and in-order tile orders, clusters or not, the
 // backward's dy gather (inside the da GEMM) as well.
-class KernelGather : public test::GpuTest {
- protected:
-  static Config fused() {
-    Config c;
-    c.backend = Backend::kFused;
-    return c;
-  }
-};
+class KernelGather : public PairedTiles {};  // the same fused-only fixture
 
 TEST_F(KernelGather, ThrottledStaticOrder) {  // ~4.7 blocks per expert, shared expert
   check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 0, 2, 1);
@@ -720,16 +713,16 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
   cudaStreamDestroy(stream);
 }
 
-// A forced stall (test hook: one tile's loads are never issued) ends in a diagnostic naming the wait,
-// not a hang. The trap kills the CUDA context, so it runs in a child process.
-[[noreturn]] void run_stalled_forward(int32_t clusters) {
+// A forced stall (a test hook set by `stall`) ends in a diagnostic naming the wait, not a hang. The
+// trap kills the CUDA context, so it runs in a child process.
+template <class Stall>
+[[noreturn]] void run_stalled_forward(Stall stall) {
   const Case c{300, 128, 128, 4, 2, 0};
   const HostLayer L(c, 7);
   Config config;
   config.backend = Backend::kFused;
   Workspace ws(L.shape, config);
-  test_hooks::set_stall_task(ws, 0);
-  test_hooks::set_gemm_clusters(ws, clusters);
+  stall(ws);
   DeviceBuffer y(c.T * c.H * 2);
   try {
     forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
@@ -741,42 +734,36 @@ TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
   std::exit(0);
 }
 
+// Tile 0's loads are never issued.
+[[noreturn]] void run_stalled_tile(int32_t clusters) {
+  run_stalled_forward([clusters](Workspace& ws) {
+    test_hooks::set_stall_task(ws, 0);
+    test_hooks::set_gemm_clusters(ws, clusters);
+  });
+}
+
 TEST_F(FusedForward, ForcedStallIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_stalled_forward(0), ::testing::ExitedWithCode(3), "timed out in block [0-9]+: wait [12] = (full|empty) stage");
+  EXPECT_EXIT(run_stalled_tile(0), ::testing::ExitedWithCode(3), "timed out in block [0-9]+: wait [12] = (full|empty) stage");
 }
 
 // The same in cluster units with in-order claims: rank 0 of the cluster that claims unit 0 stops; its
 // consumers, its partner's producer (stages or the unit mailbox) or its partner's consumers time out.
 TEST_F(FusedForward, ForcedStallInAClusterIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_stalled_forward(1), ::testing::ExitedWithCode(3),
+  EXPECT_EXIT(run_stalled_tile(1), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait [1-4] = (full stage|empty stage|unit posted|unit taken)");
 }
 
 // The gather's rows never arrive (test hook: row block 0 is claimed, never copied): the producer's
 // bounded wait for them reports, naming the wait.
-[[noreturn]] void run_forward_with_stalled_gather() {
-  const Case c{300, 128, 128, 4, 2, 0};
-  const HostLayer L(c, 7);
-  Config config;
-  config.backend = Backend::kFused;
-  Workspace ws(L.shape, config);
-  test_hooks::set_gather_stall_block(ws, 0);
-  DeviceBuffer y(c.T * c.H * 2);
-  try {
-    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
-    ws.check(nullptr);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    std::exit(3);
-  }
-  std::exit(0);
+[[noreturn]] void run_stalled_gather() {
+  run_stalled_forward([](Workspace& ws) { test_hooks::set_gather_stall_block(ws, 0); });
 }
 
 TEST_F(KernelGather, StalledRowsAreReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_forward_with_stalled_gather(), ::testing::ExitedWithCode(3),
+  EXPECT_EXIT(run_stalled_gather(), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait 5 = rows gathered");
 }
 
