@@ -15,11 +15,12 @@ enum class Stage : uint32_t {
   kGather,          // forward: x rows into schedule order (in the fused path, inside the gate/up GEMM,
                     // which then reads the rows of the call before)
   kSharedForward,   // forward: the shared expert
-  kGateUp,          // forward: the gate/up GEMM with SwiGLU
+  kGateUp,          // forward: the gate/up GEMM with SwiGLU (and, in the fused path, the gather inside it)
   kDown,            // forward: the down GEMM
   kCombine,         // forward: the combine into y
   kDyGather,        // backward: dy rows into schedule order (fused: inside the da GEMM, so leaving
-                    // that GEMM out leaves this out too)
+                    // that GEMM out leaves this out too). Its buffer is the forward's down output
+                    // too, so without it the da GEMM reads those rows, not the earlier dy rows.
   kDgradDown,       // backward: da = dy_row · w_down
   kSwigluBackward,  // backward: dg, du and d_topk_weights
   kDgradGateUp,     // backward: dx_row = [dg | du] · [w_gate; w_up]

@@ -34,11 +34,9 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                          : st.a == 3 ? "unit posted (cluster rank 1 waiting for rank 0's next claimed unit)"
                          : st.a == 4 ? "unit taken (cluster rank 0 waiting for rank 1 to take a claimed unit)"
                          : st.a == 5 ? "rows gathered (producer waiting for the gather warps to copy its tile's rows)"
-                         : st.a == 6 ? "gather ahead (gather warp waiting for the GEMM to begin nearer row blocks)"
                                      : "unknown";
       const bool unit = st.a == 3 || st.a == 4;  // the mailbox waits name cluster units, not tiles
-      const bool block = st.a == 6;              // the gather's throttle names a row block
-      const std::string task = st.b >= 0    ? (unit ? "unit " : block ? "row block " : "task ") + std::to_string(st.b)
+      const std::string task = st.b >= 0    ? (unit ? "unit " : "task ") + std::to_string(st.b)
                                : st.b == -1 ? std::string(unit ? "the next unit (not yet known)" : "the next task (not yet known)")
                                : st.b == -3 ? std::string("a padding tile (cluster rank 1 after an odd tile count)")
                                             : std::string("past the last task");

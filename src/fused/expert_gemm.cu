@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
       producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
     } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
-      gather_rows_warp(p.gather, p.grid, p.status);  // warps 1-3
+      gather_rows_warp(p.gather, p.grid);  // warps 1-3
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();

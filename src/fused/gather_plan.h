@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "fused/tile_scheduler.h"
+#include "lynx/config.h"
 
 namespace lynx::fused {
 
@@ -14,12 +15,16 @@ constexpr int32_t kGatherRowTicket = 0;
 constexpr int32_t kGatherFrontier = 1;
 constexpr int32_t kGatherSyncHeader = 2;
 inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
+// The gather claims rows four at a time up to the schedule's total, a multiple of the padding unit.
+static_assert(kTileRows == kBlockM, "experts are padded to whole GEMM row blocks");
 
 // NOTES: how far the gather may run ahead, in row blocks: about 24 MB of rows, about half the H200's
 // L2, so that a block is still there when its tiles read it; at least 8 blocks, so that the copies
 // keep ahead of the first wave (qwen3-30b-a3b: 48 blocks of 512 KB; deepseek-v3: 13 of 1.8 MB).
 constexpr int64_t kGatherAheadBytes = int64_t(24) << 20;
 constexpr int32_t kGatherMinAheadBlocks = 8;
+// How long a gather warp pauses for the tiles to catch up before it copies anyway (row_gather.cuh).
+constexpr uint64_t kGatherPauseNs = 1'000'000;
 inline int32_t gather_lookahead_blocks(int64_t k) {
   const int64_t block_bytes = int64_t(kBlockM) * k * 2;
   const int64_t blocks = block_bytes > 0 ? kGatherAheadBytes / block_bytes : 0;

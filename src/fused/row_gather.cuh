@@ -41,7 +41,7 @@ constexpr int32_t kGatherRowsPerClaim = 4;
 constexpr int kGatherVecsPerLane = 8;  // 16-byte loads in flight per lane
 static_assert(kBlockM % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32, "claims stay in one row block");
 
-__device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid, DeviceStatus* report) {
+__device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid) {
   const int lane = threadIdx.x % 32;
   const int32_t total = grid.expert_offset[grid.experts];
   if (total > grid.capacity) return;
@@ -52,12 +52,13 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
     if (first >= total) return;
     const int32_t block = first / kBlockM;
     if (block > g.lookahead) {
-      // NOTES: a producer announces its tile's block before it waits for it, so the block a producer
-      // waits on is never more than `lookahead` past the frontier: this throttle cannot deadlock it.
-      if (lane == 0) {
-        sm90::wait_counter<false>(&g.sync[kGatherFrontier], block - g.lookahead, 256, report, sm90::Wait::kGatherAhead,
-                                  block);
-      }
+      // NOTES: a throttle, not a dependency: the warp pauses while its block is more than `lookahead`
+      // past the furthest block a producer has begun, for kGatherPauseNs at most. A producer announces
+      // its block before it waits for it, so no producer waits behind the throttle; but the gather
+      // warps of CTAs whose tiles are done must still finish copying for CTAs that have not started
+      // (a grid not all resident at once, say beside another kernel), so the pause gives up instead of
+      // waiting for them.
+      if (lane == 0) sm90::poll_counter(&g.sync[kGatherFrontier], block - g.lookahead, 256, kGatherPauseNs);
       __syncwarp();
     }
     if (block == g.stall_block) continue;
@@ -80,7 +81,10 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
         }
       }
     }
-    // The rows' writes, by every lane, before the count: the producer reads them with TMA.
+    // The rows' writes, by every lane, before the count: the producer reads them with TMA. NOTES: the
+    // count's release by lane 0 covers the other lanes' stores through __syncwarp's memory ordering
+    // (the CUDA guide's; bar.warp.sync is not among the PTX model's synchronising operations), as in
+    // the usual warp-then-lane-0 release.
     sm90::fence_proxy_async_global();
     __syncwarp();
     if (lane == 0) sm90::red_release_add(&g.sync[kGatherSyncHeader + block], kGatherRowsPerClaim);

@@ -64,7 +64,6 @@ enum class Wait : int32_t {
   kUnitPosted = 3,
   kUnitTaken = 4,
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
-  kGatherAhead = 6,   // gather warp: its row block is too far ahead of the tiles the producers have begun
 };
 
 // NOTES: try_wait already suspends the thread for a hardware-chosen time, so 2^22 tries is many
@@ -107,7 +106,7 @@ __device__ __forceinline__ int32_t ld_relaxed(const int32_t* p) {
   return v;
 }
 
-// Adds `v`, releasing this thread's earlier writes (and, cumulatively, those it has synchronised with).
+// Adds `v`, releasing this thread's earlier writes (and, cumulatively, those ordered before them).
 __device__ __forceinline__ void red_release_add(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -122,17 +121,20 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-// Orders generic-proxy accesses to global memory with later async-proxy (TMA) ones of this thread.
+// Orders this thread's generic-proxy accesses to global memory with its async-proxy (TMA) ones; used on
+// both sides of a hand-off from generic writes on one SM to TMA reads on another (row_gather.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// NOTES: 10 s: a row block is copied in microseconds and the gather runs at most a few hundred
-// microseconds ahead of the GEMM; compute-sanitizer slows both alike.
-constexpr uint64_t kCounterWaitNs = 10'000'000'000ull;
+// NOTES: 5 s: a row block is copied in microseconds; compute-sanitizer slows the copies and the wait
+// alike. Shorter than the mbarrier waits' bound (2^22 try_wait rounds, ~17 s on the H200), so that a
+// stalled gather is reported as such and not as the consumers' wait behind it.
+constexpr uint64_t kCounterWaitNs = 5'000'000'000ull;
 
 // Waits until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls; past
 // kCounterWaitNs it reports `which` with the value last seen and traps. Returns the value seen.
+// poll_counter: the same without the trap, giving up after `give_up_ns`; true when *p reached target.
 template <bool kAcquire>
 __device__ __forceinline__ int32_t wait_counter(const int32_t* p, int32_t target, uint32_t sleep_ns,
                                                 DeviceStatus* report, Wait which, int32_t task) {
@@ -144,6 +146,16 @@ __device__ __forceinline__ int32_t wait_counter(const int32_t* p, int32_t target
     v = kAcquire ? ld_acquire(p) : ld_relaxed(p);
     if (v >= target) return v;
     if (globaltimer_ns() - start > kCounterWaitNs) report_stall(report, which, task, v);
+  }
+}
+
+__device__ __forceinline__ bool poll_counter(const int32_t* p, int32_t target, uint32_t sleep_ns, uint64_t give_up_ns) {
+  if (ld_relaxed(p) >= target) return true;
+  const uint64_t start = globaltimer_ns();
+  for (;;) {
+    __nanosleep(sleep_ns);
+    if (ld_relaxed(p) >= target) return true;
+    if (globaltimer_ns() - start > give_up_ns) return false;
   }
 }
 
