@@ -2,7 +2,7 @@
 // into schedule order (A) while the GEMM runs, and the producer thread waits, per tile, until the
 // rows of its tile's row block are all there.
 // NOTES: why in the kernel. The separate gather kernel wrote the whole gathered copy (285 MB at
-// qwen3-30b-a3b) at ~2 TB/s before the GEMM could start: 0.14 of the forward's 1.25 ms, on every SM.
+// qwen3-30b-a3b) at ~2 TB/s before the GEMM could start: 0.14 ms of the forward, on every SM.
 // Here the copies run on warps the producer warpgroup leaves idle, a few row blocks ahead of the
 // tiles being computed, so the GEMM reads each block from L2 shortly after it was written. Row
 // granularity (a claim per four rows, a count per 128-row block) keeps the start short: the first
