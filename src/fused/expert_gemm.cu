@@ -629,6 +629,28 @@ void check(bool ok, const char* what) {
   if (!ok) throw Error("", std::string("internal: expert GEMM sizes not supported: ") + what);
 }
 
+// A sweep switch from the environment: -1 when unset, else 0 or 1; anything else is an error.
+int env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return -1;
+  if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
+  throw Error(name, std::string("must be 0 or 1, got '") + v + "'");
+}
+
+// A sweep count from the environment: 0 when unset, else a whole number of `what` in [1, most];
+// anything else is an error.
+int32_t env_count(const char* name, long most, const char* what) {
+  const char* v = std::getenv(name);
+  if (!v) return 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 1 || n > most) {
+    throw Error(name, std::string("must be a whole number of ") + what + " in [1, " + std::to_string(most) +
+                          "], got '" + v + "'");
+  }
+  return int32_t(n);
+}
+
 // The tile order: choose_tile_order, or from the environment for sweeps: LYNX_GEMM_ORDER=static|in-order
 // (the raster of that branch of the rule), LYNX_GEMM_GROUP_ROWS=N.
 TileOrder tile_order(int64_t routed_rows, int64_t experts) {
@@ -640,29 +662,12 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
     throw Error("LYNX_GEMM_ORDER", std::string("must be static or in-order, got '") + v + "'");
   }();
   // At most 64 row blocks per group: keeps group_rows · tiles_n far from overflow.
-  static const int32_t forced_rows = [] {
-    const char* v = std::getenv("LYNX_GEMM_GROUP_ROWS");
-    if (!v) return 0;
-    char* end = nullptr;
-    const long rows = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || rows < 1 || rows > 64) {
-      throw Error("LYNX_GEMM_GROUP_ROWS", std::string("must be a whole number of row blocks in [1, 64], got '") + v + "'");
-    }
-    return int32_t(rows);
-  }();
+  static const int32_t forced_rows = env_count("LYNX_GEMM_GROUP_ROWS", 64, "row blocks");
   TileOrder o = forced_order == 1   ? in_order_tiles()
                 : forced_order == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
                                     : choose_tile_order(routed_rows, experts);
   if (forced_rows > 0) o.group_rows = forced_rows;
   return o;
-}
-
-// A sweep switch from the environment: -1 when unset, else 0 or 1; anything else is an error.
-int env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return -1;
-  if (std::string(v) == "0" || std::string(v) == "1") return v[0] - '0';
-  throw Error(name, std::string("must be 0 or 1, got '") + v + "'");
 }
 
 // Half tiles (warpgroup 1 idle on a block whose rows 64-127 are padding) unless the environment turns
@@ -683,16 +688,7 @@ bool cluster_units(int64_t k) {
 // The in-kernel gather's lookahead in row blocks: gather_lookahead_blocks, or from the environment for
 // sweeps: LYNX_GEMM_GATHER_AHEAD=N (N >= 1).
 int32_t gather_lookahead(int64_t k) {
-  static const int32_t forced = [] {
-    const char* v = std::getenv("LYNX_GEMM_GATHER_AHEAD");
-    if (!v) return 0;
-    char* end = nullptr;
-    const long blocks = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || blocks < 1 || blocks > INT32_MAX) {
-      throw Error("LYNX_GEMM_GATHER_AHEAD", std::string("must be a whole number of row blocks >= 1, got '") + v + "'");
-    }
-    return int32_t(blocks);
-  }();
+  static const int32_t forced = env_count("LYNX_GEMM_GATHER_AHEAD", INT32_MAX, "row blocks");
   return forced > 0 ? forced : gather_lookahead_blocks(k);
 }
 
