@@ -58,7 +58,8 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
       // warps of CTAs whose tiles are done must still finish copying for CTAs that have not started
       // (a grid not all resident at once, say beside another kernel), so the pause gives up instead of
       // waiting for them.
-      if (lane == 0) sm90::poll_counter(&g.sync[kGatherFrontier], block - g.lookahead, 256, kGatherPauseNs);
+      int32_t frontier;
+      if (lane == 0) sm90::poll_counter<false>(&g.sync[kGatherFrontier], block - g.lookahead, 256, kGatherPauseNs, frontier);
       __syncwarp();
     }
     if (block == g.stall_block) continue;
@@ -96,7 +97,7 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
 __device__ __forceinline__ void await_gathered_rows(const RowGather& g, int32_t block, int32_t tile,
                                                     DeviceStatus* report) {
   sm90::red_relaxed_max(&g.sync[kGatherFrontier], block);
-  sm90::wait_counter<true>(&g.sync[kGatherSyncHeader + block], kBlockM, 32, report, sm90::Wait::kRowsGathered, tile);
+  sm90::wait_counter(&g.sync[kGatherSyncHeader + block], kBlockM, 32, report, sm90::Wait::kRowsGathered, tile);
   sm90::fence_proxy_async_global();
 }
 

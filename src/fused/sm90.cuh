@@ -132,31 +132,28 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // stalled gather is reported as such and not as the consumers' wait behind it.
 constexpr uint64_t kCounterWaitNs = 5'000'000'000ull;
 
-// Waits until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls; past
-// kCounterWaitNs it reports `which` with the value last seen and traps. Returns the value seen.
-// poll_counter: the same without the trap, giving up after `give_up_ns`; true when *p reached target.
+// Polls until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls, for at
+// most `give_up_ns`: true when it got there. `seen`: the value last read.
 template <bool kAcquire>
-__device__ __forceinline__ int32_t wait_counter(const int32_t* p, int32_t target, uint32_t sleep_ns,
-                                                DeviceStatus* report, Wait which, int32_t task) {
-  int32_t v = kAcquire ? ld_acquire(p) : ld_relaxed(p);
-  if (v >= target) return v;
+__device__ __forceinline__ bool poll_counter(const int32_t* p, int32_t target, uint32_t sleep_ns, uint64_t give_up_ns,
+                                             int32_t& seen) {
+  seen = kAcquire ? ld_acquire(p) : ld_relaxed(p);
+  if (seen >= target) return true;
   const uint64_t start = globaltimer_ns();
   for (;;) {
     __nanosleep(sleep_ns);
-    v = kAcquire ? ld_acquire(p) : ld_relaxed(p);
-    if (v >= target) return v;
-    if (globaltimer_ns() - start > kCounterWaitNs) report_stall(report, which, task, v);
+    seen = kAcquire ? ld_acquire(p) : ld_relaxed(p);
+    if (seen >= target) return true;
+    if (globaltimer_ns() - start > give_up_ns) return false;
   }
 }
 
-__device__ __forceinline__ bool poll_counter(const int32_t* p, int32_t target, uint32_t sleep_ns, uint64_t give_up_ns) {
-  if (ld_relaxed(p) >= target) return true;
-  const uint64_t start = globaltimer_ns();
-  for (;;) {
-    __nanosleep(sleep_ns);
-    if (ld_relaxed(p) >= target) return true;
-    if (globaltimer_ns() - start > give_up_ns) return false;
-  }
+// A bounded wait until *p >= target, with acquire: past kCounterWaitNs it reports `which` with the
+// value last seen and traps.
+__device__ __forceinline__ void wait_counter(const int32_t* p, int32_t target, uint32_t sleep_ns, DeviceStatus* report,
+                                             Wait which, int32_t task) {
+  int32_t seen;
+  if (!poll_counter<true>(p, target, sleep_ns, kCounterWaitNs, seen)) report_stall(report, which, task, seen);
 }
 
 // ---- thread-block clusters -------------------------------------------------------------------------
