@@ -720,7 +720,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.status = args.status;
   p.tickets = args.tickets;
   p.stall_task = args.stall_task;
-  p.gather.stall_block = -1;
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
@@ -828,7 +827,6 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
-  p.gather.stall_block = -1;
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 

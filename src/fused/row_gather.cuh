@@ -27,7 +27,7 @@ struct RowGather {
   int32_t vecs;                   // 16-byte vectors per row (K / 8)
   int32_t lookahead;              // gather_lookahead_blocks (gather_plan.h)
   int32_t* sync;                  // [gather_sync_ints(capacity)] (gather_plan.h)
-  int32_t stall_block;            // test hook: this row block is claimed but never copied (-1: off)
+  int32_t stall_block = -1;       // test hook: this row block is claimed but never copied (-1: off)
 };
 
 // One gather warp: claims schedule rows kGatherRowsPerClaim at a time and copies them (zeros for a
