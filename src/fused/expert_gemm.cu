@@ -420,9 +420,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     // NOTES: the last row block of an expert holds 1-128 rows; when its rows 64-127 are all padding,
-    // warpgroup 1 computes nothing and only passes the stages on (its accumulators stay zero, so it
-    // stores the zeros that padding rows must hold). At deepseek-v3 (128 ± 11 rows per expert) about
-    // half of the experts end with such a block. A padding tile passes every stage on in both.
+    // warpgroup 1 computes nothing, only passes the stages on, and stores nothing: no kernel reads the
+    // rows of a 64-row half without rows (row_gather.cuh). At deepseek-v3 (128 ± 11 rows per expert)
+    // about half of the experts end with such a block. A padding tile passes every stage on in both.
     // Every thread waits for each stage before it releases it, so none can fall a phase behind.
     const bool idle = pad || (c == 1 && half_tile(t));
     if (idle && t.k_blocks > 0) {
@@ -464,7 +464,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     }
     sm90::wgmma_wait<0>();
     if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
-    if (pad) continue;
+    if (pad || (kMode != Mode::kWeightGrad && c == 1 && half_tile(t))) continue;
 
     // Epilogue: [64, 128] pieces through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;

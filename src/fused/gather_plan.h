@@ -17,6 +17,8 @@ constexpr int32_t kGatherSyncHeader = 2;
 inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
 // The gather claims rows four at a time up to the schedule's total, a multiple of the padding unit.
 static_assert(kTileRows == kBlockM, "experts are padded to whole GEMM row blocks");
+// Rows in a 64-row half without rows are not written (row_gather.cuh): no K block may reach into one.
+static_assert(64 % kBlockK == 0, "K blocks stay within 64-row halves");
 
 // NOTES: how far the gather may run ahead, in row blocks: about 24 MB of rows, about half the H200's
 // L2, so that a block is still there when its tiles read it; at least 8 blocks, so that the copies

@@ -39,7 +39,7 @@ struct RowGather {
 // expert's block is padded), so a claim never straddles it or a row block.
 constexpr int32_t kGatherRowsPerClaim = 4;
 constexpr int kGatherVecsPerLane = 8;  // 16-byte loads in flight per lane
-static_assert(kBlockM % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32, "claims stay in one row block");
+static_assert(64 % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32, "claims stay in one 64-row half");
 
 __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid) {
   const int lane = threadIdx.x % 32;
@@ -63,8 +63,13 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
       __syncwarp();
     }
     if (block == g.stall_block) continue;
+    // NOTES: an expert's rows come first in its block, so a 64-row half whose first row is padding
+    // holds no rows, and no kernel reads it (half tiles load rows 0-63; the weight gradients' K stops
+    // at the last K block with rows): its rows are counted, not written. ~117 MB per gather at
+    // deepseek-v3, where about half of the experts end with such a half.
+    const bool dead_half = g.row_token_slot[first - first % 64] < 0;
     const int32_t lane_slot = lane < kGatherRowsPerClaim ? g.row_token_slot[first + lane] : -1;
-    for (int32_t i = 0; i < kGatherRowsPerClaim; ++i) {
+    for (int32_t i = 0; i < (dead_half ? 0 : kGatherRowsPerClaim); ++i) {
       const int32_t slot = __shfl_sync(0xffffffffu, lane_slot, i);
       const uint4* from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
       uint4* to = g.dst + int64_t(first + i) * g.vecs;

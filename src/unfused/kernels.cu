@@ -126,6 +126,8 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     if (total_rows && row >= *total_rows) continue;
     if (row_token_slot && row_token_slot[row] < 0) {  // padding: zeros, for the weight gradients
+      // ... except in a 64-row half without rows (its first row is padding), which nothing reads.
+      if (row_token_slot[row - row % 64] < 0) continue;
       for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
         dg[row * out_vecs_per_row + v] = Vec8{};
         du[row * out_vecs_per_row + v] = Vec8{};
