@@ -2,8 +2,9 @@
 kernel, then `metric unit value` lines. Shared by tools/l2_probe_table.py and tools/traffic_table.py."""
 import re
 
-# To bytes (bytes and 32-byte sectors) or to milliseconds (durations).
+# To bytes (bytes and 32-byte sectors), to milliseconds (durations), or percentages as they are.
 TO_BASE = {
+    "%": 1,
     "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
     "sector": 32, "Ksector": 32e3, "Msector": 32e6, "Gsector": 32e9,
     "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3,

@@ -13,7 +13,8 @@ def launch(mode, ms, read_gb):
             "    Metric Name    Metric Unit Metric Value",
             f"    gpu__time_duration.sum   ms   {ms}",
             f"    dram__bytes_read.sum   Gbyte   {read_gb}",
-            "    lts__t_sectors_srcunit_ltcfabric.sum   sector   31,250,000"]
+            "    lts__t_sectors_srcunit_ltcfabric.sum   sector   31,250,000",
+            "    lts__throughput.avg.pct_of_peak_sustained_elapsed   %   90.54"]
 
 
 class TrafficTable(unittest.TestCase):
@@ -24,9 +25,11 @@ class TrafficTable(unittest.TestCase):
         self.assertAlmostEqual(last["0"]["ms"], 5.2)
         self.assertAlmostEqual(last["0"]["dram_read"], 19.6)
         self.assertAlmostEqual(last["0"]["fabric"], 1.0)  # 31.25 M sectors of 32 bytes
+        self.assertAlmostEqual(last["0"]["l2_busy"], 90.54)  # a percentage stays one
         lines = table(last).splitlines()
         self.assertTrue(lines[1].startswith("0 gate/up+SwiGLU"))
         self.assertIn("19.60", lines[1])
+        self.assertIn("90.5", lines[1])
 
     def test_microseconds_and_unknown_units(self):
         text = "\n".join(launch(1, 1, 1)).replace("ms   1", "us   850.5")
