@@ -6,6 +6,7 @@
 
 #include "fused/tile_scheduler.h"
 #include "lynx/config.h"
+#include "schedule/schedule_core.h"
 
 namespace lynx::fused {
 
@@ -18,7 +19,7 @@ inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + c
 // The gather claims rows four at a time up to the schedule's total, a multiple of the padding unit.
 static_assert(kTileRows == kBlockM, "experts are padded to whole GEMM row blocks");
 // Rows in a 64-row half without rows are not written (row_gather.cuh): no K block may reach into one.
-static_assert(64 % kBlockK == 0, "K blocks stay within 64-row halves");
+static_assert(sched::core::kHalfRows % kBlockK == 0, "K blocks stay within 64-row halves");
 
 // NOTES: how far the gather may run ahead, in row blocks: about 24 MB of rows, about half the H200's
 // L2, so that a block is still there when its tiles read it; at least 8 blocks, so that the copies

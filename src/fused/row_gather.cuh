@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "fused/gather_plan.h"
 #include "fused/sm90.cuh"
+#include "schedule/schedule_core.h"
 
 namespace lynx::fused {
 
@@ -39,7 +40,8 @@ struct RowGather {
 // expert's block is padded), so a claim never straddles it or a row block.
 constexpr int32_t kGatherRowsPerClaim = 4;
 constexpr int kGatherVecsPerLane = 8;  // 16-byte loads in flight per lane
-static_assert(64 % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32, "claims stay in one 64-row half");
+static_assert(sched::core::kHalfRows % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32,
+              "claims stay in one 64-row half");
 
 __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid) {
   const int lane = threadIdx.x % 32;
@@ -63,11 +65,8 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
       __syncwarp();
     }
     if (block == g.stall_block) continue;
-    // NOTES: an expert's rows come first in its block, so a 64-row half whose first row is padding
-    // holds no rows, and no kernel reads it (half tiles load rows 0-63; the weight gradients' K stops
-    // at the last K block with rows): its rows are counted, not written. ~117 MB per gather at
-    // deepseek-v3, where about half of the experts end with such a half.
-    const bool dead_half = g.row_token_slot[first - first % 64] < 0;
+    // A half without rows (sched::core::in_rowless_half): its rows are counted, not written.
+    const bool dead_half = sched::core::in_rowless_half(g.row_token_slot, first);
     const int32_t lane_slot = lane < kGatherRowsPerClaim ? g.row_token_slot[first + lane] : -1;
     for (int32_t i = 0; i < (dead_half ? 0 : kGatherRowsPerClaim); ++i) {
       const int32_t slot = __shfl_sync(0xffffffffu, lane_slot, i);

@@ -6,6 +6,7 @@
 #include "api/routing_check.h"
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
+#include "schedule/schedule_core.h"
 #include "unfused/kernels.h"
 
 namespace lynx::unfused {
@@ -126,8 +127,8 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     if (total_rows && row >= *total_rows) continue;
     if (row_token_slot && row_token_slot[row] < 0) {  // padding: zeros, for the weight gradients
-      // ... except in a 64-row half without rows (its first row is padding), which nothing reads.
-      if (row_token_slot[row - row % 64] < 0) continue;
+      // ... except in a 64-row half without rows, which nothing reads.
+      if (sched::core::in_rowless_half(row_token_slot, row)) continue;
       for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
         dg[row * out_vecs_per_row + v] = Vec8{};
         du[row * out_vecs_per_row + v] = Vec8{};

@@ -104,6 +104,9 @@ void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::s
   for (int64_t e = 0; e < E_loc; ++e) {
     for (int64_t row = got.expert_offset[e]; row < got.expert_offset[e + 1]; ++row) {
       const int32_t s = got.row_src_rank[row], slot = got.row_token_slot[row];
+      const int64_t half_start = (row - got.expert_offset[e]) / core::kHalfRows * core::kHalfRows;
+      EXPECT_EQ(core::in_rowless_half(got.row_token_slot.data(), row), half_start >= got.expert_rows[e])
+          << "row " << row;
       if (row >= got.expert_offset[e] + got.expert_rows[e]) {
         EXPECT_TRUE(s == -1 && slot == -1) << "padding row " << row;
         continue;
