@@ -1,5 +1,5 @@
 // lynx-tma-rows-probe: can TMA boxes of one row feed a GEMM's A stages straight from the token rows, with
-// no gathered copy (docs/plan.md, the first lead of session 10)? One CTA per SM streams [128, 64] bf16
+// no gathered copy? (No: ~2 µs per stage, bench/results/2026-11-29-h200-session10.txt.) One CTA per SM streams [128, 64] bf16
 // A stages (16 KB, 128-byte swizzle) through a 4-stage pipeline to a consumer warpgroup that only waits,
 // optionally "computes" for a fixed time, and releases, in three modes:
 //   0  one [128, 64] box per stage from a gathered copy (what the expert GEMM does today)
