@@ -1,7 +1,7 @@
 // lynx-tma-rows-probe: can TMA boxes of one row feed a GEMM's A stages straight from the token rows, with
-// no gathered copy? (No: ~2 µs per stage, bench/results/2026-11-29-h200-session10.txt.) One CTA per SM streams [128, 64] bf16
-// A stages (16 KB, 128-byte swizzle) through a 4-stage pipeline to a consumer warpgroup that only waits,
-// optionally "computes" for a fixed time, and releases, in three modes:
+// no gathered copy? (No: ~2 µs per stage, bench/results/2026-11-29-h200-session10.txt.) One CTA per SM
+// streams [128, 64] bf16 A stages (16 KB, 128-byte swizzle) through a 4-stage pipeline to a consumer
+// warpgroup that only waits, optionally "computes" for a fixed time, and releases, in three modes:
 //   0  one [128, 64] box per stage from a gathered copy (what the expert GEMM does today)
 //   1  128 boxes of [1, 64] per stage straight from x, issued by one thread (tried in session 4 on the
 //      producer's own path: 1.5-4x slower)
