@@ -16,6 +16,10 @@ inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_t
 // (-1), whatever the shape: the small test shapes' K never reaches the rule's threshold.
 inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_gemm_clusters = clusters; }
 
+// Walks every row-mode expert GEMM's tiles in order from the ticket (1), as the static round robin (0),
+// or as the rule decides (-1): a small test shape then takes the order a benchmark shape would.
+inline void set_gemm_order(Workspace& ws, int32_t order) { ws.impl().test_gemm_order = order; }
+
 // Launches the expert GEMMs on `sm_count` SMs' worth of CTAs (0: all), so that a few CTAs, or one
 // cluster, walk many tiles: pipeline phases and the unit mailbox's slots wrap many times.
 inline void set_gemm_sm_count(Workspace& ws, int32_t sm_count) { ws.impl().test_gemm_sm_count = sm_count; }

@@ -653,7 +653,7 @@ int32_t env_count(const char* name, long most, const char* what) {
 
 // The tile order: choose_tile_order, or from the environment for sweeps: LYNX_GEMM_ORDER=static|in-order
 // (the raster of that branch of the rule), LYNX_GEMM_GROUP_ROWS=N.
-TileOrder tile_order(int64_t routed_rows, int64_t experts) {
+TileOrder tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows) {
   static const int forced_order = [] {
     const char* v = std::getenv("LYNX_GEMM_ORDER");
     if (!v) return -1;
@@ -665,7 +665,7 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts) {
   static const int32_t forced_rows = env_count("LYNX_GEMM_GROUP_ROWS", 64, "row blocks");
   TileOrder o = forced_order == 1   ? in_order_tiles()
                 : forced_order == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
-                                    : choose_tile_order(routed_rows, experts);
+                                    : choose_tile_order(routed_rows, experts, gathers_rows);
   if (forced_rows > 0) o.group_rows = forced_rows;
   return o;
 }
@@ -709,7 +709,10 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.k_blocks = static_cast<int32_t>(args.k / kBlockK);
   p.grid.capacity = static_cast<int32_t>(args.capacity);
   p.grid.weight_grad = false;
-  const TileOrder order = tile_order(args.routed_rows, args.experts);
+  check(args.order >= -1 && args.order <= 1, "order: -1 (the rule), 0 or 1");
+  const TileOrder order = args.order == 1   ? in_order_tiles()
+                          : args.order == 0 ? static_tiles(row_blocks_per_expert(args.routed_rows, args.experts))
+                                            : tile_order(args.routed_rows, args.experts, args.gather_src != nullptr);
   p.grid.group_rows = order.group_rows;
   p.grid.expert_groups = order.expert_groups;
   p.in_order = order.in_order;
@@ -823,7 +826,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.n = static_cast<int32_t>(args.n);
   p.out_split = args.out2 ? static_cast<int32_t>(args.split) : INT32_MAX;
   p.status = args.status;
-  p.in_order = tile_order(args.routed_rows, args.experts).in_order;
+  p.in_order = tile_order(args.routed_rows, args.experts, false).in_order;
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;

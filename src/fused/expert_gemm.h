@@ -36,6 +36,9 @@ struct ExpertGemmArgs {
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
   int32_t clusters = -1;                  // test hook: 1 runs the tiles as cluster units, 0 as single CTAs,
                                           // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
+  int32_t order = -1;                     // test hook: 1 claims the tiles in order, 0 walks the static round
+                                          // robin (the rule's raster for it), -1 as choose_tile_order (or
+                                          // LYNX_GEMM_ORDER) decides
   // In-kernel gather (row_gather.cuh): when gather_src is set, the kernel itself writes A (`a`, which
   // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
   // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.

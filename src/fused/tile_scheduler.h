@@ -154,9 +154,10 @@ struct TileOrder {
   int32_t group_rows;
 };
 
-// NOTES: the order is chosen per launch from the rows an expert receives on average. A wave of S
-// concurrent tiles covering G row blocks and S / G column blocks reads G A-blocks (128 × K) and
-// S / G weight tiles (256 × K): the traffic is least near G = sqrt(2 S) ≈ 16 on 132 SMs.
+// NOTES: the order is chosen per launch from the rows an expert receives on average and from whether
+// the launch gathers its rows. A wave of S concurrent tiles covering G row blocks and S / G column
+// blocks reads G A-blocks (128 × K) and S / G weight tiles (256 × K): the traffic is least near
+// G = sqrt(2 S) ≈ 16 on 132 SMs.
 // - Fewer than two row blocks per expert (deepseek-v3: 128 rows on average, so about half of the
 //   experts get a second, nearly empty block): the weights dominate the traffic and each weight tile
 //   serves one or two row blocks. Groups end at expert boundaries, so an expert's blocks are
@@ -172,9 +173,16 @@ struct TileOrder {
 //   3-round A/B had not confirmed single-run gains.
 // - Between (qwen3-30b-a3b: 4, olmoe-1b-7b: 8): the static round robin with groups of a fixed size
 //   that straddle experts, G the power of two within the row blocks an expert receives on average.
-//   In-order claims lost there: qwen3 forward +2.2% in each of 4 rounds (same file); expert-bounded
+//   In-order claims lost there in session 5, before the gather ran in the GEMM: qwen3 forward +2.2% in
+//   each of 4 rounds (same file), and in session 10 they still did not win for launches that do
+//   not gather (the backward part of forward+backward unchanged, section 6); expert-bounded
 //   groups in static order were up to 6% slower (bench/results/2026-11-29-h200-*-expert-raster.txt).
 //   Not measured between 8 and 16 blocks.
+// - A launch that gathers its own rows (row_gather.cuh): in order at every size. The gather warps copy
+//   the rows in schedule order, a few row blocks ahead of the furthest block a producer has begun;
+//   tiles claimed in the same order read each block soon after it was copied. Session 10, 5
+//   alternated rounds (bench/results/2026-11-29-h200-session10.txt section 6): forward -2.3% at
+//   qwen3-30b-a3b, -2.2% at olmoe-1b-7b, faster in every round.
 inline int64_t row_blocks_per_expert(int64_t routed_rows, int64_t experts) {
   return experts > 0 ? routed_rows / experts / kBlockM : 0;
 }
@@ -185,9 +193,9 @@ inline TileOrder static_tiles(int64_t blocks_per_expert) {
   return {false, false, g};
 }
 constexpr int64_t kInOrderFromBlocks = 16;
-inline TileOrder choose_tile_order(int64_t routed_rows, int64_t experts) {
+inline TileOrder choose_tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows) {
   const int64_t blocks = row_blocks_per_expert(routed_rows, experts);
-  return blocks < 2 || blocks >= kInOrderFromBlocks ? in_order_tiles() : static_tiles(blocks);
+  return gathers_rows || blocks < 2 || blocks >= kInOrderFromBlocks ? in_order_tiles() : static_tiles(blocks);
 }
 
 }  // namespace lynx::fused

@@ -116,13 +116,13 @@ TEST(TileSchedule, RowModesCountTheRowsThatAreNotPadding) {
 
 TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   // deepseek-v3: 128 rows per expert on average: in order, groups end at experts.
-  const TileOrder deepseek = choose_tile_order(4096 * 8, 256);
+  const TileOrder deepseek = choose_tile_order(4096 * 8, 256, false);
   EXPECT_TRUE(deepseek.in_order);
   EXPECT_TRUE(deepseek.expert_groups);
   EXPECT_EQ(deepseek.group_rows, 16);
   // mixtral-8x7b (2048 rows per expert: 16 blocks) and more: in order, groups of 16 ending at experts.
   for (const auto& [rows, experts] : std::vector<std::pair<int64_t, int64_t>>{{8192 * 2, 8}, {int64_t(1) << 30, 1}}) {
-    const TileOrder o = choose_tile_order(rows, experts);
+    const TileOrder o = choose_tile_order(rows, experts, false);
     EXPECT_TRUE(o.in_order) << rows << " rows, " << experts << " experts";
     EXPECT_TRUE(o.expert_groups);
     EXPECT_EQ(o.group_rows, 16);
@@ -131,14 +131,22 @@ TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   // groups of the power of two within an expert's average blocks, straddling experts.
   for (const auto& [rows, experts, g] : std::vector<std::tuple<int64_t, int64_t, int32_t>>{
            {8192 * 8, 128, 4}, {8192 * 8, 64, 8}, {15 * 128, 1, 8}, {256, 1, 2}, {768, 1, 4}}) {
-    const TileOrder o = choose_tile_order(rows, experts);
+    const TileOrder o = choose_tile_order(rows, experts, false);
     EXPECT_FALSE(o.in_order) << rows << " rows, " << experts << " experts";
     EXPECT_FALSE(o.expert_groups);
     EXPECT_EQ(o.group_rows, g) << rows << " rows, " << experts << " experts";
   }
-  EXPECT_TRUE(choose_tile_order(255, 1).in_order);  // under two blocks
-  EXPECT_TRUE(choose_tile_order(100, 8).in_order);
-  EXPECT_TRUE(choose_tile_order(0, 0).in_order);
+  EXPECT_TRUE(choose_tile_order(255, 1, false).in_order);  // under two blocks
+  EXPECT_TRUE(choose_tile_order(100, 8, false).in_order);
+  EXPECT_TRUE(choose_tile_order(0, 0, false).in_order);
+  // A launch that gathers its rows: in order, groups of 16 ending at experts, at every size.
+  for (const auto& [rows, experts] : std::vector<std::pair<int64_t, int64_t>>{
+           {8192 * 8, 128}, {8192 * 8, 64}, {4096 * 8, 256}, {8192 * 2, 8}, {256, 1}, {0, 0}}) {
+    const TileOrder o = choose_tile_order(rows, experts, true);
+    EXPECT_TRUE(o.in_order) << rows << " rows, " << experts << " experts";
+    EXPECT_TRUE(o.expert_groups);
+    EXPECT_EQ(o.group_rows, 16);
+  }
   EXPECT_EQ(static_tiles(1).group_rows, 1);
 }
 
@@ -188,7 +196,7 @@ TEST(TileSchedule, ClusterUnitsOfDeepseekAllShare) {
   std::binomial_distribution<int32_t> rows(4096 * 8, 1.0 / 256);
   for (const int32_t n : {2048, 7168}) {
     const int32_t experts = 256, block_n = n == 2048 ? 128 : 256;
-    const TileOrder order = choose_tile_order(4096 * 8, experts);
+    const TileOrder order = choose_tile_order(4096 * 8, experts, false);
     std::vector<int32_t> offsets(experts + 1, 0);
     for (int32_t e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + (rows(rng) + kBlockM - 1) / kBlockM * kBlockM;
     const TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, n / block_n, block_n, 32, offsets[experts],

@@ -290,7 +290,8 @@ class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend
 // `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count;
 // `gather_lookahead`: set_gather_lookahead (0: the rule).
 void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
-                             int32_t clusters = -1, int32_t gemm_sm_count = 0, int32_t gather_lookahead = 0) {
+                             int32_t clusters = -1, int32_t gemm_sm_count = 0, int32_t gather_lookahead = 0,
+                             int32_t order = -1) {
   SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
                " routing=" + c.routing);
@@ -301,6 +302,7 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   test_hooks::set_gemm_clusters(ws, clusters);
   test_hooks::set_gemm_sm_count(ws, gemm_sm_count);
   test_hooks::set_gather_lookahead(ws, gather_lookahead);
+  test_hooks::set_gemm_order(ws, order);
   test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
   expect_matches_reference(o, L, dy);
@@ -464,10 +466,14 @@ TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over
 // The in-kernel gather (fused/row_gather.cuh) with a lookahead of one row block: its warps keep
 // waiting for the producers to begin nearer blocks while the producers wait for theirs, on a grid of
 // one CTA pair or two CTAs walking every tile; static and in-order tile orders, clusters or not, the
-// backward's dy gather (inside the da GEMM) as well.
+// backward's dy gather (inside the da GEMM) as well. A launch that gathers claims its tiles in order
+// (choose_tile_order); the static round robin with a gather is what LYNX_GEMM_ORDER=static runs.
 class KernelGather : public PairedTiles {};  // the same fused-only fixture
 
 TEST_F(KernelGather, ThrottledStaticOrder) {  // ~4.7 blocks per expert, shared expert
+  check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 0, 2, 1, /*order=*/0);
+}
+TEST_F(KernelGather, ThrottledInOrderFewBlocksPerExpert) {  // the rule's order for a gathering launch
   check_against_reference({600, 128, 192, 4, 4, 64}, fresh_seed(), fused(), false, 0, 2, 1);
 }
 TEST_F(KernelGather, ThrottledInOrder) {  // 18 blocks per expert
