@@ -1,0 +1,49 @@
+"""CPU test of tools/ab_table.py (the table of tools/gpu-ab) on made-up lynx-bench results."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+import ab_table  # noqa: E402
+
+
+def run(forward, backward=None):
+    rows = [{"shape": "qwen3-30b-a3b", "routing": "uniform", "pass": "forward", "ms": forward}]
+    if backward is not None:
+        rows.append({"shape": "qwen3-30b-a3b", "routing": "uniform", "pass": "backward", "ms": backward})
+    return {"results": rows}
+
+
+class AbTable(unittest.TestCase):
+    def test_medians_ratios_and_rounds_faster(self):
+        # Build 1 is faster than build 0 in rounds 1 and 3, slower in round 2; build 2 missed round 3.
+        runs = [(0, 1, run(1.20, 2.40)), (0, 2, run(1.22, 2.50)), (0, 3, run(1.30, 2.45)),
+                (1, 1, run(1.10, 2.50)), (1, 2, run(1.25, 2.55)), (1, 3, run(1.20, 2.60)),
+                (2, 1, run(1.30)), (2, 2, run(1.10))]
+        lines = ab_table.table(ab_table.collect(runs), ["build-main", "build-cand", "build-x"]).splitlines()
+        # Names without their "build-" prefix; each later build's ratio and rounds-faster columns.
+        self.assertEqual(lines[0].split(), ["shape", "routing", "pass", "main", "cand", "x", "cand/A", "faster", "x/A",
+                                            "faster"])
+        forward = lines[1].split()
+        self.assertEqual(forward[:3], ["qwen3-30b-a3b", "uniform", "forward"])
+        # Medians 1.220, 1.200, 1.200; ratios 0.984 (2 of 3 rounds faster) and 0.984 (1 of 2).
+        self.assertEqual(forward[3:], ["1.220", "1.200", "1.200", "0.984", "2/3", "0.984", "1/2"])
+        backward = lines[2].split()
+        # Build 2 has no backward: its cells are dashes, 0 of 0 rounds.
+        self.assertEqual(backward[3:], ["2.450", "2.550", "-", "1.041", "0/3", "-", "0/0"])
+
+    def test_main_writes_every_run_and_prints_the_table(self):
+        with tempfile.TemporaryDirectory() as work:
+            for build, rnd, ms in [(0, 1, 1.2), (1, 1, 1.1)]:
+                with open(os.path.join(work, f"{build}-{rnd}.json"), "w") as f:
+                    json.dump(run(ms), f)
+            ab_table.main(["ab_table.py", work, work, "2", "build-a", "build-b"])
+            with open(os.path.join(work, "ab.json")) as f:
+                raw = json.load(f)
+            self.assertEqual([(r["build"], r["round"]) for r in raw], [("build-a", 1), ("build-b", 1)])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,67 @@
+"""The table of tools/gpu-ab: from the lynx-bench JSON of every build and round, per (shape, routing,
+pass) the median of each build's rounds, its ratio to the first build, and in how many rounds it was
+the faster of the two. The builds run in turn within a round, so a round compares them at about the
+same clock: a build faster in every round is a stronger sign than the medians alone.
+  usage: python3 tools/ab_table.py WORK OUT ROUNDS DIR_A DIR_B [DIR ...]
+  reads WORK/<build index>-<round>.json, writes OUT/ab.json (every run, with its build and round)"""
+import json
+import os
+import statistics
+import sys
+
+PASSES = ["forward", "backward", "forward+backward"]
+
+
+def collect(runs):
+    """runs: (build index, round, lynx-bench JSON dict). Returns {(shape, routing, pass): {build:
+    {round: ms}}}."""
+    times = {}
+    for build, rnd, run in runs:
+        for row in run["results"]:
+            times.setdefault((row["shape"], row["routing"], row["pass"]), {}).setdefault(build, {})[rnd] = row["ms"]
+    return times
+
+
+def table(times, names):
+    """One line per (shape, routing, pass): the medians, each later build's ratio to the first, and
+    'w/n': the rounds it was faster than the first build in, of the n rounds both ran."""
+    short = [n[len("build-"):] if n.startswith("build-") else n for n in names]
+    head = (f"{'shape':15} {'routing':8} {'pass':17} " + " ".join(f"{n[:9]:>9}" for n in short) + " " +
+            " ".join(f"{n[:6] + '/A':>8} {'faster':>6}" for n in short[1:]))
+    lines = [head]
+    order = lambda k: (k[0], k[1], PASSES.index(k[2]) if k[2] in PASSES else len(PASSES))
+    for key in sorted(times, key=order):
+        by_build = times[key]
+        med = [statistics.median(by_build[b].values()) if b in by_build else None for b in range(len(names))]
+        cells = " ".join(f"{v:9.3f}" if v is not None else f"{'-':>9}" for v in med)
+        others = []
+        first = by_build.get(0, {})
+        for b in range(1, len(names)):
+            rounds = by_build.get(b, {})
+            both = [r for r in rounds if r in first]
+            wins = sum(1 for r in both if rounds[r] < first[r])
+            ratio = f"{med[b] / med[0]:8.3f}" if med[b] is not None and med[0] else f"{'-':>8}"
+            others.append(f"{ratio} {f'{wins}/{len(both)}':>6}")
+        lines.append(f"{key[0]:15} {key[1]:8} {key[2]:17} {cells} " + " ".join(others))
+    return "\n".join(lines)
+
+
+def main(argv):
+    work, out, rounds, dirs = argv[1], argv[2], int(argv[3]), argv[4:]
+    runs, raw = [], []
+    for i, d in enumerate(dirs):
+        for r in range(1, rounds + 1):
+            path = os.path.join(work, f"{i}-{r}.json")
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                run = json.load(f)
+            runs.append((i, r, run))
+            raw.append({"build": d, "round": r, **run})
+    with open(os.path.join(out, "ab.json"), "w") as f:
+        json.dump(raw, f, indent=1)
+    print(table(collect(runs), [os.path.basename(d.rstrip("/")) for d in dirs]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
