@@ -651,9 +651,10 @@ int32_t env_count(const char* name, long most, const char* what) {
   return int32_t(n);
 }
 
-// The tile order: choose_tile_order, or from the environment for sweeps: LYNX_GEMM_ORDER=static|in-order
-// (the raster of that branch of the rule), LYNX_GEMM_GROUP_ROWS=N.
-TileOrder tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows) {
+// The tile order: choose_tile_order, or forced to in order (1) or the static round robin (0) by the
+// test hook `order` or else the environment for sweeps: LYNX_GEMM_ORDER=static|in-order (the raster of
+// that branch of the rule); LYNX_GEMM_GROUP_ROWS=N.
+TileOrder tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows, int32_t order = -1) {
   static const int forced_order = [] {
     const char* v = std::getenv("LYNX_GEMM_ORDER");
     if (!v) return -1;
@@ -663,9 +664,10 @@ TileOrder tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows) {
   }();
   // At most 64 row blocks per group: keeps group_rows · tiles_n far from overflow.
   static const int32_t forced_rows = env_count("LYNX_GEMM_GROUP_ROWS", 64, "row blocks");
-  TileOrder o = forced_order == 1   ? in_order_tiles()
-                : forced_order == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
-                                    : choose_tile_order(routed_rows, experts, gathers_rows);
+  const int forced = order >= 0 ? order : forced_order;
+  TileOrder o = forced == 1   ? in_order_tiles()
+                : forced == 0 ? static_tiles(row_blocks_per_expert(routed_rows, experts))
+                              : choose_tile_order(routed_rows, experts, gathers_rows);
   if (forced_rows > 0) o.group_rows = forced_rows;
   return o;
 }
@@ -710,9 +712,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.capacity = static_cast<int32_t>(args.capacity);
   p.grid.weight_grad = false;
   check(args.order >= -1 && args.order <= 1, "order: -1 (the rule), 0 or 1");
-  const TileOrder order = args.order == 1   ? in_order_tiles()
-                          : args.order == 0 ? static_tiles(row_blocks_per_expert(args.routed_rows, args.experts))
-                                            : tile_order(args.routed_rows, args.experts, args.gather_src != nullptr);
+  const TileOrder order = tile_order(args.routed_rows, args.experts, args.gather_src != nullptr, args.order);
   p.grid.group_rows = order.group_rows;
   p.grid.expert_groups = order.expert_groups;
   p.in_order = order.in_order;
