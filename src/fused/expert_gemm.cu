@@ -274,11 +274,18 @@ __device__ __forceinline__ void load_tile_as(SharedStorage<kMode>& smem, int& st
   }
 }
 
+// A row-mode tile whose rows 64-127 are padding (half_tile; weight grad has none: its Tile::rows
+// counts K).
+template <Mode kMode>
+__device__ __forceinline__ bool is_half_tile(const Tile& t) {
+  return kMode != Mode::kWeightGrad && half_tile(t);
+}
+
 // A half tile (the consumers' `idle` rule for warpgroup 1) takes the stages with half of A.
 template <Mode kMode, Shared kShare>
 __device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
                                           int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
-  if (kMode != Mode::kWeightGrad && half_tile(t)) {
+  if (is_half_tile<kMode>(t)) {
     load_tile_as<kMode, kShare, true>(smem, stage, phase, t, tile, rank, maps, p);
   } else {
     load_tile_as<kMode, kShare, false>(smem, stage, phase, t, tile, rank, maps, p);
@@ -424,7 +431,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // rows of a 64-row half without rows (row_gather.cuh). At deepseek-v3 (128 ± 11 rows per expert)
     // about half of the experts end with such a block. A padding tile passes every stage on in both.
     // Every thread waits for each stage before it releases it, so none can fall a phase behind.
-    const bool idle = pad || (c == 1 && half_tile(t));
+    const bool idle = pad || (c == 1 && is_half_tile<kMode>(t));
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
         if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
@@ -434,29 +441,43 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     }
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
+    // Weight grad: the last K block's steps past the expert's rows are skipped (last_k_steps).
     int prev_stage = -1;
+    const int32_t last_steps = kMode == Mode::kWeightGrad ? last_k_steps(t) : kBlockK / kStepK;
     for (int32_t kb = 0; kb < (idle ? 0 : t.k_blocks); ++kb) {
       if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
-      sm90::wgmma_fence();
+      // k16 steps [kk0, kk1) of the stage as one wgmma group.
+      const auto mma_group = [&](int kk0, int kk1) {
+        sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        // K-major tiles step 16 elements along their 128-byte rows; MN-major tiles step 16 rows.
-        const uint64_t da = C::kTransA
-                                ? sm90::smem_desc_mn_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16 * 64])
-                                : sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
-        const uint64_t db = C::kTransB ? sm90::smem_desc_mn_major_sw128(&smem.b[stage][0][kk * 16 * 64])
-                                       : sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]);
-        const bool accumulate = kb > 0 || kk > 0;
-        if constexpr (kBlockN == 256) {
-          sm90::wgmma_m64n256k16<C::kTransA, C::kTransB>(acc0, da, db, accumulate);
-        } else {
-          sm90::wgmma_m64n128k16(acc0, da, db, accumulate);
+        for (int kk = kk0; kk < kk1; ++kk) {
+          // K-major tiles step 16 elements along their 128-byte rows; MN-major tiles step 16 rows.
+          const uint64_t da = C::kTransA
+                                  ? sm90::smem_desc_mn_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16 * 64])
+                                  : sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+          const uint64_t db = C::kTransB ? sm90::smem_desc_mn_major_sw128(&smem.b[stage][0][kk * 16 * 64])
+                                         : sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]);
+          const bool accumulate = kb > 0 || kk > 0;
+          if constexpr (kBlockN == 256) {
+            sm90::wgmma_m64n256k16<C::kTransA, C::kTransB>(acc0, da, db, accumulate);
+          } else {
+            sm90::wgmma_m64n128k16(acc0, da, db, accumulate);
+          }
+          if constexpr (C::kSwiGLU) {
+            sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
+          }
         }
-        if constexpr (C::kSwiGLU) {
-          sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
-        }
+        sm90::wgmma_commit();
+      };
+      constexpr int kSteps = kBlockK / kStepK;
+      if (kMode != Mode::kWeightGrad || kb + 1 < t.k_blocks || last_steps == kSteps) {
+        mma_group(0, kSteps);
+      } else {
+        // NOTES: a group per step, in a loop: a wgmma under a branch of its own (or a guard predicate)
+        // makes ptxas serialise every wgmma of the kernel (tools/sass-check, ptxas C7520).
+#pragma unroll 1
+        for (int kk = 0; kk < last_steps; ++kk) mma_group(kk, kk + 1);
       }
-      sm90::wgmma_commit();
       sm90::wgmma_wait<1>();
       if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
       prev_stage = stage;
@@ -464,7 +485,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     }
     sm90::wgmma_wait<0>();
     if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
-    if (pad || (kMode != Mode::kWeightGrad && c == 1 && half_tile(t))) continue;
+    if (pad || (c == 1 && is_half_tile<kMode>(t))) continue;
 
     // Epilogue: [64, 128] pieces through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;

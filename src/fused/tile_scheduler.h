@@ -36,7 +36,8 @@ struct Tile {
   int32_t k0;        // first K coordinate
   int32_t k_blocks;  // 0: an expert without rows (its weight-gradient tile is zero)
   int32_t expert;
-  int32_t rows;      // row modes: rows of the tile that are not padding (1 .. kBlockM); weight grad: kBlockM
+  int32_t rows;      // row modes: rows of the tile that are not padding (1 .. kBlockM); weight grad: the
+                     // expert's rows, its K before padding (the padded rows without expert_rows)
 };
 
 // The expert whose (padded) block holds `row`: the last e with expert_offset[e] <= row.
@@ -84,7 +85,7 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
     const int32_t padded = g.expert_offset[t.expert + 1] - t.k0;
     const int32_t rows = g.expert_rows ? g.expert_rows[t.expert] : padded;
     t.k_blocks = overflow ? 0 : (rows + kBlockK - 1) / kBlockK;
-    t.rows = kBlockM;
+    t.rows = rows;
   } else {
     int32_t first_block = 0, blocks = g.expert_offset[g.experts] / kBlockM, local = tile;
     if (g.expert_groups) {
@@ -111,6 +112,16 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
 // A half tile (row modes): the block's rows 64-127 are all padding. Consumer warpgroup 1 computes
 // nothing for it, and the producer loads only rows 0-63 of A.
 LYNX_HD bool half_tile(const Tile& t) { return t.rows <= kBlockM / 2; }
+
+// Weight grad: the 16-row steps (wgmma k16) of the tile's last K block that hold rows (1 .. 4); the
+// steps past them read only padding rows, zeros that add nothing. NOTES: K is an expert's rows, a
+// count that 64-row K blocks round up by 32 on average: a quarter of deepseek-v3's K (128 ± 11 rows
+// per expert), 6% of qwen3-30b-a3b's (512 ± 23). Skipping a product of zeros can only turn an
+// exactly-zero sum's -0 into +0 or back; the result stays deterministic.
+constexpr int32_t kStepK = 16;
+LYNX_HD int32_t last_k_steps(const Tile& t) {
+  return t.rows > 0 ? ((t.rows - 1) % kBlockK) / kStepK + 1 : kBlockK / kStepK;
+}
 
 // ---- cluster units (row modes) ----
 // The row modes run as clusters of two CTAs that walk the tiles in units: unit u is tiles 2u (cluster

@@ -241,22 +241,30 @@ TEST(TileSchedule, WeightGradCoversEveryExpertTileWithItsRows) {
       // K: exactly the expert's padded rows (none for an expert without rows).
       ASSERT_EQ(t.k0, offsets[t.expert]);
       ASSERT_EQ(t.k_blocks * kBlockK, offsets[t.expert + 1] - offsets[t.expert]);
+      if (t.k_blocks > 0) {
+        ASSERT_EQ(last_k_steps(t), kBlockK / kStepK);  // without the rows: every step
+      }
     }
     ASSERT_EQ(int64_t(seen.size()), int64_t(experts) * g.tiles_m * g.tiles_n);
   }
 }
 
-// With the rows per expert: K ends with the last 64-row block that holds rows.
+// With the rows per expert: K ends with the last 64-row block that holds rows, and within that block
+// with the last 16-row wgmma step that holds rows.
 TEST(TileSchedule, WeightGradStopsAtTheLastBlockWithRows) {
-  const std::vector<int32_t> offsets = {0, 256, 256, 384, 512};
-  const std::vector<int32_t> rows = {129, 0, 64, 65};
-  TileGrid g{offsets.data(), 4, 1, 1, 256, 0, 512, true};
+  const std::vector<int32_t> offsets = {0, 256, 256, 384, 512, 640, 768};
+  const std::vector<int32_t> rows = {129, 0, 64, 65, 100, 112};
+  TileGrid g{offsets.data(), 6, 1, 1, 256, 0, 768, true};
   g.expert_rows = rows.data();
-  const int32_t expected[] = {3, 0, 1, 2};
+  const int32_t expected_blocks[] = {3, 0, 1, 2, 2, 2};
+  const int32_t expected_steps[] = {1, 0, 4, 1, 3, 3};
   for (int32_t tile = 0; tile < tile_count(g); ++tile) {
     const Tile t = tile_at(g, tile);
     EXPECT_EQ(t.k0, offsets[t.expert]);
-    EXPECT_EQ(t.k_blocks, expected[t.expert]) << "expert " << t.expert;
+    EXPECT_EQ(t.k_blocks, expected_blocks[t.expert]) << "expert " << t.expert;
+    if (t.k_blocks > 0) {
+      EXPECT_EQ(last_k_steps(t), expected_steps[t.expert]) << "expert " << t.expert;
+    }
   }
 }
 
