@@ -135,18 +135,22 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
   // The previous piece's store must be done reading the buffer before it is overwritten.
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);
-  // 128-byte swizzle: 16-byte chunk j % 8 of row R sits at chunk (j % 8) ^ (R % 8), and R % 8 = lane / 4
-  // for both rows a thread holds. Rows are 128-byte aligned, so the chunk XOR acts on the address.
-  const uint32_t base = sm90::smem_addr(buf[0]) + (warp * 16 + lane / 4) * 128 + 4 * (lane % 4) + (lane / 4) * 16;
+  // One stmatrix.x4 per two column groups: matrices (j, r) = (2q, 0), (2q, 1), (2q + 1, 0), (2q + 1, 1),
+  // the lane's fragment values as they are. Lane t addresses row t % 8 of matrix t / 8: piece row
+  // R = 16 warp + 8 (t / 8 % 2) + t % 8, column group 2q + t / 16. 128-byte swizzle: 16-byte chunk
+  // j % 8 of row R sits at chunk (j % 8) ^ (R % 8); rows are 128-byte aligned, so the XOR acts on the
+  // address, and R % 8 = t % 8.
+  const uint32_t lane_base = sm90::smem_addr(buf[0]) + (warp * 16 + (lane / 8 % 2) * 8 + lane % 8) * 128 +
+                             (((lane / 16) ^ (lane % 8)) * 16);
+  const auto pack = [&](int j, int r) {
+    const float2 v = value(j, r);
+    const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
+    return *reinterpret_cast<const uint32_t*>(&packed);
+  };
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 v = value(j, r);
-      const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
-      const uint32_t at = ((base + r * 8 * 128) ^ ((j % 8) * 16)) + (j / 8) * 64 * 64 * 2;
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&packed)) : "memory");
-    }
+  for (int q = 0; q < 8; ++q) {
+    const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
+    sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
   }
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(1 + wg, 128);
