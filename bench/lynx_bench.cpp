@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct Options {
   int warmup = 3, iters = 20, check_tokens = 8, dense_n = 8192;
   bool baseline = true;  // time the unfused path too
   bool keep_context = true;  // config.save_forward_context of both workspaces
+  bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
   std::string json;
   std::string command;
 };
@@ -40,13 +42,16 @@ struct Options {
 const char* kUsage =
     "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
-    "                  [--baseline unfused|none] [--context keep|drop] [--json FILE]\n"
+    "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
     "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n"
     "  --context  keep (default): forward saves what backward needs; drop: it does not (forward pass only;\n"
     "             the check recomputes the context before its backward; the unfused baseline stores g and u\n"
-    "             either way)\n";
+    "             either way)\n"
+    "  --launch   eager (default): each timed pass is launched call by call; graph: each fused pass is\n"
+    "             captured once into a CUDA graph and timed as replays (impl fused-graph; the unfused\n"
+    "             baseline stays eager)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);
@@ -107,6 +112,9 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--context") {
       if (v != "keep" && v != "drop") usage_error("--context takes keep or drop, got '" + v + "'");
       o.keep_context = v == "keep";
+    } else if (flag == "--launch") {
+      if (v != "eager" && v != "graph") usage_error("--launch takes eager or graph, got '" + v + "'");
+      o.graph = v == "graph";
     } else if (flag == "--json") {
       o.json = v;
     } else {
@@ -146,6 +154,7 @@ struct Row {
   double baseline_ms;
   std::string check;
   double forward_part_ms, backward_part_ms;  // forward+backward only: each part within the same runs
+  double enqueue_ms;                         // median host time to enqueue one timed pass
 };
 
 std::vector<uint16_t> copy_output(const TensorView& v) {
@@ -195,7 +204,8 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
       << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": "
       << (r.baseline_impl.empty() ? "null" : json_string(r.baseline_impl)) << ", \"baseline_ms\": "
       << (r.baseline_impl.empty() ? "null" : std::to_string(r.baseline_ms))
-      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check);
+      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check)
+      << ", \"enqueue_ms\": " << r.enqueue_ms;
     if (r.pass == "forward+backward") {
       f << ", \"forward_part_ms\": " << r.forward_part_ms << ", \"backward_part_ms\": " << r.backward_part_ms;
     }
@@ -288,15 +298,44 @@ int run(const Options& o) {
         memory.push_back({name, fused.device_bytes() / kMiB, fused.context_bytes() / kMiB, unfused.device_bytes() / kMiB});
       }
       const double fwd_flops = forward_flops(p.shape());
+      // Graph mode: the fused passes captured on their own stream and replayed there (backward only
+      // for the passes that time it: with --context drop it has no context to run on).
+      auto time_graph = [&](Workspace& ws, const std::string& pass) -> SplitMs {
+        cudaStream_t s = nullptr;
+        LYNX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        SplitMs t{};
+        {
+          const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
+          std::optional<CapturedGraph> bwd;
+          if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
+          double host = 0.0;
+          if (pass == "forward") {
+            const double ms = median_ms([&] { fwd.launch(s); }, o.warmup, o.iters, s, &host);
+            t = {ms, ms, 0.0, host};
+          } else if (pass == "backward") {
+            fwd.launch(s);
+            const double ms = median_ms([&] { bwd->launch(s); }, o.warmup, o.iters, s, &host);
+            t = {ms, 0.0, ms, host};
+          } else {
+            t = median_split_ms([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, o.warmup, o.iters, s);
+          }
+        }
+        LYNX_CUDA(cudaStreamSynchronize(s));
+        LYNX_CUDA(cudaStreamDestroy(s));
+        return t;
+      };
       auto time_pass = [&](Workspace& ws, const std::string& pass) -> SplitMs {
+        if (o.graph && &ws == &fused) return time_graph(ws, pass);
+        double host = 0.0;
         if (pass == "forward") {
-          const double t = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr);
-          return {t, t, 0.0};
+          const double t = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr, &host);
+          return {t, t, 0.0, host};
         }
         if (pass == "backward") {
           forward(ws, in, p.y(), nullptr);
-          const double t = median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
-          return {t, 0.0, t};
+          const double t =
+              median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr, &host);
+          return {t, 0.0, t, host};
         }
         return median_split_ms([&] { forward(ws, in, p.y(), nullptr); },
                                [&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
@@ -305,9 +344,9 @@ int run(const Options& o) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
         const double base = o.baseline ? time_pass(unfused, pass).total : 0.0;
         const SplitMs t = time_pass(fused, pass);
-        const char* impl = "fused";
+        const char* impl = o.graph ? "fused-graph" : "fused";
         rows.push_back({name, routing_name(routing), pass, impl, t.total, flops / (t.total * 1e-3) / 1e12,
-                        o.baseline ? "unfused" : "", base, check_text, t.first, t.second});
+                        o.baseline ? "unfused" : "", base, check_text, t.first, t.second, t.enqueue});
       }
     }
   }
@@ -331,6 +370,11 @@ int run(const Options& o) {
     }
     std::printf("  %-15s %-8s forward %8.3f  backward %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.forward_part_ms,
                 r.backward_part_ms);
+  }
+  std::printf("\nhost time to enqueue one timed fused pass (median ms; the GPU time above includes what it waits\n"
+              "for when the passes are launched call by call):\n");
+  for (const Row& r : rows) {
+    std::printf("  %-15s %-8s %-17s %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(), r.enqueue_ms);
   }
   std::printf("\ndevice memory (MiB): workspace fused / unfused, and the saved forward context (in the fused workspace)\n");
   for (const Memory& m : memory) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -18,27 +19,40 @@ inline double median(std::vector<float> ms) {
   return n % 2 ? double(ms[n / 2]) : 0.5 * (double(ms[n / 2 - 1]) + double(ms[n / 2]));
 }
 
+// Host time of `run()`, in ms.
 template <class F>
-double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream) {
+float host_ms(F&& run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The median over `iters` runs of the GPU time between events around `run_once()` on `stream`;
+// `enqueue_ms`, when given, gets the median host time the call took to return (what the GPU may wait
+// for when the passes are launched call by call).
+template <class F>
+double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream, double* enqueue_ms = nullptr) {
   for (int i = 0; i < warmup; ++i) run_once();
   cudaEvent_t start, stop;
   LYNX_CUDA(cudaEventCreate(&start));
   LYNX_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms(iters);
+  std::vector<float> ms(iters), host(iters);
   for (int i = 0; i < iters; ++i) {
     LYNX_CUDA(cudaEventRecord(start, stream));
-    run_once();
+    host[i] = host_ms(run_once);
     LYNX_CUDA(cudaEventRecord(stop, stream));
     LYNX_CUDA(cudaEventSynchronize(stop));
     LYNX_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  if (enqueue_ms) *enqueue_ms = median(std::move(host));
   return median(std::move(ms));
 }
 
 struct SplitMs {
   double total, first, second;  // medians of each, over the same iterations
+  double enqueue = 0.0;         // median host time to enqueue first and second
 };
 
 // Times `first(); second();` as one run and each part by its own events in the same iterations: the
@@ -48,12 +62,12 @@ SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream
   for (int i = 0; i < warmup; ++i) first(), second();
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) LYNX_CUDA(cudaEventCreate(&e));
-  std::vector<float> total(iters), a(iters), b(iters);
+  std::vector<float> total(iters), a(iters), b(iters), host(iters);
   for (int i = 0; i < iters; ++i) {
     LYNX_CUDA(cudaEventRecord(ev[0], stream));
-    first();
+    host[i] = host_ms(first);
     LYNX_CUDA(cudaEventRecord(ev[1], stream));
-    second();
+    host[i] += host_ms(second);
     LYNX_CUDA(cudaEventRecord(ev[2], stream));
     LYNX_CUDA(cudaEventSynchronize(ev[2]));
     LYNX_CUDA(cudaEventElapsedTime(&total[i], ev[0], ev[2]));
@@ -61,7 +75,37 @@ SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream
     LYNX_CUDA(cudaEventElapsedTime(&b[i], ev[1], ev[2]));
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
-  return {median(std::move(total)), median(std::move(a)), median(std::move(b))};
+  return {median(std::move(total)), median(std::move(a)), median(std::move(b)), median(std::move(host))};
 }
+
+// What `enqueue()` puts on `stream`, captured once into a CUDA graph and replayed by launch(): one
+// host call per replay instead of one per kernel, memset and tensor-map encoding.
+class CapturedGraph {
+ public:
+  template <class F>
+  CapturedGraph(cudaStream_t stream, F&& enqueue) {
+    LYNX_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph_);  // leaves the stream usable; the partial graph is dropped
+      if (graph_) cudaGraphDestroy(graph_);
+      throw;
+    }
+    LYNX_CUDA(cudaStreamEndCapture(stream, &graph_));
+    LYNX_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void launch(cudaStream_t stream) const { LYNX_CUDA(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
 
 }  // namespace lynx::bench
