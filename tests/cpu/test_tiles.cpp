@@ -252,12 +252,12 @@ TEST(TileSchedule, WeightGradCoversEveryExpertTileWithItsRows) {
 // With the rows per expert: K ends with the last 64-row block that holds rows, and within that block
 // with the last 16-row wgmma step that holds rows.
 TEST(TileSchedule, WeightGradStopsAtTheLastBlockWithRows) {
-  const std::vector<int32_t> offsets = {0, 256, 256, 384, 512, 640, 768};
-  const std::vector<int32_t> rows = {129, 0, 64, 65, 100, 112};
-  TileGrid g{offsets.data(), 6, 1, 1, 256, 0, 768, true};
+  const std::vector<int32_t> offsets = {0, 256, 256, 384, 512, 640, 768, 896};
+  const std::vector<int32_t> rows = {129, 0, 64, 65, 100, 112, 84};
+  TileGrid g{offsets.data(), 7, 1, 1, 256, 0, 896, true};
   g.expert_rows = rows.data();
-  const int32_t expected_blocks[] = {3, 0, 1, 2, 2, 2};
-  const int32_t expected_steps[] = {1, 0, 4, 1, 3, 3};
+  const int32_t expected_blocks[] = {3, 0, 1, 2, 2, 2, 2};
+  const int32_t expected_steps[] = {1, 0, 4, 1, 3, 3, 2};
   for (int32_t tile = 0; tile < tile_count(g); ++tile) {
     const Tile t = tile_at(g, tile);
     EXPECT_EQ(t.k0, offsets[t.expert]);
