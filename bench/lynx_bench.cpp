@@ -298,6 +298,21 @@ int run(const Options& o) {
         memory.push_back({name, fused.device_bytes() / kMiB, fused.context_bytes() / kMiB, unfused.device_bytes() / kMiB});
       }
       const double fwd_flops = forward_flops(p.shape());
+      // One pass timed on stream `s` from what runs a forward and a backward.
+      auto time_runs = [&](const auto& run_forward, const auto& run_backward, const std::string& pass,
+                           cudaStream_t s) -> SplitMs {
+        double host = 0.0;
+        if (pass == "forward") {
+          const double t = median_ms(run_forward, o.warmup, o.iters, s, &host);
+          return {t, t, 0.0, host};
+        }
+        if (pass == "backward") {
+          run_forward();
+          const double t = median_ms(run_backward, o.warmup, o.iters, s, &host);
+          return {t, 0.0, t, host};
+        }
+        return median_split_ms(run_forward, run_backward, o.warmup, o.iters, s);
+      };
       // Graph mode: the fused passes captured on their own stream and replayed there (backward only
       // for the passes that time it: with --context drop it has no context to run on).
       auto time_graph = [&](Workspace& ws, const std::string& pass) -> SplitMs {
@@ -308,17 +323,7 @@ int run(const Options& o) {
           const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
           std::optional<CapturedGraph> bwd;
           if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
-          double host = 0.0;
-          if (pass == "forward") {
-            const double ms = median_ms([&] { fwd.launch(s); }, o.warmup, o.iters, s, &host);
-            t = {ms, ms, 0.0, host};
-          } else if (pass == "backward") {
-            fwd.launch(s);
-            const double ms = median_ms([&] { bwd->launch(s); }, o.warmup, o.iters, s, &host);
-            t = {ms, 0.0, ms, host};
-          } else {
-            t = median_split_ms([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, o.warmup, o.iters, s);
-          }
+          t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, s);
         }
         LYNX_CUDA(cudaStreamSynchronize(s));
         LYNX_CUDA(cudaStreamDestroy(s));
@@ -326,19 +331,8 @@ int run(const Options& o) {
       };
       auto time_pass = [&](Workspace& ws, const std::string& pass) -> SplitMs {
         if (o.graph && &ws == &fused) return time_graph(ws, pass);
-        double host = 0.0;
-        if (pass == "forward") {
-          const double t = median_ms([&] { forward(ws, in, p.y(), nullptr); }, o.warmup, o.iters, nullptr, &host);
-          return {t, t, 0.0, host};
-        }
-        if (pass == "backward") {
-          forward(ws, in, p.y(), nullptr);
-          const double t =
-              median_ms([&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr, &host);
-          return {t, 0.0, t, host};
-        }
-        return median_split_ms([&] { forward(ws, in, p.y(), nullptr); },
-                               [&] { backward(ws, in, p.dy(), grads, nullptr); }, o.warmup, o.iters, nullptr);
+        return time_runs([&] { forward(ws, in, p.y(), nullptr); },
+                         [&] { backward(ws, in, p.dy(), grads, nullptr); }, pass, nullptr);
       };
       for (const std::string& pass : o.passes) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
