@@ -15,7 +15,6 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s,
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
   using unfused::bf16_t;
   w.counts_on_host = false;
-  unfused::reset_route_tracking(w.status, s);
   unfused::validate_routing(in.topk_ids.data, in.topk_ids.dtype, data_of<const float>(in.topk_weights), T * k,
                             sh.num_experts, sh.rank, w.ids32, w.status, s);
   sched::DeviceRouting routing{};

@@ -103,6 +103,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     if (config.backend == Backend::kFused) {
       fb.dgu = alloc<unfused::bf16_t>(cap * 2 * I);
       gather_sync = alloc<int32_t>(fused::gather_sync_ints(cap));
+      LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * fused::gather_sync_ints(cap)));
+      LYNX_CUDA(cudaStreamSynchronize(nullptr));  // as for the status word above
       fused::prepare_expert_gemm_kernels(sm_count);
     }
     LYNX_CUBLAS(cublasCreate(&cublas));

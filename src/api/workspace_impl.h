@@ -86,7 +86,7 @@ struct Workspace::Impl {
 
   int32_t sm_count = 0;
   int32_t* gemm_tickets = nullptr;  // [2] device: the expert GEMM's tile ticket and finished CTAs; zero between launches
-  int32_t* gather_sync = nullptr;   // fused: the in-kernel gather's counters (fused/gather_plan.h), zeroed by each launch
+  int32_t* gather_sync = nullptr;   // fused: the in-kernel gather's counters (fused/gather_plan.h), zero between launches
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it

@@ -21,8 +21,14 @@ struct DeviceStatus {
   int32_t rank;
   int64_t a, b, c;
   // Lowest offending routing index seen by validation (atomicMin), UINT64_MAX when none: keeps the
-  // reported routing error deterministic when many entries are bad.
+  // reported routing error deterministic when many entries are bad. The validation's last block
+  // reports it and sets it back to UINT64_MAX for the next call.
   unsigned long long first_bad_route;
+  // Blocks of a kernel that have finished, so that the last one finishes the kernel's work (the
+  // routing validation's report; the schedule's per-expert offsets). Zero between kernels: each
+  // kernel's last block sets its counter back.
+  uint32_t validated_blocks;
+  uint32_t counted_blocks;
 };
 
 }  // namespace lynx

@@ -582,6 +582,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // into its stages. This wait is not bounded itself, but each of the partner's waits is: a stalled
   // partner traps, and the trap ends the grid.
   if (paired) sm90::cluster_sync();
+  if constexpr (kMode != Mode::kWeightGrad) {
+    if (p.gather.src) {
+      if (!paired) __syncthreads();  // cluster_sync above is a barrier of the CTA's threads too
+      if (threadIdx.x < 32) finish_gather(p.gather, p.grid.capacity);
+    }
+  }
 }
 
 // The operand maps (OperandMaps) and the output maps (C0, C1, C2) of one launch.
@@ -763,12 +769,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   return p;
 }
 
-// The gather's counters start from zero in every launch that gathers.
-void reset_gather(const ExpertGemmArgs& args, cudaStream_t stream) {
-  if (!args.gather_src) return;
-  LYNX_CUDA(cudaMemsetAsync(args.gather_sync, 0, sizeof(int32_t) * gather_sync_ints(args.capacity), stream));
-}
-
 template <Mode kMode>
 void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<kMode>::kBlockN;
@@ -784,7 +784,6 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
   m.c2 = p.out_gate_up ? make_tma_2d(args.out_up, args.capacity, args.n, 64, 64) : m.c0;
-  reset_gather(args, stream);
   launch<kMode>(m, p, args.sm_count, stream);
 }
 
@@ -800,7 +799,6 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
-  reset_gather(args, stream);
   launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
 }
 

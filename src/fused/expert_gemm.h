@@ -45,8 +45,8 @@ struct ExpertGemmArgs {
   const bf16_t* gather_src = nullptr;     // [tokens, K]
   const int32_t* row_token_slot = nullptr;// [capacity] device
   int64_t top_k = 0;
-  int32_t* gather_sync = nullptr;         // [gather_sync_ints(capacity)] device (gather_plan.h); the launch
-                                          // zeroes it first, in stream order
+  int32_t* gather_sync = nullptr;         // [gather_sync_ints(capacity)] device (gather_plan.h): zero
+                                          // before the launch, which leaves it zero
   int32_t gather_lookahead = 0;           // test hook: row blocks the gather may run ahead (0: the rule)
   int32_t gather_stall_block = -1;        // test hook: a row block the gather claims but never copies
 };

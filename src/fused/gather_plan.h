@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/hd.h"
 #include "fused/tile_scheduler.h"
 #include "lynx/config.h"
 #include "schedule/schedule_core.h"
@@ -11,11 +12,14 @@
 namespace lynx::fused {
 
 // The gather's counters of a launch, zero before it: the next schedule row to claim, the furthest row
-// block a producer has begun, then per row block the rows copied so far (kBlockM when complete).
+// block a producer has begun, the CTAs that have finished, then per row block the rows copied so far
+// (kBlockM when complete). The last CTA to finish zeroes them all for the next launch
+// (row_gather.cuh, finish_gather), so they are zero between launches.
 constexpr int32_t kGatherRowTicket = 0;
 constexpr int32_t kGatherFrontier = 1;
-constexpr int32_t kGatherSyncHeader = 2;
-inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
+constexpr int32_t kGatherCtasDone = 2;
+constexpr int32_t kGatherSyncHeader = 3;
+LYNX_HD int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
 // The gather claims rows four at a time up to the schedule's total, a multiple of the padding unit.
 static_assert(kTileRows == kBlockM, "experts are padded to whole GEMM row blocks");
 // Rows in a 64-row half without rows are not written (row_gather.cuh): no K block may reach into one.

@@ -105,4 +105,21 @@ __device__ __forceinline__ void await_gathered_rows(const RowGather& g, int32_t 
   sm90::fence_proxy_async_global();
 }
 
+// Warp 0 of a CTA whose threads are all past their last use of the counters: counts the CTA as
+// finished; the last of the grid's CTAs zeroes every counter for the next launch on the stream.
+// NOTES: the counters were zeroed by a memset before each launch, one of the launches the host queues
+// before the first GEMM can start (the GPU waits for it in an eager forward).
+__device__ __forceinline__ void finish_gather(const RowGather& g, int32_t capacity) {
+  const int lane = threadIdx.x % 32;
+  bool last = false;
+  if (lane == 0) {
+    __threadfence();  // the CTA's counter updates before its arrival
+    last = atomicAdd(&g.sync[kGatherCtasDone], 1) == int32_t(gridDim.x) - 1;
+    if (last) __threadfence();  // every CTA's arrival before the zeroing
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  const int32_t ints = static_cast<int32_t>(gather_sync_ints(capacity));
+  for (int32_t i = lane; i < ints; i += 32) g.sync[i] = 0;
+}
+
 }  // namespace lynx::fused

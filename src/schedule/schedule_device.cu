@@ -1,15 +1,18 @@
-// The device schedule builder: three kernels on one stream, no host synchronisation, no allocation,
+// The device schedule builder: two kernels on one stream, no host synchronisation, no allocation,
 // integer-only (so deterministic), producing exactly what build_schedule_host produces.
 //
-//   1. count_rows_kernel     grid (C, R): rows per (chunk, local expert, source) into scratch.
-//   2. expert_offsets_kernel 1 block:     exclusive prefix over chunks, per-expert rows and padded
-//                                          offsets, capacity check.
-//   3. place_rows_kernel     grid (C, R): each chunk places its rows in t*k + j order; padding rows -1.
+//   1. count_rows_kernel  grid (C, R): rows per (chunk, local expert, source) into scratch; then the
+//                         last block to finish computes the exclusive prefix over chunks, per-expert
+//                         rows and padded offsets, and checks the capacity (expert_offsets).
+//   2. place_rows_kernel  grid (C, R): each chunk places its rows in t*k + j order; padding rows -1.
+//
+// NOTES: the offsets were a one-block kernel of their own between the two; a launch fewer shortens
+// what the host queues before the first GEMM (the GPU waits for it in an eager forward).
 //
 // Each source rank's T*k entries are cut into C chunks of `chunk_entries` (a multiple of kRoundEntries).
 // Scratch (int32), P = E_loc * R pairs (core::pair_index, expert-major):
-//   [0, C*P)        chunk_rows[c][pair]: kernel 1 writes counts, kernel 2 turns them into the number
-//                   of rows of the pair in earlier chunks (an exclusive prefix over c)
+//   [0, C*P)        chunk_rows[c][pair]: kernel 1 writes counts, then (its last block) turns them into
+//                   the number of rows of the pair in earlier chunks (an exclusive prefix over c)
 //   [C*P, C*P + P)  pair_rows[pair]: rows of the pair over all chunks (|L_s| of schedule.h)
 //   [C*P + P]       fits: 1 when the padded total fits the capacity (rows are placed), else 0
 #include <algorithm>
@@ -25,7 +28,6 @@ constexpr int kWarpEntries = 32 * kLaneEntries;        // 256: entries of one wa
 constexpr int kMaxWarps = 8;                           // warps of a count/place block
 constexpr int kRoundEntries = kMaxWarps * kWarpEntries;  // 2048: smallest chunk
 constexpr int kCountThreads = 256;                     // count_rows_kernel block
-constexpr int kOffsetThreads = 1024;                   // expert_offsets_kernel block
 constexpr int64_t kMaxChunkInts = int64_t(1) << 20;    // bound on C * P (4 MiB of scratch)
 constexpr int64_t kSharedInts = 48 * 1024 / 4;         // dynamic shared memory without an opt-in
 
@@ -42,7 +44,7 @@ Plan make_plan(const Problem& p) {
   plan.entries = p.tokens * p.top_k;
   plan.pairs = static_cast<int32_t>(p.num_experts);
   // NOTES: chunks grow (in powers of two) only when the per-chunk counts would outgrow kMaxChunkInts,
-  // which keeps kernel 2 (one block) short; at the target shapes a chunk is 2048 entries.
+  // which keeps the offsets (one block) short; at the target shapes a chunk is 2048 entries.
   plan.chunk_entries = kRoundEntries;
   auto chunks = [&] { return std::max<int64_t>(1, (plan.entries + plan.chunk_entries - 1) / plan.chunk_entries); };
   while (chunks() * plan.pairs > kMaxChunkInts) plan.chunk_entries *= 2;
@@ -72,37 +74,6 @@ struct Args {
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 
-// Grid (C, R), kCountThreads threads, E_loc ints of dynamic shared memory: block (c, s) counts the
-// rows of chunk c of source s per local expert and writes chunk_rows[c][pair(e, s)] for every e.
-__global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a) {
-  extern __shared__ int32_t hist[];
-  const int32_t c = blockIdx.x, s = blockIdx.y;
-  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) hist[e] = 0;
-  __syncthreads();
-
-  const int32_t* ids = a.routing.topk_ids[s];
-  const int64_t begin = c * a.chunk_entries;
-  const int64_t end = min(a.entries, begin + a.chunk_entries);
-  for (int64_t round = begin; round < end; round += kCountThreads * kLaneEntries) {
-    int32_t e[kLaneEntries];
-#pragma unroll
-    for (int u = 0; u < kLaneEntries; ++u) {
-      const int64_t i = round + u * kCountThreads + threadIdx.x;
-      e[u] = i < end ? core::local_expert(ids[i], a.rank, a.local_experts) : -1;
-    }
-    // NOTES: one shared atomic per distinct expert per warp, so a chunk routed to a single expert
-    // does not serialise 2048 atomics on one word.
-#pragma unroll
-    for (int u = 0; u < kLaneEntries; ++u) {
-      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
-      if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
-    }
-  }
-  __syncthreads();
-  int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
-  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
-}
-
 // Exclusive prefix sum of one int64 per thread over the block; *total gets the sum of all.
 __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
   __shared__ int64_t warp_sums[32];
@@ -129,10 +100,11 @@ __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
   return inclusive - v + (warp > 0 ? warp_sums[warp - 1] : 0);
 }
 
-// One block of kOffsetThreads: turns chunk_rows into exclusive prefixes over chunks (one thread per
-// pair), writes pair_rows, expert_rows, the padded expert_offset (contiguous experts per thread, block
-// scan) and the fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity).
-__global__ void __launch_bounds__(kOffsetThreads) expert_offsets_kernel(const Args a) {
+// One whole block: turns chunk_rows into exclusive prefixes over chunks (one thread per pair), writes
+// pair_rows, expert_rows, the padded expert_offset (contiguous experts per thread, block scan) and the
+// fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
+// chunk_rows: it is read past L1 (__ldcg).
+__device__ void expert_offsets(const Args& a) {
   const int32_t P = a.local_experts * a.num_ranks;
   for (int32_t pair = threadIdx.x; pair < P; pair += blockDim.x) {
     int32_t* col = a.chunk_rows + pair;
@@ -142,7 +114,7 @@ __global__ void __launch_bounds__(kOffsetThreads) expert_offsets_kernel(const Ar
     for (int32_t c0 = 0; c0 < a.chunks; c0 += kLaneEntries) {
       int32_t v[kLaneEntries];
 #pragma unroll
-      for (int u = 0; u < kLaneEntries; ++u) v[u] = c0 + u < a.chunks ? col[int64_t(c0 + u) * P] : 0;
+      for (int u = 0; u < kLaneEntries; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
 #pragma unroll
       for (int u = 0; u < kLaneEntries; ++u) {
         if (c0 + u < a.chunks) col[int64_t(c0 + u) * P] = before;
@@ -183,6 +155,48 @@ __global__ void __launch_bounds__(kOffsetThreads) expert_offsets_kernel(const Ar
       a.status->c = 0;
     }
   }
+}
+
+// Grid (C, R), kCountThreads threads, E_loc ints of dynamic shared memory: block (c, s) counts the
+// rows of chunk c of source s per local expert and writes chunk_rows[c][pair(e, s)] for every e; the
+// last block to finish then runs expert_offsets and sets status->counted_blocks back to zero.
+__global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a) {
+  extern __shared__ int32_t hist[];
+  const int32_t c = blockIdx.x, s = blockIdx.y;
+  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+
+  const int32_t* ids = a.routing.topk_ids[s];
+  const int64_t begin = c * a.chunk_entries;
+  const int64_t end = min(a.entries, begin + a.chunk_entries);
+  for (int64_t round = begin; round < end; round += kCountThreads * kLaneEntries) {
+    int32_t e[kLaneEntries];
+#pragma unroll
+    for (int u = 0; u < kLaneEntries; ++u) {
+      const int64_t i = round + u * kCountThreads + threadIdx.x;
+      e[u] = i < end ? core::local_expert(ids[i], a.rank, a.local_experts) : -1;
+    }
+    // NOTES: one shared atomic per distinct expert per warp, so a chunk routed to a single expert
+    // does not serialise 2048 atomics on one word.
+#pragma unroll
+    for (int u = 0; u < kLaneEntries; ++u) {
+      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
+      if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
+    }
+  }
+  __syncthreads();
+  int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
+  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
+
+  __shared__ bool last;
+  __threadfence();  // this thread's counts before the block's arrival
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.status->counted_blocks, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every block's counts before the offsets read them
+  expert_offsets(a);
+  if (threadIdx.x == 0) a.status->counted_blocks = 0;
 }
 
 // Padding rows of every expert block get -1: a grid-stride pass over (expert, row of its last tile).
@@ -322,7 +336,6 @@ void build_schedule_device(const Problem& p, const DeviceRouting& routing, const
   const dim3 grid(plan.chunks, p.num_ranks);
   const size_t E_loc = size_t(a.local_experts);
   count_rows_kernel<<<grid, kCountThreads, E_loc * sizeof(int32_t), stream>>>(a);
-  expert_offsets_kernel<<<1, kOffsetThreads, 0, stream>>>(a);
   const size_t place_shared = ((plan.place_warps + 1) * E_loc + plan.pairs) * sizeof(int32_t);
   place_rows_kernel<<<grid, plan.place_warps * 32, place_shared, stream>>>(a);
 }

@@ -27,24 +27,11 @@ int blocks_for(int64_t threads, int block) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
-// grid-stride over T*k entries.
+// The lowest offending index of the routing, if any, as a status report (one thread).
 template <class Id>
-__global__ void validate_routing_kernel(const Id* ids, const float* weights, int64_t entries, int64_t num_experts,
-                                        int32_t* ids_out, DeviceStatus* status) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    if (check_route(id, __float_as_uint(weights[i]), num_experts) != StatusCode::kOk) {
-      atomicMin(&status->first_bad_route, static_cast<unsigned long long>(i));
-    }
-    ids_out[i] = (id >= 0 && id < num_experts) ? static_cast<int32_t>(id) : -1;
-  }
-}
-
-// One thread: turns the lowest offending index into a status report.
-template <class Id>
-__global__ void report_routing_kernel(const Id* ids, const float* weights, int64_t num_experts, int32_t rank,
-                                      DeviceStatus* status) {
-  const unsigned long long i = status->first_bad_route;
+__device__ void report_first_bad_route(const Id* ids, const float* weights, int64_t num_experts, int32_t rank,
+                                       DeviceStatus* status) {
+  const unsigned long long i = atomicAdd(&status->first_bad_route, 0ull);
   if (i == ULLONG_MAX) return;
   const int64_t id = static_cast<int64_t>(ids[i]);
   const uint32_t bits = __float_as_uint(weights[i]);
@@ -54,6 +41,30 @@ __global__ void report_routing_kernel(const Id* ids, const float* weights, int64
     status->a = static_cast<int64_t>(i);
     status->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(bits);
     status->c = num_experts;
+  }
+}
+
+// grid-stride over T*k entries; the last block to finish reports the lowest offending entry.
+// NOTES: the report and the reset of the tracking ran as a kernel and a memset of their own, two of
+// the launches the host queues before the first GEMM can start (the GPU waits for them in an eager
+// forward).
+template <class Id>
+__global__ void validate_routing_kernel(const Id* ids, const float* weights, int64_t entries, int64_t num_experts,
+                                        int32_t rank, int32_t* ids_out, DeviceStatus* status) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (check_route(id, __float_as_uint(weights[i]), num_experts) != StatusCode::kOk) {
+      atomicMin(&status->first_bad_route, static_cast<unsigned long long>(i));
+    }
+    ids_out[i] = (id >= 0 && id < num_experts) ? static_cast<int32_t>(id) : -1;
+  }
+  __threadfence();  // this thread's atomicMin before the block's count
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&status->validated_blocks, 1u) == gridDim.x - 1) {
+    __threadfence();  // every block's atomicMin before the read of first_bad_route
+    report_first_bad_route(ids, weights, num_experts, rank, status);
+    status->first_bad_route = ULLONG_MAX;
+    status->validated_blocks = 0;
   }
 }
 
@@ -211,23 +222,15 @@ __global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_
 
 }  // namespace
 
-void reset_route_tracking(DeviceStatus* status, cudaStream_t stream) {
-  LYNX_CUDA(cudaMemsetAsync(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route), stream));
-}
-
 void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
                       int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream) {
   const int grid = blocks_for(entries, 256);
   if (id_dtype == DType::kI64) {
-    const auto* ids = static_cast<const int64_t*>(topk_ids);
-    validate_routing_kernel<<<grid, 256, 0, stream>>>(ids, topk_weights, entries, num_experts, ids_out, status);
-    LYNX_CHECK_LAUNCH();
-    report_routing_kernel<<<1, 1, 0, stream>>>(ids, topk_weights, num_experts, rank, status);
+    validate_routing_kernel<<<grid, 256, 0, stream>>>(static_cast<const int64_t*>(topk_ids), topk_weights, entries,
+                                                      num_experts, rank, ids_out, status);
   } else {
-    const auto* ids = static_cast<const int32_t*>(topk_ids);
-    validate_routing_kernel<<<grid, 256, 0, stream>>>(ids, topk_weights, entries, num_experts, ids_out, status);
-    LYNX_CHECK_LAUNCH();
-    report_routing_kernel<<<1, 1, 0, stream>>>(ids, topk_weights, num_experts, rank, status);
+    validate_routing_kernel<<<grid, 256, 0, stream>>>(static_cast<const int32_t*>(topk_ids), topk_weights, entries,
+                                                      num_experts, rank, ids_out, status);
   }
   LYNX_CHECK_LAUNCH();
 }

@@ -526,6 +526,41 @@ TEST_P(Layer, NonFiniteRouterWeightIsReported) {
   expect_forward_error(L, config(), "topk_weights[11, 0] = inf is not finite");
 }
 
+// Routing errors of successive calls on one workspace, in entries many validation blocks apart: each
+// call reports its own lowest offending entry (the tracking of the call before does not leak in), and
+// a call with good routing after them reports nothing.
+TEST_P(Layer, SuccessiveRoutingErrorsAreEachReported) {
+  HostLayer L({1500, 64, 64, 8, 4, 0}, fresh_seed());  // 6000 entries: 24 blocks of validation
+  const std::vector<int32_t> good_ids = L.ids;
+  const std::vector<float> good_weights = L.weights;
+  Workspace ws(L.shape, config());
+  DeviceBuffer y(L.c.T * L.c.H * 2);
+  const TensorView y_view = make_view(y.get(), DType::kBF16, {L.c.T, L.c.H});
+  auto run = [&](const std::string& needle) {
+    L.d_ids = to_device(L.ids);
+    L.d_weights = to_device(L.weights);
+    try {
+      forward(ws, L.inputs(), y_view, nullptr);
+      ws.check(nullptr);
+      if (!needle.empty()) ADD_FAILURE() << "forward accepted bad routing; expected: " << needle;
+    } catch (const Error& e) {
+      if (needle.empty()) ADD_FAILURE() << "good routing reported: " << e.what();
+      else EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    L.ids = good_ids;
+    L.weights = good_weights;
+  };
+  L.ids[1400 * 4 + 1] = 9;
+  L.ids[900 * 4 + 2] = -1;
+  run("topk_ids[900, 2] = -1 is out of range [0, 8)");
+  L.ids[1300 * 4 + 0] = 8;
+  L.weights[200 * 4 + 3] = -std::numeric_limits<float>::infinity();
+  run("topk_weights[200, 3] = -inf is not finite");
+  L.ids[1499 * 4 + 3] = 1000;
+  run("topk_ids[1499, 3] = 1000 is out of range [0, 8)");
+  run("");
+}
+
 TEST_P(Layer, CapacityOverflowIsReported) {
   Case c{100, 64, 64, 8, 2, 0};
   c.routing = "cyclic";  // all 8 experts receive rows: 8 padded blocks of 128

@@ -148,6 +148,8 @@ void check_output(const DeviceOutput& d, const HostSchedule& h, const HostResult
   EXPECT_EQ(compare(d.expert_rows, {}, E_loc, E_loc + kGuard, fill), "") << "expert_rows guard";
   const int64_t scratch_ints = device_scratch_ints(p);
   EXPECT_EQ(compare(d.scratch, {}, scratch_ints, scratch_ints + kGuard, fill), "") << "scratch guard";
+  // The count kernel's last block sets its arrival counter back for the next build.
+  EXPECT_EQ(d.status.counted_blocks, 0u) << "counted_blocks";
   if (res.code == StatusCode::kOk) {
     const int64_t total = res.rows_needed;
     if (check_status) {
