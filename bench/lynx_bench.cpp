@@ -316,17 +316,13 @@ int run(const Options& o) {
       // Graph mode: the fused passes captured on their own stream and replayed there (backward only
       // for the passes that time it: with --context drop it has no context to run on).
       auto time_graph = [&](Workspace& ws, const std::string& pass) -> SplitMs {
-        cudaStream_t s = nullptr;
-        LYNX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        SplitMs t{};
-        {
-          const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
-          std::optional<CapturedGraph> bwd;
-          if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
-          t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, s);
-        }
+        const OwnedStream stream;
+        const cudaStream_t s = stream.get();
+        const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
+        std::optional<CapturedGraph> bwd;
+        if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
+        const SplitMs t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, s);
         LYNX_CUDA(cudaStreamSynchronize(s));
-        LYNX_CUDA(cudaStreamDestroy(s));
         return t;
       };
       auto time_pass = [&](Workspace& ws, const std::string& pass) -> SplitMs {

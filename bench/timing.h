@@ -93,7 +93,11 @@ class CapturedGraph {
       throw;
     }
     LYNX_CUDA(cudaStreamEndCapture(stream, &graph_));
-    LYNX_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+    const cudaError_t err = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (err != cudaSuccess) {
+      cudaGraphDestroy(graph_);
+      LYNX_CUDA(err);
+    }
   }
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;
@@ -106,6 +110,22 @@ class CapturedGraph {
  private:
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+};
+
+// A non-blocking stream, synchronised and destroyed when it goes out of scope (also by an exception).
+class OwnedStream {
+ public:
+  OwnedStream() { LYNX_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  ~OwnedStream() {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 }  // namespace lynx::bench
