@@ -368,6 +368,18 @@ TEST_P(Layer, OneLocalExpert) { check_against_reference({77, 64, 64, 1, 1, 0}, f
 
 TEST_P(Layer, SmallestShape) { check_against_reference({1, 64, 64, 1, 1, 64}, fresh_seed(), config()); }
 
+// The largest sizes the API accepts, one at a time (tests/cpu/test_validation.cpp checks the limits
+// themselves): the most experts with the largest top_k (most experts get no row; the schedule's
+// offsets over 4096 experts run in one block), the largest hidden size, the largest intermediate
+// size. The most tokens: MaxTokensMatchesUnfused.
+TEST_P(Layer, MostExpertsAndLargestTopK) {
+  check_against_reference({64, 64, 64, Limits::kMaxExperts, Limits::kMaxTopK, 0}, fresh_seed(), config());
+}
+TEST_P(Layer, LargestHidden) { check_against_reference({16, Limits::kMaxHidden, 64, 2, 2, 0}, fresh_seed(), config()); }
+TEST_P(Layer, LargestIntermediate) {
+  check_against_reference({16, 64, Limits::kMaxIntermediate, 2, 2, 64}, fresh_seed(), config());
+}
+
 TEST_P(Layer, Int64IdsAndZeroRouterWeights) {
   Case c{150, 128, 64, 8, 4, 64};
   c.int64_ids = true;
@@ -706,6 +718,25 @@ TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   }
   const std::vector<double> unfused = to_double_vec(ys[0]);
   EXPECT_LT(rel_error(ys[1], unfused, "y (fused vs unfused)"), kTolerance);
+}
+
+// The most tokens the API accepts (2^20, k = 2: 4096 blocks of routing validation, 1024 schedule
+// chunks), fused against unfused (a CPU reference at this size would take minutes).
+TEST_F(FusedForward, MaxTokensMatchesUnfused) {
+  const Case c{Limits::kMaxTokens, 64, 64, 8, 2, 0};
+  const HostLayer L(c, fresh_seed());
+  std::vector<std::vector<HostBf16>> ys;
+  for (Backend b : {Backend::kUnfused, Backend::kFused}) {
+    Config config;
+    config.backend = b;
+    Workspace ws(L.shape, config);
+    DeviceBuffer y(c.T * c.H * 2);
+    y.fill_bytes(0xFF);
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+    ws.check(nullptr);
+    ys.push_back(to_host<HostBf16>(y, c.T * c.H));
+  }
+  EXPECT_LT(rel_error(ys[1], to_double_vec(ys[0]), "y (fused vs unfused)"), kTolerance);
 }
 
 // Forward and backward of the fused path captured together in one CUDA graph, replayed with new
