@@ -96,7 +96,7 @@ class CapturedGraph {
     const cudaError_t err = cudaGraphInstantiate(&exec_, graph_, 0);
     if (err != cudaSuccess) {
       cudaGraphDestroy(graph_);
-      LYNX_CUDA(err);
+      ::lynx::detail::throw_cuda(err, "cudaGraphInstantiate", __FILE__, __LINE__);
     }
   }
   CapturedGraph(const CapturedGraph&) = delete;

@@ -1,10 +1,13 @@
 // Hooks for tests only: not part of the public API.
 #pragma once
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "api/workspace_impl.h"
 #include "common/cuda_check.h"
+#include "fused/gather_plan.h"
 
 namespace lynx::test_hooks {
 
@@ -31,6 +34,35 @@ inline void set_gather_lookahead(Workspace& ws, int32_t blocks) { ws.impl().test
 // The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),
 // so that the producer's bounded wait for them must time out and report instead of hanging.
 inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }
+
+// "" when every counter that a kernel's last block (or CTA) sets back is at rest: the routing
+// validation's and the schedule count's arrival counters at zero, first_bad_route at UINT64_MAX, the
+// GEMM's tile tickets and (fused) the in-kernel gather's counters at zero; else what is not.
+// Synchronises the device.
+inline std::string counters_not_at_rest(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  LYNX_CUDA(cudaDeviceSynchronize());
+  DeviceStatus st{};
+  LYNX_CUDA(cudaMemcpy(&st, w.status, sizeof(st), cudaMemcpyDeviceToHost));
+  std::string bad;
+  if (st.validated_blocks != 0) bad += " validated_blocks=" + std::to_string(st.validated_blocks);
+  if (st.counted_blocks != 0) bad += " counted_blocks=" + std::to_string(st.counted_blocks);
+  if (st.first_bad_route != ~0ull) bad += " first_bad_route=" + std::to_string(st.first_bad_route);
+  int32_t tickets[2] = {};
+  LYNX_CUDA(cudaMemcpy(tickets, w.gemm_tickets, sizeof(tickets), cudaMemcpyDeviceToHost));
+  if (tickets[0] != 0 || tickets[1] != 0) bad += " gemm_tickets";
+  if (w.gather_sync) {
+    std::vector<int32_t> sync(fused::gather_sync_ints(w.problem.capacity));
+    LYNX_CUDA(cudaMemcpy(sync.data(), w.gather_sync, sync.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < sync.size(); ++i) {
+      if (sync[i] != 0) {
+        bad += " gather_sync[" + std::to_string(i) + "]=" + std::to_string(sync[i]);
+        break;
+      }
+    }
+  }
+  return bad;
+}
 
 // Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
 // padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading

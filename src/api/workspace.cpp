@@ -56,9 +56,6 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
     gemm_tickets = alloc<int32_t>(2);
     LYNX_CUDA(cudaMemset(gemm_tickets, 0, 2 * sizeof(int32_t)));
-    // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
-    // wait for: the status word and the tickets must be set before the constructor returns.
-    LYNX_CUDA(cudaStreamSynchronize(nullptr));
     LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
     *stall_report = DeviceStatus{};
     LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
@@ -104,13 +101,16 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       fb.dgu = alloc<unfused::bf16_t>(cap * 2 * I);
       gather_sync = alloc<int32_t>(fused::gather_sync_ints(cap));
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * fused::gather_sync_ints(cap)));
-      LYNX_CUDA(cudaStreamSynchronize(nullptr));  // as for the status word above
       fused::prepare_expert_gemm_kernels(sm_count);
     }
     LYNX_CUBLAS(cublasCreate(&cublas));
     // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
     // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).
     grouped = std::make_unique<unfused::GroupedGemm>(9 * E_loc);
+    // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
+    // wait for: the status word, the tickets and the gather's counters must be set before the
+    // constructor returns.
+    LYNX_CUDA(cudaStreamSynchronize(nullptr));
   } catch (...) {
     release();
     throw;

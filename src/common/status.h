@@ -14,8 +14,9 @@ enum class StatusCode : int32_t {
                           // known; -2: past the last), c = phase or counter seen
 };
 
-// One per workspace, in device memory; zeroed at workspace creation and by the host after it reads
-// an error. The first error wins (codes are set by atomicCAS from kOk).
+// One per workspace, in device memory: zero at workspace creation but for first_bad_route (UINT64_MAX);
+// the host sets `code` back to kOk after it reads an error. The first error wins (codes are set by
+// atomicCAS from kOk).
 struct DeviceStatus {
   int32_t code;
   int32_t rank;

@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kMode != Mode::kWeightGrad) {
     if (p.gather.src) {
       if (!paired) __syncthreads();  // cluster_sync above is a barrier of the CTA's threads too
-      if (threadIdx.x < 32) finish_gather(p.gather, p.grid.capacity);
+      if (threadIdx.x < 32) finish_gather(p.gather, p.grid);
     }
   }
 }

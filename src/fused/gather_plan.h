@@ -13,7 +13,7 @@ namespace lynx::fused {
 
 // The gather's counters of a launch, zero before it: the next schedule row to claim, the furthest row
 // block a producer has begun, the CTAs that have finished, then per row block the rows copied so far
-// (kBlockM when complete). The last CTA to finish zeroes them all for the next launch
+// (kBlockM when complete). The last CTA to finish zeroes those it used for the next launch
 // (row_gather.cuh, finish_gather), so they are zero between launches.
 constexpr int32_t kGatherRowTicket = 0;
 constexpr int32_t kGatherFrontier = 1;

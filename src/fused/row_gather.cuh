@@ -106,20 +106,23 @@ __device__ __forceinline__ void await_gathered_rows(const RowGather& g, int32_t 
 }
 
 // Warp 0 of a CTA whose threads are all past their last use of the counters: counts the CTA as
-// finished; the last of the grid's CTAs zeroes every counter for the next launch on the stream.
+// finished; the last of the grid's CTAs zeroes the counters for the next launch on the stream: the
+// header and the row blocks up to the schedule's total (no launch touches a block past it; none when
+// the schedule is over capacity).
 // NOTES: the counters were zeroed by a memset before each launch, one of the launches the host queues
 // before the first GEMM can start (the GPU waits for it in an eager forward).
-__device__ __forceinline__ void finish_gather(const RowGather& g, int32_t capacity) {
+__device__ __forceinline__ void finish_gather(const RowGather& g, const TileGrid& grid) {
   const int lane = threadIdx.x % 32;
   bool last = false;
   if (lane == 0) {
     __threadfence();  // the CTA's counter updates before its arrival
     last = atomicAdd(&g.sync[kGatherCtasDone], 1) == int32_t(gridDim.x) - 1;
-    if (last) __threadfence();  // every CTA's arrival before the zeroing
   }
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  const int32_t ints = static_cast<int32_t>(gather_sync_ints(capacity));
-  for (int32_t i = lane; i < ints; i += 32) g.sync[i] = 0;
+  __threadfence();  // each lane: every CTA's counter updates and arrival before its zeroing
+  const int32_t total = grid.expert_offset[grid.experts];
+  const int32_t blocks = total <= grid.capacity ? total / kBlockM : 0;
+  for (int32_t i = lane; i < kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
 }
 
 }  // namespace lynx::fused

@@ -720,6 +720,41 @@ TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   EXPECT_LT(rel_error(ys[1], unfused, "y (fused vs unfused)"), kTolerance);
 }
 
+// What the kernels' last blocks set back is at rest after every call: a forward and backward (the
+// in-kernel gathers of x and dy), a call with a routing error, a call over the schedule's capacity
+// (the GEMMs have no tiles), and a good call after them; in cluster units and on single CTAs.
+TEST_F(FusedForward, CountersAreAtRestBetweenCalls) {
+  for (int32_t clusters : {0, 1}) {
+    SCOPED_TRACE("clusters=" + std::to_string(clusters));
+    const Case c{600, 128, 192, 8, 2, 64};
+    HostLayer L(c, fresh_seed());
+    std::mt19937_64 rng(fresh_seed());
+    const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+    Config config;
+    config.backend = Backend::kFused;
+    Workspace ws(L.shape, config);
+    test_hooks::set_gemm_clusters(ws, clusters);
+    EXPECT_EQ(test_hooks::counters_not_at_rest(ws), "") << "new workspace";
+    run_layer(ws, L, dy);
+    EXPECT_EQ(test_hooks::counters_not_at_rest(ws), "") << "after forward and backward";
+    OutputBuffers out(c);
+    const std::vector<int32_t> good = L.ids;
+    L.ids[5 * c.k + 1] = int32_t(c.E);
+    L.d_ids = to_device(L.ids);
+    EXPECT_THROW({ forward(ws, L.inputs(), out.y_view(), nullptr); ws.check(nullptr); }, Error);
+    EXPECT_EQ(test_hooks::counters_not_at_rest(ws), "") << "after a routing error";
+    L.ids = good;
+    L.d_ids = to_device(L.ids);
+    Config small = config;
+    small.schedule_capacity = 128;  // 8 experts with rows need 8 blocks
+    Workspace over(L.shape, small);
+    EXPECT_THROW({ forward(over, L.inputs(), out.y_view(), nullptr); over.check(nullptr); }, Error);
+    EXPECT_EQ(test_hooks::counters_not_at_rest(over), "") << "after a capacity overflow";
+    EXPECT_EQ(first_difference(run_layer(ws, L, dy), run_layer(ws, L, dy)), "");
+    EXPECT_EQ(test_hooks::counters_not_at_rest(ws), "") << "after good calls";
+  }
+}
+
 // The most tokens the API accepts (2^20, k = 2: 4096 blocks of routing validation, 1024 schedule
 // chunks), fused against unfused (a CPU reference at this size would take minutes).
 TEST_F(FusedForward, MaxTokensMatchesUnfused) {
