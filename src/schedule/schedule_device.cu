@@ -27,7 +27,11 @@ constexpr int kLaneEntries = 8;                        // entries one lane holds
 constexpr int kWarpEntries = 32 * kLaneEntries;        // 256: entries of one warp per round
 constexpr int kMaxWarps = 8;                           // warps of a count/place block
 constexpr int kRoundEntries = kMaxWarps * kWarpEntries;  // 2048: smallest chunk
-constexpr int kCountThreads = 256;                     // count_rows_kernel block
+// NOTES: 1024 threads, because the count kernel's last block also computes the offsets, a walk over
+// C·P counts (up to kMaxChunkInts) by one block; a 256-thread block gave each thread 4 times as many.
+constexpr int kCountThreads = 1024;                    // count_rows_kernel block
+constexpr int kCountLaneEntries = kRoundEntries / kCountThreads;  // 2: entries one thread counts per round
+static_assert(kRoundEntries % kCountThreads == 0, "a round of the count covers the smallest chunk");
 constexpr int64_t kMaxChunkInts = int64_t(1) << 20;    // bound on C * P (4 MiB of scratch)
 constexpr int64_t kSharedInts = 48 * 1024 / 4;         // dynamic shared memory without an opt-in
 
@@ -169,17 +173,17 @@ __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a)
   const int32_t* ids = a.routing.topk_ids[s];
   const int64_t begin = c * a.chunk_entries;
   const int64_t end = min(a.entries, begin + a.chunk_entries);
-  for (int64_t round = begin; round < end; round += kCountThreads * kLaneEntries) {
-    int32_t e[kLaneEntries];
+  for (int64_t round = begin; round < end; round += kRoundEntries) {
+    int32_t e[kCountLaneEntries];
 #pragma unroll
-    for (int u = 0; u < kLaneEntries; ++u) {
+    for (int u = 0; u < kCountLaneEntries; ++u) {
       const int64_t i = round + u * kCountThreads + threadIdx.x;
       e[u] = i < end ? core::local_expert(ids[i], a.rank, a.local_experts) : -1;
     }
     // NOTES: one shared atomic per distinct expert per warp, so a chunk routed to a single expert
     // does not serialise 2048 atomics on one word.
 #pragma unroll
-    for (int u = 0; u < kLaneEntries; ++u) {
+    for (int u = 0; u < kCountLaneEntries; ++u) {
       const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
       if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
     }
