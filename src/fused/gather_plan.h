@@ -4,7 +4,6 @@
 
 #include <cstdint>
 
-#include "common/hd.h"
 #include "fused/tile_scheduler.h"
 #include "lynx/config.h"
 #include "schedule/schedule_core.h"
@@ -19,7 +18,7 @@ constexpr int32_t kGatherRowTicket = 0;
 constexpr int32_t kGatherFrontier = 1;
 constexpr int32_t kGatherCtasDone = 2;
 constexpr int32_t kGatherSyncHeader = 3;
-LYNX_HD int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
+inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
 // The gather claims rows four at a time up to the schedule's total, a multiple of the padding unit.
 static_assert(kTileRows == kBlockM, "experts are padded to whole GEMM row blocks");
 // Rows in a 64-row half without rows are not written (row_gather.cuh): no K block may reach into one.
