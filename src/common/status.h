@@ -26,8 +26,8 @@ struct DeviceStatus {
   // reports it and sets it back to UINT64_MAX for the next call.
   unsigned long long first_bad_route;
   // Blocks of a kernel that have finished, so that the last one finishes the kernel's work (the
-  // routing validation's report; the schedule's per-expert offsets). Zero between kernels: each
-  // kernel's last block sets its counter back.
+  // routing validation's report; the schedule's per-expert offsets; common/last_block.cuh). Zero
+  // between kernels: each kernel's last block sets its counter back.
   uint32_t validated_blocks;
   uint32_t counted_blocks;
 };

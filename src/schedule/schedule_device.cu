@@ -17,6 +17,7 @@
 //   [C*P + P]       fits: 1 when the padded total fits the capacity (rows are placed), else 0
 #include <algorithm>
 
+#include "common/last_block.cuh"
 #include "schedule/schedule.h"
 #include "schedule/schedule_core.h"
 
@@ -163,7 +164,7 @@ __device__ void expert_offsets(const Args& a) {
 
 // Grid (C, R), kCountThreads threads, E_loc ints of dynamic shared memory: block (c, s) counts the
 // rows of chunk c of source s per local expert and writes chunk_rows[c][pair(e, s)] for every e; the
-// last block to finish then runs expert_offsets and sets status->counted_blocks back to zero.
+// last block to finish then runs expert_offsets (common/last_block.cuh).
 __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a) {
   extern __shared__ int32_t hist[];
   const int32_t c = blockIdx.x, s = blockIdx.y;
@@ -192,15 +193,7 @@ __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a)
   int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
   for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
 
-  __shared__ bool last;
-  __threadfence();  // this thread's counts before the block's arrival
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.status->counted_blocks, 1u) == gridDim.x * gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // every block's counts before the offsets read them
-  expert_offsets(a);
-  if (threadIdx.x == 0) a.status->counted_blocks = 0;
+  if (last_block_to_arrive(&a.status->counted_blocks)) expert_offsets(a);
 }
 
 // Padding rows of every expert block get -1: a grid-stride pass over (expert, row of its last tile).

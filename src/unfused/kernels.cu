@@ -6,6 +6,7 @@
 #include "api/routing_check.h"
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
+#include "common/last_block.cuh"
 #include "schedule/schedule_core.h"
 #include "unfused/kernels.h"
 
@@ -58,13 +59,9 @@ __global__ void validate_routing_kernel(const Id* ids, const float* weights, int
     }
     ids_out[i] = (id >= 0 && id < num_experts) ? static_cast<int32_t>(id) : -1;
   }
-  __threadfence();  // this thread's atomicMin before the block's count
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(&status->validated_blocks, 1u) == gridDim.x - 1) {
-    __threadfence();  // every block's atomicMin before the read of first_bad_route
+  if (last_block_to_arrive(&status->validated_blocks) && threadIdx.x == 0) {
     report_first_bad_route(ids, weights, num_experts, rank, status);
     status->first_bad_route = ULLONG_MAX;
-    status->validated_blocks = 0;
   }
 }
 
