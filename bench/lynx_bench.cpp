@@ -40,11 +40,13 @@ struct Options {
 };
 
 const char* kUsage =
-    "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|all]\n"
+    "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|balanced|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
     "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
+    "  --routing  uniform (default): experts drawn at random; skewed: a quarter of the picks to 4 hot\n"
+    "             experts; balanced: every expert T*k/E rows; all = uniform and skewed\n"
     "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n"
     "  --context  keep (default): forward saves what backward needs; drop: it does not (forward pass only;\n"
     "             the check recomputes the context before its backward; the unfused baseline stores g and u\n"
@@ -94,6 +96,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--routing") {
       if (v == "uniform") o.routings = {Routing::kUniform};
       else if (v == "skewed") o.routings = {Routing::kSkewed};
+      else if (v == "balanced") o.routings = {Routing::kBalanced};
       else if (v == "all") o.routings = {Routing::kUniform, Routing::kSkewed};
       else usage_error("unknown routing '" + v + "'");
     } else if (flag == "--shared-intermediate") {

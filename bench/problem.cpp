@@ -10,7 +10,14 @@
 
 namespace lynx::bench {
 
-const char* routing_name(Routing r) { return r == Routing::kUniform ? "uniform" : "skewed"; }
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSkewed: return "skewed";
+    case Routing::kBalanced: return "balanced";
+  }
+  return "?";
+}
 
 float Problem::gate_up_scale() const { return 2.0f / std::sqrt(float(shape().hidden)); }
 float Problem::down_scale() const { return 2.0f / std::sqrt(float(shape().intermediate)); }
@@ -33,7 +40,10 @@ Problem::Problem(const NamedShape& shape, Routing routing, uint64_t seed) : shap
   seeds_ = {seed + 1, seed + 2, seed + 3, seed + 4, seed + 5, seed + 6, seed + 7, seed + 8};
 
   // Routing: k distinct experts per token. Uniform: every expert equally likely. Skewed: a quarter of
-  // the picks go to 4 hot experts (as an unbalanced router does early in training).
+  // the picks go to 4 hot experts (as an unbalanced router does early in training). Balanced: the
+  // tokens go in rounds of E / k, each round one random permutation of the experts cut into k-sets,
+  // so every expert receives exactly T·k / E rows when E / k divides T (what a perfectly balanced
+  // router gives; deepseek-v3 then has no expert with a second, nearly empty row block).
   std::mt19937_64 rng(seed);
   ids_.resize(T * k);
   weights_.resize(T * k);
@@ -41,15 +51,17 @@ Problem::Problem(const NamedShape& shape, Routing routing, uint64_t seed) : shap
   std::iota(experts.begin(), experts.end(), 0);
   std::uniform_real_distribution<float> wdist(0.05f, 1.0f);
   std::uniform_int_distribution<int32_t> hot(0, int32_t(std::min<int64_t>(4, s.num_experts)) - 1);
+  const int64_t round = std::max<int64_t>(1, s.num_experts / k);  // tokens per permutation (balanced)
   for (int64_t t = 0; t < T; ++t) {
-    std::shuffle(experts.begin(), experts.end(), rng);
+    const int64_t first = routing == Routing::kBalanced ? t % round * k : 0;
+    if (first == 0) std::shuffle(experts.begin(), experts.end(), rng);
     if (routing == Routing::kSkewed && t % 4 == 0) {
       std::swap(experts[0], *std::find(experts.begin(), experts.end(), hot(rng)));
     }
     float sum = 0;
     for (int64_t j = 0; j < k; ++j) sum += weights_[t * k + j] = wdist(rng);
     for (int64_t j = 0; j < k; ++j) {
-      ids_[t * k + j] = experts[j];
+      ids_[t * k + j] = experts[first + j];
       weights_[t * k + j] /= sum;
     }
   }

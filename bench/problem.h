@@ -11,7 +11,7 @@
 
 namespace lynx::bench {
 
-enum class Routing { kUniform, kSkewed };
+enum class Routing { kUniform, kSkewed, kBalanced };
 const char* routing_name(Routing r);
 
 // Seeds of the generated tensors (also used by the host to rebuild rows).
