@@ -85,6 +85,8 @@ struct SharedStorage {
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
 static_assert(sizeof(__nv_bfloat16) * 128 * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
+static_assert(Config<Mode::kRowsSwiGLU>::kOperandsB * Config<Mode::kRowsSwiGLU>::kBlockN == 256,
+              "SwiGLU: gate and up tiles back to back form the [256, BLOCK_K] operand of one m64n256k16");
 static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
 
@@ -398,13 +400,12 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
                                          const CUtensorMap* tma_c1, const CUtensorMap* tma_c2, const Params& p,
                                          int c, uint32_t rank) {
   using C = Config<kMode>;
-  constexpr int kBlockN = C::kBlockN;
   const bool paired = C::kMayPair && p.cluster > 1;
   const uint32_t peer_empty = paired ? sm90::peer_addr(&smem.empty[0], rank ^ 1) : 0;
   int stage = 0;
   uint32_t phase = 0;
-  float acc0[kBlockN / 2];
-  float acc1[C::kSwiGLU ? kBlockN / 2 : 1];
+  // [64, 256] fp32 per warpgroup: 256 plain columns, or gate columns 0-127 then up columns 128-255.
+  float acc[128];
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
@@ -421,11 +422,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // kernel (each HGMMA waits for the one before; tools/sass-check): the dynamic scheduler's 7-13%
     // loss in bench/results/2026-11-29-h200-6e0170f-dynamic-tiles.txt.
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) acc0[i] = 0.0f;
-    if constexpr (C::kSwiGLU) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) acc1[i] = 0.0f;
-    }
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     if (t.k_blocks == 0) {  // the stage held no data
       release_stage(smem, stage, paired, peer_empty);
       if (++stage == C::kStages) stage = 0, phase ^= 1;
@@ -462,14 +459,10 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
           const uint64_t db = C::kTransB ? sm90::smem_desc_mn_major_sw128(&smem.b[stage][0][kk * 16 * 64])
                                          : sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]);
           const bool accumulate = kb > 0 || kk > 0;
-          if constexpr (kBlockN == 256) {
-            sm90::wgmma_m64n256k16<C::kTransA, C::kTransB>(acc0, da, db, accumulate);
-          } else {
-            sm90::wgmma_m64n128k16(acc0, da, db, accumulate);
-          }
-          if constexpr (C::kSwiGLU) {
-            sm90::wgmma_m64n128k16(acc1, da, sm90::smem_desc_k_major_sw128(&smem.b[stage][1][kk * 16]), accumulate);
-          }
+          // NOTES: SwiGLU: the gate and up tiles lie back to back in the stage (b[stage][0], [1]), so one
+          // m64n256k16 over both reads the A slice once; two m64n128k16 read it twice, 12 KB of shared
+          // memory per step and warpgroup instead of 10.
+          sm90::wgmma_m64n256k16<C::kTransA, C::kTransB>(acc, da, db, accumulate);
         }
         sm90::wgmma_commit();
       };
@@ -501,26 +494,26 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           store_piece<true>(smem.c[c], map, c, t.b_row + 128 * q, out_row, t.expert, p.n, [&](int j, int r) {
-            return make_float2(acc0[4 * (16 * q + j) + 2 * r], acc0[4 * (16 * q + j) + 2 * r + 1]);
+            return make_float2(acc[4 * (16 * q + j) + 2 * r], acc[4 * (16 * q + j) + 2 * r + 1]);
           });
         }
       }
     } else if constexpr (C::kSwiGLU) {
       store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
         const int i = 4 * j + 2 * r;
-        return make_float2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]);
+        return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
       });
       if (p.out_gate_up) {
         store_piece<false>(smem.c[c], tma_c1, c, t.b_row, row, 0, p.n,
-                           [&](int j, int r) { return make_float2(acc0[4 * j + 2 * r], acc0[4 * j + 2 * r + 1]); });
+                           [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
         store_piece<false>(smem.c[c], tma_c2, c, t.b_row, row, 0, p.n,
-                           [&](int j, int r) { return make_float2(acc1[4 * j + 2 * r], acc1[4 * j + 2 * r + 1]); });
+                           [&](int j, int r) { return make_float2(acc[64 + 4 * j + 2 * r], acc[64 + 4 * j + 2 * r + 1]); });
       }
     } else {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 128 * q, row, 0, p.n, [&](int j, int r) {
-          return make_float2(acc0[4 * (16 * q + j) + 2 * r], acc0[4 * (16 * q + j) + 2 * r + 1]);
+          return make_float2(acc[4 * (16 * q + j) + 2 * r], acc[4 * (16 * q + j) + 2 * r + 1]);
         });
       }
     }
