@@ -42,8 +42,10 @@ Problem::Problem(const NamedShape& shape, Routing routing, uint64_t seed) : shap
   // Routing: k distinct experts per token. Uniform: every expert equally likely. Skewed: a quarter of
   // the picks go to 4 hot experts (as an unbalanced router does early in training). Balanced: the
   // tokens go in rounds of E / k, each round one random permutation of the experts cut into k-sets,
-  // so every expert receives exactly T·k / E rows when E / k divides T (what a perfectly balanced
-  // router gives; deepseek-v3 then has no expert with a second, nearly empty row block).
+  // so every expert receives exactly T·k / E rows when k divides E and E / k divides T, as at every
+  // benchmark shape (otherwise about as many: the E mod k experts a round leaves out, and a last
+  // partial round, make the counts differ by a little). What a perfectly balanced router gives:
+  // deepseek-v3 then has no expert with a second, nearly empty row block.
   std::mt19937_64 rng(seed);
   ids_.resize(T * k);
   weights_.resize(T * k);

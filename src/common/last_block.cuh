@@ -6,8 +6,8 @@
 
 namespace lynx {
 
-// Called by every thread of every block, once, after the block's last global write that the final
-// step reads. Returns true in every thread of the grid's last block to arrive; those threads then see
+// Called by every thread of every block (1-D blocks: thread 0 arrives for its block), once, after the
+// block's last global write that the final step reads. Returns true in every thread of the grid's last block to arrive; those threads then see
 // the writes of every block made before its arrival. The last block sets `*arrived` back to zero, so
 // the counter is at rest for the next launch on the stream.
 // NOTES: one fence by thread 0 after the barrier publishes the whole block's writes (a release is

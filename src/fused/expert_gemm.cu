@@ -85,8 +85,9 @@ struct SharedStorage {
 };
 static_assert(sizeof(__nv_bfloat16) * kBlockM * kBlockK % 1024 == 0, "A stages stay 1024-byte aligned");
 static_assert(sizeof(__nv_bfloat16) * 128 * kBlockK % 1024 == 0, "B stages stay 1024-byte aligned");
-static_assert(Config<Mode::kRowsSwiGLU>::kOperandsB * Config<Mode::kRowsSwiGLU>::kBlockN == 256,
-              "SwiGLU: gate and up tiles back to back form the [256, BLOCK_K] operand of one m64n256k16");
+static_assert(Config<Mode::kRowsSwiGLU>::kOperandsB * Config<Mode::kRowsSwiGLU>::kBlockN == 256 &&
+                  !Config<Mode::kRowsSwiGLU>::kTransB,
+              "SwiGLU: gate and up tiles back to back form the K-major [256, BLOCK_K] operand of one m64n256k16");
 static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
 

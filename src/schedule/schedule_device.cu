@@ -108,7 +108,8 @@ __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
 // One whole block: turns chunk_rows into exclusive prefixes over chunks (one thread per pair), writes
 // pair_rows, expert_rows, the padded expert_offset (contiguous experts per thread, block scan) and the
 // fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
-// chunk_rows: it is read past L1 (__ldcg).
+// chunk_rows: their writes are ordered before these reads by last_block_to_arrive; __ldcg only skips
+// L1, which holds no line of them in this block anyway.
 __device__ void expert_offsets(const Args& a) {
   const int32_t P = a.local_experts * a.num_ranks;
   for (int32_t pair = threadIdx.x; pair < P; pair += blockDim.x) {
