@@ -577,10 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // partner traps, and the trap ends the grid.
   if (paired) sm90::cluster_sync();
   if constexpr (kMode != Mode::kWeightGrad) {
-    if (p.gather.src) {
-      if (!paired) __syncthreads();  // cluster_sync above is a barrier of the CTA's threads too
-      if (threadIdx.x < 32) finish_gather(p.gather, p.grid);
-    }
+    if (p.gather.src) finish_gather(p.gather, p.grid);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/last_block.cuh"
 #include "common/status.h"
 #include "fused/gather_plan.h"
 #include "fused/sm90.cuh"
@@ -105,24 +106,16 @@ __device__ __forceinline__ void await_gathered_rows(const RowGather& g, int32_t 
   sm90::fence_proxy_async_global();
 }
 
-// Warp 0 of a CTA whose threads are all past their last use of the counters: counts the CTA as
-// finished; the last of the grid's CTAs zeroes the counters for the next launch on the stream: the
-// header and the row blocks up to the schedule's total (no launch touches a block past it; none when
-// the schedule is over capacity).
+// Every thread of every CTA, each past its last use of the counters: the last CTA to finish zeroes
+// them for the next launch on the stream: the header and the row blocks up to the schedule's total (no
+// launch touches a block past it; none when the schedule is over capacity).
 // NOTES: the counters were zeroed by a memset before each launch, one of the launches the host queues
 // before the first GEMM can start (the GPU waits for it in an eager forward).
 __device__ __forceinline__ void finish_gather(const RowGather& g, const TileGrid& grid) {
-  const int lane = threadIdx.x % 32;
-  bool last = false;
-  if (lane == 0) {
-    __threadfence();  // the CTA's counter updates before its arrival
-    last = atomicAdd(&g.sync[kGatherCtasDone], 1) == int32_t(gridDim.x) - 1;
-  }
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();  // each lane: every CTA's counter updates and arrival before its zeroing
+  if (!last_block_to_arrive(&g.sync[kGatherCtasDone])) return;
   const int32_t total = grid.expert_offset[grid.experts];
   const int32_t blocks = total <= grid.capacity ? total / kBlockM : 0;
-  for (int32_t i = lane; i < kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
+  for (int32_t i = threadIdx.x; i < kGatherSyncHeader + blocks; i += blockDim.x) g.sync[i] = 0;
 }
 
 }  // namespace lynx::fused
