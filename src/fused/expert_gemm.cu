@@ -51,7 +51,12 @@ struct Config {
   // NOTES: every mode computes a 128 × 256 block of products per tile (gate 128 + up 128 columns,
   // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages.
   static constexpr int kBlockN = kSwiGLU ? 128 : 256;
-  static constexpr int kStages = 4;
+  // NOTES: the weight gradient trades a stage for a whole [64, 256] epilogue piece per warpgroup:
+  // its tiles are short (K = an expert's rows: 8 K blocks at qwen3-30b-a3b), and with [64, 128]
+  // pieces the second waited for the TMA to read the first out of shared memory, ~17% of the
+  // consumers' samples (bench/results/2026-11-29-h200-session14.txt, section 7).
+  static constexpr int kStages = kMode == Mode::kWeightGrad ? 3 : 4;
+  static constexpr int kPieceBoxes = kMode == Mode::kWeightGrad ? 4 : 2;  // [64, 64] boxes per epilogue piece
   static constexpr uint32_t kStageBytes = 2 * (kBlockM * kBlockK + kOperandsB * kBlockN * kBlockK);
   static_assert(kStageBytes == 48 * 1024, "stage size");
   // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
@@ -63,16 +68,16 @@ struct Config {
 constexpr int kConsumerThreads = 256;
 constexpr int kConsumerWarps = kConsumerThreads / 32;
 
-// NOTES: an epilogue piece is 64 rows × 128 columns (16 KB): with four 48 KB stages, two pieces (one
-// per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two pieces.
-constexpr int kPieceBoxes = 2;  // [64, 64] boxes per piece
+// NOTES: an epilogue piece is 64 rows × 128 columns (16 KB) in the row modes: with four 48 KB stages,
+// two pieces (one per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two
+// pieces. The weight gradient's pieces are 64 × 256 (Config::kStages).
 
 template <Mode kMode>
 struct SharedStorage {
   using C = Config<kMode>;
   alignas(1024) __nv_bfloat16 a[C::kStages][kBlockM * kBlockK];                    // [BLOCK_M, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
-  alignas(1024) __nv_bfloat16 c[2][kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 128] bf16 piece as two [64, 64] boxes, 128B swizzle
+  alignas(1024) __nv_bfloat16 c[2][C::kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 64 · boxes] bf16 piece as [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producers: every consumer thread here, and each consumer warp of
                                // the cluster's other CTA, is done with the stage
@@ -128,10 +133,10 @@ __device__ __forceinline__ void finish_claims(const Params& p, int32_t claimers)
   }
 }
 
-// One epilogue piece of consumer warpgroup `wg`: 64 rows × 128 columns, value(j, r) giving the two
+// One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
 // (col, row[, batch]) of `map`. Columns at or past n are not stored.
-template <bool k3d, class Value>
+template <bool k3d, int kPieceBoxes, class Value>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
                                             int wg, int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
@@ -151,7 +156,7 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
     return *reinterpret_cast<const uint32_t*>(&packed);
   };
 #pragma unroll
-  for (int q = 0; q < 8; ++q) {
+  for (int q = 0; q < 4 * kPieceBoxes; ++q) {
     const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
     sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
   }
@@ -492,12 +497,8 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
         const bool second = row >= p.out_split;
         const CUtensorMap* map = second ? tma_c1 : tma_c0;
         const int32_t out_row = second ? row - p.out_split : row;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          store_piece<true>(smem.c[c], map, c, t.b_row + 128 * q, out_row, t.expert, p.n, [&](int j, int r) {
-            return make_float2(acc[4 * (16 * q + j) + 2 * r], acc[4 * (16 * q + j) + 2 * r + 1]);
-          });
-        }
+        store_piece<true>(smem.c[c], map, c, t.b_row, out_row, t.expert, p.n,
+                          [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
       }
     } else if constexpr (C::kSwiGLU) {
       store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
