@@ -145,7 +145,9 @@ enum class Shared : int32_t { kNone = 0, kA = 1, kB = 2 };
 // gate/up read 15.9 GB from DRAM instead of 19.7 and its forward ran 8.3% faster, its backward (K =
 // 7168 and 4096) 2.1%; mixtral-8x7b (K = 4096 and 14336) forward 1.7-2.3% and backward 0.6-1.3%
 // faster; slower with every launch paired: qwen3-30b-a3b forward 3.9-7.6% and olmoe-1b-7b 1.6-4.7%
-// (K <= 2048), and deepseek-v3's down alone (K = 2048) 5%.
+// (K <= 2048), and deepseek-v3's down alone (K = 2048) 5%; again in session 14, on the kernel of
+// then: deepseek-v3's forward +1.2% with its down paired (bench/results/2026-11-29-h200-session14.txt,
+// section 11).
 constexpr int64_t kClusterFromKBlocks = 64;
 inline bool use_cluster_units(int64_t k) { return k / kBlockK >= kClusterFromKBlocks; }
 
