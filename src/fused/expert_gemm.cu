@@ -95,6 +95,8 @@ static_assert(Config<Mode::kRowsSwiGLU>::kOperandsB * Config<Mode::kRowsSwiGLU>:
               "SwiGLU: gate and up tiles back to back form the K-major [256, BLOCK_K] operand of one m64n256k16");
 static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(SharedStorage<Mode::kRowsMnB>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(SharedStorage<Mode::kWeightGrad>) + 1024 <= 227 * 1024, "shared memory");
 
 struct Params {
   TileGrid grid;
