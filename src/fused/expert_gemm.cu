@@ -49,7 +49,8 @@ struct Config {
   static constexpr bool kTransB = kMode == Mode::kRowsMnB || kMode == Mode::kWeightGrad;  // B is N-major
   static constexpr int kOperandsB = kSwiGLU ? 2 : 1;
   // NOTES: every mode computes a 128 × 256 block of products per tile (gate 128 + up 128 columns,
-  // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages.
+  // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages in
+  // the row modes.
   static constexpr int kBlockN = kSwiGLU ? 128 : 256;
   // NOTES: the weight gradient trades a stage for a whole [64, 256] epilogue piece per warpgroup:
   // its tiles are short (K = an expert's rows: 8 K blocks at qwen3-30b-a3b), and with [64, 128]
@@ -70,7 +71,7 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 
 // NOTES: an epilogue piece is 64 rows × 128 columns (16 KB) in the row modes: with four 48 KB stages,
 // two pieces (one per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two
-// pieces. The weight gradient's pieces are 64 × 256 (Config::kStages).
+// pieces. The weight gradient's pieces are 64 × 256 (Config::kPieceBoxes, at a stage's cost).
 
 template <Mode kMode>
 struct SharedStorage {
@@ -492,7 +493,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
     if (pad || (c == 1 && is_half_tile<kMode>(t))) continue;
 
-    // Epilogue: [64, 128] pieces through shared memory and TMA stores.
+    // Epilogue: pieces of Config::kPieceBoxes [64, 64] boxes through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;
     if constexpr (kMode == Mode::kWeightGrad) {
       if (row < p.m) {
