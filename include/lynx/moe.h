@@ -52,6 +52,10 @@ struct Gradients {
 
 // The device-side schedule: the ordered routed rows this rank computes (ARCHITECTURE.md §4, step 2).
 // Every pointer is device memory owned by the Workspace, valid until the next call that rebuilds it.
+// The row arrays hold rows [0, expert_offset[E_loc]); the rows past that, up to capacity, are not
+// written. A schedule over capacity (an error, Workspace::check) places no rows: then only
+// expert_offset and expert_rows describe it, and the row arrays and slot_row still hold the last
+// schedule that fitted.
 struct Schedule {
   const int32_t* row_token_slot = nullptr;  // [capacity]  token*k + j of each row, -1 for padding
   const int32_t* row_src_rank = nullptr;    // [capacity]  source rank of each row, -1 for padding
@@ -85,7 +89,11 @@ class Workspace {
 
   // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error. An
   // error stays set until reported here (or by an unfused call, which reports it itself); until then
-  // every later fused call on this workspace leaves its outputs unwritten.
+  // every later fused call on this workspace leaves y and dx unwritten. Its other outputs are not to
+  // be used: the expert weight gradients and d_topk_weights are computed from the rows that were
+  // placed (none after a schedule over capacity: exact zeros, d_topk_weights unwritten; without the
+  // entries of a bad route), and the shared expert's gradients, which do not depend on the routing,
+  // are written as usual. Call check() before anything consumes the gradients (the optimizer step).
   void check(cudaStream_t stream) const;
 
   struct Impl;

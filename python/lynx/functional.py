@@ -45,7 +45,9 @@ class Gradients(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """A copy of lynx::Schedule (include/lynx/moe.h): the routed rows in the order lynx computes them.
-    int32 CUDA tensors; `capacity` rows, experts padded to 128-row blocks."""
+    int32 CUDA tensors; `capacity` rows, experts padded to 128-row blocks. Only the rows before
+    expert_offset[-1] are written; after a schedule over capacity (an error, lynx.check) only
+    expert_offset and expert_rows describe it."""
 
     row_token_slot: torch.Tensor  # [capacity] token * k + j of each row, -1 for padding
     row_src_rank: torch.Tensor    # [capacity] source rank of each row, -1 for padding
@@ -187,8 +189,9 @@ def check(device=None):
     """Waits for the current stream and raises lynx.LynxError if a lynx kernel reported an error
     (an expert id out of range, a non-finite router weight, a schedule over capacity). The fused path
     never synchronises, so such errors surface only here (or as a CUDA error at the next sync). Until
-    it is reported, an error stays set and every later call on the same workspace leaves its outputs
-    unwritten: call this once per training step (it costs one stream synchronisation)."""
+    it is reported, an error stays set and every later call on the same workspace leaves y and dx
+    unwritten and its other routed gradients unusable (see lynx::Workspace::check): call this once per
+    training step, before the optimizer step (it costs one stream synchronisation)."""
     stream = torch.cuda.current_stream(device).cuda_stream
     for ws in _workspaces.all_workspaces():
         ws.check(stream)

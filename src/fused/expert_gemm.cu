@@ -373,7 +373,7 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
       continue;
     }
     if (pad) {  // no data: the stages go on in step with the partner's
-      for (int32_t kb = 0; kb < t.k_blocks; ++kb) pass_stage(smem, stage, phase, kb == 0 ? kPadTile : kNoTile, t, tile, p);
+      for (int32_t kb = 0; kb < t.k_blocks; ++kb) pass_stage(smem, stage, phase, kb == 0 ? kPadTile : kNoTile, t, kPadTile, p);
       continue;
     }
     // The rows of the tile's block, when the kernel gathers A itself (announced first: row_gather.cuh).

@@ -70,8 +70,22 @@ enum class Wait : int32_t {
 // seconds: far beyond any legitimate wait, short enough to turn a deadlock into an error.
 constexpr uint32_t kMaxWaitTries = 1u << 22;
 
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// How long a thread that lost the race to report a stall waits before its own trap, so that the
+// winner's report lands before a trap ends the grid (many threads of a stalled CTA reach the bound
+// together).
+constexpr uint64_t kReportGraceNs = 10'000'000;
+
 // Records the stalled wait in `report` (host-mapped memory, so it survives the trap that kills the
 // context) and traps. Inlined and call-free: a call inside the wgmma mainloop would serialise wgmma.
+// NOTES: the code is claimed before the fields are written, so a thread that loses the claim and
+// trapped at once could end the grid before the winner's fields reach the host: the report would
+// name no wait. The losers wait kReportGraceNs first.
 __device__ __forceinline__ void report_stall(DeviceStatus* report, Wait which, int32_t task, int64_t value) {
   if (report && atomicCAS(&report->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kWaitTimeout)) ==
                     int32_t(StatusCode::kOk)) {
@@ -80,6 +94,9 @@ __device__ __forceinline__ void report_stall(DeviceStatus* report, Wait which, i
     report->b = task;
     report->c = value;
     __threadfence_system();
+  } else if (report) {
+    const uint64_t start = globaltimer_ns();
+    while (globaltimer_ns() - start < kReportGraceNs) __nanosleep(1 << 16);
   }
   __trap();
 }
@@ -115,11 +132,6 @@ __device__ __forceinline__ void red_relaxed_max(int32_t* p, int32_t v) {
   asm volatile("red.relaxed.gpu.global.max.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // Orders this thread's generic-proxy accesses to global memory with its async-proxy (TMA) ones; used on
 // both sides of a hand-off from generic writes on one SM to TMA reads on another (row_gather.cuh).
