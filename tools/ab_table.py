@@ -46,6 +46,18 @@ def table(times, names):
     return "\n".join(lines)
 
 
+def labels(dirs):
+    """The builds' names: each folder's base name, and a repeated one (gpu-ab --control runs the first
+    build again as the control) as "NAME-control", "NAME-control2", ..."""
+    names, seen = [], {}
+    for d in dirs:
+        name = os.path.basename(d.rstrip("/"))
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        names.append(name if n == 0 else f"{name}-control" + (str(n) if n > 1 else ""))
+    return names
+
+
 def main(argv):
     work, out, rounds, dirs = argv[1], argv[2], int(argv[3]), argv[4:]
     runs, raw = [], []
@@ -60,7 +72,7 @@ def main(argv):
             raw.append({"build": d, "round": r, **run})
     with open(os.path.join(out, "ab.json"), "w") as f:
         json.dump(raw, f, indent=1)
-    print(table(collect(runs), [os.path.basename(d.rstrip("/")) for d in dirs]))
+    print(table(collect(runs), labels(dirs)))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ class AbTable(unittest.TestCase):
         # Build 2 has no backward: its cells are dashes, 0 of 0 rounds.
         self.assertEqual(backward[3:], ["2.450", "2.550", "-", "1.041", "0/3", "-", "0/0"])
 
+    def test_a_repeated_build_is_labelled_the_control(self):
+        self.assertEqual(ab_table.labels(["x/build-a", "build-b/", "y/build-a", "build-a"]),
+                         ["build-a", "build-b", "build-a-control", "build-a-control2"])
+
     def test_main_writes_every_run_and_prints_the_table(self):
         with tempfile.TemporaryDirectory() as work:
             for build, rnd, ms in [(0, 1, 1.2), (1, 1, 1.1)]:
