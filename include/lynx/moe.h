@@ -89,11 +89,12 @@ class Workspace {
 
   // Waits for `stream` and throws lynx::Error if a kernel of an earlier call reported an error. An
   // error stays set until reported here (or by an unfused call, which reports it itself); until then
-  // every later fused call on this workspace leaves y and dx unwritten. Its other outputs are not to
-  // be used: the expert weight gradients and d_topk_weights are computed from the rows that were
-  // placed (none after a schedule over capacity: exact zeros, d_topk_weights unwritten; without the
-  // entries of a bad route), and the shared expert's gradients, which do not depend on the routing,
-  // are written as usual. Call check() before anything consumes the gradients (the optimizer step).
+  // every later fused call on this workspace leaves y and dx unwritten. Its other routed outputs are
+  // not to be used: after a schedule over capacity the expert weight gradients are exact zeros and
+  // d_topk_weights is unwritten; after a bad route (an id out of range, a non-finite weight) they are
+  // computed from the entries as they are and may be partial or NaN. The shared expert's gradients do
+  // not depend on the routing and are written as usual. Call check() before anything consumes the
+  // gradients (the optimizer step).
   void check(cudaStream_t stream) const;
 
   struct Impl;
