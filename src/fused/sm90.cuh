@@ -66,9 +66,13 @@ enum class Wait : int32_t {
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
 };
 
-// NOTES: try_wait already suspends the thread for a hardware-chosen time, so 2^22 tries is many
-// seconds: far beyond any legitimate wait, short enough to turn a deadlock into an error.
-constexpr uint32_t kMaxWaitTries = 1u << 22;
+// NOTES: an mbarrier wait gives up after 10 s of %globaltimer: far beyond any legitimate wait, short
+// enough to turn a deadlock into an error, and longer than the gather's 5 s (kCounterWaitNs), so that
+// a stalled gather is reported as itself and not as the consumers' wait behind it. It was 2^22
+// try_wait rounds, whose time is the hardware's suspend time: ~17 s on the H200 for the consumers,
+// 1.3 s once for a producer whose consumers had left (session 13), so the order of the two bounds
+// was not guaranteed.
+constexpr uint64_t kMbarrierWaitNs = 10'000'000'000ull;
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
@@ -104,8 +108,10 @@ __device__ __forceinline__ void report_stall(DeviceStatus* report, Wait which, i
 template <Scope kScope = Scope::kCta>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
                                               int32_t task) {
-  for (uint32_t tries = 0; !mbarrier_try_wait<kScope>(bar, parity); ++tries) {
-    if (tries == kMaxWaitTries) report_stall(report, which, task, parity);
+  if (mbarrier_try_wait<kScope>(bar, parity)) return;
+  const uint64_t start = globaltimer_ns();
+  while (!mbarrier_try_wait<kScope>(bar, parity)) {
+    if (globaltimer_ns() - start > kMbarrierWaitNs) report_stall(report, which, task, parity);
   }
 }
 
@@ -140,8 +146,8 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 }
 
 // NOTES: 5 s: a row block is copied in microseconds; compute-sanitizer slows the copies and the wait
-// alike. Shorter than the mbarrier waits' bound (2^22 try_wait rounds, ~17 s on the H200), so that a
-// stalled gather is reported as such and not as the consumers' wait behind it.
+// alike. Shorter than the mbarrier waits' bound (kMbarrierWaitNs, 10 s), so that a stalled gather is
+// reported as such and not as the consumers' wait behind it.
 constexpr uint64_t kCounterWaitNs = 5'000'000'000ull;
 
 // Polls until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls, for at
