@@ -149,6 +149,7 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // alike. Shorter than the mbarrier waits' bound (kMbarrierWaitNs, 10 s), so that a stalled gather is
 // reported as such and not as the consumers' wait behind it.
 constexpr uint64_t kCounterWaitNs = 5'000'000'000ull;
+static_assert(kCounterWaitNs < kMbarrierWaitNs, "a stalled gather must be reported before the waits behind it");
 
 // Polls until *p >= target (an acquire load when kAcquire), sleeping `sleep_ns` between polls, for at
 // most `give_up_ns`: true when it got there. `seen`: the value last read.
