@@ -515,10 +515,11 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
                            [&](int j, int r) { return make_float2(acc[64 + 4 * j + 2 * r], acc[64 + 4 * j + 2 * r + 1]); });
       }
     } else {
+      constexpr int kGroups = 8 * C::kPieceBoxes;  // fragment column groups (8 columns each) per piece
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 128 * q, row, 0, p.n, [&](int j, int r) {
-          return make_float2(acc[4 * (16 * q + j) + 2 * r], acc[4 * (16 * q + j) + 2 * r + 1]);
+      for (int q = 0; q < C::kBlockN / (8 * kGroups); ++q) {
+        store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+          return make_float2(acc[4 * (kGroups * q + j) + 2 * r], acc[4 * (kGroups * q + j) + 2 * r + 1]);
         });
       }
     }

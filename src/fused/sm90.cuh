@@ -138,7 +138,6 @@ __device__ __forceinline__ void red_relaxed_max(int32_t* p, int32_t v) {
   asm volatile("red.relaxed.gpu.global.max.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-
 // Orders this thread's generic-proxy accesses to global memory with its async-proxy (TMA) ones; used on
 // both sides of a hand-off from generic writes on one SM to TMA reads on another (row_gather.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() {
