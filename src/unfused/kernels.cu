@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include "api/routing_check.h"
 #include "common/activation.cuh"
@@ -14,8 +15,24 @@ namespace lynx::unfused {
 namespace {
 
 // Eight bf16 values: one 16-byte access.
+// NOTES: held as a uint4. Held as four __nv_bfloat162, a Vec8 was copied member by member, and every
+// load and store of one compiled to four 4-byte accesses (SASS at a662a2a): the same bytes, four
+// times the L1 and L2 requests, in the combine and the SwiGLU kernels.
 struct alignas(16) Vec8 {
-  __nv_bfloat162 v[4];
+  uint4 bits;
+  // Elements 2p and 2p + 1 (p a compile-time constant once unrolled).
+  __device__ __forceinline__ float2 pair(int p) const {
+    const uint32_t w = p == 0 ? bits.x : p == 1 ? bits.y : p == 2 ? bits.z : bits.w;
+    __nv_bfloat162 h;
+    memcpy(&h, &w, sizeof(h));
+    return __bfloat1622float2(h);
+  }
+  __device__ __forceinline__ void set_pair(int p, float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    uint32_t w;
+    memcpy(&w, &h, sizeof(w));
+    (p == 0 ? bits.x : p == 1 ? bits.y : p == 2 ? bits.z : bits.w) = w;
+  }
 };
 
 __device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_slot, const int32_t* total_rows) {
@@ -113,8 +130,8 @@ __global__ void swiglu_forward_kernel(Vec8* h, const Vec8* g, const Vec8* u, con
     Vec8 out;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      const float2 gf = __bfloat1622float2(gv.v[p]), uf = __bfloat1622float2(uv.v[p]);
-      out.v[p] = __floats2bfloat162_rn(silu(gf.x) * uf.x, silu(gf.y) * uf.y);
+      const float2 gf = gv.pair(p), uf = uv.pair(p);
+      out.set_pair(p, silu(gf.x) * uf.x, silu(gf.y) * uf.y);
     }
     h[i] = out;
   }
@@ -152,15 +169,14 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
       Vec8 dgv, duv, hwv;
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        const float2 a = __bfloat1622float2(dav.v[p]), gf = __bfloat1622float2(gv.v[p]), uf = __bfloat1622float2(uv.v[p]);
+        const float2 a = dav.pair(p), gf = gv.pair(p), uf = uv.pair(p);
         const float sx = sigmoid(gf.x), sy = sigmoid(gf.y);
         const float silx = gf.x * sx, sily = gf.y * sy;
         dot += a.x * silx * uf.x + a.y * sily * uf.y;
         const float dhx = w * a.x, dhy = w * a.y;
-        dgv.v[p] = __floats2bfloat162_rn(dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)),
-                                         dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
-        duv.v[p] = __floats2bfloat162_rn(dhx * silx, dhy * sily);
-        hwv.v[p] = __floats2bfloat162_rn(w * silx * uf.x, w * sily * uf.y);
+        dgv.set_pair(p, dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)), dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
+        duv.set_pair(p, dhx * silx, dhy * sily);
+        hwv.set_pair(p, w * silx * uf.x, w * sily * uf.y);
       }
       dg[row * out_vecs_per_row + v] = dgv;
       du[row * out_vecs_per_row + v] = duv;
@@ -181,9 +197,14 @@ __global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
   }
 }
 
-// One block per token, threads over 8-element vectors.
-__global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_row, const float* topk_weights,
-                               const float4* base, int64_t tokens, int64_t top_k, int64_t vecs_per_row,
+// One block per token, threads over 8-element vectors. The k rows are summed in j order, in fp32.
+// NOTES: a token's slots and weights, then its rows, are loaded kCombineBatch at a time before any is
+// summed: with one slot and one row per step, each row's load sat behind its slot's load and a branch.
+constexpr int kCombineBatch = 8;
+
+__global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ rows,
+                               const int32_t* __restrict__ slot_row, const float* __restrict__ topk_weights,
+                               const float4* __restrict__ base, int64_t tokens, int64_t top_k, int64_t vecs_per_row,
                                const DeviceStatus* status) {
   if (status->code != int32_t(StatusCode::kOk)) return;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -197,21 +218,34 @@ __global__ void combine_kernel(Vec8* out, const Vec8* rows, const int32_t* slot_
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
       }
-      for (int64_t j = 0; j < top_k; ++j) {
-        const int32_t row = slot_row[t * top_k + j];
-        if (row < 0) continue;
-        const float w = topk_weights ? topk_weights[t * top_k + j] : 1.0f;
-        const Vec8 r = rows[int64_t(row) * vecs_per_row + v];
+      for (int64_t j0 = 0; j0 < top_k; j0 += kCombineBatch) {
+        int32_t row[kCombineBatch];
+        float w[kCombineBatch];
+        Vec8 r[kCombineBatch];
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float2 f = __bfloat1622float2(r.v[p]);
-          acc[2 * p] = fmaf(w, f.x, acc[2 * p]);
-          acc[2 * p + 1] = fmaf(w, f.y, acc[2 * p + 1]);
+        for (int u = 0; u < kCombineBatch; ++u) {
+          const int64_t j = j0 + u;
+          row[u] = j < top_k ? slot_row[t * top_k + j] : -1;
+          w[u] = j < top_k && topk_weights ? topk_weights[t * top_k + j] : 1.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kCombineBatch; ++u) {
+          r[u] = row[u] >= 0 ? rows[int64_t(row[u]) * vecs_per_row + v] : Vec8{};
+        }
+#pragma unroll
+        for (int u = 0; u < kCombineBatch; ++u) {
+          if (row[u] < 0) continue;
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            const float2 f = r[u].pair(p);
+            acc[2 * p] = fmaf(w[u], f.x, acc[2 * p]);
+            acc[2 * p + 1] = fmaf(w[u], f.y, acc[2 * p + 1]);
+          }
         }
       }
       Vec8 o;
 #pragma unroll
-      for (int p = 0; p < 4; ++p) o.v[p] = __floats2bfloat162_rn(acc[2 * p], acc[2 * p + 1]);
+      for (int p = 0; p < 4; ++p) o.set_pair(p, acc[2 * p], acc[2 * p + 1]);
       out[t * vecs_per_row + v] = o;
     }
   }
