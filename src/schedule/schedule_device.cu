@@ -3,9 +3,8 @@
 //
 //   1. count_rows_kernel  grid (C, R): rows per (chunk, local expert, source) into scratch; then the
 //                         last block to finish computes the exclusive prefix over chunks, per-expert
-//                         rows and padded offsets, checks the capacity and writes -1 to the
-//                         padding rows (expert_offsets).
-//   2. place_rows_kernel  grid (C, R): each chunk places its rows in t*k + j order.
+//                         rows and padded offsets, and checks the capacity (expert_offsets).
+//   2. place_rows_kernel  grid (C, R): each chunk places its rows in t*k + j order; padding rows -1.
 //
 // NOTES: the offsets were a one-block kernel of their own between the two; a launch fewer shortens
 // what the host queues before the first GEMM (the GPU waits for it in an eager forward).
@@ -36,7 +35,6 @@ constexpr int kCountLaneEntries = kRoundEntries / kCountThreads;  // 2: entries 
 static_assert(kRoundEntries % kCountThreads == 0, "a round of the count covers the smallest chunk");
 constexpr int64_t kMaxChunkInts = int64_t(1) << 20;    // bound on C * P (4 MiB of scratch)
 constexpr int64_t kSharedInts = 48 * 1024 / 4;         // dynamic shared memory without an opt-in
-static_assert(2 * Limits::kMaxExperts + 1024 <= kSharedInts, "count_rows_kernel: 2 * E_loc ints beside its static ones");
 
 struct Plan {
   int64_t entries;        // T*k per source
@@ -109,59 +107,51 @@ __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
 
 // One whole block: turns chunk_rows into exclusive prefixes over chunks (one thread per pair), writes
 // pair_rows, expert_rows, the padded expert_offset (contiguous experts per thread, block scan) and the
-// fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity), else writes -1 to
-// every padding row. Other blocks wrote chunk_rows: their writes are ordered before these reads by
-// last_block_to_arrive; __ldcg only skips L1, which holds no line of them in this block anyway.
-// `smem`: 2 * E_loc ints (the count kernel's histogram and one more).
-// NOTES: a global load written after a global store that may alias it waits for that store's round
-// trip (the compiler cannot move it above), so every global value here is loaded before the stores
-// that follow it, and the per-expert values go through shared memory: the first version walked the
-// chunks 8 at a time, re-read pair_rows from global memory twice and left the padding rows to
-// place_rows_kernel, whose loads then sat behind their stores.
-__device__ void expert_offsets(const Args& a, int32_t* smem) {
-  const int32_t E_loc = a.local_experts, P = E_loc * a.num_ranks;
-  int32_t* rows = smem;                 // [E_loc]: an expert's rows (all sources), then its first padding row
-  int32_t* padding_end = smem + E_loc;  // [E_loc]: one past its last padding row (the next block's offset)
-  for (int32_t e = threadIdx.x; e < E_loc; e += blockDim.x) rows[e] = 0;
-  __syncthreads();
-  constexpr int kBatch = 16;  // chunk counts a thread loads before it stores their prefixes
+// fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
+// chunk_rows: their writes are ordered before these reads by last_block_to_arrive; __ldcg only skips
+// L1, which holds no line of them in this block anyway.
+__device__ void expert_offsets(const Args& a) {
+  const int32_t P = a.local_experts * a.num_ranks;
   for (int32_t pair = threadIdx.x; pair < P; pair += blockDim.x) {
     int32_t* col = a.chunk_rows + pair;
     int32_t before = 0;
-    for (int32_t c0 = 0; c0 < a.chunks; c0 += kBatch) {
-      int32_t v[kBatch];
+    // NOTES: loads of a batch go out together; loading and storing one at a time would serialise
+    // C global round trips, as the compiler cannot move a load above a possibly aliasing store.
+    for (int32_t c0 = 0; c0 < a.chunks; c0 += kLaneEntries) {
+      int32_t v[kLaneEntries];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
+      for (int u = 0; u < kLaneEntries; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
+      for (int u = 0; u < kLaneEntries; ++u) {
         if (c0 + u < a.chunks) col[int64_t(c0 + u) * P] = before;
         before += v[u];
       }
     }
     a.pair_rows[pair] = before;
-    // Integer adds commute: the sum does not depend on the order of the sources' atomics.
-    atomicAdd(&rows[pair / a.num_ranks], before);
   }
   __syncthreads();
 
-  const int32_t per_thread = (E_loc + blockDim.x - 1) / blockDim.x;
-  const int32_t e_begin = min(E_loc, int32_t(threadIdx.x) * per_thread);
-  const int32_t e_end = min(E_loc, e_begin + per_thread);
+  const int32_t per_thread = (a.local_experts + blockDim.x - 1) / blockDim.x;
+  const int32_t e_begin = min(a.local_experts, int32_t(threadIdx.x) * per_thread);
+  const int32_t e_end = min(a.local_experts, e_begin + per_thread);
+  auto expert_rows = [&](int32_t e) {
+    int64_t rows = 0;
+    for (int32_t s = 0; s < a.num_ranks; ++s) rows += a.pair_rows[core::pair_index(e, s, a.num_ranks)];
+    return rows;
+  };
   int64_t padded = 0;
-  for (int32_t e = e_begin; e < e_end; ++e) padded += core::padded_rows(rows[e]);
+  for (int32_t e = e_begin; e < e_end; ++e) padded += core::padded_rows(expert_rows(e));
   int64_t total = 0;
   int64_t offset = block_exclusive_sum(padded, &total);
-  const bool fits = core::fits_capacity(total, a.capacity);
   for (int32_t e = e_begin; e < e_end; ++e) {
-    const int32_t n = rows[e];
-    a.expert_rows[e] = n;
+    const int64_t rows = expert_rows(e);
+    a.expert_rows[e] = static_cast<int32_t>(rows);
     a.expert_offset[e] = static_cast<int32_t>(offset);
-    rows[e] = static_cast<int32_t>(offset + n);
-    offset += core::padded_rows(n);
-    padding_end[e] = static_cast<int32_t>(offset);
+    offset += core::padded_rows(rows);
   }
   if (threadIdx.x == 0) {
-    a.expert_offset[E_loc] = static_cast<int32_t>(total);
+    a.expert_offset[a.local_experts] = static_cast<int32_t>(total);
+    const bool fits = core::fits_capacity(total, a.capacity);
     *a.fits = fits ? 1 : 0;
     if (!fits && atomicCAS(&a.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kCapacityOverflow)) ==
                      int32_t(StatusCode::kOk)) {
@@ -171,23 +161,11 @@ __device__ void expert_offsets(const Args& a, int32_t* smem) {
       a.status->c = 0;
     }
   }
-  if (!fits) return;  // the row arrays are not written (schedule.h)
-  __syncthreads();
-  // Padding rows get -1: (expert, row of its last tile) pairs, kTileRows per expert.
-  for (int64_t x = threadIdx.x; x < int64_t(E_loc) * kTileRows; x += blockDim.x) {
-    const int32_t e = static_cast<int32_t>(x / kTileRows);
-    const int32_t row = rows[e] + static_cast<int32_t>(x % kTileRows);
-    if (row < padding_end[e]) {
-      a.row_token_slot[row] = -1;
-      a.row_src_rank[row] = -1;
-    }
-  }
 }
 
-// Grid (C, R), kCountThreads threads, 2 * E_loc ints of dynamic shared memory (the histogram uses the
-// first E_loc; expert_offsets all): block (c, s) counts the rows of chunk c of source s per local
-// expert and writes chunk_rows[c][pair(e, s)] for every e; the last block to finish then runs
-// expert_offsets (common/last_block.cuh).
+// Grid (C, R), kCountThreads threads, E_loc ints of dynamic shared memory: block (c, s) counts the
+// rows of chunk c of source s per local expert and writes chunk_rows[c][pair(e, s)] for every e; the
+// last block to finish then runs expert_offsets (common/last_block.cuh).
 __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a) {
   extern __shared__ int32_t hist[];
   const int32_t c = blockIdx.x, s = blockIdx.y;
@@ -216,24 +194,36 @@ __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a)
   int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
   for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
 
-  if (last_block_to_arrive(&a.status->counted_blocks)) expert_offsets(a, hist);
+  if (last_block_to_arrive(&a.status->counted_blocks)) expert_offsets(a);
+}
+
+// Padding rows of every expert block get -1: a grid-stride pass over (expert, row of its last tile).
+__device__ void write_padding(const Args& a) {
+  const int64_t items = int64_t(a.local_experts) * kTileRows;
+  const int64_t stride = int64_t(gridDim.x) * gridDim.y * blockDim.x;
+  for (int64_t x = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; x < items; x += stride) {
+    const int32_t e = static_cast<int32_t>(x / kTileRows);
+    const int64_t row = int64_t(a.expert_offset[e]) + a.expert_rows[e] + x % kTileRows;
+    if (row < a.expert_offset[e + 1]) {
+      a.row_token_slot[row] = -1;
+      a.row_src_rank[row] = -1;
+    }
+  }
 }
 
 // Grid (C, R), place_warps warps, dynamic shared memory (place_warps + 1) * E_loc + P ints. Block
-// (c, s) places the rows of chunk c of source s; it and every other block check the fits flag of
-// this build and write nothing when the schedule overflows. (The padding rows are written by the
-// count kernel's last block, expert_offsets.)
+// (c, s) places the rows of chunk c of source s; it and every other block first check the fits flag
+// of this build and write nothing when the schedule overflows.
 // A chunk is walked in rounds of place_warps * 256 entries; in a round warp w holds entries
 // w*256 + u*32 + lane (u = 0..7), so (warp, u, lane) order is t*k + j order. Per round:
 //   1. each warp ranks its entries among same-expert entries of the warp (match_any; the lowest
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
 //   3. row q = prefix + rank goes to expert_offset[e] + interleaved_position(q, s, pair_rows of e).
-// NOTES: a round's global loads (its ids, then their experts' offsets) are all issued before its
-// first store, and the first round's beside the block's other loads: a load written after a store
-// that may alias it waits for the store (expert_offsets). The first version loaded each entry's
-// offset between the previous entry's stores and took 12.6 µs at qwen3-30b-a3b for one round.
 __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a) {
+  if (*a.fits != 1) return;
+  write_padding(a);
+
   extern __shared__ int32_t smem[];
   const int32_t E_loc = a.local_experts, R = a.num_ranks;
   const int32_t c = blockIdx.x, s = blockIdx.y;
@@ -243,34 +233,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
   int32_t* pair_rows = warp_q + warps * E_loc;  // [P]
   int32_t* my_q = warp_q + warp * E_loc;
 
+  const int32_t* chunk_q = a.chunk_rows + int64_t(c) * R * E_loc;
+  for (int32_t e = threadIdx.x; e < E_loc; e += blockDim.x) q0[e] = chunk_q[core::pair_index(e, s, R)];
+  for (int32_t i = threadIdx.x; i < warps * E_loc; i += blockDim.x) warp_q[i] = 0;
+  for (int32_t i = threadIdx.x; i < E_loc * R; i += blockDim.x) pair_rows[i] = a.pair_rows[i];
+  __syncthreads();
+
   const int32_t* ids = a.routing.topk_ids[s];
   const int64_t begin = c * a.chunk_entries;
   const int64_t end = min(a.entries, begin + a.chunk_entries);
-  int32_t e[kLaneEntries], offset[kLaneEntries];  // a round's local experts (-1: none) and their offsets
-  const auto load_round = [&](int64_t round) {
+  const unsigned lanes_below = (1u << lane) - 1;
+  for (int64_t round = begin; round < end; round += int64_t(warps) * kWarpEntries) {
     const int64_t first = round + int64_t(warp) * kWarpEntries + lane;
+    int32_t e[kLaneEntries], rank[kLaneEntries];
 #pragma unroll
     for (int u = 0; u < kLaneEntries; ++u) {
       const int64_t i = first + u * 32;
       e[u] = i < end ? core::local_expert(ids[i], a.rank, E_loc) : -1;
     }
-#pragma unroll
-    for (int u = 0; u < kLaneEntries; ++u) offset[u] = e[u] >= 0 ? a.expert_offset[e[u]] : 0;
-  };
-  load_round(begin);
-  const bool fits = *a.fits == 1;
-  const int32_t* chunk_q = a.chunk_rows + int64_t(c) * R * E_loc;
-  for (int32_t x = threadIdx.x; x < E_loc; x += blockDim.x) q0[x] = chunk_q[core::pair_index(x, s, R)];
-  for (int32_t i = threadIdx.x; i < warps * E_loc; i += blockDim.x) warp_q[i] = 0;
-  for (int32_t i = threadIdx.x; i < E_loc * R; i += blockDim.x) pair_rows[i] = a.pair_rows[i];
-  if (!fits) return;  // the same for every thread
-  __syncthreads();
-
-  const unsigned lanes_below = (1u << lane) - 1;
-  for (int64_t round = begin; round < end; round += int64_t(warps) * kWarpEntries) {
-    if (round != begin) load_round(round);
-    const int64_t first = round + int64_t(warp) * kWarpEntries + lane;
-    int32_t rank[kLaneEntries];
 #pragma unroll
     for (int u = 0; u < kLaneEntries; ++u) {
       const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
@@ -303,7 +283,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
       int32_t row = -1;
       if (e[u] >= 0) {
         const int32_t q = my_q[e[u]] + rank[u];
-        row = static_cast<int32_t>(offset[u] +
+        row = static_cast<int32_t>(a.expert_offset[e[u]] +
                                    core::interleaved_position(q, s, pair_rows + core::pair_index(e[u], 0, R), R));
         a.row_token_slot[row] = static_cast<int32_t>(i);
         a.row_src_rank[row] = s;
@@ -353,7 +333,7 @@ void build_schedule_device(const Problem& p, const DeviceRouting& routing, const
   const Args a = make_args(p, plan, routing, buffers);
   const dim3 grid(plan.chunks, p.num_ranks);
   const size_t E_loc = size_t(a.local_experts);
-  count_rows_kernel<<<grid, kCountThreads, 2 * E_loc * sizeof(int32_t), stream>>>(a);
+  count_rows_kernel<<<grid, kCountThreads, E_loc * sizeof(int32_t), stream>>>(a);
   const size_t place_shared = ((plan.place_warps + 1) * E_loc + plan.pairs) * sizeof(int32_t);
   place_rows_kernel<<<grid, plan.place_warps * 32, place_shared, stream>>>(a);
 }
