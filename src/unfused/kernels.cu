@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 
@@ -38,6 +39,23 @@ struct alignas(16) Vec8 {
 __device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_slot, const int32_t* total_rows) {
   if (total_rows && row >= *total_rows) return false;
   return !row_token_slot || row_token_slot[row] >= 0;
+}
+
+// How many blocks of `kernel` (`threads` threads, no dynamic shared memory) the current device holds at
+// once, remembered per device in `cache` (0: not asked yet).
+constexpr int kMaxDevices = 64;
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, std::atomic<int> (&cache)[kMaxDevices]) {
+  int device = 0;
+  LYNX_CUDA(cudaGetDevice(&device));
+  if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
+  if (cache[device].load() == 0) {
+    int sms = 0, per_sm = 0;
+    LYNX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    LYNX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    cache[device].store(std::max(1, sms * per_sm));
+  }
+  return cache[device].load();
 }
 
 int blocks_for(int64_t threads, int block) {
@@ -137,62 +155,75 @@ __global__ void swiglu_forward_kernel(Vec8* h, const Vec8* g, const Vec8* u, con
   }
 }
 
-constexpr int kRowBlock = 128;
+// One warp per row, kSwigluWarps rows per block at a time, rows grid-strided over a grid that fits
+// the GPU at once (swiglu_backward).
+// NOTES: with one 128-thread block per row the grid was the schedule's capacity (~82k blocks at
+// qwen3-30b-a3b, a fifth of them past the rows in use), a quarter of the threads idled at I = 768
+// (96 vectors per row), and each row's d_topk_weights sum took two block barriers. A lane loads
+// kSwigluVecs vectors of each input before it computes any. The sum is reduced in a fixed order (each
+// lane's vectors in order, then a shuffle tree), so it is bitwise reproducible.
+// 3 vectors a lane: a row of I = 768 in one step. At 5 blocks per SM (20 rows in flight) ptxas fits it
+// in 96 registers; with 2 vectors at 6 or 8 blocks, and with no minimum of blocks, it spilled.
+constexpr int kSwigluWarps = 4;
+constexpr int kSwigluVecs = 3;
+constexpr int kSwigluBlocksPerSm = 5;
 
-// One block of kRowBlock threads per row.
-// NOTES: the d_topk_weights sum is reduced in a fixed order (per-thread strided sums, then a shuffle
-// tree, then warps in index order), so it is bitwise reproducible.
-__global__ void __launch_bounds__(kRowBlock) swiglu_backward_kernel(
-    Vec8* dg, Vec8* du, int64_t out_vecs_per_row, Vec8* hw, float* d_topk_weights, const Vec8* da, const Vec8* g,
-    const Vec8* u, const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows, int64_t rows,
-    int64_t vecs_per_row) {
-  __shared__ float warp_sums[kRowBlock / 32];
+__global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_backward_kernel(
+    Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
+    float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
+    const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
+    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row) {
   // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
   if (total_rows && *total_rows > rows) return;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    if (total_rows && row >= *total_rows) continue;
-    if (row_token_slot && row_token_slot[row] < 0) {  // padding: zeros, for the weight gradients
+  const int64_t used = total_rows ? *total_rows : rows;
+  const int lane = threadIdx.x % 32;
+  const int64_t stride = int64_t(gridDim.x) * kSwigluWarps;
+  for (int64_t row = int64_t(blockIdx.x) * kSwigluWarps + threadIdx.x / 32; row < used; row += stride) {
+    const int32_t slot = row_token_slot ? row_token_slot[row] : 0;
+    if (row_token_slot && slot < 0) {  // padding: zeros, for the weight gradients
       // ... except in a 64-row half without rows, which nothing reads.
       if (sched::core::in_rowless_half(row_token_slot, row)) continue;
-      for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
+      for (int64_t v = lane; v < vecs_per_row; v += 32) {
         dg[row * out_vecs_per_row + v] = Vec8{};
         du[row * out_vecs_per_row + v] = Vec8{};
         if (hw) hw[row * vecs_per_row + v] = Vec8{};
       }
       continue;
     }
-    const float w = topk_weights ? topk_weights[row_token_slot[row]] : 1.0f;
+    const float w = topk_weights ? topk_weights[slot] : 1.0f;
     float dot = 0.0f;
-    for (int64_t v = threadIdx.x; v < vecs_per_row; v += kRowBlock) {
-      const int64_t i = row * vecs_per_row + v;
-      const Vec8 dav = da[i], gv = g[i], uv = u[i];
-      Vec8 dgv, duv, hwv;
+    for (int64_t v0 = lane; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
+      Vec8 dav[kSwigluVecs], gv[kSwigluVecs], uv[kSwigluVecs];
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const float2 a = dav.pair(p), gf = gv.pair(p), uf = uv.pair(p);
-        const float sx = sigmoid(gf.x), sy = sigmoid(gf.y);
-        const float silx = gf.x * sx, sily = gf.y * sy;
-        dot += a.x * silx * uf.x + a.y * sily * uf.y;
-        const float dhx = w * a.x, dhy = w * a.y;
-        dgv.set_pair(p, dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)), dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
-        duv.set_pair(p, dhx * silx, dhy * sily);
-        hwv.set_pair(p, w * silx * uf.x, w * sily * uf.y);
+      for (int q = 0; q < kSwigluVecs; ++q) {
+        const int64_t i = row * vecs_per_row + v0 + 32 * q;
+        if (v0 + 32 * q < vecs_per_row) dav[q] = da[i], gv[q] = g[i], uv[q] = u[i];
       }
-      dg[row * out_vecs_per_row + v] = dgv;
-      du[row * out_vecs_per_row + v] = duv;
-      if (hw) hw[i] = hwv;
+#pragma unroll
+      for (int q = 0; q < kSwigluVecs; ++q) {
+        const int64_t v = v0 + 32 * q;
+        if (v >= vecs_per_row) break;
+        Vec8 dgv, duv, hwv;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float2 a = dav[q].pair(p), gf = gv[q].pair(p), uf = uv[q].pair(p);
+          const float sx = sigmoid(gf.x), sy = sigmoid(gf.y);
+          const float silx = gf.x * sx, sily = gf.y * sy;
+          dot += a.x * silx * uf.x + a.y * sily * uf.y;
+          const float dhx = w * a.x, dhy = w * a.y;
+          dgv.set_pair(p, dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)), dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
+          duv.set_pair(p, dhx * silx, dhy * sily);
+          hwv.set_pair(p, w * silx * uf.x, w * sily * uf.y);
+        }
+        dg[row * out_vecs_per_row + v] = dgv;
+        du[row * out_vecs_per_row + v] = duv;
+        if (hw) hw[row * vecs_per_row + v] = hwv;
+      }
     }
     if (d_topk_weights) {
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int wi = 0; wi < kRowBlock / 32; ++wi) sum += warp_sums[wi];
-        d_topk_weights[row_token_slot[row]] = sum;
-      }
-      __syncthreads();
+      if (lane == 0) d_topk_weights[slot] = dot;
     }
   }
 }
@@ -286,8 +317,11 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
-  const int grid = static_cast<int>(rows < 65535 * 8 ? (rows > 0 ? rows : 1) : 65535 * 8);
-  swiglu_backward_kernel<<<grid, kRowBlock, 0, stream>>>(
+  static std::atomic<int> resident[kMaxDevices];  // per device; 0: not asked yet
+  const int grid = static_cast<int>(
+      std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps),
+                        resident_blocks(swiglu_backward_kernel, kSwigluWarps * 32, resident)));
+  swiglu_backward_kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
       topk_weights, row_token_slot, total_rows, rows, width / 8);
