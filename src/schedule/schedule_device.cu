@@ -64,7 +64,6 @@ Plan make_plan(const Problem& p) {
 struct Args {
   DeviceRouting routing;
   int32_t num_ranks, rank, local_experts;
-  int32_t expert_key_bits;  // bits of a lane's expert key (local expert + 1, 0 for none): same_expert_lanes
   int32_t chunks;
   int64_t entries, chunk_entries, capacity;
   int32_t* chunk_rows;  // scratch, see the layout above
@@ -79,21 +78,6 @@ struct Args {
 };
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
-
-// The lanes of the warp holding the same local expert `e` (-1: none) as this lane: what
-// __match_any_sync(0xffffffff, e) returns, from one ballot per bit of the key e + 1.
-// NOTES: 8 ballots at 128 local experts, each a single vote instruction, in place of one match.any
-// over ~28 distinct values per warp (session 16 measures which is faster).
-__device__ __forceinline__ unsigned same_expert_lanes(int32_t e, int32_t key_bits) {
-  const uint32_t key = static_cast<uint32_t>(e + 1);
-  unsigned lanes = 0xffffffffu;
-  for (int32_t b = 0; b < key_bits; ++b) {
-    const bool bit = (key >> b) & 1u;
-    const unsigned ones = __ballot_sync(0xffffffffu, bit);
-    lanes &= bit ? ones : ~ones;
-  }
-  return lanes;
-}
 
 // Exclusive prefix sum of one int64 per thread over the block; *total gets the sum of all.
 __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
@@ -202,7 +186,7 @@ __global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a)
     // does not serialise 2048 atomics on one word.
 #pragma unroll
     for (int u = 0; u < kCountLaneEntries; ++u) {
-      const unsigned peers = same_expert_lanes(e[u], a.expert_key_bits);
+      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
       if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
     }
   }
@@ -232,7 +216,7 @@ __device__ void write_padding(const Args& a) {
 // of this build and write nothing when the schedule overflows.
 // A chunk is walked in rounds of place_warps * 256 entries; in a round warp w holds entries
 // w*256 + u*32 + lane (u = 0..7), so (warp, u, lane) order is t*k + j order. Per round:
-//   1. each warp ranks its entries among same-expert entries of the warp (same_expert_lanes; the lowest
+//   1. each warp ranks its entries among same-expert entries of the warp (match_any; the lowest
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
 //   3. row q = prefix + rank goes to expert_offset[e] + interleaved_position(q, s, pair_rows of e).
@@ -269,7 +253,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
     }
 #pragma unroll
     for (int u = 0; u < kLaneEntries; ++u) {
-      const unsigned peers = same_expert_lanes(e[u], a.expert_key_bits);
+      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
       const int leader = __ffs(peers) - 1;
       int32_t before = 0;
       if (e[u] >= 0 && lane == leader) {
@@ -320,8 +304,6 @@ Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing,
   a.num_ranks = p.num_ranks;
   a.rank = p.rank;
   a.local_experts = static_cast<int32_t>(p.local_experts());
-  a.expert_key_bits = 0;
-  while ((int64_t(1) << a.expert_key_bits) <= a.local_experts) ++a.expert_key_bits;  // keys 0 .. E_loc
   a.chunks = plan.chunks;
   a.entries = plan.entries;
   a.chunk_entries = plan.chunk_entries;
