@@ -24,9 +24,13 @@
 namespace lynx::sched {
 namespace {
 
-constexpr int kLaneEntries = 8;                        // entries one lane holds per round
-constexpr int kWarpEntries = 32 * kLaneEntries;        // 256: entries of one warp per round
-constexpr int kMaxWarps = 8;                           // warps of a count/place block
+// NOTES: place_rows_kernel's time is each warp's chain of dependent instructions over its entries
+// (ncu: ~1100 instructions per warp at 19 cycles each for 8 entries per lane, 12.6 µs at
+// qwen3-30b-a3b; bench/results/2026-12-01-h200-session16.txt, section 3), so a round gives each lane
+// 4 entries and a block 16 warps, the chunk (and so the count kernel's work) staying 2048 entries.
+constexpr int kLaneEntries = 4;                        // entries one lane holds per round
+constexpr int kWarpEntries = 32 * kLaneEntries;        // 128: entries of one warp per round
+constexpr int kMaxWarps = 16;                          // warps of a place block
 constexpr int kRoundEntries = kMaxWarps * kWarpEntries;  // 2048: smallest chunk
 // NOTES: 1024 threads, because the count kernel's last block also computes the offsets, a walk over
 // C·P counts (up to kMaxChunkInts) by one block; a 256-thread block gave each thread 4 times as many.
@@ -41,7 +45,7 @@ struct Plan {
   int64_t chunk_entries;  // multiple of kRoundEntries
   int32_t chunks;         // C >= 1
   int32_t pairs;          // P = E_loc * R
-  int32_t place_warps;    // warps of a place_rows_kernel block: 1, 2, 4 or 8
+  int32_t place_warps;    // warps of a place_rows_kernel block: a power of two up to kMaxWarps
 };
 
 Plan make_plan(const Problem& p) {
@@ -117,12 +121,13 @@ __device__ void expert_offsets(const Args& a) {
     int32_t before = 0;
     // NOTES: loads of a batch go out together; loading and storing one at a time would serialise
     // C global round trips, as the compiler cannot move a load above a possibly aliasing store.
-    for (int32_t c0 = 0; c0 < a.chunks; c0 += kLaneEntries) {
-      int32_t v[kLaneEntries];
+    constexpr int kBatch = 8;
+    for (int32_t c0 = 0; c0 < a.chunks; c0 += kBatch) {
+      int32_t v[kBatch];
 #pragma unroll
-      for (int u = 0; u < kLaneEntries; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
+      for (int u = 0; u < kBatch; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
 #pragma unroll
-      for (int u = 0; u < kLaneEntries; ++u) {
+      for (int u = 0; u < kBatch; ++u) {
         if (c0 + u < a.chunks) col[int64_t(c0 + u) * P] = before;
         before += v[u];
       }
@@ -214,8 +219,8 @@ __device__ void write_padding(const Args& a) {
 // Grid (C, R), place_warps warps, dynamic shared memory (place_warps + 1) * E_loc + P ints. Block
 // (c, s) places the rows of chunk c of source s; it and every other block first check the fits flag
 // of this build and write nothing when the schedule overflows.
-// A chunk is walked in rounds of place_warps * 256 entries; in a round warp w holds entries
-// w*256 + u*32 + lane (u = 0..7), so (warp, u, lane) order is t*k + j order. Per round:
+// A chunk is walked in rounds of place_warps * 128 entries; in a round warp w holds entries
+// w*128 + u*32 + lane (u = 0..3), so (warp, u, lane) order is t*k + j order. Per round:
 //   1. each warp ranks its entries among same-expert entries of the warp (match_any; the lowest
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
