@@ -24,10 +24,11 @@
 namespace lynx::sched {
 namespace {
 
-// NOTES: place_rows_kernel's time is each warp's chain of dependent instructions over its entries
-// (ncu: ~1100 instructions per warp at 19 cycles each for 8 entries per lane, 12.6 µs at
-// qwen3-30b-a3b; bench/results/2026-12-01-h200-session16.txt, section 3), so a round gives each lane
-// 4 entries and a block 16 warps, the chunk (and so the count kernel's work) staying 2048 entries.
+// NOTES: a round gives each lane 4 entries and a block 16 warps, the chunk (and so the count kernel's
+// work) staying 2048 entries. place_rows_kernel's warps each ran a chain of ~1100 dependent
+// instructions at 8 entries per lane (ncu); halving it took the kernel from 12.2-12.5 to 10.9-11.0 µs
+// at qwen3-30b-a3b and from 14.6-15.3 to 12.5-12.8 at deepseek-v3; 2 entries and 32 warps gained no
+// more (bench/results/2026-12-01-h200-session16.txt, sections 3 and 5).
 constexpr int kLaneEntries = 4;                        // entries one lane holds per round
 constexpr int kWarpEntries = 32 * kLaneEntries;        // 128: entries of one warp per round
 constexpr int kMaxWarps = 16;                          // warps of a place block
