@@ -111,7 +111,7 @@ struct Params {
   int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
-  bool ordered_epilogues;  // consumer warpgroup 1 stores each tile after warpgroup 0 (ordered_epilogues())
+  bool ordered_epilogues;  // consumer warpgroup 1 stores each tile after warpgroup 0 (order_epilogues)
   RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
 };
 
@@ -759,11 +759,11 @@ int32_t gather_lookahead(int64_t k) {
   return forced > 0 ? forced : gather_lookahead_blocks(k);
 }
 
-// The consumer warpgroups' epilogues in order (Params::ordered_epilogues) unless the environment turns
-// it off for a sweep: LYNX_GEMM_EPILOGUE_ORDER=0.
-bool ordered_epilogues() {
+// The consumer warpgroups' epilogues in order (Params::ordered_epilogues): order_epilogues, or forced
+// by the environment for sweeps: LYNX_GEMM_EPILOGUE_ORDER=0|1.
+bool ordered_epilogues(int64_t routed_rows, int64_t experts) {
   static const int forced = env_switch("LYNX_GEMM_EPILOGUE_ORDER");
-  return forced != 0;
+  return forced >= 0 ? forced == 1 : order_epilogues(routed_rows, experts);
 }
 
 // The Params every row mode shares.
@@ -795,7 +795,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.status = args.status;
   p.tickets = args.tickets;
   p.stall_task = args.stall_task;
-  p.ordered_epilogues = ordered_epilogues();
+  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts);
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
@@ -895,7 +895,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
-  p.ordered_epilogues = ordered_epilogues();
+  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts);
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 
