@@ -761,9 +761,9 @@ int32_t gather_lookahead(int64_t k) {
 
 // The consumer warpgroups' epilogues in order (Params::ordered_epilogues): order_epilogues, or forced
 // by the environment for sweeps: LYNX_GEMM_EPILOGUE_ORDER=0|1.
-bool ordered_epilogues(int64_t routed_rows, int64_t experts) {
+bool ordered_epilogues(int64_t routed_rows, int64_t experts, bool weight_grad) {
   static const int forced = env_switch("LYNX_GEMM_EPILOGUE_ORDER");
-  return forced >= 0 ? forced == 1 : order_epilogues(routed_rows, experts);
+  return forced >= 0 ? forced == 1 : order_epilogues(routed_rows, experts, weight_grad);
 }
 
 // The Params every row mode shares.
@@ -795,7 +795,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.status = args.status;
   p.tickets = args.tickets;
   p.stall_task = args.stall_task;
-  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts);
+  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts, false);
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
@@ -895,7 +895,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
-  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts);
+  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts, true);
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 
