@@ -111,7 +111,6 @@ struct Params {
   int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
-  bool ordered_epilogues;  // consumer warpgroup 1 stores each tile after warpgroup 0 (order_epilogues)
   RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
 };
 
@@ -404,66 +403,6 @@ __device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int st
   }
 }
 
-// ---- epilogue order between the two consumer warpgroups (Params::ordered_epilogues) ----
-// NOTES: both warpgroups finish a tile's mainloop together, so without an order their epilogues run at
-// the same time and the tensor pipe idles through them. With it, warpgroup 1 starts its epilogue only
-// when warpgroup 0 has finished its own, and warpgroup 0 the next one only when warpgroup 1 has; so
-// warpgroup 1 runs an epilogue behind, and each epilogue overlaps the other warpgroup's wgmmas. The
-// bits do not change (each warpgroup's rows are computed as before). Named barriers 3 and 4, with 1 and
-// 2 taken by store_piece. Neither wait is a spin: a warpgroup blocks here only while the other runs an
-// epilogue or a mainloop, whose own waits are bounded (and trap).
-constexpr int kLeadStored = 3;  // warpgroup 0 arrives after its epilogue of a tile; warpgroup 1 waits before its own
-constexpr int kLagStored = 4;   // warpgroup 1 arrives after its epilogue of a tile; warpgroup 0 waits before the next
-__device__ __forceinline__ void epilogue_begin(const Params& p, int c, int32_t tiles_done) {
-  if (!p.ordered_epilogues) return;
-  if (c == 1) {
-    sm90::named_barrier_sync(kLeadStored, kConsumerThreads);
-  } else if (tiles_done > 0) {
-    sm90::named_barrier_sync(kLagStored, kConsumerThreads);
-  }
-}
-__device__ __forceinline__ void epilogue_end(const Params& p, int c) {
-  if (p.ordered_epilogues) sm90::named_barrier_arrive(c == 0 ? kLeadStored : kLagStored, kConsumerThreads);
-}
-
-// Epilogue of consumer warpgroup `c` for tile `t`: pieces of Config::kPieceBoxes [64, 64] boxes through
-// shared memory and TMA stores.
-template <Mode kMode>
-__device__ __forceinline__ void epilogue(SharedStorage<kMode>& smem, const CUtensorMap* tma_c0, const CUtensorMap* tma_c1,
-                                         const CUtensorMap* tma_c2, const Params& p, int c, const Tile& t,
-                                         const float (&acc)[128]) {
-  using C = Config<kMode>;
-  const int32_t row = t.a_row + c * 64;
-  if constexpr (kMode == Mode::kWeightGrad) {
-    if (row < p.m) {
-      const bool second = row >= p.out_split;
-      const CUtensorMap* map = second ? tma_c1 : tma_c0;
-      const int32_t out_row = second ? row - p.out_split : row;
-      store_piece<true>(smem.c[c], map, c, t.b_row, out_row, t.expert, p.n,
-                        [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
-    }
-  } else if constexpr (C::kSwiGLU) {
-    store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
-      const int i = 4 * j + 2 * r;
-      return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
-    });
-    if (p.out_gate_up) {
-      store_piece<false>(smem.c[c], tma_c1, c, t.b_row, row, 0, p.n,
-                         [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
-      store_piece<false>(smem.c[c], tma_c2, c, t.b_row, row, 0, p.n,
-                         [&](int j, int r) { return make_float2(acc[64 + 4 * j + 2 * r], acc[64 + 4 * j + 2 * r + 1]); });
-    }
-  } else {
-    constexpr int kGroups = 8 * C::kPieceBoxes;  // fragment column groups (8 columns each) per piece
-#pragma unroll
-    for (int q = 0; q < C::kBlockN / (8 * kGroups); ++q) {
-      store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
-        return make_float2(acc[4 * (kGroups * q + j) + 2 * r], acc[4 * (kGroups * q + j) + 2 * r + 1]);
-      });
-    }
-  }
-}
-
 // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
 template <Mode kMode>
 __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUtensorMap* tma_c0,
@@ -476,17 +415,12 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
   uint32_t phase = 0;
   // [64, 256] fp32 per warpgroup: 256 plain columns, or gate columns 0-127 then up columns 128-255.
   float acc[128];
-  int32_t tiles_done = 0;  // tiles through the epilogue order (both warpgroups see the same tiles)
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
     const int32_t tile = smem.stage_tile[stage];
-    if (tile == kDone) {
-      // Warpgroup 1's last arrival is taken, so that no barrier is left half-arrived.
-      if (c == 0 && tiles_done > 0) epilogue_begin(p, c, tiles_done);
-      break;
-    }
+    if (tile == kDone) break;
     const bool pad = tile == kPadTile;
     // NOTES: the producer's decoding, not tile_at again: its global loads (a binary search over the
     // expert offsets) sat between the first stage's arrival and the first wgmma of every tile.
@@ -557,10 +491,38 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     }
     sm90::wgmma_wait<0>();
     if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
-    epilogue_begin(p, c, tiles_done);
-    if (!pad && !(c == 1 && is_half_tile<kMode>(t))) epilogue(smem, tma_c0, tma_c1, tma_c2, p, c, t, acc);
-    epilogue_end(p, c);
-    ++tiles_done;
+    if (pad || (c == 1 && is_half_tile<kMode>(t))) continue;
+
+    // Epilogue: pieces of Config::kPieceBoxes [64, 64] boxes through shared memory and TMA stores.
+    const int32_t row = t.a_row + c * 64;
+    if constexpr (kMode == Mode::kWeightGrad) {
+      if (row < p.m) {
+        const bool second = row >= p.out_split;
+        const CUtensorMap* map = second ? tma_c1 : tma_c0;
+        const int32_t out_row = second ? row - p.out_split : row;
+        store_piece<true>(smem.c[c], map, c, t.b_row, out_row, t.expert, p.n,
+                          [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
+      }
+    } else if constexpr (C::kSwiGLU) {
+      store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
+        const int i = 4 * j + 2 * r;
+        return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
+      });
+      if (p.out_gate_up) {
+        store_piece<false>(smem.c[c], tma_c1, c, t.b_row, row, 0, p.n,
+                           [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
+        store_piece<false>(smem.c[c], tma_c2, c, t.b_row, row, 0, p.n,
+                           [&](int j, int r) { return make_float2(acc[64 + 4 * j + 2 * r], acc[64 + 4 * j + 2 * r + 1]); });
+      }
+    } else {
+      constexpr int kGroups = 8 * C::kPieceBoxes;  // fragment column groups (8 columns each) per piece
+#pragma unroll
+      for (int q = 0; q < C::kBlockN / (8 * kGroups); ++q) {
+        store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+          return make_float2(acc[4 * (kGroups * q + j) + 2 * r], acc[4 * (kGroups * q + j) + 2 * r + 1]);
+        });
+      }
+    }
   }
   // The stores must finish before the CTA's shared memory goes away.
   if (threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
@@ -759,13 +721,6 @@ int32_t gather_lookahead(int64_t k) {
   return forced > 0 ? forced : gather_lookahead_blocks(k);
 }
 
-// The consumer warpgroups' epilogues in order (Params::ordered_epilogues): order_epilogues, or forced
-// by the environment for sweeps: LYNX_GEMM_EPILOGUE_ORDER=0|1.
-bool ordered_epilogues(int64_t routed_rows, int64_t experts, bool weight_grad) {
-  static const int forced = env_switch("LYNX_GEMM_EPILOGUE_ORDER");
-  return forced >= 0 ? forced == 1 : order_epilogues(routed_rows, experts, weight_grad);
-}
-
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -795,7 +750,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.status = args.status;
   p.tickets = args.tickets;
   p.stall_task = args.stall_task;
-  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts, false);
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
@@ -895,7 +849,6 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   p.cluster = 1;
   p.tickets = args.tickets;
   p.stall_task = -1;
-  p.ordered_epilogues = ordered_epilogues(args.routed_rows, args.experts, true);
   launch<Mode::kWeightGrad>(m, p, args.sm_count, stream);
 }
 

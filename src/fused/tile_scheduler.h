@@ -206,22 +206,6 @@ inline TileOrder static_tiles(int64_t blocks_per_expert) {
   return {false, false, g};
 }
 constexpr int64_t kInOrderFromBlocks = 16;
-
-// NOTES: whether consumer warpgroup 1 stores each tile an epilogue after warpgroup 0 (expert_gemm.cu,
-// "epilogue order"), so that each epilogue overlaps the other warpgroup's wgmmas. The lag costs
-// loads in flight: warpgroup 1 releases each stage later, so the producer refills it later. Where the
-// launches wait on L2 throughput (2 or more row blocks per expert) that cost wins; with fewer
-// (deepseek-v3: one full block and, for half of the experts, a second nearly empty one) the row
-// modes gain a little. Measured on 2026-12-01 (H200, alternated cold rounds with a control;
-// bench/results/2026-12-01-h200-session17.txt, sections 1-2). Order everywhere against nowhere:
-// deepseek-v3 forward -1.7% (4 of 5 rounds) and -1.1% (5 of 7; the control's spread 0.5%), its
-// backward -0.8% and -0.2%; qwen3-30b-a3b forward +1.7% and backward +3.4%, olmoe-1b-7b +1.5% and
-// +0.7%, every qwen3 launch 1-2.5% slower under Nsight Compute; mixtral-8x7b (16 blocks) +0.3%.
-// The weight gradients never: deepseek-v3's ran 1-1.7% slower ordered under Nsight Compute (their
-// tiles are 2-3 K blocks over 3 stages), where its row modes' launches were within 0.3%.
-inline bool order_epilogues(int64_t routed_rows, int64_t experts, bool weight_grad) {
-  return !weight_grad && row_blocks_per_expert(routed_rows, experts) < 2;
-}
 inline TileOrder choose_tile_order(int64_t routed_rows, int64_t experts, bool gathers_rows) {
   const int64_t blocks = row_blocks_per_expert(routed_rows, experts);
   return gathers_rows || blocks < 2 || blocks >= kInOrderFromBlocks ? in_order_tiles() : static_tiles(blocks);

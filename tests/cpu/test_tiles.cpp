@@ -150,18 +150,6 @@ TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   EXPECT_EQ(static_tiles(1).group_rows, 1);
 }
 
-TEST(TileSchedule, EpiloguesOrderedUnderTwoRowBlocksPerExpertInTheRowModes) {
-  EXPECT_TRUE(order_epilogues(4096 * 8, 256, false));    // deepseek-v3: 128 rows per expert
-  EXPECT_FALSE(order_epilogues(4096 * 8, 256, true));    // its weight gradients
-  EXPECT_FALSE(order_epilogues(8192 * 8, 128, false));   // qwen3-30b-a3b: 4 blocks
-  EXPECT_FALSE(order_epilogues(8192 * 8, 64, false));    // olmoe-1b-7b: 8
-  EXPECT_FALSE(order_epilogues(8192 * 2, 8, false));     // mixtral-8x7b: 16
-  EXPECT_TRUE(order_epilogues(255, 1, false));           // under two blocks
-  EXPECT_FALSE(order_epilogues(256, 1, false));
-  EXPECT_TRUE(order_epilogues(0, 0, false));
-  EXPECT_FALSE(order_epilogues(0, 0, true));
-}
-
 // Unit u of a cluster: tiles 2u and 2u + 1. What shared_operand says they share must be the same
 // bytes: B the same weight rows of the same expert, A the same schedule rows, over the same K.
 TEST(TileSchedule, ClusterUnitsShareOnlyWhatIsTheSame) {
