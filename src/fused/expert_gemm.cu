@@ -52,15 +52,12 @@ struct Config {
   // or 256 plain columns): 128 fp32 accumulators per consumer thread, 48 KB per stage, 4 stages in
   // the row modes.
   static constexpr int kBlockN = kSwiGLU ? 128 : 256;
-  // NOTES: the weight gradient stores a whole [64, 256] piece per warpgroup: its tiles are short (K =
-  // an expert's rows: 8 K blocks at qwen3-30b-a3b), and with [64, 128] pieces the second waited for
-  // the TMA to read the first out of shared memory, ~17% of the consumers' samples
-  // (bench/results/2026-11-29-h200-session14.txt, section 7). Warpgroup 1's piece has its own
-  // buffer; warpgroup 0's goes out of the B half of the tile's last stage, which it keeps until the
-  // TMA has read it (held_stage), so the mode keeps its fourth stage.
-  static constexpr int kStages = 4;
+  // NOTES: the weight gradient trades a stage for a whole [64, 256] epilogue piece per warpgroup:
+  // its tiles are short (K = an expert's rows: 8 K blocks at qwen3-30b-a3b), and with [64, 128]
+  // pieces the second waited for the TMA to read the first out of shared memory, ~17% of the
+  // consumers' samples (bench/results/2026-11-29-h200-session14.txt, section 7).
+  static constexpr int kStages = kMode == Mode::kWeightGrad ? 3 : 4;
   static constexpr int kPieceBoxes = kMode == Mode::kWeightGrad ? 4 : 2;  // [64, 64] boxes per epilogue piece
-  static constexpr int kPieceBuffers = kMode == Mode::kWeightGrad ? 1 : 2;  // warpgroup 1's only, or one each
   static constexpr uint32_t kStageBytes = 2 * (kBlockM * kBlockK + kOperandsB * kBlockN * kBlockK);
   static_assert(kStageBytes == 48 * 1024, "stage size");
   // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
@@ -81,7 +78,7 @@ struct SharedStorage {
   using C = Config<kMode>;
   alignas(1024) __nv_bfloat16 a[C::kStages][kBlockM * kBlockK];                    // [BLOCK_M, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
-  alignas(1024) __nv_bfloat16 c[C::kPieceBuffers][C::kPieceBoxes][64 * 64];  // [64, 64 · boxes] bf16 epilogue piece as [64, 64] boxes, 128B swizzle
+  alignas(1024) __nv_bfloat16 c[2][C::kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 64 · boxes] bf16 piece as [64, 64] boxes, 128B swizzle
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producers: every consumer thread here, and each consumer warp of
                                // the cluster's other CTA, is done with the stage
@@ -101,9 +98,6 @@ static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "sh
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kRowsMnB>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kWeightGrad>) + 1024 <= 227 * 1024, "shared memory");
-static_assert(Config<Mode::kWeightGrad>::kBlockN * kBlockK == Config<Mode::kWeightGrad>::kPieceBoxes * 64 * 64 &&
-                  Config<Mode::kWeightGrad>::kOperandsB == 1,
-              "weight grad: a stage's B half holds warpgroup 0's [64, 256] epilogue piece");
 
 struct Params {
   TileGrid grid;
@@ -409,42 +403,6 @@ __device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int st
   }
 }
 
-// Weight grad: warpgroup 0 keeps the tile's last stage (its epilogue piece goes out of the stage's B
-// half) until the TMA has read the piece; it gives the stage back once the next tile's first stage
-// has arrived, which is another stage of the ring (kStages > 1), so the producer never waits on the
-// held stage for the stage that ends the wait. Every thread of the warpgroup arrives; the one that
-// issued the store after its read is done.
-template <Mode kMode>
-__device__ __forceinline__ void release_held_stage(SharedStorage<kMode>& smem, int& held) {
-  if (held < 0) return;
-  if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
-  sm90::mbarrier_arrive(&smem.empty[held]);
-  held = -1;
-}
-static_assert(Config<Mode::kWeightGrad>::kStages > 1, "the held stage is not the next tile's first");
-
-// Named barriers of the weight gradient's last stage of a tile, one per stage (ids 3 to 6; 1 and 2 are
-// store_piece's): warpgroup 1 arrives once its wgmmas are done reading the stage, warpgroup 0 waits
-// there before writing its epilogue piece into it. NOTES: one per stage, not one for all: warpgroup 1
-// may run tiles ahead over short tiles (1-3 K blocks), and a second arrival on a barrier before
-// warpgroup 0's wait would complete it without warpgroup 0. Between two arrivals on stage s's barrier
-// the producer must refill s, which waits for warpgroup 0 to give s back, which it does only after its
-// wait on that barrier.
-constexpr int kLastStageRead = 3;
-static_assert(kLastStageRead + Config<Mode::kWeightGrad>::kStages <= 16, "named barriers");
-
-// The buffer consumer warpgroup `c` writes its epilogue piece into: its own, or (weight grad,
-// warpgroup 0) the B half of `held`, the tile's last stage.
-template <Mode kMode>
-__device__ __forceinline__ __nv_bfloat16 (&piece_buffer(SharedStorage<kMode>& smem, int c, int held))[Config<kMode>::kPieceBoxes][64 * 64] {
-  using Piece = __nv_bfloat16[Config<kMode>::kPieceBoxes][64 * 64];
-  if constexpr (kMode == Mode::kWeightGrad) {
-    return c == 0 ? *reinterpret_cast<Piece*>(smem.b[held][0]) : smem.c[0];
-  } else {
-    return smem.c[c];
-  }
-}
-
 // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
 template <Mode kMode>
 __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUtensorMap* tma_c0,
@@ -457,12 +415,10 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
   uint32_t phase = 0;
   // [64, 256] fp32 per warpgroup: 256 plain columns, or gate columns 0-127 then up columns 128-255.
   float acc[128];
-  int held = -1;  // weight grad, warpgroup 0: the stage its last epilogue piece went out of, until read
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
     sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
-    release_held_stage(smem, held);
     const int32_t tile = smem.stage_tile[stage];
     if (tile == kDone) break;
     const bool pad = tile == kPadTile;
@@ -476,12 +432,8 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // loss in bench/results/2026-11-29-h200-6e0170f-dynamic-tiles.txt.
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    const bool holds = kMode == Mode::kWeightGrad && c == 0;  // keeps the tile's last stage (held_stage)
-    int last_stage = stage;
     if (t.k_blocks == 0) {  // the stage held no data
-      if (!holds) {
-        release_stage(smem, stage, paired, peer_empty);
-      }
+      release_stage(smem, stage, paired, peer_empty);
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     // NOTES: the last row block of an expert holds 1-128 rows; when its rows 64-127 are all padding,
@@ -538,18 +490,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     sm90::wgmma_wait<0>();
-    if (prev_stage >= 0) {
-      last_stage = prev_stage;
-      if (!holds) release_stage(smem, prev_stage, paired, peer_empty);
-    }
-    if constexpr (kMode == Mode::kWeightGrad) {
-      if (c == 1) {
-        sm90::named_barrier_arrive(kLastStageRead + last_stage, kConsumerThreads);
-      } else {
-        sm90::named_barrier_sync(kLastStageRead + last_stage, kConsumerThreads);
-        held = last_stage;
-      }
-    }
+    if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
     if (pad || (c == 1 && is_half_tile<kMode>(t))) continue;
 
     // Epilogue: pieces of Config::kPieceBoxes [64, 64] boxes through shared memory and TMA stores.
@@ -559,7 +500,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
         const bool second = row >= p.out_split;
         const CUtensorMap* map = second ? tma_c1 : tma_c0;
         const int32_t out_row = second ? row - p.out_split : row;
-        store_piece<true>(piece_buffer(smem, c, held), map, c, t.b_row, out_row, t.expert, p.n,
+        store_piece<true>(smem.c[c], map, c, t.b_row, out_row, t.expert, p.n,
                           [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
       }
     } else if constexpr (C::kSwiGLU) {
@@ -583,7 +524,6 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
       }
     }
   }
-  release_held_stage(smem, held);
   // The stores must finish before the CTA's shared memory goes away.
   if (threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }
