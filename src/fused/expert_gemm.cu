@@ -14,12 +14,12 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <string>
 
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
+#include "common/per_device.h"
 #include "fused/expert_gemm.h"
 #include "fused/row_gather.cuh"
 #include "fused/sm90.cuh"
@@ -618,24 +618,20 @@ cudaLaunchAttribute pair_attribute() {
 template <Mode kMode>
 int prepare(int sm_count) {
   constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> resident_clusters[kMaxDevices];  // 0: not prepared yet (-1: prepared, never pairs)
-  int device = 0;
-  LYNX_CUDA(cudaGetDevice(&device));
-  if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
-  if (resident_clusters[device].load() == 0) {
+  static detail::PerDeviceCache resident_clusters;  // -1: prepared, never pairs
+  const int clusters = detail::per_device(resident_clusters, [&](int) {
     LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    int clusters = -1;
+    int n = -1;
     if (Config<kMode>::kMayPair) {
       cudaLaunchAttribute pair = pair_attribute();
       const cudaLaunchConfig_t config =
           launch_config(std::max(sm_count / kClusterTiles, 1) * kClusterTiles, kSmem, nullptr, &pair);
-      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&clusters, expert_gemm_kernel<kMode>, &config));
-      if (clusters < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
+      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, expert_gemm_kernel<kMode>, &config));
+      if (n < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
     }
-    resident_clusters[device].store(clusters);
-  }
-  return std::max(resident_clusters[device].load(), 0);
+    return n;
+  });
+  return std::max(clusters, 0);
 }
 
 template <Mode kMode>

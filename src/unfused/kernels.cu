@@ -1,7 +1,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstring>
 
@@ -9,6 +8,7 @@
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
 #include "common/last_block.cuh"
+#include "common/per_device.h"
 #include "schedule/schedule_core.h"
 #include "unfused/kernels.h"
 
@@ -42,20 +42,15 @@ __device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_
 }
 
 // How many blocks of `kernel` (`threads` threads, no dynamic shared memory) the current device holds at
-// once, remembered per device in `cache` (0: not asked yet).
-constexpr int kMaxDevices = 64;
+// once, remembered per device in `cache`.
 template <class Kernel>
-int resident_blocks(Kernel kernel, int threads, std::atomic<int> (&cache)[kMaxDevices]) {
-  int device = 0;
-  LYNX_CUDA(cudaGetDevice(&device));
-  if (device >= kMaxDevices) throw Error("", "internal: device index " + std::to_string(device) + " >= 64");
-  if (cache[device].load() == 0) {
+int resident_blocks(Kernel kernel, int threads, detail::PerDeviceCache& cache) {
+  return detail::per_device(cache, [&](int device) {
     int sms = 0, per_sm = 0;
     LYNX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     LYNX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-    cache[device].store(std::max(1, sms * per_sm));
-  }
-  return cache[device].load();
+    return std::max(1, sms * per_sm);
+  });
 }
 
 int blocks_for(int64_t threads, int block) {
@@ -317,7 +312,7 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
-  static std::atomic<int> resident[kMaxDevices];  // per device; 0: not asked yet
+  static detail::PerDeviceCache resident;
   const int grid = static_cast<int>(
       std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps),
                         resident_blocks(swiglu_backward_kernel, kSwigluWarps * 32, resident)));
