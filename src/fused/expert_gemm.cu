@@ -231,9 +231,13 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
   __nv_bfloat16* a = smem.a[stage];
   __nv_bfloat16* b = smem.b[stage][0];
   if constexpr (kMode == Mode::kWeightGrad) {
-    // [64 rows, 64 columns] boxes of the row buffers: 2 for A's 128 columns, 4 for B's 256.
-    for (int j = 0; j < kBlockM / 64; ++j) sm90::tma_load_2d(a + j * 64 * kBlockK, maps.a, full, t.a_row + 64 * j, k);
-    for (int j = 0; j < C::kBlockN / 64; ++j) sm90::tma_load_2d(b + j * 64 * kBlockK, maps.b0, full, t.b_row + 64 * j, k);
+    // One load per operand: A's 128 columns and B's 256 of the row buffers' 64 rows from k, as [64
+    // rows, 64 columns] blocks side by side (make_tma_2d_chunks). NOTES: one thread issues every load of
+    // the CTA, and a weight-gradient tile is short (8 K blocks at qwen3-30b-a3b): with a load per block,
+    // 6 per stage, the producer spent ~40% of its samples issuing them
+    // (bench/results/ncu/2026-12-01-h200-db2c085-qwen3-wgrad-stalls.txt).
+    sm90::tma_load_3d(a, maps.a, full, 0, k, t.a_row / 64);
+    sm90::tma_load_3d(b, maps.b0, full, 0, k, t.b_row / 64);
   } else {
     // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`. A half tile: rows 0-63 only
     // (shared: both tiles are halves of the same block, and rank 0 loads them for both).
@@ -824,8 +828,8 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
   const int64_t out_rows = args.out2 ? args.split : args.m;
   Maps m;
-  m.a = m.a_half = make_tma_2d(args.a, args.capacity, args.m, 64, 64);
-  m.b0 = m.b1 = m.b_half = make_tma_2d(args.b, args.capacity, args.n, 64, 64);
+  m.a = m.a_half = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
+  m.b0 = m.b1 = m.b_half = make_tma_2d_chunks(args.b, args.capacity, args.n, kBlockK, kBlockN / 64);
   m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
   m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;
   Params p{};

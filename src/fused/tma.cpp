@@ -44,6 +44,14 @@ CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_ro
   return encode(base, 2, dims, strides, box);
 }
 
+CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks) {
+  // Dimensions, innermost first: a column within its block, the row, the block (128 bytes apart).
+  const cuuint64_t dims[3] = {64, cuuint64_t(rows), cuuint64_t(cols / 64)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, 128};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), cuuint32_t(chunks)};
+  return encode(base, 3, dims, strides, box);
+}
+
 CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols) {
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batches)};
   const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(rows)};
