@@ -234,7 +234,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
     // One load per operand: A's 128 columns and B's 256 of the row buffers' 64 rows from k, as [64
     // rows, 64 columns] blocks side by side (make_tma_2d_chunks). NOTES: one thread issues every load of
     // the CTA, and a weight-gradient tile is short (8 K blocks at qwen3-30b-a3b): with a load per block,
-    // 6 per stage, the producer spent ~40% of its samples issuing them
+    // 6 per stage, the stretch of the producer that issues them held about a third of its samples
     // (bench/results/ncu/2026-12-01-h200-db2c085-qwen3-wgrad-stalls.txt).
     sm90::tma_load_3d(a, maps.a, full, 0, k, t.a_row / 64);
     sm90::tma_load_3d(b, maps.b0, full, 0, k, t.b_row / 64);
