@@ -31,7 +31,17 @@ CUtensorMap encode(const void* base, int rank, const cuuint64_t* dims, const cuu
                                  strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw Error("", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
+  if (r != CUDA_SUCCESS) {
+    // The map's shape goes into the message: which of the kernels' maps a driver refused.
+    const auto list = [](const auto* v, int n) {
+      std::string out;
+      for (int i = 0; i < n; ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+      return "{" + out + "}";
+    };
+    throw Error("", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) + " (bf16, dims " +
+                        list(dims, rank) + ", byte strides " + list(strides_bytes, rank - 1) + ", box " +
+                        list(box, rank) + ")");
+  }
   return map;
 }
 
