@@ -678,6 +678,17 @@ int32_t env_count(const char* name, long most, const char* what) {
   return int32_t(n);
 }
 
+// What the L2 fetches for each line of the weights (B) a row mode misses: the 256-byte block for
+// gate/up, the line alone for the others. NOTES: the row launches other than gate/up run at 94-98% of
+// L2 throughput at deepseek-v3, and a 256-byte fetch there costs more L2 work than it saves. In
+// `da` and `dx_row` (N-major B, 4 adjacent [64, 64] blocks per stage) its second half is a block the
+// same stage asks for anyway; in down (K-major) it is the next K block, asked for one stage later.
+// Measured on the H200 (bench/results/2026-12-01-h200-session18.txt, sections 3-4; Nsight Compute,
+// deepseek-v3): down 2.27 -> 2.16 ms, `da` 2.41 -> 2.26, `dx_row` 4.17 -> 4.13, with 20% fewer L2
+// bytes and the same DRAM reads; gate/up 1% slower without it, and the rows (A) of every mode gained
+// nothing from fetching lines.
+constexpr L2Fetch weights_fetch(Mode mode) { return mode == Mode::kRowsSwiGLU ? L2Fetch::k256B : L2Fetch::kLine; }
+
 // The tile order: choose_tile_order, or forced to in order (1) or the static round robin (0) by the
 // test hook `order` or else the environment for sweeps: LYNX_GEMM_ORDER=static|in-order (the raster of
 // that branch of the rule); LYNX_GEMM_GROUP_ROWS=N.
@@ -773,9 +784,10 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
-  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK);
-  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK) : m.b0;
-  m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK);
+  constexpr L2Fetch fb = weights_fetch(kMode);
+  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK, fb);
+  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK, fb) : m.b0;
+  m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK, fb);
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
@@ -791,8 +803,9 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
-  m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64);
-  m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64) : m.b0;
+  constexpr L2Fetch fb = weights_fetch(Mode::kRowsMnB);
+  m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64, fb);
+  m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64, fb) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
   launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
