@@ -27,11 +27,11 @@ CUtensorMap encode(const void* base, int rank, const cuuint64_t* dims, const cuu
                    const cuuint32_t* box, L2Fetch fetch) {
   CUtensorMap map{};
   const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapL2promotion promotion =
+      fetch == L2Fetch::k256B ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
                                  strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B,
-                                 fetch == L2Fetch::k256B ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     // The map's shape goes into the message: which of the kernels' maps a driver refused.
     const auto list = [](const auto* v, int n) {
@@ -48,14 +48,14 @@ CUtensorMap encode(const void* base, int rank, const cuuint64_t* dims, const cuu
 
 }  // namespace
 
-CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols, L2Fetch fetch) {
+CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols) {
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
   const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-  return encode(base, 2, dims, strides, box, fetch);
+  return encode(base, 2, dims, strides, box, L2Fetch::k256B);
 }
 
-CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks, L2Fetch fetch) {
+CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks) {
   // Dimensions, innermost first: a column within its block, the row, the block (128 bytes apart).
   // NOTES: the block's stride is below the row's. The driver's documentation describes each stride as
   // including the one before; the H200's driver (580) encodes and loads this map as intended (the
@@ -64,10 +64,11 @@ CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int
   const cuuint64_t dims[3] = {64, cuuint64_t(rows), cuuint64_t(cols / 64)};
   const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, 128};
   const cuuint32_t box[3] = {64, cuuint32_t(box_rows), cuuint32_t(chunks)};
-  return encode(base, 3, dims, strides, box, fetch);
+  return encode(base, 3, dims, strides, box, L2Fetch::k256B);
 }
 
-CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols, L2Fetch fetch) {
+CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols,
+                        L2Fetch fetch) {
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batches)};
   const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(rows)};
   const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};

@@ -9,20 +9,18 @@
 namespace lynx::fused {
 
 // What the L2 fetches from DRAM for each 128-byte line a load misses (CUtensorMapL2promotion): the
-// line alone, or the 256-byte block that holds it.
+// line alone, or the 256-byte block that holds it. The 2-D maps fetch 256-byte blocks.
 enum class L2Fetch { kLine, k256B };
 
 // A row-major [rows, cols] bf16 matrix (row stride = cols), loaded in [box_rows, box_cols] boxes.
 // box_cols * 2 bytes must be 128 (one swizzle atom row).
-CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols,
-                        L2Fetch fetch = L2Fetch::k256B);
+CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols);
 
 // A row-major [rows, cols] bf16 matrix (cols % 64 == 0) loaded `chunks` column blocks at a time: one
 // load at coordinates (0, row, c) brings columns [64c, 64(c + chunks)) of rows [row, row + box_rows)
 // as `chunks` [box_rows, 64] blocks one after another, as that many [box_rows, 64] loads of a
 // make_tma_2d map would lay them out. Blocks past the last column read as zero.
-CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks,
-                        L2Fetch fetch = L2Fetch::k256B);
+CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks);
 
 // A row-major [batches, rows, cols] bf16 tensor, loaded in [1, box_rows, box_cols] boxes; rows past
 // `rows` inside a box read as zero (never the next batch's rows).
