@@ -9,7 +9,8 @@
 namespace lynx::fused {
 
 // What the L2 fetches from DRAM for each 128-byte line a load misses (CUtensorMapL2promotion): the
-// line alone, or the 256-byte block that holds it. The 2-D maps fetch 256-byte blocks.
+// line alone, or the 256-byte block that holds it. make_tma_2d and make_tma_2d_chunks always fetch
+// 256-byte blocks; make_tma_3d takes the choice.
 enum class L2Fetch { kLine, k256B };
 
 // A row-major [rows, cols] bf16 matrix (row stride = cols), loaded in [box_rows, box_cols] boxes.
