@@ -204,10 +204,35 @@ __device__ __forceinline__ int32_t take_unit(Smem& smem, int32_t n, DeviceStatus
 
 // The operand maps of a launch, as the kernel holds them (grid constants). a and b0 load a whole
 // stage's A and B (b0 and b1 both with SwiGLU); a_half ([64, 64] boxes) and b_half ([128, 64] boxes,
-// plain K-major B) load the halves a cluster multicasts.
+// plain K-major B) load the halves a cluster multicasts; a_quarter ([16, 64] boxes) loads a half
+// tile's A (load_half_a).
 struct OperandMaps {
-  const CUtensorMap *a, *a_half, *b0, *b1, *b_half;
+  const CUtensorMap *a, *a_half, *a_quarter, *b0, *b1, *b_half;
 };
+
+// A half tile's A, rows [row, row + 64) of the stage, as four [16, 64] boxes: the first
+// ceil(rows / 16) from A, the others from rows before A's first (kOutsideRows), which the TMA fills
+// with zeros without reading memory. So the stage holds what one [64, 64] box would (the padding rows
+// of A are zeros) while the L2 serves only the 16-row groups that hold rows. NOTES: at deepseek-v3 a
+// third of the row blocks are tails of ~9 rows (1-43), half tiles all; their 64-row A boxes were ~0.9
+// GB of the down GEMM's 21.3 GB of L2 traffic and ~1.8 GB of gate/up's 41.1, in launches bound by L2
+// throughput (bench/results/2026-12-01-h200-session18.txt, section 6).
+constexpr int32_t kQuarterRows = 16;
+constexpr int32_t kOutsideRows = -kQuarterRows;
+template <bool kMulticast>
+__device__ __forceinline__ void load_half_a(__nv_bfloat16* a, const CUtensorMap* map, uint64_t* full, int32_t k,
+                                            int32_t row, int32_t rows) {
+#pragma unroll
+  for (int32_t q = 0; q < 64 / kQuarterRows; ++q) {
+    __nv_bfloat16* dst = a + q * kQuarterRows * kBlockK;
+    const int32_t from = q * kQuarterRows < rows ? row + q * kQuarterRows : kOutsideRows;
+    if constexpr (kMulticast) {
+      sm90::tma_load_2d_multicast(dst, map, full, k, from, 0b11);  // both CTAs of the pair
+    } else {
+      sm90::tma_load_2d(dst, map, full, k, from);
+    }
+  }
+}
 
 // K block `k` of tile `t` into `stage`. A shared operand (kShare) is loaded half by each CTA of the
 // cluster, each half into both CTAs; the rest by this CTA for itself. Either way each CTA's `full`
@@ -239,14 +264,15 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
     sm90::tma_load_3d(a, maps.a, full, 0, k, t.a_row / 64);
     sm90::tma_load_3d(b, maps.b0, full, 0, k, t.b_row / 64);
   } else {
-    // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`. A half tile: rows 0-63 only
-    // (shared: both tiles are halves of the same block, and rank 0 loads them for both).
-    if constexpr (kShare == Shared::kA) {
-      if (!kHalfA || rank == 0) {
-        sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
-      }
+    // A: [BLOCK_M, BLOCK_K] in one box; shared: the [64, 64] half `rank`. A half tile: rows 0-63 only,
+    // in 16-row boxes (load_half_a; shared: both tiles are halves of the same block, and rank 0 loads
+    // them for both).
+    if constexpr (kShare == Shared::kA && kHalfA) {
+      if (rank == 0) load_half_a<true>(a, maps.a_quarter, full, k, t.a_row, t.rows);
+    } else if constexpr (kShare == Shared::kA) {
+      sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
     } else if constexpr (kHalfA) {
-      sm90::tma_load_2d(a, maps.a_half, full, k, t.a_row);
+      load_half_a<false>(a, maps.a_quarter, full, k, t.a_row, t.rows);
     } else {
       sm90::tma_load_2d(a, maps.a, full, k, t.a_row);
     }
@@ -535,6 +561,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
 template <Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
+                       const __grid_constant__ CUtensorMap tma_a_quarter,
                        const __grid_constant__ CUtensorMap tma_b0, const __grid_constant__ CUtensorMap tma_b1,
                        const __grid_constant__ CUtensorMap tma_b_half, const __grid_constant__ CUtensorMap tma_c0,
                        const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
@@ -573,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::prefetch_tma_descriptor(&tma_a);
       sm90::prefetch_tma_descriptor(&tma_b0);
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
-      producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
+      producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_a_quarter, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
     } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
       gather_rows_warp(p.gather, p.grid);  // warps 1-3
     }
@@ -592,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The operand maps (OperandMaps) and the output maps (C0, C1, C2) of one launch.
 struct Maps {
-  CUtensorMap a, a_half, b0, b1, b_half, c0, c1, c2;
+  CUtensorMap a, a_half, a_quarter, b0, b1, b_half, c0, c1, c2;
 };
 
 cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* cluster) {
@@ -647,8 +674,8 @@ void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
       p.cluster > 1 ? launch_config(std::max(1, std::min(sm_count / kClusterTiles, resident)) * kClusterTiles, kSmem,
                                     stream, &pair)
                     : launch_config(sm_count, kSmem, stream, nullptr);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.a_half, m.b0, m.b1, m.b_half, m.c0, m.c1,
-                               m.c2, p));
+  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.a_half, m.a_quarter, m.b0, m.b1, m.b_half,
+                               m.c0, m.c1, m.c2, p));
   LYNX_CHECK_LAUNCH();
 }
 
@@ -784,6 +811,7 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
+  m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(kMode);
   m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK, fb);
   m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK, fb) : m.b0;
@@ -803,6 +831,7 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
+  m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(Mode::kRowsMnB);
   m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64, fb);
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64, fb) : m.b0;
@@ -841,7 +870,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
   const int64_t out_rows = args.out2 ? args.split : args.m;
   Maps m;
-  m.a = m.a_half = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
+  m.a = m.a_half = m.a_quarter = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
   m.b0 = m.b1 = m.b_half = make_tma_2d_chunks(args.b, args.capacity, args.n, kBlockK, kBlockN / 64);
   m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
   m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;

@@ -461,6 +461,48 @@ TEST_F(PairedTiles, HalfTilesShareTheirRowBlockInEveryMode) {
   check_against_reference(c, fresh_seed(), fused(), false, 1);
   check_against_reference(c, fresh_seed(), fused(), false, 1, 2);
 }
+// Each expert's last row block a half tile with 10-60 rows (160 ± 13 rows per expert), so its A goes in
+// 1-4 boxes of 16 rows and zeros for the rest of the half (load_half_a in fused/expert_gemm.cu). The
+// padding rows of that half must come out of every row GEMM as exact zeros, as from a 64-row box:
+// g and u (gate/up), da (the dgrad of down) and the per-row dx (the dgrad of gate/up), poisoned with
+// NaN first; single CTAs and cluster units.
+TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
+  const Case c{640, 128, 128, 8, 2, 0};
+  for (const int32_t clusters : {0, 1}) {
+    SCOPED_TRACE("clusters " + std::to_string(clusters));
+    const HostLayer L(c, fresh_seed());
+    std::mt19937_64 rng(fresh_seed());
+    const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+    Workspace ws(L.shape, fused());
+    test_hooks::set_gemm_clusters(ws, clusters);
+    test_hooks::poison_row_buffers(ws);
+    expect_matches_reference(run_layer(ws, L, dy), L, dy);
+    Workspace::Impl& w = ws.impl();
+    std::vector<int32_t> offset(c.E + 1), rows(c.E);
+    LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
+    LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
+    const int64_t cap = w.problem.capacity;
+    const std::pair<const char*, std::pair<const void*, int64_t>> buffers[] = {
+        {"g", {w.un.g, c.I}}, {"u", {w.un.u, c.I}}, {"da", {w.un.da, c.I}}, {"dx rows", {w.un.rows_b, c.H}}};
+    int tails = 0;
+    for (int64_t e = 0; e < c.E; ++e) tails += rows[e] % 128 != 0 && rows[e] % 128 <= 64;
+    ASSERT_GE(tails, c.E / 2) << "the case should give most experts a half tile";
+    for (const auto& [name, buf] : buffers) {
+      const int64_t cols = buf.second;
+      std::vector<HostBf16> host(cap * cols);
+      LYNX_TEST_CUDA(cudaMemcpy(host.data(), buf.first, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
+      for (int64_t e = 0; e < c.E; ++e) {
+        const int64_t last = offset[e] + rows[e];  // the first padding row
+        const int64_t half_end = offset[e] + (rows[e] + 63) / 64 * 64;
+        for (int64_t r = last; r < half_end; ++r) {
+          for (int64_t i = 0; i < cols; ++i) {
+            ASSERT_EQ(host[r * cols + i].bits, 0) << name << ": expert " << e << ", padding row " << r - offset[e];
+          }
+        }
+      }
+    }
+  }
+}
 // The rule itself pairs at K = 4096 (gate/up: K = H; the dgrad of down: K = H): no hook.
 TEST_F(PairedTiles, ByTheRuleAtALongK) { check_against_reference({96, 4096, 128, 4, 2, 0}, fresh_seed(), fused()); }
 
