@@ -54,7 +54,8 @@ const char* kUsage =
     "             either way)\n"
     "  --launch   eager (default): each timed pass is launched call by call; graph: each fused pass is\n"
     "             captured once into a CUDA graph and timed as replays (impl fused-graph; the unfused\n"
-    "             baseline stays eager)\n";
+    "             baseline stays eager)\n"
+    "  LYNX_BENCH_TIMES=1 in the environment prints every timed run's ms on stderr (bench/timing.h)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "lynx-bench: %s\n%s", message.c_str(), kUsage);

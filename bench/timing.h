@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,19 @@ inline double median(std::vector<float> ms) {
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   return n % 2 ? double(ms[n / 2]) : 0.5 * (double(ms[n / 2 - 1]) + double(ms[n / 2]));
+}
+
+// With LYNX_BENCH_TIMES=1 in the environment, every timed run's ms in order on stderr, one line per
+// median: whether a pass's time drifts or jumps within a process, which the median hides.
+inline void print_timings(const char* what, const std::vector<float>& ms) {
+  static const bool on = [] {
+    const char* v = std::getenv("LYNX_BENCH_TIMES");
+    return v && v[0] == '1';
+  }();
+  if (!on) return;
+  std::fprintf(stderr, "timings %s ms:", what);
+  for (const float t : ms) std::fprintf(stderr, " %.3f", t);
+  std::fprintf(stderr, "\n");
 }
 
 // Host time of `run()`, in ms.
@@ -47,6 +62,7 @@ double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream, doubl
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (enqueue_ms) *enqueue_ms = median(std::move(host));
+  print_timings("pass", ms);
   return median(std::move(ms));
 }
 
@@ -75,6 +91,8 @@ SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream
     LYNX_CUDA(cudaEventElapsedTime(&b[i], ev[1], ev[2]));
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  print_timings("first", a);
+  print_timings("second", b);
   return {median(std::move(total)), median(std::move(a)), median(std::move(b)), median(std::move(host))};
 }
 
