@@ -214,9 +214,10 @@ struct OperandMaps {
 // ceil(rows / 16) from A, the others from rows before A's first (kOutsideRows), which the TMA fills
 // with zeros without reading memory. So the stage holds what one [64, 64] box would (the padding rows
 // of A are zeros) while the L2 serves only the 16-row groups that hold rows. NOTES: at deepseek-v3 a
-// third of the row blocks are tails of ~9 rows (1-43), half tiles all; their 64-row A boxes were ~0.9
-// GB of the down GEMM's 21.3 GB of L2 traffic and ~1.8 GB of gate/up's 41.1, in launches bound by L2
-// throughput (bench/results/2026-12-01-h200-session18.txt, section 6).
+// third of the row blocks are tails of ~9 rows (1-43), half tiles all. With 16-row boxes its gate/up
+// moved 39.7 GB through L2 instead of 41.0, down 20.5 instead of 21.1 (Nsight Compute), but neither
+// launch got shorter, and the timed passes stayed within noise at full clock and under the power cap
+// (bench/results/2026-12-02-h200-session19.txt, sections 1 and 6): less work for the same bits.
 constexpr int32_t kQuarterRows = 16;
 constexpr int32_t kOutsideRows = -kQuarterRows;
 template <bool kMulticast>
