@@ -220,6 +220,7 @@ struct OperandMaps {
 // (bench/results/2026-12-02-h200-session19.txt, sections 1 and 6): less work for the same bits.
 constexpr int32_t kQuarterRows = 16;
 constexpr int32_t kOutsideRows = -kQuarterRows;
+constexpr uint16_t kBothCtas = 0b11;  // multicast mask: both CTAs of the pair
 template <bool kMulticast>
 __device__ __forceinline__ void load_half_a(__nv_bfloat16* a, const CUtensorMap* map, uint64_t* full, int32_t k,
                                             int32_t row, int32_t rows) {
@@ -228,7 +229,7 @@ __device__ __forceinline__ void load_half_a(__nv_bfloat16* a, const CUtensorMap*
     __nv_bfloat16* dst = a + q * kQuarterRows * kBlockK;
     const int32_t from = q * kQuarterRows < rows ? row + q * kQuarterRows : kOutsideRows;
     if constexpr (kMulticast) {
-      sm90::tma_load_2d_multicast(dst, map, full, k, from, 0b11);  // both CTAs of the pair
+      sm90::tma_load_2d_multicast(dst, map, full, k, from, kBothCtas);
     } else {
       sm90::tma_load_2d(dst, map, full, k, from);
     }
@@ -252,7 +253,6 @@ template <Mode kMode, Shared kShare, bool kHalfA>
 __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage, const Tile& t, int32_t k,
                                            uint32_t rank, const OperandMaps& maps, const Params& p) {
   using C = Config<kMode>;
-  constexpr uint16_t kBoth = 0b11;
   uint64_t* full = &smem.full[stage];
   __nv_bfloat16* a = smem.a[stage];
   __nv_bfloat16* b = smem.b[stage][0];
@@ -271,7 +271,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
     if constexpr (kShare == Shared::kA && kHalfA) {
       if (rank == 0) load_half_a<true>(a, maps.a_quarter, full, k, t.a_row, t.rows);
     } else if constexpr (kShare == Shared::kA) {
-      sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBoth);
+      sm90::tma_load_2d_multicast(a + rank * 64 * kBlockK, maps.a_half, full, k, t.a_row + 64 * int32_t(rank), kBothCtas);
     } else if constexpr (kHalfA) {
       load_half_a<false>(a, maps.a_quarter, full, k, t.a_row, t.rows);
     } else {
@@ -284,21 +284,21 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
       const int32_t kr = second ? k - p.k_split : k;
       if constexpr (kShare == Shared::kB) {
         for (int j = 2 * int(rank); j < 2 * int(rank) + 2; ++j) {
-          sm90::tma_load_3d_multicast(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert, kBoth);
+          sm90::tma_load_3d_multicast(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert, kBothCtas);
         }
       } else {
         for (int j = 0; j < C::kBlockN / 64; ++j) sm90::tma_load_3d(b + j * 64 * kBlockK, map, full, t.b_row + 64 * j, kr, t.expert);
       }
     } else if constexpr (C::kSwiGLU) {  // gate and up: [128, 64] each
       if constexpr (kShare == Shared::kB) {
-        sm90::tma_load_3d_multicast(smem.b[stage][rank], rank == 0 ? maps.b0 : maps.b1, full, k, t.b_row, t.expert, kBoth);
+        sm90::tma_load_3d_multicast(smem.b[stage][rank], rank == 0 ? maps.b0 : maps.b1, full, k, t.b_row, t.expert, kBothCtas);
       } else {
         sm90::tma_load_3d(smem.b[stage][0], maps.b0, full, k, t.b_row, t.expert);
         sm90::tma_load_3d(smem.b[stage][1], maps.b1, full, k, t.b_row, t.expert);
       }
     } else {  // [256, 64] in one box; shared: [128, 64] halves
       if constexpr (kShare == Shared::kB) {
-        sm90::tma_load_3d_multicast(b + rank * 128 * kBlockK, maps.b_half, full, k, t.b_row + 128 * int32_t(rank), t.expert, kBoth);
+        sm90::tma_load_3d_multicast(b + rank * 128 * kBlockK, maps.b_half, full, k, t.b_row + 128 * int32_t(rank), t.expert, kBothCtas);
       } else {
         sm90::tma_load_3d(b, maps.b0, full, k, t.b_row, t.expert);
       }

@@ -482,21 +482,26 @@ TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
     LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
     LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
     const int64_t cap = w.problem.capacity;
-    const std::pair<const char*, std::pair<const void*, int64_t>> buffers[] = {
-        {"g", {w.un.g, c.I}}, {"u", {w.un.u, c.I}}, {"da", {w.un.da, c.I}}, {"dx rows", {w.un.rows_b, c.H}}};
+    struct RowBuffer {
+      const char* name;
+      const void* data;
+      int64_t cols;
+    };
+    const RowBuffer buffers[] = {
+        {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"da", w.un.da, c.I}, {"dx rows", w.un.rows_b, c.H}};
     int tails = 0;
     for (int64_t e = 0; e < c.E; ++e) tails += rows[e] % 128 != 0 && rows[e] % 128 <= 64;
     ASSERT_GE(tails, c.E / 2) << "the case should give most experts a half tile";
-    for (const auto& [name, buf] : buffers) {
-      const int64_t cols = buf.second;
+    for (const RowBuffer& b : buffers) {
+      const int64_t cols = b.cols;
       std::vector<HostBf16> host(cap * cols);
-      LYNX_TEST_CUDA(cudaMemcpy(host.data(), buf.first, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
+      LYNX_TEST_CUDA(cudaMemcpy(host.data(), b.data, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
       for (int64_t e = 0; e < c.E; ++e) {
         const int64_t last = offset[e] + rows[e];  // the first padding row
         const int64_t half_end = offset[e] + (rows[e] + 63) / 64 * 64;
         for (int64_t r = last; r < half_end; ++r) {
           for (int64_t i = 0; i < cols; ++i) {
-            ASSERT_EQ(host[r * cols + i].bits, 0) << name << ": expert " << e << ", padding row " << r - offset[e];
+            ASSERT_EQ(host[r * cols + i].bits, 0) << b.name << ": expert " << e << ", padding row " << r - offset[e];
           }
         }
       }
