@@ -19,6 +19,10 @@ inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_t
 // (-1), whatever the shape: the small test shapes' K never reaches the rule's threshold.
 inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_gemm_clusters = clusters; }
 
+// Computes the products of a warpgroup with 1-16 rows with the operands swapped (1), never (0), or as
+// the rule decides (-1: on unless LYNX_GEMM_SWAPPED=0).
+inline void set_gemm_swapped(Workspace& ws, int32_t swapped) { ws.impl().test_gemm_swapped = swapped; }
+
 // Walks every row-mode expert GEMM's tiles in order from the ticket (1), as the static round robin (0),
 // or as the rule decides (-1): a small test shape then takes the order a benchmark shape would.
 inline void set_gemm_order(Workspace& ws, int32_t order) { ws.impl().test_gemm_order = order; }

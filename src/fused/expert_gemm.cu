@@ -112,6 +112,7 @@ struct Params {
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
   int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
   RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
+  bool swapped;        // row modes: a warpgroup with 1-16 rows swaps the operands (swapped_products)
 };
 
 constexpr int32_t kNoTile = -1;   // stage_tile: the stage continues the tile before it
@@ -174,6 +175,53 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
       } else {
         sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
       }
+    }
+    sm90::bulk_commit_group();
+  }
+}
+
+// One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
+// boxes b get rows 0-15 from value(b, i), the two fp32 values of fragment registers i, i + 1 (i = 4j +
+// 2h) of the box's [64 columns, 16 rows] product, and zeros in rows 16-63 (padding rows, which every
+// piece stores as zeros). Stored at (col, row) of `map`; columns at or past n are not stored.
+template <int kPieceBoxes, class Value>
+__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64],
+                                                    const CUtensorMap* map, int wg, int32_t col, int32_t row,
+                                                    int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  // Rows 16-63: 48 rows of 128 bytes per box, three 16-byte stores per thread and box.
+#pragma unroll
+  for (int b = 0; b < kPieceBoxes; ++b) {
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      const int chunk = thread + 128 * u;
+      *reinterpret_cast<uint4*>(&buf[b][(16 + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Rows 0-15: one stmatrix.x4.trans per box. Matrix 2j + h of a warp is its fragment's columns 16w +
+  // 8h .. + 7 (the box's columns) × rows 8j .. + 7 (the box's rows), stored transposed: lane t
+  // addresses box row 8j + t % 8 (j, h from t / 8), where the warp's 8 columns are 16-byte chunk
+  // 2w + h, swizzled to (2w + h) ^ (t % 8).
+  const int mi = lane / 8, h = mi % 2, j = mi / 2, rho = lane % 8;
+  const uint32_t lane_off = (8 * j + rho) * 128 + (((2 * warp + h) ^ rho) * 16);
+  const auto pack = [&](int b, int i) {
+    const float2 v = value(b, i);
+    const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
+    return *reinterpret_cast<const uint32_t*>(&packed);
+  };
+#pragma unroll
+  for (int b = 0; b < kPieceBoxes; ++b) {
+    sm90::stmatrix_x4_trans(sm90::smem_addr(buf[b]) + lane_off, pack(b, 0), pack(b, 2), pack(b, 4), pack(b, 6));
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + wg, 128);
+  if (thread == 0) {
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
     }
     sm90::bulk_commit_group();
   }
@@ -483,6 +531,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // Mainloop: wgmma over the K blocks; a stage is released once the wgmma group after it is issued
     // and its own group has completed (wait_group 1), so one group is always in flight.
     // Weight grad: the last K block's steps past the expert's rows are skipped (last_k_steps).
+    // A warpgroup with 1-16 rows (swapped_products): acc[8s .. 8s + 7] is the [64, 16] product of the
+    // weight tile's rows 64s .. 64s + 63 (columns of C) and the warpgroup's first 16 rows, s in [0, 4).
+    const bool swapped = kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
     int prev_stage = -1;
     const int32_t last_steps = kMode == Mode::kWeightGrad ? last_k_steps(t) : kBlockK / kStepK;
     for (int32_t kb = 0; kb < (idle ? 0 : t.k_blocks); ++kb) {
@@ -506,8 +557,27 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
         }
         sm90::wgmma_commit();
       };
+      // The swapped products of a k16 step: the weight tile's 64-row slice s as A (MN-major when B is),
+      // the warpgroup's first 16 rows as B (K-major).
+      const auto swapped_group = [&]() {
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / kStepK; ++kk) {
+          const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            const __nv_bfloat16* w = &smem.b[stage][0][0] + s * 64 * kBlockK;
+            const uint64_t da = C::kTransB ? sm90::smem_desc_mn_major_sw128(w + kk * 16 * 64)
+                                           : sm90::smem_desc_k_major_sw128(w + kk * 16);
+            sm90::wgmma_m64n16k16<C::kTransB, false>(&acc[8 * s], da, db, kb > 0 || kk > 0);
+          }
+        }
+        sm90::wgmma_commit();
+      };
       constexpr int kSteps = kBlockK / kStepK;
-      if (kMode != Mode::kWeightGrad || kb + 1 < t.k_blocks || last_steps == kSteps) {
+      if (swapped) {
+        swapped_group();
+      } else if (kMode != Mode::kWeightGrad || kb + 1 < t.k_blocks || last_steps == kSteps) {
         mma_group(0, kSteps);
       } else {
         // NOTES: a group per step, in a loop: a wgmma under a branch of its own (or a guard predicate)
@@ -526,6 +596,33 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
 
     // Epilogue: pieces of Config::kPieceBoxes [64, 64] boxes through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;
+    if constexpr (kMode != Mode::kWeightGrad) {
+      if (swapped) {
+        // Box b of a piece is slice b of its 128 columns: SwiGLU's gate slices 0-1, up slices 2-3.
+        if constexpr (C::kSwiGLU) {
+          store_swapped_piece(smem.c[c], tma_c0, c, t.b_row, row, p.n, [&](int b, int i) {
+            const float* g = &acc[8 * b + i];
+            const float* u = &acc[8 * (b + 2) + i];
+            return make_float2(silu(g[0]) * u[0], silu(g[1]) * u[1]);
+          });
+          if (p.out_gate_up) {
+            store_swapped_piece(smem.c[c], tma_c1, c, t.b_row, row, p.n,
+                                [&](int b, int i) { return make_float2(acc[8 * b + i], acc[8 * b + i + 1]); });
+            store_swapped_piece(smem.c[c], tma_c2, c, t.b_row, row, p.n, [&](int b, int i) {
+              return make_float2(acc[8 * (b + 2) + i], acc[8 * (b + 2) + i + 1]);
+            });
+          }
+        } else {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            store_swapped_piece(smem.c[c], tma_c0, c, t.b_row + 128 * q, row, p.n, [&](int b, int i) {
+              return make_float2(acc[8 * (2 * q + b) + i], acc[8 * (2 * q + b) + i + 1]);
+            });
+          }
+        }
+        continue;
+      }
+    }
     if constexpr (kMode == Mode::kWeightGrad) {
       if (row < p.m) {
         const bool second = row >= p.out_split;
@@ -747,6 +844,13 @@ bool half_tiles() {
   return forced != 0;
 }
 
+// Swapped products for a warpgroup with 1-16 rows (swapped_products) unless the environment turns them
+// off for a sweep: LYNX_GEMM_SWAPPED=0.
+bool swapped_tails() {
+  static const int forced = env_switch("LYNX_GEMM_SWAPPED");
+  return forced != 0;
+}
+
 // Cluster units (use_cluster_units) unless the environment decides for a sweep: LYNX_GEMM_CLUSTER=0|1.
 bool cluster_units(int64_t k) {
   static const int forced = env_switch("LYNX_GEMM_CLUSTER");
@@ -770,6 +874,8 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   Params p{};
   p.grid.expert_offset = args.expert_offset;
   p.grid.expert_rows = half_tiles() ? args.expert_rows : nullptr;
+  check(args.swapped >= -1 && args.swapped <= 1, "swapped: -1 (the rule), 0 or 1");
+  p.swapped = args.swapped >= 0 ? args.swapped == 1 : swapped_tails();
   p.grid.experts = static_cast<int32_t>(args.experts);
   p.grid.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
   p.grid.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);

@@ -36,6 +36,8 @@ struct ExpertGemmArgs {
   int32_t stall_task = -1;                // test hook: the producer never loads this tile (-1: off)
   int32_t clusters = -1;                  // test hook: 1 runs the tiles as cluster units, 0 as single CTAs,
                                           // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
+  int32_t swapped = -1;                   // test hook: 1 swaps the operands of a warpgroup with 1-16 rows
+                                          // (swapped_products), 0 never, -1 unless LYNX_GEMM_SWAPPED=0
   int32_t order = -1;                     // test hook: 1 claims the tiles in order, 0 walks the static round
                                           // robin (the rule's raster for it), -1 as choose_tile_order (or
                                           // LYNX_GEMM_ORDER) decides

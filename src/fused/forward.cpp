@@ -17,6 +17,7 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
   a.clusters = w.test_gemm_clusters;
+  a.swapped = w.test_gemm_swapped;
   a.order = w.test_gemm_order;
   a.gather_lookahead = w.test_gather_lookahead;
   a.gather_stall_block = w.test_gather_stall_block;

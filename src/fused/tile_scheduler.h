@@ -113,6 +113,19 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
 // nothing for it, and the producer loads only rows 0-63 of A.
 LYNX_HD bool half_tile(const Tile& t) { return t.rows <= kBlockM / 2; }
 
+// Row modes: consumer warpgroup `wg` (0 or 1, rows 64·wg .. 64·wg + 63 of the tile) computes its
+// products with the operands swapped, the weight tile as wgmma's M and its rows as N = 16, when it
+// holds 1 to 16 rows. NOTES: m64 is wgmma's smallest M, so a warpgroup with a few rows otherwise
+// multiplies 48-63 padding rows (zeros) by the whole weight tile. Those products cost no time where
+// the loads bound the launch, but they cost energy, and under the H200's power cap energy is time:
+// skipping them took 4.1% off deepseek-v3's capped forward, whose experts' last blocks hold ~9 rows
+// (bench/results/2026-12-02-h200-session20.txt, section 1). Swapped, a k16 step multiplies 16 rows.
+constexpr int32_t kSwappedRows = 16;
+LYNX_HD bool swapped_products(const Tile& t, int wg) {
+  const int32_t rows = t.rows - 64 * wg;
+  return rows >= 1 && rows <= kSwappedRows;
+}
+
 // Weight grad: the 16-row steps (wgmma k16) of the tile's last K block that hold rows (1 .. 4); the
 // steps past them read only padding rows, zeros that add nothing. NOTES: K is an expert's rows, a
 // count that 64-row K blocks round up by 32 on average: a quarter of deepseek-v3's K (128 ± 11 rows

@@ -114,6 +114,18 @@ TEST(TileSchedule, RowModesCountTheRowsThatAreNotPadding) {
   }
 }
 
+// A warpgroup swaps its operands when it holds 1 to 16 of the tile's rows: warpgroup 0 of a block
+// with 1-16 rows (a half tile, whose warpgroup 1 holds none), warpgroup 1 of a block with 65-80.
+TEST(TileSchedule, SwappedProductsForWarpgroupsWithOneToSixteenRows) {
+  for (int32_t rows = 1; rows <= kBlockM; ++rows) {
+    Tile t{};
+    t.rows = rows;
+    EXPECT_EQ(swapped_products(t, 0), rows <= 16) << rows << " rows";
+    EXPECT_EQ(swapped_products(t, 1), rows >= 65 && rows <= 80) << rows << " rows";
+    EXPECT_FALSE(half_tile(t) && swapped_products(t, 1)) << rows << " rows";
+  }
+}
+
 TEST(TileSchedule, TileOrderByRowBlocksPerExpert) {
   // deepseek-v3: 128 rows per expert on average: in order, groups end at experts.
   const TileOrder deepseek = choose_tile_order(4096 * 8, 256, false);

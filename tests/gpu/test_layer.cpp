@@ -466,6 +466,42 @@ TEST_F(PairedTiles, HalfTilesShareTheirRowBlockInEveryMode) {
 // padding rows of that half must come out of every row GEMM as exact zeros, as from a 64-row box:
 // g and u (gate/up), da (the dgrad of down) and the per-row dx (the dgrad of gate/up), poisoned with
 // NaN first; single CTAs and cluster units.
+// Every padding row of the 64-row halves that hold rows is an exact zero in g and u (gate/up), da
+// (the dgrad of down) and the per-row dx (the dgrad of gate/up). Returns how many consumer warpgroups
+// held 1-16 of their tile's rows (swapped_products in fused/tile_scheduler.h).
+int expect_padding_rows_zero(Workspace& ws, const Case& c) {
+  Workspace::Impl& w = ws.impl();
+  std::vector<int32_t> offset(c.E + 1), rows(c.E);
+  LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
+  LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t cap = w.problem.capacity;
+  struct RowBuffer {
+    const char* name;
+    const void* data;
+    int64_t cols;
+  };
+  const RowBuffer buffers[] = {
+      {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"da", w.un.da, c.I}, {"dx rows", w.un.rows_b, c.H}};
+  for (const RowBuffer& b : buffers) {
+    const int64_t cols = b.cols;
+    std::vector<HostBf16> host(cap * cols);
+    LYNX_TEST_CUDA(cudaMemcpy(host.data(), b.data, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
+    for (int64_t e = 0; e < c.E; ++e) {
+      const int64_t last = offset[e] + rows[e];  // the first padding row
+      const int64_t half_end = offset[e] + (rows[e] + 63) / 64 * 64;
+      for (int64_t r = last; r < half_end; ++r) {
+        for (int64_t i = 0; i < cols; ++i) {
+          EXPECT_EQ(host[r * cols + i].bits, 0) << b.name << ": expert " << e << ", padding row " << r - offset[e];
+          if (host[r * cols + i].bits != 0) return -1;
+        }
+      }
+    }
+  }
+  int swapped = 0;
+  for (int64_t e = 0; e < c.E; ++e) swapped += rows[e] % 64 >= 1 && rows[e] % 64 <= 16;
+  return swapped;
+}
+
 TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
   const Case c{640, 128, 128, 8, 2, 0};
   for (const int32_t clusters : {0, 1}) {
@@ -477,34 +513,41 @@ TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
     test_hooks::set_gemm_clusters(ws, clusters);
     test_hooks::poison_row_buffers(ws);
     expect_matches_reference(run_layer(ws, L, dy), L, dy);
-    Workspace::Impl& w = ws.impl();
-    std::vector<int32_t> offset(c.E + 1), rows(c.E);
-    LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
-    LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
-    const int64_t cap = w.problem.capacity;
-    struct RowBuffer {
-      const char* name;
-      const void* data;
-      int64_t cols;
-    };
-    const RowBuffer buffers[] = {
-        {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"da", w.un.da, c.I}, {"dx rows", w.un.rows_b, c.H}};
+    std::vector<int32_t> rows(c.E);
+    LYNX_TEST_CUDA(cudaMemcpy(rows.data(), ws.impl().schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
     int tails = 0;
     for (int64_t e = 0; e < c.E; ++e) tails += rows[e] % 128 != 0 && rows[e] % 128 <= 64;
     ASSERT_GE(tails, c.E / 2) << "the case should give most experts a half tile";
-    for (const RowBuffer& b : buffers) {
-      const int64_t cols = b.cols;
-      std::vector<HostBf16> host(cap * cols);
-      LYNX_TEST_CUDA(cudaMemcpy(host.data(), b.data, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
-      for (int64_t e = 0; e < c.E; ++e) {
-        const int64_t last = offset[e] + rows[e];  // the first padding row
-        const int64_t half_end = offset[e] + (rows[e] + 63) / 64 * 64;
-        for (int64_t r = last; r < half_end; ++r) {
-          for (int64_t i = 0; i < cols; ++i) {
-            ASSERT_EQ(host[r * cols + i].bits, 0) << b.name << ": expert " << e << ", padding row " << r - offset[e];
-          }
-        }
+    EXPECT_GE(expect_padding_rows_zero(ws, c), 0);
+  }
+}
+
+// The products of a warpgroup with 1-16 rows, computed with the operands swapped. Cyclic routing
+// gives every expert T·k/E rows: 129 (a half tile of 1 row), 144 (16 rows), 208 (warpgroup 1 of a full
+// block holds 16); random routing 136 ± 11 rows per expert, tails of every size, some swapped. Every
+// output against the reference and bit for bit against the same layer computed without swapping; the
+// padding rows exact zeros; single CTAs and cluster units; I = 192 clips the last column block of
+// gate/up and of da.
+TEST_F(PairedTiles, SwappedProductsOfFewRows) {
+  for (const Case c : {Case{1032, 256, 256, 16, 2, 0, "cyclic"}, Case{1152, 256, 192, 16, 2, 0, "cyclic"},
+                       Case{1664, 256, 256, 16, 2, 0, "cyclic"}, Case{1088, 256, 192, 16, 2, 0}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " I=" + std::to_string(c.I) + " routing=" + c.routing);
+    for (const int32_t clusters : {0, 1}) {
+      SCOPED_TRACE("clusters " + std::to_string(clusters));
+      const HostLayer L(c, fresh_seed());
+      std::mt19937_64 rng(fresh_seed());
+      const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+      Workspace swapped(L.shape, fused()), plain(L.shape, fused());
+      test_hooks::set_gemm_swapped(swapped, 1);
+      test_hooks::set_gemm_swapped(plain, 0);
+      for (Workspace* ws : {&swapped, &plain}) {
+        test_hooks::set_gemm_clusters(*ws, clusters);
+        test_hooks::poison_row_buffers(*ws);
       }
+      const Outputs a = run_layer(swapped, L, dy);
+      expect_matches_reference(a, L, dy);
+      EXPECT_GE(expect_padding_rows_zero(swapped, c), 1) << "the case should swap some warpgroups";
+      EXPECT_EQ(first_difference(a, run_layer(plain, L, dy)), "");
     }
   }
 }
