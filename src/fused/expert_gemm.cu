@@ -137,6 +137,27 @@ __device__ __forceinline__ void finish_claims(const Params& p, int32_t claimers)
   }
 }
 
+// Stores the boxes of warpgroup `wg`'s epilogue piece at (col, row[, batch]) of `map`, once all of its
+// threads have written them; columns at or past n are not stored.
+template <bool k3d, int kPieceBoxes>
+__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
+                                                  int wg, int32_t col, int32_t row, int32_t batch, int32_t n) {
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      if constexpr (k3d) {
+        sm90::tma_store_3d(map, buf[b], col + 64 * b, row, batch);
+      } else {
+        sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
+      }
+    }
+    sm90::bulk_commit_group();
+  }
+}
+
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
 // (col, row[, batch]) of `map`. Columns at or past n are not stored.
@@ -164,20 +185,7 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
     const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
     sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
   }
-  sm90::fence_proxy_async_shared();
-  sm90::named_barrier_sync(1 + wg, 128);
-  if (thread == 0) {
-#pragma unroll
-    for (int b = 0; b < kPieceBoxes; ++b) {
-      if (col + 64 * b >= n) break;
-      if constexpr (k3d) {
-        sm90::tma_store_3d(map, buf[b], col + 64 * b, row, batch);
-      } else {
-        sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
-      }
-    }
-    sm90::bulk_commit_group();
-  }
+  store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n);
 }
 
 // One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
@@ -215,16 +223,7 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
   for (int b = 0; b < kPieceBoxes; ++b) {
     sm90::stmatrix_x4_trans(sm90::smem_addr(buf[b]) + lane_off, pack(b, 0), pack(b, 2), pack(b, 4), pack(b, 6));
   }
-  sm90::fence_proxy_async_shared();
-  sm90::named_barrier_sync(1 + wg, 128);
-  if (thread == 0) {
-#pragma unroll
-    for (int b = 0; b < kPieceBoxes; ++b) {
-      if (col + 64 * b >= n) break;
-      sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
-    }
-    sm90::bulk_commit_group();
-  }
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
 }
 
 // ---- in-order claims in a cluster: rank 0 claims each unit and posts it to rank 1 ----

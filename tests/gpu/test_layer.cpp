@@ -321,6 +321,12 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
 
 std::random_device::result_type fresh_seed() { return std::random_device{}(); }
 
+// A fresh random dy for case `c`.
+std::vector<HostBf16> random_dy(const Case& c) {
+  std::mt19937_64 rng(fresh_seed());
+  return random_bf16(rng, c.T * c.H, 1.0);
+}
+
 TEST_P(Layer, MatchesReference) {
   const auto seed = fresh_seed();
   RecordProperty("seed", std::to_string(seed));
@@ -507,8 +513,7 @@ TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
   for (const int32_t clusters : {0, 1}) {
     SCOPED_TRACE("clusters " + std::to_string(clusters));
     const HostLayer L(c, fresh_seed());
-    std::mt19937_64 rng(fresh_seed());
-    const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+    const std::vector<HostBf16> dy = random_dy(c);
     Workspace ws(L.shape, fused());
     test_hooks::set_gemm_clusters(ws, clusters);
     test_hooks::poison_row_buffers(ws);
@@ -529,14 +534,13 @@ TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
 // padding rows exact zeros; single CTAs and cluster units; I = 192 clips the last column block of
 // gate/up and of da.
 TEST_F(PairedTiles, SwappedProductsOfFewRows) {
-  for (const Case c : {Case{1032, 256, 256, 16, 2, 0, "cyclic"}, Case{1152, 256, 192, 16, 2, 0, "cyclic"},
+  for (const Case& c : {Case{1032, 256, 256, 16, 2, 0, "cyclic"}, Case{1152, 256, 192, 16, 2, 0, "cyclic"},
                        Case{1664, 256, 256, 16, 2, 0, "cyclic"}, Case{1088, 256, 192, 16, 2, 0}}) {
     SCOPED_TRACE("T=" + std::to_string(c.T) + " I=" + std::to_string(c.I) + " routing=" + c.routing);
     for (const int32_t clusters : {0, 1}) {
       SCOPED_TRACE("clusters " + std::to_string(clusters));
       const HostLayer L(c, fresh_seed());
-      std::mt19937_64 rng(fresh_seed());
-      const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+      const std::vector<HostBf16> dy = random_dy(c);
       Workspace swapped(L.shape, fused()), plain(L.shape, fused());
       test_hooks::set_gemm_swapped(swapped, 1);
       test_hooks::set_gemm_swapped(plain, 0);
@@ -557,8 +561,7 @@ TEST_F(PairedTiles, ByTheRuleAtALongK) { check_against_reference({96, 4096, 128,
 TEST_F(PairedTiles, SameBitsAsSingleCtas) {  // each tile is computed whole over its K in order either way
   const Case c{520, 256, 256, 16, 4, 64};
   const HostLayer L(c, fresh_seed());
-  std::mt19937_64 rng(fresh_seed());
-  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  const std::vector<HostBf16> dy = random_dy(c);
   Workspace single(L.shape, fused()), paired(L.shape, fused());
   test_hooks::set_gemm_clusters(single, 0);
   test_hooks::set_gemm_clusters(paired, 1);
