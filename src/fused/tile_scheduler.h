@@ -119,7 +119,9 @@ LYNX_HD bool half_tile(const Tile& t) { return t.rows <= kBlockM / 2; }
 // multiplies 48-63 padding rows (zeros) by the whole weight tile. Those products cost no time where
 // the loads bound the launch, but they cost energy, and under the H200's power cap energy is time:
 // skipping them took 4.1% off deepseek-v3's capped forward, whose experts' last blocks hold ~9 rows
-// (bench/results/2026-12-02-h200-session20.txt, section 1). Swapped, a k16 step multiplies 16 rows.
+// (bench/results/2026-12-02-h200-session20.txt, section 1). Swapped, a k16 step multiplies 16 rows:
+// −1.3% there (section 2); the rest of that bound is the weight tile's reads out of shared memory,
+// which the swapped products still make.
 constexpr int32_t kSwappedRows = 16;
 LYNX_HD bool swapped_products(const Tile& t, int wg) {
   const int32_t rows = t.rows - 64 * wg;
