@@ -20,7 +20,8 @@ inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_t
 inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_gemm_clusters = clusters; }
 
 // Computes the products of a warpgroup with 1-16 rows with the operands swapped (1), never (0), or as
-// the rule decides (-1: on unless LYNX_GEMM_SWAPPED=0).
+// the rule decides (-1: on unless LYNX_GEMM_SWAPPED=0). Without half tiles (LYNX_GEMM_HALF_TILES=0)
+// no tile knows its rows, so none swaps.
 inline void set_gemm_swapped(Workspace& ws, int32_t swapped) { ws.impl().test_gemm_swapped = swapped; }
 
 // Walks every row-mode expert GEMM's tiles in order from the ticket (1), as the static round robin (0),

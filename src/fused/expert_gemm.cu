@@ -208,8 +208,8 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
       *reinterpret_cast<uint4*>(&buf[b][(16 + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
     }
   }
-  // Rows 0-15: one stmatrix.x4.trans per box. Matrix 2j + h of a warp is its fragment's columns 16w +
-  // 8h .. + 7 (the box's columns) × rows 8j .. + 7 (the box's rows), stored transposed: lane t
+  // Rows 0-15: one stmatrix.x4.trans per box. Matrix 2j + h of a warp holds the product's rows 16w +
+  // 8h .. + 7 (the box's columns) × columns 8j .. + 7 (the box's rows), stored transposed: lane t
   // addresses box row 8j + t % 8 (j, h from t / 8), where the warp's 8 columns are 16-byte chunk
   // 2w + h, swizzled to (2w + h) ^ (t % 8).
   const int mi = lane / 8, h = mi % 2, j = mi / 2, rho = lane % 8;
@@ -531,7 +531,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // and its own group has completed (wait_group 1), so one group is always in flight.
     // Weight grad: the last K block's steps past the expert's rows are skipped (last_k_steps).
     // A warpgroup with 1-16 rows (swapped_products): acc[8s .. 8s + 7] is the [64, 16] product of the
-    // weight tile's rows 64s .. 64s + 63 (columns of C) and the warpgroup's first 16 rows, s in [0, 4).
+    // weight tile's slice s (C's columns 64s .. 64s + 63) and the warpgroup's first 16 rows, s in [0, 4).
     const bool swapped = kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
     int prev_stage = -1;
     const int32_t last_steps = kMode == Mode::kWeightGrad ? last_k_steps(t) : kBlockK / kStepK;
@@ -844,8 +844,8 @@ bool half_tiles() {
 }
 
 // Swapped products for a warpgroup with 1-16 rows (swapped_products) unless the environment turns them
-// off for a sweep: LYNX_GEMM_SWAPPED=0.
-bool swapped_tails() {
+// off for a sweep: LYNX_GEMM_SWAPPED=0. They need the tiles' rows, so half tiles off turns them off too.
+bool swapped_products_on() {
   static const int forced = env_switch("LYNX_GEMM_SWAPPED");
   return forced != 0;
 }
@@ -874,7 +874,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.expert_offset = args.expert_offset;
   p.grid.expert_rows = half_tiles() ? args.expert_rows : nullptr;
   check(args.swapped >= -1 && args.swapped <= 1, "swapped: -1 (the rule), 0 or 1");
-  p.swapped = args.swapped >= 0 ? args.swapped == 1 : swapped_tails();
+  p.swapped = args.swapped >= 0 ? args.swapped == 1 : swapped_products_on();
   p.grid.experts = static_cast<int32_t>(args.experts);
   p.grid.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
   p.grid.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);

@@ -353,8 +353,8 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       : "l"(desc_a), "l"(desc_b), "r"(int32_t(accumulate)), "n"(int32_t(kTransA)), "n"(int32_t(kTransB)));
 }
 
-// acc[64, 16] (+)= A[64, 16] · B[16, 16]ᵀ, as wgmma_m64n256k16 with N = 16: acc[4j + r] holds row
-// 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2, j in [0, 2).
+// d[64, 16] (+)= A[64, 16] · B[16, 16]ᵀ, as wgmma_m64n256k16 with N = 16, into d[0 .. 7] (a slice of a
+// larger accumulator array): d[4j + r] holds row 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2, j in [0, 2).
 template <bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void wgmma_m64n16k16(float* d, uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   asm volatile(
