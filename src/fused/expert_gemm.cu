@@ -137,6 +137,12 @@ __device__ __forceinline__ void finish_claims(const Params& p, int32_t claimers)
   }
 }
 
+// Two fp32 values as the bf16 pair of one stmatrix register (round to nearest).
+__device__ __forceinline__ uint32_t bf16x2_bits(float2 v) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
+  return *reinterpret_cast<const uint32_t*>(&packed);
+}
+
 // Stores the boxes of warpgroup `wg`'s epilogue piece at (col, row[, batch]) of `map`, once all of its
 // threads have written them; columns at or past n are not stored.
 template <bool k3d, int kPieceBoxes>
@@ -175,11 +181,7 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
   // address, and R % 8 = t % 8.
   const uint32_t lane_base = sm90::smem_addr(buf[0]) + (warp * 16 + (lane / 8 % 2) * 8 + lane % 8) * 128 +
                              (((lane / 16) ^ (lane % 8)) * 16);
-  const auto pack = [&](int j, int r) {
-    const float2 v = value(j, r);
-    const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
-    return *reinterpret_cast<const uint32_t*>(&packed);
-  };
+  const auto pack = [&](int j, int r) { return bf16x2_bits(value(j, r)); };
 #pragma unroll
   for (int q = 0; q < 4 * kPieceBoxes; ++q) {
     const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
@@ -214,11 +216,7 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
   // 2w + h, swizzled to (2w + h) ^ (t % 8).
   const int mi = lane / 8, h = mi % 2, j = mi / 2, rho = lane % 8;
   const uint32_t lane_off = (8 * j + rho) * 128 + (((2 * warp + h) ^ rho) * 16);
-  const auto pack = [&](int b, int i) {
-    const float2 v = value(b, i);
-    const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
-    return *reinterpret_cast<const uint32_t*>(&packed);
-  };
+  const auto pack = [&](int b, int i) { return bf16x2_bits(value(b, i)); };
 #pragma unroll
   for (int b = 0; b < kPieceBoxes; ++b) {
     sm90::stmatrix_x4_trans(sm90::smem_addr(buf[b]) + lane_off, pack(b, 0), pack(b, 2), pack(b, 4), pack(b, 6));
