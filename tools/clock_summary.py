@@ -1,6 +1,8 @@
-"""One line from nvidia-smi samples of `clocks.sm, power.draw, clocks_event_reasons.active` (csv,
-noheader, nounits): the SM clock while busy (above 600 MHz) and the clock-event reasons seen, decoded
-from the NVML bit mask. Used by tools/gpu-clocks; tested in tests/tools/test_clock_summary.py."""
+"""One line from nvidia-smi samples of `clocks.sm, power, clocks_event_reasons.active` (csv, noheader,
+nounits; power is power.draw.instant where the driver has it, else power.draw, a one-second average
+that hides short peaks): the SM clock while busy (above 600 MHz), the board power, the enforced power
+limit when given, and the clock-event reasons seen, decoded from the NVML bit mask. Used by
+tools/gpu-clocks; tested in tests/tools/test_clock_summary.py."""
 import statistics
 import sys
 
@@ -17,7 +19,7 @@ REASONS = {  # nvmlClocksEventReason* bits
 }
 
 
-def summarise(lines):
+def summarise(lines, limit=None):
     busy, power, reasons, bad = [], [], {}, 0
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
@@ -42,10 +44,14 @@ def summarise(lines):
     slow = sum(1 for m in busy if m < 1800)
     watts = (f"power W median {statistics.median(power):.0f} max {max(power):.0f}" if power
              else "power not readable")
+    try:
+        watts += f" of a {float(limit):.0f} W limit"
+    except (TypeError, ValueError):  # not given, or "[N/A]"
+        pass
     return (f"clocks: {len(busy)} busy samples: SM MHz min {min(busy):.0f} median {statistics.median(busy):.0f} "
             f"max {max(busy):.0f}, below 1800 in {100 * slow / len(busy):.0f}%; {watts}; reasons: {seen or 'none'}")
 
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        print(summarise(f.read().splitlines()))
+        print(summarise(f.read().splitlines(), sys.argv[2] if len(sys.argv) > 2 else None))

@@ -34,6 +34,10 @@ class ClockSummary(unittest.TestCase):
         self.assertIn("1 busy samples: SM MHz min 1700", line)
         self.assertIn("power not readable", line)
 
+    def test_power_limit(self):
+        self.assertIn("power W median 300 max 300 of a 700 W limit", summarise(["1980, 300.0, 0x0"], "700.00"))
+        self.assertIn("power W median 300 max 300; reasons", summarise(["1980, 300.0, 0x0"], "[N/A]"))
+
     def test_no_reasons(self):
         self.assertIn("reasons: none", summarise(["1980, 300.0, 0x0"]))
 
