@@ -1,6 +1,8 @@
 """The table of tools/gpu-breakdown: from lynx-bench JSON files of the same passes run in full and with
 each stage left out (LYNX_OMIT, src/api/omit.h), over alternating rounds, what each stage costs within
-its pass: the median of the full pass less the median of the pass without the stage."""
+its pass: the median of the full pass less the median of the pass without the stage. The variant
+"glue" leaves out every glue stage at once (GLUE), so its row says what the GEMM launches alone take,
+in each pass and in the forward+backward."""
 import json
 import statistics
 import sys
@@ -9,6 +11,7 @@ FORWARD = ["gather", "shared", "gate_up", "down", "combine"]
 BACKWARD = ["dy_gather", "dgrad_down", "swiglu_bwd", "dgrad_gate_up", "dx_combine", "wgrad_gate_up", "wgrad_down",
             "shared_bwd"]
 FULL = "none"
+GLUE = "glue"  # tools/gpu-breakdown: LYNX_OMIT=gather,combine,dy_gather,swiglu_bwd,dx_combine
 
 
 def collect(runs):
@@ -26,15 +29,15 @@ def table(times):
     backward; the full pass's median and range over the rounds show the noise."""
     rows = []
     for (shape, routing, pass_) in sorted(times):
-        stages = FORWARD if pass_ == "forward" else BACKWARD if pass_ == "backward" else None
+        stages = {"forward": FORWARD, "backward": BACKWARD, "forward+backward": []}.get(pass_)
         variants = times[(shape, routing, pass_)]
-        if stages is None or FULL not in variants:
+        if stages is None or FULL not in variants or not (stages or GLUE in variants):
             continue
         full = variants[FULL]
         base = statistics.median(full)
         rows.append(f"{shape} {routing} {pass_}: {base:.3f} ms in full (rounds {min(full):.3f}-{max(full):.3f}, n={len(full)})")
         rows.append("  stage left out      ms without   saved ms   share")
-        for stage in stages:
+        for stage in stages + [GLUE]:
             if stage not in variants:
                 continue
             without = statistics.median(variants[stage])

@@ -31,6 +31,14 @@ class BreakdownTable(unittest.TestCase):
         self.assertNotIn("wgrad_gate_up", "\n".join(lines[forward:]))
         self.assertNotIn("forward+backward", "\n".join(lines))
 
+    def test_the_glue_row_in_every_pass(self):
+        runs = [("none", run(1.40, 2.60)), ("glue", run(1.25, 2.35))]
+        lines = table(collect(runs)).splitlines()
+        both = lines.index("qwen3-30b-a3b uniform forward+backward: 4.000 ms in full (rounds 4.000-4.000, n=1)")
+        self.assertEqual(lines[both + 2].split(), ["glue", "3.600", "0.400", "10.0%"])
+        forward = lines.index("qwen3-30b-a3b uniform forward: 1.400 ms in full (rounds 1.400-1.400, n=1)")
+        self.assertEqual(lines[forward + 2].split(), ["glue", "1.250", "0.150", "10.7%"])
+
     def test_a_pass_without_its_full_run_is_left_out(self):
         self.assertEqual(table(collect([("down", run(1.0, 2.0))])), "")
 
