@@ -26,7 +26,8 @@ def collect(runs):
 
 def table(times):
     """Per shape and routing: the forward's stages against the forward, the backward's against the
-    backward; the full pass's median and range over the rounds show the noise."""
+    backward, and the glue variant against each of the two and against the forward+backward; the full
+    pass's median and range over the rounds show the noise."""
     rows = []
     for (shape, routing, pass_) in sorted(times):
         stages = {"forward": FORWARD, "backward": BACKWARD, "forward+backward": []}.get(pass_)
