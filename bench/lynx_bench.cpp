@@ -40,10 +40,11 @@ struct Options {
 };
 
 const char* kUsage =
-    "usage: lynx-bench [--shape NAME|all] [--pass forward|backward|both|all] [--routing uniform|skewed|balanced|all]\n"
+    "usage: lynx-bench [--shape NAME|all|T,H,I,E,k] [--pass forward|backward|both|all] [--routing uniform|skewed|balanced|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
     "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
-    "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all\n"
+    "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all; or\n"
+    "             any shape as T,H,I,E,k (tokens, hidden, intermediate, experts, top-k), e.g. 8192,8192,4096,1,1\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
     "  --routing  uniform (default): experts drawn at random; skewed: a quarter of the picks to 4 hot\n"
     "             experts; balanced: every expert T*k/E rows (exactly when k | E and (E/k) | T, as at every\n"
@@ -86,10 +87,13 @@ Options parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (flag == "--shape") {
       o.shapes.clear();
-      for (const NamedShape& s : benchmark_shapes()) {
-        if (v == "all" || v == s.name) o.shapes.push_back(s.name);
+      if (v == "all") {
+        for (const NamedShape& s : benchmark_shapes()) o.shapes.push_back(s.name);
+      } else if (parse_shape(v)) {
+        o.shapes.push_back(v);
+      } else {
+        usage_error("unknown shape '" + v + "' (a name, or T,H,I,E,k)");
       }
-      if (o.shapes.empty()) usage_error("unknown shape '" + v + "'");
     } else if (flag == "--pass") {
       if (v == "all") o.passes = {"forward", "backward", "forward+backward"};
       else if (v == "forward" || v == "backward") o.passes = {v};
@@ -253,11 +257,9 @@ int run(const Options& o) {
   std::vector<Memory> memory;
   bool all_ok = true;
   for (const std::string& name : o.shapes) {
-    NamedShape shape;
-    for (const NamedShape& s : benchmark_shapes()) {
-      if (s.name == name) shape = s;
-    }
+    NamedShape shape = *parse_shape(name);
     shape.shape.shared_intermediate = o.shared_intermediate;
+    validate_shape(shape.shape);  // before the problem's routing, which assumes k <= E
     for (Routing routing : o.routings) {
       Problem p(shape, routing, 2026);
       Config fused_config, unfused_config;
