@@ -861,13 +861,6 @@ int32_t gather_lookahead(int64_t k) {
   return forced > 0 ? forced : gather_lookahead_blocks(k);
 }
 
-// The in-kernel gather loads the token rows evict_last when the environment asks for it in a sweep:
-// LYNX_GEMM_GATHER_KEEP=1 (default off).
-bool gather_keeps_rows() {
-  static const int forced = env_switch("LYNX_GEMM_GATHER_KEEP");
-  return forced == 1;
-}
-
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -910,7 +903,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.lookahead = args.gather_lookahead > 0 ? args.gather_lookahead : gather_lookahead(args.k);
     p.gather.sync = args.gather_sync;
     p.gather.stall_block = args.gather_stall_block;
-    p.gather.keep_src = gather_keeps_rows();
   }
   return p;
 }

@@ -30,7 +30,6 @@ struct RowGather {
   int32_t lookahead;              // gather_lookahead_blocks (gather_plan.h)
   int32_t* sync;                  // [gather_sync_ints(capacity)] (gather_plan.h)
   int32_t stall_block = -1;       // test hook: this row block is claimed but never copied (-1: off)
-  bool keep_src = false;          // the token rows' L2 lines are loaded evict_last (gather_keeps_rows)
 };
 
 // One gather warp: claims schedule rows kGatherRowsPerClaim at a time and copies them (zeros for a
@@ -49,7 +48,6 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
   const int lane = threadIdx.x % 32;
   const int32_t total = grid.expert_offset[grid.experts];
   if (total > grid.capacity) return;
-  const uint64_t policy = sm90::l2_policy(g.keep_src);
   for (;;) {
     int32_t first = 0;
     if (lane == 0) first = atomicAdd(&g.sync[kGatherRowTicket], kGatherRowsPerClaim);
@@ -80,7 +78,7 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
 #pragma unroll
         for (int u = 0; u < kGatherVecsPerLane; ++u) {
           const int32_t v = v0 + u * 32 + lane;
-          val[u] = from && v < g.vecs ? sm90::ld_nc_l2_hint(from + v, policy) : make_uint4(0, 0, 0, 0);
+          val[u] = from && v < g.vecs ? __ldg(from + v) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < kGatherVecsPerLane; ++u) {

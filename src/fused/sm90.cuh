@@ -138,24 +138,6 @@ __device__ __forceinline__ void red_relaxed_max(int32_t* p, int32_t v) {
   asm volatile("red.relaxed.gpu.global.max.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// An L2 eviction policy for every line it loads: evict_last (kept ahead of ordinary lines) or
-// evict_normal (as a load without a hint).
-__device__ __forceinline__ uint64_t l2_policy(bool evict_last) {
-  uint64_t last, normal;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(last));
-  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
-  return evict_last ? last : normal;
-}
-
-// A read-only 16-byte load whose L2 line follows `policy` (l2_policy).
-__device__ __forceinline__ uint4 ld_nc_l2_hint(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
-
 // Orders this thread's generic-proxy accesses to global memory with its async-proxy (TMA) ones; used on
 // both sides of a hand-off from generic writes on one SM to TMA reads on another (row_gather.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() {
