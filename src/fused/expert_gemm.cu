@@ -861,13 +861,6 @@ int32_t gather_lookahead(int64_t k) {
   return forced > 0 ? forced : gather_lookahead_blocks(k);
 }
 
-// Expert raster groups counted from the expert's end (its tail block in a full group) when the
-// environment asks for it in a sweep: LYNX_GEMM_GROUPS_FROM_END=1.
-bool groups_from_end() {
-  static const int forced = env_switch("LYNX_GEMM_GROUPS_FROM_END");
-  return forced == 1;
-}
-
 // The Params every row mode shares.
 Params rows_params(const ExpertGemmArgs& args, int block_n) {
   check(args.tickets != nullptr, "tile tickets");
@@ -891,7 +884,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   const TileOrder order = tile_order(args.routed_rows, args.experts, args.gather_src != nullptr, args.order);
   p.grid.group_rows = order.group_rows;
   p.grid.expert_groups = order.expert_groups;
-  p.grid.groups_from_end = groups_from_end();
   p.in_order = order.in_order;
   const bool paired = args.clusters >= 0 ? args.clusters == 1 : cluster_units(args.k);
   p.cluster = paired ? kClusterTiles : 1;

@@ -23,7 +23,6 @@ struct TileGrid {
   bool weight_grad;   // per-expert weight gradients (K = an expert's rows) instead of row blocks
   int32_t group_rows = 1;      // row modes: row blocks per raster group (choose_tile_order)
   bool expert_groups = false;  // row modes: raster groups end at expert boundaries (choose_tile_order)
-  bool groups_from_end = false;  // with expert_groups: an expert's short group is its first, not its last
   const int32_t* expert_rows = nullptr;  // [experts] rows before padding (device memory). Row modes: the
                                          // rows of each tile (null: every tile counts as full); weight
                                          // grad: K stops at the last 64-row block holding rows (null: K is
@@ -97,17 +96,8 @@ LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
       local = tile - first_block * g.tiles_n;
     }
     const int32_t per_group = g.group_rows * g.tiles_n;
-    int32_t first = local / per_group * g.group_rows, r = local % per_group;
-    int32_t rows = g.group_rows < blocks - first ? g.group_rows : blocks - first;
-    if (g.expert_groups && g.groups_from_end) {
-      const int32_t lead = blocks % g.group_rows, lead_tiles = lead * g.tiles_n;
-      if (local < lead_tiles) {
-        first = 0, rows = lead, r = local;
-      } else {
-        first = lead + (local - lead_tiles) / per_group * g.group_rows, rows = g.group_rows;
-        r = (local - lead_tiles) % per_group;
-      }
-    }
+    const int32_t first = local / per_group * g.group_rows, r = local % per_group;
+    const int32_t rows = g.group_rows < blocks - first ? g.group_rows : blocks - first;
     t.a_row = (first_block + first + r % rows) * kBlockM;
     t.b_row = (r / rows) * g.block_n;
     t.expert = expert_of_row(g.expert_offset, g.experts, t.a_row);

@@ -31,9 +31,8 @@ TEST(TileSchedule, RowModesCoverTheRowsInUseOnce) {
     const int32_t used = offsets[experts];
     const int32_t capacity = used + kBlockM * (rng() % 3);
     const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
-    TileGrid g{offsets.data(), experts, capacity / kBlockM, (n + block_n - 1) / block_n, block_n, 12, capacity,
-               false, group_rows, trial % 3 == 0};
-    g.groups_from_end = trial % 4 == 1;
+    const TileGrid g{offsets.data(), experts, capacity / kBlockM, (n + block_n - 1) / block_n, block_n, 12, capacity,
+                     false, group_rows, trial % 3 == 0};
     std::set<std::pair<int32_t, int32_t>> seen;
     for (int32_t tile = 0; tile < tile_count(g); ++tile) {
       const Tile t = tile_at(g, tile);
@@ -83,31 +82,6 @@ TEST(TileSchedule, RasterGroupsEndAtExpertBoundaries) {
   EXPECT_EQ(raster(g), want);
   EXPECT_EQ(tile_at(g, 5).expert, 0);
   EXPECT_EQ(tile_at(g, 6).expert, 1);
-}
-
-TEST(TileSchedule, ExpertGroupsFromTheEndPairTheTailWithAFullBlock) {
-  // Experts of 5, 4 and 1 row blocks, 4 column blocks, groups of 2 from the expert's end: {0}, {1,2},
-  // {3,4}; {5,6}, {7,8}; {9}. Within a group the column blocks are outermost.
-  const std::vector<int32_t> offsets = {0, 640, 1152, 1280};
-  TileGrid g{offsets.data(), 3, 10, 4, 128, 4, 1280, false, 2, true};
-  g.groups_from_end = true;
-  const auto order = raster(g);
-  ASSERT_EQ(order.size(), 40u);
-  std::vector<std::pair<int32_t, int32_t>> expected;
-  for (int32_t c = 0; c < 4; ++c) expected.push_back({0, c});
-  for (const int32_t b : {1, 3, 5, 7}) {
-    for (int32_t c = 0; c < 4; ++c) {
-      expected.push_back({b, c});
-      expected.push_back({b + 1, c});
-    }
-  }
-  for (int32_t c = 0; c < 4; ++c) expected.push_back({9, c});
-  EXPECT_EQ(order, expected);
-  // In cluster units the tail block (4) shares its weight tile with block 3.
-  for (int32_t tile = 0; tile < 40; tile += kClusterTiles) {
-    const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
-    EXPECT_NE(shared_operand(t0, t1), Shared::kNone) << "tile " << tile;
-  }
 }
 
 TEST(TileSchedule, ExpertGroupsSkipEmptyExperts) {
@@ -197,9 +171,8 @@ TEST(TileSchedule, ClusterUnitsShareOnlyWhatIsTheSame) {
     const int32_t experts = 1 + rng() % 40, n = 64 * (1 + rng() % 40), block_n = trial % 2 ? 256 : 128;
     const std::vector<int32_t> offsets = random_offsets(rng, experts, 700);
     const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
-    TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, (n + block_n - 1) / block_n, block_n, 12,
-               offsets[experts], false, group_rows, trial % 3 == 0};
-    g.groups_from_end = trial % 4 == 1;
+    const TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, (n + block_n - 1) / block_n, block_n, 12,
+                     offsets[experts], false, group_rows, trial % 3 == 0};
     for (int32_t tile = 0; tile + 1 < tile_count(g); tile += kClusterTiles) {
       const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
       switch (shared_operand(t0, t1)) {
