@@ -71,6 +71,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     schedule.row_src_rank = alloc<int32_t>(cap);
     schedule.expert_offset = alloc<int32_t>(E_loc + 1);
     schedule.expert_rows = alloc<int32_t>(E_loc);
+    schedule.block_offset = alloc<int32_t>(E_loc + 1);
     schedule.slot_row = alloc<int32_t>(T * k);
     schedule.scratch = alloc<int32_t>(sched::device_scratch_ints(problem));
     schedule.status = status;
@@ -173,7 +174,7 @@ int64_t Workspace::context_bytes() const {
   const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
   // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
   const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
-  const int64_t schedule = 4 * (2 * cap + 2 * E_loc + 1 + s.tokens * s.top_k);
+  const int64_t schedule = 4 * (2 * cap + 3 * E_loc + 2 + s.tokens * s.top_k);
   return activations + schedule;
 }
 

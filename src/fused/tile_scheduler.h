@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/hd.h"
+#include "schedule/schedule_core.h"
 
 namespace lynx::fused {
 
@@ -27,6 +28,9 @@ struct TileGrid {
                                          // rows of each tile (null: every tile counts as full); weight
                                          // grad: K stops at the last 64-row block holding rows (null: K is
                                          // the padded block)
+  const int32_t* block_offset = nullptr;  // [experts + 1] row modes with folded tails (needs expert_rows):
+                                          // the schedule's block_offset, each expert's first row block
+                                          // among the tiles' (null: no tail is folded)
 };
 
 // What one tile computes.
@@ -38,7 +42,17 @@ struct Tile {
   int32_t expert;
   int32_t rows;      // row modes: rows of the tile that are not padding (1 .. kBlockM); weight grad: the
                      // expert's rows, its K before padding (the padded rows without expert_rows)
+  int32_t fold;      // row modes: rows of the expert's next block (its tail, 1 .. kFoldRows) that this tile
+                     // computes too, 0: none (folded tails, below)
 };
+
+// ---- folded tails (row modes) ----
+// An expert's last row block that holds 1 .. kFoldRows rows behind a whole block (its tail) has no
+// tiles of its own when the launch folds tails: the tiles of the block before it also multiply the
+// tail's rows with the weight tile they stage (the weight tile as wgmma's A, the tail rows as N). So
+// the weights are staged once for both blocks. The tiles then walk the row blocks of the schedule's
+// block_offset (schedule_core.h, tile_blocks) instead of expert_offset / kBlockM.
+constexpr int32_t kFoldRows = int32_t(sched::core::kFoldRows);
 
 // The expert whose (padded) block holds `row`: the last e with expert_offset[e] <= row.
 LYNX_HD int32_t expert_of_row(const int32_t* expert_offset, int32_t experts, int32_t row) {
@@ -56,10 +70,56 @@ LYNX_HD int32_t expert_of_row(const int32_t* expert_offset, int32_t experts, int
 
 // Tiles of the launch. Row modes: only the row blocks in use (none when the schedule is over
 // capacity: it placed no rows). Weight grad: every (expert, row block, column block).
+// The first row block of expert e among the tiles' (row modes), with or without folded tails.
+template <bool kFolded>
+LYNX_HD int32_t first_block_of(const TileGrid& g, int32_t e) {
+  return kFolded ? g.block_offset[e] : g.expert_offset[e] / kBlockM;
+}
+
 LYNX_HD int32_t tile_count(const TileGrid& g) {
   if (g.weight_grad) return g.experts * g.tiles_m * g.tiles_n;
-  const int32_t used = g.expert_offset[g.experts];
-  return ((used <= g.capacity ? used : 0) / kBlockM) * g.tiles_n;
+  if (g.expert_offset[g.experts] > g.capacity) return 0;
+  return (g.block_offset ? first_block_of<true>(g, g.experts) : first_block_of<false>(g, g.experts)) * g.tiles_n;
+}
+
+// The expert of the tiles' row block `block`: the last e with first_block_of(g, e) <= block.
+template <bool kFolded>
+LYNX_HD int32_t expert_of_block(const TileGrid& g, int32_t block) {
+  return kFolded ? expert_of_row(g.block_offset, g.experts, block)
+                 : expert_of_row(g.expert_offset, g.experts, block * kBlockM);
+}
+
+// A row-mode tile (tile_at below); kFolded: the launch folds tails (g.block_offset is set).
+template <bool kFolded>
+LYNX_HD Tile row_tile_at(const TileGrid& g, int32_t tile) {
+  Tile t;
+  int32_t first_block = 0, blocks = first_block_of<kFolded>(g, g.experts), local = tile;
+  if (g.expert_groups) {
+    // B_e · tiles_n <= tile < B_e+1 · tiles_n  <=>  B_e <= tile / tiles_n < B_e+1
+    const int32_t e = expert_of_block<kFolded>(g, tile / g.tiles_n);
+    first_block = first_block_of<kFolded>(g, e);
+    blocks = first_block_of<kFolded>(g, e + 1) - first_block;
+    local = tile - first_block * g.tiles_n;
+  }
+  const int32_t per_group = g.group_rows * g.tiles_n;
+  const int32_t first = local / per_group * g.group_rows, r = local % per_group;
+  const int32_t rows = g.group_rows < blocks - first ? g.group_rows : blocks - first;
+  const int32_t block = first_block + first + r % rows;
+  if (kFolded) {
+    t.expert = expert_of_block<true>(g, block);
+    t.a_row = g.expert_offset[t.expert] + (block - g.block_offset[t.expert]) * kBlockM;
+  } else {
+    t.a_row = block * kBlockM;
+    t.expert = expert_of_row(g.expert_offset, g.experts, t.a_row);
+  }
+  t.b_row = (r / rows) * g.block_n;
+  const int32_t left = g.expert_rows ? g.expert_rows[t.expert] - (t.a_row - g.expert_offset[t.expert]) : kBlockM;
+  t.rows = left < kBlockM ? left : kBlockM;
+  // Rows past the expert's last row block among the tiles' are its folded tail.
+  t.fold = kFolded && left > kBlockM && block + 1 == g.block_offset[t.expert + 1] ? left - kBlockM : 0;
+  t.k0 = 0;
+  t.k_blocks = g.k_blocks;
+  return t;
 }
 
 // Tile `tile`. Row modes: grouped raster. Row blocks go in groups of `group_rows`; within a group the
@@ -70,42 +130,23 @@ LYNX_HD int32_t tile_count(const TileGrid& g) {
 // smaller; without, groups are all `group_rows` blocks (the launch's last one excepted) and may straddle
 // experts. Weight grad: expert-major, m-major within an expert.
 LYNX_HD Tile tile_at(const TileGrid& g, int32_t tile) {
+  if (!g.weight_grad) return g.block_offset ? row_tile_at<true>(g, tile) : row_tile_at<false>(g, tile);
   Tile t;
-  if (g.weight_grad) {
-    const int32_t mn = tile / g.tiles_n;
-    t.b_row = (tile % g.tiles_n) * g.block_n;
-    t.expert = mn / g.tiles_m;
-    t.a_row = (mn % g.tiles_m) * kBlockM;
-    t.k0 = g.expert_offset[t.expert];
-    // A schedule over capacity placed no rows: every weight gradient is zero.
-    // NOTES: the padded block's K blocks past the expert's rows hold only zeros (padding rows), which
-    // add nothing: at deepseek-v3 (128 ± 11 rows per expert, half of the experts padded to 256) they
-    // are 17% of the weight gradients' K.
-    const bool overflow = g.expert_offset[g.experts] > g.capacity;
-    const int32_t padded = g.expert_offset[t.expert + 1] - t.k0;
-    const int32_t rows = g.expert_rows ? g.expert_rows[t.expert] : padded;
-    t.k_blocks = overflow ? 0 : (rows + kBlockK - 1) / kBlockK;
-    t.rows = rows;
-  } else {
-    int32_t first_block = 0, blocks = g.expert_offset[g.experts] / kBlockM, local = tile;
-    if (g.expert_groups) {
-      // B_e · tiles_n <= tile < B_e+1 · tiles_n  <=>  B_e <= tile / tiles_n < B_e+1
-      const int32_t e = expert_of_row(g.expert_offset, g.experts, tile / g.tiles_n * kBlockM);
-      first_block = g.expert_offset[e] / kBlockM;
-      blocks = g.expert_offset[e + 1] / kBlockM - first_block;
-      local = tile - first_block * g.tiles_n;
-    }
-    const int32_t per_group = g.group_rows * g.tiles_n;
-    const int32_t first = local / per_group * g.group_rows, r = local % per_group;
-    const int32_t rows = g.group_rows < blocks - first ? g.group_rows : blocks - first;
-    t.a_row = (first_block + first + r % rows) * kBlockM;
-    t.b_row = (r / rows) * g.block_n;
-    t.expert = expert_of_row(g.expert_offset, g.experts, t.a_row);
-    const int32_t left = g.expert_rows ? g.expert_rows[t.expert] - (t.a_row - g.expert_offset[t.expert]) : kBlockM;
-    t.rows = left < kBlockM ? left : kBlockM;
-    t.k0 = 0;
-    t.k_blocks = g.k_blocks;
-  }
+  const int32_t mn = tile / g.tiles_n;
+  t.b_row = (tile % g.tiles_n) * g.block_n;
+  t.expert = mn / g.tiles_m;
+  t.a_row = (mn % g.tiles_m) * kBlockM;
+  t.k0 = g.expert_offset[t.expert];
+  // A schedule over capacity placed no rows: every weight gradient is zero.
+  // NOTES: the padded block's K blocks past the expert's rows hold only zeros (padding rows), which
+  // add nothing: at deepseek-v3 (128 ± 11 rows per expert, half of the experts padded to 256) they
+  // are 17% of the weight gradients' K.
+  const bool overflow = g.expert_offset[g.experts] > g.capacity;
+  const int32_t padded = g.expert_offset[t.expert + 1] - t.k0;
+  const int32_t rows = g.expert_rows ? g.expert_rows[t.expert] : padded;
+  t.k_blocks = overflow ? 0 : (rows + kBlockK - 1) / kBlockK;
+  t.rows = rows;
+  t.fold = 0;
   return t;
 }
 

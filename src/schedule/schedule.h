@@ -9,6 +9,8 @@
 //    routed to e, in increasing t*k + j order. Row q of L_s goes to position
 //        Σ_{s'} min(q, |L_s'|) + #{ s' < s : |L_s'| > q }
 //    i.e. round-robin over sources, skipping exhausted ones.
+//  * block_offset[e] = Σ_{e' < e} tile_blocks(rows of e'): where expert e's row blocks start in the
+//    expert GEMM's tiles when it folds tails (schedule_core.h). block_offset[E_loc] = all of them.
 //  * Padding rows have row_token_slot = row_src_rank = -1.
 //  * slot_row[t*k + j] (for this rank's own tokens) is the row of (t, j) if its expert is local to this
 //    rank, else -1.
@@ -46,6 +48,7 @@ struct HostSchedule {
   std::vector<int32_t> row_src_rank;    // [capacity]
   std::vector<int32_t> expert_offset;   // [E_loc + 1]
   std::vector<int32_t> expert_rows;     // [E_loc]
+  std::vector<int32_t> block_offset;    // [E_loc + 1]
   std::vector<int32_t> slot_row;        // [T*k]
 };
 
@@ -63,6 +66,7 @@ struct DeviceBuffers {
   int32_t* row_src_rank;    // [capacity]
   int32_t* expert_offset;   // [E_loc + 1]
   int32_t* expert_rows;     // [E_loc]
+  int32_t* block_offset;    // [E_loc + 1]
   int32_t* slot_row;        // [T*k]
   int32_t* scratch;         // [device_scratch_ints(p)]
   DeviceStatus* status;

@@ -21,6 +21,17 @@ LYNX_HD int32_t local_expert(int32_t id, int32_t rank, int32_t local_experts) {
 // Rows an expert's block takes: its row count rounded up to the tile height (0 stays 0).
 LYNX_HD int64_t padded_rows(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
 
+// The expert GEMM's row blocks (src/fused/tile_scheduler.h, "folded tails"): an expert's block of
+// padded_rows / kTileRows row blocks, less its last when that holds a tail of 1 .. kFoldRows rows
+// behind at least one whole block: such a tail is computed by the tile of the block before it.
+// block_offset[e] counts these blocks over the experts before e.
+constexpr int64_t kFoldRows = 8;
+LYNX_HD int64_t folded_tail_rows(int64_t rows) {
+  const int64_t tail = rows % kTileRows;
+  return rows > kTileRows && tail <= kFoldRows ? tail : 0;
+}
+LYNX_HD int64_t tile_blocks(int64_t rows) { return padded_rows(rows) / kTileRows - (folded_tail_rows(rows) > 0 ? 1 : 0); }
+
 // Whether schedule row `row` lies in a 64-row half of its expert's block that holds no routed rows.
 // An expert's rows come first in its block, so such a half starts with a padding row. No kernel reads
 // those halves (half tiles load rows 0-63; the weight gradients' K stops at the last 64-row block with

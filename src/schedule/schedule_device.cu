@@ -78,6 +78,7 @@ struct Args {
   int32_t* row_src_rank;
   int32_t* expert_offset;
   int32_t* expert_rows;
+  int32_t* block_offset;
   int32_t* slot_row;
   DeviceStatus* status;
 };
@@ -111,8 +112,8 @@ __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
 }
 
 // One whole block: turns chunk_rows into exclusive prefixes over chunks (one thread per pair), writes
-// pair_rows, expert_rows, the padded expert_offset (contiguous experts per thread, block scan) and the
-// fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
+// pair_rows, expert_rows, the padded expert_offset and the GEMM's block_offset (contiguous experts per
+// thread, block scans) and the fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
 // chunk_rows: their writes are ordered before these reads by last_block_to_arrive; __ldcg only skips
 // L1, which holds no line of them in this block anyway.
 __device__ void expert_offsets(const Args& a) {
@@ -145,18 +146,26 @@ __device__ void expert_offsets(const Args& a) {
     for (int32_t s = 0; s < a.num_ranks; ++s) rows += a.pair_rows[core::pair_index(e, s, a.num_ranks)];
     return rows;
   };
-  int64_t padded = 0;
-  for (int32_t e = e_begin; e < e_end; ++e) padded += core::padded_rows(expert_rows(e));
-  int64_t total = 0;
+  int64_t padded = 0, blocks = 0;
+  for (int32_t e = e_begin; e < e_end; ++e) {
+    padded += core::padded_rows(expert_rows(e));
+    blocks += core::tile_blocks(expert_rows(e));
+  }
+  int64_t total = 0, total_blocks = 0;
   int64_t offset = block_exclusive_sum(padded, &total);
+  __syncthreads();  // block_exclusive_sum's shared sums are read until its return
+  int64_t block = block_exclusive_sum(blocks, &total_blocks);
   for (int32_t e = e_begin; e < e_end; ++e) {
     const int64_t rows = expert_rows(e);
     a.expert_rows[e] = static_cast<int32_t>(rows);
     a.expert_offset[e] = static_cast<int32_t>(offset);
+    a.block_offset[e] = static_cast<int32_t>(block);
     offset += core::padded_rows(rows);
+    block += core::tile_blocks(rows);
   }
   if (threadIdx.x == 0) {
     a.expert_offset[a.local_experts] = static_cast<int32_t>(total);
+    a.block_offset[a.local_experts] = static_cast<int32_t>(total_blocks);
     const bool fits = core::fits_capacity(total, a.capacity);
     *a.fits = fits ? 1 : 0;
     if (!fits && atomicCAS(&a.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kCapacityOverflow)) ==
@@ -321,6 +330,7 @@ Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing,
   a.row_src_rank = b.row_src_rank;
   a.expert_offset = b.expert_offset;
   a.expert_rows = b.expert_rows;
+  a.block_offset = b.block_offset;
   a.slot_row = b.slot_row;
   a.status = b.status;
   return a;

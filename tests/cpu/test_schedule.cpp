@@ -19,7 +19,7 @@ using test::Routing;
 
 // What rank r must compute, stated without schedule_core.h.
 struct Expected {
-  std::vector<int32_t> expert_rows, expert_offset;
+  std::vector<int32_t> expert_rows, expert_offset, block_offset;
   int64_t total = 0;
   std::vector<std::vector<std::vector<int32_t>>> lists;  // [E_loc][R]: flat indices t*k+j, increasing
   std::vector<int32_t> row_token_slot, row_src_rank, slot_row;  // when it fits
@@ -43,9 +43,18 @@ Expected expect(const Routing& g, int32_t r, int64_t capacity) {
     while (padded % 128 != 0) ++padded;
     x.expert_rows.push_back(int32_t(rows));
     x.expert_offset.push_back(int32_t(x.total));
+    x.block_offset.push_back(x.block_offset.empty() ? 0 : x.block_offset.back());
     x.total += padded;
   }
   x.expert_offset.push_back(int32_t(x.total));
+  // The GEMM's row blocks: an expert's 128-row blocks, but a last one with 1-8 rows after a whole
+  // block has none of its own.
+  x.block_offset.push_back(x.block_offset.empty() ? 0 : x.block_offset.back());
+  for (int64_t e = 0; e < E_loc; ++e) {
+    const int32_t rows = x.expert_rows[e], tail = rows % 128;
+    const int32_t blocks = (rows + 127) / 128 - (rows > 128 && tail >= 1 && tail <= 8 ? 1 : 0);
+    x.block_offset[e + 1] = x.block_offset[e] + blocks;
+  }
 
   x.row_token_slot.assign(std::max<int64_t>(capacity, 0), -1);
   x.row_src_rank.assign(std::max<int64_t>(capacity, 0), -1);
@@ -88,6 +97,7 @@ void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::s
   EXPECT_EQ(res.code, want.total <= capacity ? StatusCode::kOk : StatusCode::kCapacityOverflow);
   EXPECT_EQ(first_difference(got.expert_rows, want.expert_rows), "") << "expert_rows";
   EXPECT_EQ(first_difference(got.expert_offset, want.expert_offset), "") << "expert_offset";
+  EXPECT_EQ(first_difference(got.block_offset, want.block_offset), "") << "block_offset";
   for (int64_t e = 0; e < E_loc && e + 1 < int64_t(got.expert_offset.size()); ++e) {
     EXPECT_EQ(got.expert_offset[e] % 128, 0);
     EXPECT_GE(got.expert_offset[e + 1] - got.expert_offset[e], got.expert_rows[e]);
@@ -138,7 +148,8 @@ void check_all_ranks(const Routing& g, const std::string& what) {
     build_and_check(g, r, g.worst_case_capacity(), what, a);
     build_schedule_host(g.problem(r, g.worst_case_capacity()), g.ptrs.data(), b);
     EXPECT_TRUE(a.row_token_slot == b.row_token_slot && a.row_src_rank == b.row_src_rank &&
-                a.expert_offset == b.expert_offset && a.expert_rows == b.expert_rows && a.slot_row == b.slot_row)
+                a.expert_offset == b.expert_offset && a.expert_rows == b.expert_rows &&
+                a.block_offset == b.block_offset && a.slot_row == b.slot_row)
         << what << ": two builds differ, rank " << r;
   }
 }

@@ -1,6 +1,7 @@
 // The expert GEMM kernel's tile schedule (src/fused/tile_scheduler.h) on random padded schedules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <tuple>
@@ -8,6 +9,7 @@
 
 #include "fused/gather_plan.h"
 #include "fused/tile_scheduler.h"
+#include "schedule/schedule_core.h"
 
 namespace lynx::fused {
 namespace {
@@ -114,6 +116,83 @@ TEST(TileSchedule, RowModesCountTheRowsThatAreNotPadding) {
   }
 }
 
+// The schedule's tables for per-expert row counts: padded offsets, and the tiles' row blocks when
+// tails are folded (schedule_core.h).
+struct Tables {
+  std::vector<int32_t> rows, offsets, blocks;
+};
+Tables tables_of(const std::vector<int32_t>& rows) {
+  Tables x{rows, {0}, {0}};
+  for (const int32_t n : rows) {
+    x.offsets.push_back(x.offsets.back() + int32_t(sched::core::padded_rows(n)));
+    x.blocks.push_back(x.blocks.back() + int32_t(sched::core::tile_blocks(n)));
+  }
+  return x;
+}
+
+// With folded tails every row of every expert is computed once per column block: by a tile's own
+// rows or as the tail it folds, 1 .. kFoldRows rows right after its whole block; no tile starts at
+// a folded tail.
+TEST(TileSchedule, FoldedTailsCoverEveryRowOnce) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t experts = 1 + rng() % 40, block_n = trial % 2 ? 256 : 128, n = block_n * (1 + rng() % 6);
+    std::vector<int32_t> rows(experts);
+    for (int32_t& r : rows) {
+      const int32_t kind = rng() % 4;  // near a whole block: some tails fold, some do not
+      r = kind == 0 ? 0 : kind == 1 ? int32_t(rng() % 600) : int32_t(128 * (1 + rng() % 3) + rng() % 20);
+    }
+    const Tables x = tables_of(rows);
+    const int32_t capacity = x.offsets.back();
+    const int32_t group_rows = std::vector<int32_t>{1, 2, 3, 4, 16}[trial % 5];
+    TileGrid g{x.offsets.data(), experts, capacity / kBlockM, n / block_n, block_n, 12, capacity,
+               false, group_rows, trial % 3 == 0};
+    g.expert_rows = x.rows.data();
+    g.block_offset = x.blocks.data();
+    ASSERT_EQ(tile_count(g), x.blocks.back() * g.tiles_n);
+    std::vector<int32_t> covered(size_t(capacity) * g.tiles_n, 0);
+    for (int32_t tile = 0; tile < tile_count(g); ++tile) {
+      const Tile t = tile_at(g, tile);
+      const int32_t e = t.expert, begin = x.offsets[e], in_block = t.a_row - begin;
+      ASSERT_EQ(in_block % kBlockM, 0) << "tile " << tile;
+      ASSERT_GE(in_block, 0);
+      ASSERT_LT(in_block, x.rows[e]) << "tile " << tile << " starts past its expert's rows";
+      ASSERT_EQ(t.rows, std::min(kBlockM, x.rows[e] - in_block));
+      ASSERT_GE(t.fold, 0);
+      ASSERT_LE(t.fold, kFoldRows);
+      if (t.fold > 0) {
+        ASSERT_EQ(t.rows, kBlockM);
+        ASSERT_EQ(in_block + kBlockM + t.fold, x.rows[e]) << "the fold is the expert's last rows";
+      }
+      const int32_t col = t.b_row / block_n;
+      for (int32_t r = 0; r < t.rows + t.fold; ++r) ++covered[size_t(t.a_row + r) * g.tiles_n + col];
+    }
+    for (int32_t e = 0; e < experts; ++e) {
+      for (int32_t r = x.offsets[e]; r < x.offsets[e + 1]; ++r) {
+        for (int32_t col = 0; col < g.tiles_n; ++col) {
+          ASSERT_EQ(covered[size_t(r) * g.tiles_n + col], r < x.offsets[e] + x.rows[e] ? 1 : 0)
+              << "expert " << e << " (" << x.rows[e] << " rows), row " << r - x.offsets[e] << ", column block " << col;
+        }
+      }
+    }
+  }
+}
+
+TEST(TileSchedule, TailsOfOneToEightRowsBehindAWholeBlockFold) {
+  EXPECT_EQ(sched::core::folded_tail_rows(129), 1);
+  EXPECT_EQ(sched::core::folded_tail_rows(136), 8);
+  EXPECT_EQ(sched::core::folded_tail_rows(137), 0);
+  EXPECT_EQ(sched::core::folded_tail_rows(128), 0);
+  EXPECT_EQ(sched::core::folded_tail_rows(8), 0);  // no whole block before it
+  EXPECT_EQ(sched::core::folded_tail_rows(512 + 3), 3);
+  EXPECT_EQ(sched::core::tile_blocks(0), 0);
+  EXPECT_EQ(sched::core::tile_blocks(8), 1);
+  EXPECT_EQ(sched::core::tile_blocks(128), 1);
+  EXPECT_EQ(sched::core::tile_blocks(130), 1);
+  EXPECT_EQ(sched::core::tile_blocks(140), 2);
+  EXPECT_EQ(sched::core::tile_blocks(515), 4);
+}
+
 // A warpgroup swaps its operands when it holds 1 to 16 of the tile's rows: warpgroup 0 of a block
 // with 1-16 rows (a half tile, whose warpgroup 1 holds none), warpgroup 1 of a block with 65-80.
 TEST(TileSchedule, SwappedProductsForWarpgroupsWithOneToSixteenRows) {
@@ -209,14 +288,24 @@ TEST(TileSchedule, ClusterUnitsOfDeepseekAllShare) {
   for (const int32_t n : {2048, 7168}) {
     const int32_t experts = 256, block_n = n == 2048 ? 128 : 256;
     const TileOrder order = choose_tile_order(4096 * 8, experts, false);
-    std::vector<int32_t> offsets(experts + 1, 0);
-    for (int32_t e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + (rows(rng) + kBlockM - 1) / kBlockM * kBlockM;
-    const TileGrid g{offsets.data(), experts, offsets[experts] / kBlockM, n / block_n, block_n, 32, offsets[experts],
-                     false, order.group_rows, order.expert_groups};
-    for (int32_t tile = 0; tile + 1 < tile_count(g); tile += kClusterTiles) {
-      const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
-      const bool two_blocks = offsets[t0.expert + 1] - offsets[t0.expert] > kBlockM;
-      ASSERT_EQ(shared_operand(t0, t1), two_blocks ? Shared::kB : Shared::kA) << "n " << n << ", tile " << tile;
+    std::vector<int32_t> counts(experts);
+    for (int32_t& c : counts) c = rows(rng);
+    const Tables x = tables_of(counts);
+    for (const bool fold : {false, true}) {
+      TileGrid g{x.offsets.data(), experts, x.offsets[experts] / kBlockM, n / block_n, block_n, 32,
+                 x.offsets[experts], false, order.group_rows, order.expert_groups};
+      g.expert_rows = x.rows.data();
+      if (fold) g.block_offset = x.blocks.data();
+      for (int32_t tile = 0; tile + 1 < tile_count(g); tile += kClusterTiles) {
+        const Tile t0 = tile_at(g, tile), t1 = tile_at(g, tile + 1);
+        const int32_t blocks = fold ? x.blocks[t0.expert + 1] - x.blocks[t0.expert]
+                                    : (x.offsets[t0.expert + 1] - x.offsets[t0.expert]) / kBlockM;
+        ASSERT_EQ(shared_operand(t0, t1), blocks > 1 ? Shared::kB : Shared::kA)
+            << "n " << n << ", tile " << tile << (fold ? ", folded tails" : "");
+        if (shared_operand(t0, t1) == Shared::kA) {
+          ASSERT_EQ(t0.fold, t1.fold);
+        }
+      }
     }
   }
 }

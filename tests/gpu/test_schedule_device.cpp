@@ -33,12 +33,12 @@ struct Stream {
 
 // What one device build left in every buffer, guards included.
 struct DeviceOutput {
-  std::vector<int32_t> row_token_slot, row_src_rank, expert_offset, expert_rows, slot_row, scratch;
+  std::vector<int32_t> row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, slot_row, scratch;
   DeviceStatus status{};
 
   bool operator==(const DeviceOutput& o) const {
     return row_token_slot == o.row_token_slot && row_src_rank == o.row_src_rank && expert_offset == o.expert_offset &&
-           expert_rows == o.expert_rows && slot_row == o.slot_row &&
+           expert_rows == o.expert_rows && block_offset == o.block_offset && slot_row == o.slot_row &&
            std::memcmp(&status, &o.status, sizeof(status)) == 0;
   }
 };
@@ -52,6 +52,7 @@ class DeviceSchedule {
         row_src_rank_(bytes(capacity)),
         expert_offset_(bytes(g.local_experts() + 1)),
         expert_rows_(bytes(g.local_experts())),
+        block_offset_(bytes(g.local_experts() + 1)),
         slot_row_(bytes(g.entries())),
         scratch_(bytes(device_scratch_ints(p_))),
         status_(sizeof(DeviceStatus)) {
@@ -70,7 +71,8 @@ class DeviceSchedule {
 
   // Fills every buffer (and the scratch) with `poison` bytes and the status with `status`.
   void poison(int byte, const DeviceStatus& status = DeviceStatus{}) {
-    for (DeviceBuffer* b : {&row_token_slot_, &row_src_rank_, &expert_offset_, &expert_rows_, &slot_row_, &scratch_}) {
+    for (DeviceBuffer* b : {&row_token_slot_, &row_src_rank_, &expert_offset_, &expert_rows_, &block_offset_, &slot_row_,
+                           &scratch_}) {
       b->fill_bytes(byte);
     }
     LYNX_TEST_CUDA(cudaMemcpy(status_.get(), &status, sizeof(status), cudaMemcpyHostToDevice));
@@ -78,7 +80,8 @@ class DeviceSchedule {
 
   void enqueue(cudaStream_t stream) const {
     DeviceBuffers b{row_token_slot_.as<int32_t>(), row_src_rank_.as<int32_t>(), expert_offset_.as<int32_t>(),
-                    expert_rows_.as<int32_t>(), slot_row_.as<int32_t>(), scratch_.as<int32_t>(),
+                    expert_rows_.as<int32_t>(), block_offset_.as<int32_t>(), slot_row_.as<int32_t>(),
+                    scratch_.as<int32_t>(),
                     status_.as<DeviceStatus>()};
     build_schedule_device(p_, routing_, b, stream);
   }
@@ -96,6 +99,7 @@ class DeviceSchedule {
     o.row_src_rank = ints(row_src_rank_);
     o.expert_offset = ints(expert_offset_);
     o.expert_rows = ints(expert_rows_);
+    o.block_offset = ints(block_offset_);
     o.slot_row = ints(slot_row_);
     o.scratch = ints(scratch_);
     LYNX_TEST_CUDA(cudaMemcpy(&o.status, status_.get(), sizeof(o.status), cudaMemcpyDeviceToHost));
@@ -109,7 +113,7 @@ class DeviceSchedule {
   static std::vector<int32_t> ints(const DeviceBuffer& b) { return lynx::test::to_host<int32_t>(b, b.bytes() / 4); }
 
   Problem p_;
-  DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, slot_row_, scratch_, status_;
+  DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, block_offset_, slot_row_, scratch_, status_;
   std::vector<DeviceBuffer> ids_;
   DeviceRouting routing_{};
 };
@@ -146,6 +150,8 @@ void check_output(const DeviceOutput& d, const HostSchedule& h, const HostResult
   EXPECT_EQ(compare(d.expert_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "expert_offset guard";
   EXPECT_EQ(compare(d.expert_rows, h.expert_rows, 0, E_loc), "") << "expert_rows";
   EXPECT_EQ(compare(d.expert_rows, {}, E_loc, E_loc + kGuard, fill), "") << "expert_rows guard";
+  EXPECT_EQ(compare(d.block_offset, h.block_offset, 0, E_loc + 1), "") << "block_offset";
+  EXPECT_EQ(compare(d.block_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "block_offset guard";
   const int64_t scratch_ints = device_scratch_ints(p);
   EXPECT_EQ(compare(d.scratch, {}, scratch_ints, scratch_ints + kGuard, fill), "") << "scratch guard";
   // The count kernel's last block sets its arrival counter back for the next build.
