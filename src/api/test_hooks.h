@@ -24,6 +24,10 @@ inline void set_gemm_clusters(Workspace& ws, int32_t clusters) { ws.impl().test_
 // no tile knows its rows, so none swaps.
 inline void set_gemm_swapped(Workspace& ws, int32_t swapped) { ws.impl().test_gemm_swapped = swapped; }
 
+// Folds tails of 1-kFoldRows rows into the row block before them (1), never (0), or as the rule
+// decides (-1: fold_tails, or LYNX_GEMM_FOLD). Without half tiles no tile knows its rows, so none folds.
+inline void set_gemm_fold(Workspace& ws, int32_t fold) { ws.impl().test_gemm_fold = fold; }
+
 // Walks every row-mode expert GEMM's tiles in order from the ticket (1), as the static round robin (0),
 // or as the rule decides (-1): a small test shape then takes the order a benchmark shape would.
 inline void set_gemm_order(Workspace& ws, int32_t order) { ws.impl().test_gemm_order = order; }

@@ -95,6 +95,7 @@ struct Workspace::Impl {
   int64_t backward_calls = 0;                   // backward passes queued so far
   int32_t test_gemm_clusters = -1;              // test hook (api/test_hooks.h): -1 the rule, 0 off, 1 on
   int32_t test_gemm_swapped = -1;               // test hook: -1 the rule, 0 never, 1 swapped products (fused/tile_scheduler.h)
+  int32_t test_gemm_fold = -1;                  // test hook: -1 the rule, 0 never, 1 folded tails (fused/tile_scheduler.h)
   int32_t test_gemm_order = -1;                 // test hook: -1 the rule, 0 static round robin, 1 in order
   int32_t test_gemm_sm_count = 0;               // test hook (api/test_hooks.h): the expert GEMMs' grid (0: sm_count)
   int32_t test_gather_lookahead = 0;            // test hook (api/test_hooks.h): the in-kernel gather's lookahead (0: the rule)

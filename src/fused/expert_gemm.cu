@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
@@ -42,8 +43,11 @@ constexpr int kConsumerRegs = 224;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kLaunchRegs * kThreads, "register budget");
 
-template <Mode kMode>
+template <Mode kMode, bool kFoldTails = false>
 struct Config {
+  // Folded tails (tile_scheduler.h): a tile may also compute the next block's first kFoldRows rows.
+  static constexpr bool kFold = kFoldTails;
+  static_assert(!kFold || kMode != Mode::kWeightGrad, "only the row modes fold tails");
   static constexpr bool kSwiGLU = kMode == Mode::kRowsSwiGLU;
   static constexpr bool kTransA = kMode == Mode::kWeightGrad;                          // A is M-major
   static constexpr bool kTransB = kMode == Mode::kRowsMnB || kMode == Mode::kWeightGrad;  // B is N-major
@@ -57,7 +61,9 @@ struct Config {
   // pieces the second waited for the TMA to read the first out of shared memory, ~17% of the
   // consumers' samples (bench/results/2026-11-29-h200-session14.txt, section 7).
   static constexpr int kStages = kMode == Mode::kWeightGrad ? 3 : 4;
-  static constexpr int kPieceBoxes = kMode == Mode::kWeightGrad ? 4 : 2;  // [64, 64] boxes per epilogue piece
+  // [64, 64] boxes per epilogue piece. NOTES: folding tails takes a [kFoldRows, 64] box per stage, and
+  // 4 × 48 KB stages, two [64, 128] pieces and those boxes exceed 227 KB: [64, 64] pieces then.
+  static constexpr int kPieceBoxes = kMode == Mode::kWeightGrad ? 4 : kFold ? 1 : 2;
   static constexpr uint32_t kStageBytes = 2 * (kBlockM * kBlockK + kOperandsB * kBlockN * kBlockK);
   static_assert(kStageBytes == 48 * 1024, "stage size");
   // The row modes may run as clusters of two CTAs (Params::cluster; tile_scheduler.h, cluster units);
@@ -73,12 +79,20 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 // two pieces (one per consumer warpgroup) are all that fits in 227 KB; a 256-wide tile goes out in two
 // pieces. The weight gradient's pieces are 64 × 256 (Config::kPieceBoxes, at a stage's cost).
 
-template <Mode kMode>
+// A folded tail's rows of each stage (tile_scheduler.h, folded tails).
+template <int kStages>
+struct FoldStages {
+  alignas(1024) __nv_bfloat16 box[kStages][kFoldRows * kBlockK];  // [kFoldRows, BLOCK_K] bf16, 128B swizzle
+};
+struct NoFoldStages {};
+
+template <Mode kMode, bool kFold = false>
 struct SharedStorage {
-  using C = Config<kMode>;
+  using C = Config<kMode, kFold>;
   alignas(1024) __nv_bfloat16 a[C::kStages][kBlockM * kBlockK];                    // [BLOCK_M, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 b[C::kStages][C::kOperandsB][C::kBlockN * kBlockK];  // [BLOCK_N, BLOCK_K] bf16, 128B swizzle
   alignas(1024) __nv_bfloat16 c[2][C::kPieceBoxes][64 * 64];  // per consumer warpgroup: [64, 64 · boxes] bf16 piece as [64, 64] boxes, 128B swizzle
+  std::conditional_t<kFold, FoldStages<C::kStages>, NoFoldStages> tail;
   uint64_t full[C::kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[C::kStages];  // consumers -> producers: every consumer thread here, and each consumer warp of
                                // the cluster's other CTA, is done with the stage
@@ -98,6 +112,10 @@ static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU>) + 1024 <= 227 * 1024, "sh
 static_assert(sizeof(SharedStorage<Mode::kRows>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kRowsMnB>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(SharedStorage<Mode::kWeightGrad>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(SharedStorage<Mode::kRowsSwiGLU, true>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(SharedStorage<Mode::kRows, true>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(SharedStorage<Mode::kRowsMnB, true>) + 1024 <= 227 * 1024, "shared memory");
+static_assert(sizeof(__nv_bfloat16) * kFoldRows * kBlockK % 1024 == 0, "fold boxes stay 1024-byte aligned");
 
 struct Params {
   TileGrid grid;
@@ -224,6 +242,31 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
   store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
 }
 
+// The epilogue box of a folded tail (tile_scheduler.h): the [64 columns, kFoldRows rows] product of
+// one weight slice, transposed into rows 0 .. kFoldRows - 1 of a [64, 64] box, and zeros in rows
+// kFoldRows .. 63 (padding rows, which every piece stores as zeros). value(i): the two fp32 values of
+// fragment registers i, i + 1 (i = 0: product row 16w + l/4; i = 2: that row + 8). Stored at (col, row)
+// of `map`; columns at or past n are not stored.
+template <class Value>
+__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const CUtensorMap* map, int wg,
+                                               int32_t col, int32_t row, int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  constexpr int kZeroChunks = (64 - kFoldRows) * 8;  // 16-byte chunks of rows kFoldRows .. 63
+#pragma unroll
+  for (int chunk = thread; chunk < kZeroChunks; chunk += 128) {
+    *reinterpret_cast<uint4*>(&buf[0][(kFoldRows + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
+  }
+  // Rows 0-7: one stmatrix.x2.trans. Matrix h of a warp holds the product's rows 16w + 8h .. + 7 (the
+  // box's columns) × its 8 columns (the box's rows), stored transposed: lane t < 16 addresses box row
+  // t % 8, where the warp's 8 columns are 16-byte chunk 2w + h (h = t / 8), swizzled to (2w + h) ^ (t % 8).
+  const int h = lane / 8 % 2, rho = lane % 8;
+  const uint32_t at = sm90::smem_addr(buf[0]) + rho * 128 + (((2 * warp + h) ^ rho) * 16);
+  sm90::stmatrix_x2_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)));
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
+}
+
 // ---- in-order claims in a cluster: rank 0 claims each unit and posts it to rank 1 ----
 // Two slots, so rank 0's next claim is posted while rank 1 still loads the current unit. The n-th
 // unit goes through slot n % 2, that slot's (n / 2)-th use.
@@ -252,7 +295,7 @@ __device__ __forceinline__ int32_t take_unit(Smem& smem, int32_t n, DeviceStatus
 // plain K-major B) load the halves a cluster multicasts; a_quarter ([16, 64] boxes) loads a half
 // tile's A (load_half_a).
 struct OperandMaps {
-  const CUtensorMap *a, *a_half, *a_quarter, *b0, *b1, *b_half;
+  const CUtensorMap *a, *a_half, *a_quarter, *a_fold, *b0, *b1, *b_half;
 };
 
 // A half tile's A, rows [row, row + 64) of the stage, as four [16, 64] boxes: the first
@@ -289,15 +332,19 @@ __device__ __forceinline__ void load_half_a(__nv_bfloat16* a, const CUtensorMap*
 // run-time choices per box, launches without clusters ran 5-10% slower.
 // kHalfA (row modes): the tile's rows 64-127 are padding (a half tile, warpgroup 1 idle), so only
 // rows 0-63 of A are loaded: at deepseek-v3 about a third of the tiles, 8 KB less per stage each.
-template <Mode kMode, bool kHalfA>
+// kFoldTile: the tile folds its expert's tail (tile_scheduler.h), whose first kFoldRows rows come too
+// (a_fold boxes; shared: both tiles fold the same tail, and rank 0 loads it for both).
+template <Mode kMode, bool kHalfA, bool kFoldTile>
 constexpr uint32_t stage_bytes() {
-  return Config<kMode>::kStageBytes - (kHalfA ? 64 * kBlockK * sizeof(__nv_bfloat16) : 0);
+  return Config<kMode>::kStageBytes - (kHalfA ? 64 * kBlockK * sizeof(__nv_bfloat16) : 0) +
+         (kFoldTile ? kFoldRows * kBlockK * sizeof(__nv_bfloat16) : 0);
 }
 
-template <Mode kMode, Shared kShare, bool kHalfA>
-__device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage, const Tile& t, int32_t k,
+template <Mode kMode, bool kFold, Shared kShare, bool kHalfA, bool kFoldTile>
+__device__ __forceinline__ void load_stage(SharedStorage<kMode, kFold>& smem, int stage, const Tile& t, int32_t k,
                                            uint32_t rank, const OperandMaps& maps, const Params& p) {
-  using C = Config<kMode>;
+  using C = Config<kMode, kFold>;
+  static_assert(!kFoldTile || (kFold && !kHalfA), "a folded tail follows a whole block");
   uint64_t* full = &smem.full[stage];
   __nv_bfloat16* a = smem.a[stage];
   __nv_bfloat16* b = smem.b[stage][0];
@@ -321,6 +368,13 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
       load_half_a<false>(a, maps.a_quarter, full, k, t.a_row, t.rows);
     } else {
       sm90::tma_load_2d(a, maps.a, full, k, t.a_row);
+    }
+    if constexpr (kFoldTile) {
+      if constexpr (kShare == Shared::kA) {
+        if (rank == 0) sm90::tma_load_2d_multicast(smem.tail.box[stage], maps.a_fold, full, k, t.a_row + kBlockM, kBothCtas);
+      } else {
+        sm90::tma_load_2d(smem.tail.box[stage], maps.a_fold, full, k, t.a_row + kBlockM);
+      }
     }
     // B; shared: the first half from rank 0, the second from rank 1.
     if constexpr (kMode == Mode::kRowsMnB) {  // [64 K, 64 N] boxes, kBlockN / 64 = 4 of them
@@ -352,15 +406,16 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode>& smem, int stage
 }
 
 // Every K block of tile `t` (stage_tile `tile` on the first) through the pipeline.
-template <Mode kMode, Shared kShare, bool kHalfA>
-__device__ __forceinline__ void load_tile_as(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
-                                             int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
+template <Mode kMode, bool kFold, Shared kShare, bool kHalfA, bool kFoldTile>
+__device__ __forceinline__ void load_tile_as(SharedStorage<kMode, kFold>& smem, int& stage, uint32_t& phase,
+                                             const Tile& t, int32_t tile, uint32_t rank, const OperandMaps& maps,
+                                             const Params& p) {
   for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
     sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
     smem.stage_tile[stage] = kb == 0 ? tile : kNoTile;
     if (kb == 0) smem.stage_info[stage] = t;
-    sm90::mbarrier_arrive_expect_tx(&smem.full[stage], stage_bytes<kMode, kHalfA>());
-    load_stage<kMode, kShare, kHalfA>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
+    sm90::mbarrier_arrive_expect_tx(&smem.full[stage], stage_bytes<kMode, kHalfA, kFoldTile>());
+    load_stage<kMode, kFold, kShare, kHalfA, kFoldTile>(smem, stage, t, t.k0 + kb * kBlockK, rank, maps, p);
     if (++stage == Config<kMode>::kStages) stage = 0, phase ^= 1;
   }
 }
@@ -372,21 +427,25 @@ __device__ __forceinline__ bool is_half_tile(const Tile& t) {
   return kMode != Mode::kWeightGrad && half_tile(t);
 }
 
-// A half tile (the consumers' `idle` rule for warpgroup 1) takes the stages with half of A.
-template <Mode kMode, Shared kShare>
-__device__ __forceinline__ void load_tile(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, const Tile& t,
-                                          int32_t tile, uint32_t rank, const OperandMaps& maps, const Params& p) {
+// A half tile (the consumers' `idle` rule for warpgroup 1) takes the stages with half of A, a tile
+// that folds a tail the stages with its rows.
+template <Mode kMode, bool kFold, Shared kShare>
+__device__ __forceinline__ void load_tile(SharedStorage<kMode, kFold>& smem, int& stage, uint32_t& phase,
+                                          const Tile& t, int32_t tile, uint32_t rank, const OperandMaps& maps,
+                                          const Params& p) {
   if (is_half_tile<kMode>(t)) {
-    load_tile_as<kMode, kShare, true>(smem, stage, phase, t, tile, rank, maps, p);
+    load_tile_as<kMode, kFold, kShare, true, false>(smem, stage, phase, t, tile, rank, maps, p);
+  } else if (kFold && t.fold > 0) {
+    load_tile_as<kMode, kFold, kShare, false, kFold>(smem, stage, phase, t, tile, rank, maps, p);
   } else {
-    load_tile_as<kMode, kShare, false>(smem, stage, phase, t, tile, rank, maps, p);
+    load_tile_as<kMode, kFold, kShare, false, false>(smem, stage, phase, t, tile, rank, maps, p);
   }
 }
 
 // A stage without data, marked `marker` for the consumers (the end, a tile without K blocks, a
 // padding tile's stages), with the decoded tile `t` for a marker that names one.
-template <Mode kMode>
-__device__ __forceinline__ void pass_stage(SharedStorage<kMode>& smem, int& stage, uint32_t& phase, int32_t marker,
+template <Mode kMode, bool kFold>
+__device__ __forceinline__ void pass_stage(SharedStorage<kMode, kFold>& smem, int& stage, uint32_t& phase, int32_t marker,
                                            const Tile& t, int32_t tile, const Params& p) {
   sm90::mbarrier_wait(&smem.empty[stage], phase ^ 1, p.status, sm90::Wait::kEmptyStage, tile);
   smem.stage_tile[stage] = marker;
@@ -401,10 +460,22 @@ __device__ __forceinline__ void pass_stage(SharedStorage<kMode>& smem, int& stag
 // same number of stages per unit (a padding tile passes as many as a real one), so their stage
 // sequences stay paired: a stage's empty barrier counts both CTAs' consumers, and a multicast into
 // the partner's stage waits on this CTA's own barrier.
-template <Mode kMode>
-__device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const OperandMaps& maps, const Params& p,
+// The tile's decoding: tile_at, with the launch's fold as a template argument in the row modes.
+// NOTES: ptxas holds the producer to kProducerRegs, and a run-time choice between the two row
+// decodings spilled in cluster units (two tiles to decode).
+template <Mode kMode, bool kFold>
+__device__ __forceinline__ Tile decode_tile(const TileGrid& g, int32_t tile) {
+  if constexpr (kMode == Mode::kWeightGrad) {
+    return tile_at(g, tile);
+  } else {
+    return row_tile_at<kFold>(g, tile);
+  }
+}
+
+template <Mode kMode, bool kFold>
+__device__ __forceinline__ void producer(SharedStorage<kMode, kFold>& smem, const OperandMaps& maps, const Params& p,
                                          uint32_t rank) {
-  using C = Config<kMode>;
+  using C = Config<kMode, kFold>;
   const int32_t cluster = C::kMayPair ? p.cluster : 1;
   const int32_t tiles = tile_count(p.grid);
   const int32_t units = (tiles + cluster - 1) / cluster;
@@ -431,16 +502,16 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
         t.k_blocks = p.grid.k_blocks;
       } else if (cluster > 1) {
         const int32_t first = unit * cluster;
-        const Tile t0 = tile_at(p.grid, first);
+        const Tile t0 = decode_tile<kMode, kFold>(p.grid, first);
         if (first + 1 < tiles) {
-          const Tile t1 = tile_at(p.grid, first + 1);
+          const Tile t1 = decode_tile<kMode, kFold>(p.grid, first + 1);
           share = shared_operand(t0, t1);
           t = rank == 0 ? t0 : t1;
         } else {
           t = t0;
         }
       } else {
-        t = tile_at(p.grid, tile);
+        t = decode_tile<kMode, kFold>(p.grid, tile);
       }
     }
     if (tile == kDone || t.k_blocks == 0) {
@@ -453,13 +524,17 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
       continue;
     }
     // The rows of the tile's block, when the kernel gathers A itself (announced first: row_gather.cuh).
-    if (kMode != Mode::kWeightGrad && p.gather.src) await_gathered_rows(p.gather, t.a_row / kBlockM, tile, p.status);
+    // A folded tail's rows are the next block's.
+    if (kMode != Mode::kWeightGrad && p.gather.src) {
+      await_gathered_rows(p.gather, t.a_row / kBlockM, tile, p.status);
+      if (kFold && t.fold > 0) await_gathered_rows(p.gather, t.a_row / kBlockM + 1, tile, p.status);
+    }
     if (share == Shared::kA) {
-      load_tile<kMode, C::kMayPair ? Shared::kA : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
+      load_tile<kMode, kFold, C::kMayPair ? Shared::kA : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     } else if (share == Shared::kB) {
-      load_tile<kMode, C::kMayPair ? Shared::kB : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
+      load_tile<kMode, kFold, C::kMayPair ? Shared::kB : Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     } else {
-      load_tile<kMode, Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
+      load_tile<kMode, kFold, Shared::kNone>(smem, stage, phase, t, tile, rank, maps, p);
     }
   }
   if (claims) finish_claims(p, clusters);
@@ -470,8 +545,8 @@ __device__ __forceinline__ void producer(SharedStorage<kMode>& smem, const Opera
 // once converged, on the partner's too, which may multicast into this CTA's stage next.
 // `peer_empty`: the partner's empty[0] in the cluster's shared-memory window (sm90::peer_addr), used
 // when `paired`.
-template <Mode kMode>
-__device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int stage, bool paired, uint32_t peer_empty) {
+template <Mode kMode, bool kFold>
+__device__ __forceinline__ void release_stage(SharedStorage<kMode, kFold>& smem, int stage, bool paired, uint32_t peer_empty) {
   sm90::mbarrier_arrive(&smem.empty[stage]);
   if (Config<kMode>::kMayPair && paired) {
     __syncwarp();
@@ -480,17 +555,29 @@ __device__ __forceinline__ void release_stage(SharedStorage<kMode>& smem, int st
 }
 
 // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each tile ----
-template <Mode kMode>
-__device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUtensorMap* tma_c0,
+// The weight tile's 64-row slices (C's columns 64s .. 64s + 63) whose products with a folded tail
+// consumer warpgroup c computes, h in [0, 2): SwiGLU's gate and up slices of the same columns,
+// otherwise two neighbouring slices.
+template <class C>
+__device__ __forceinline__ int fold_slice(int c, int h) {
+  return C::kSwiGLU ? c + 2 * h : 2 * c + h;
+}
+
+template <Mode kMode, bool kFold>
+__device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, const CUtensorMap* tma_c0,
                                          const CUtensorMap* tma_c1, const CUtensorMap* tma_c2, const Params& p,
                                          int c, uint32_t rank) {
-  using C = Config<kMode>;
+  using C = Config<kMode, kFold>;
   const bool paired = C::kMayPair && p.cluster > 1;
   const uint32_t peer_empty = paired ? sm90::peer_addr(&smem.empty[0], rank ^ 1) : 0;
   int stage = 0;
   uint32_t phase = 0;
   // [64, 256] fp32 per warpgroup: 256 plain columns, or gate columns 0-127 then up columns 128-255.
   float acc[128];
+  // A folded tail: fold[4h .. 4h + 3] is the [64, kFoldRows] product of weight slice fold_slice(c, h)
+  // and the tail's rows.
+  static_assert(kFoldRows == 8, "a folded tail's products are m64n8k16");
+  float fold[kFold ? 8 : 1];
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
@@ -508,6 +595,10 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // loss in bench/results/2026-11-29-h200-6e0170f-dynamic-tiles.txt.
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    if constexpr (kFold) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fold[i] = 0.0f;
+    }
     if (t.k_blocks == 0) {  // the stage held no data
       release_stage(smem, stage, paired, peer_empty);
       if (++stage == C::kStages) stage = 0, phase ^= 1;
@@ -530,7 +621,10 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
     // Weight grad: the last K block's steps past the expert's rows are skipped (last_k_steps).
     // A warpgroup with 1-16 rows (swapped_products): acc[8s .. 8s + 7] is the [64, 16] product of the
     // weight tile's slice s (C's columns 64s .. 64s + 63) and the warpgroup's first 16 rows, s in [0, 4).
-    const bool swapped = kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
+    // NOTES: a kernel that folds tails has no swapped products: beside them the fold's accumulators made
+    // ptxas serialise every wgmma (bench/results/2026-12-02-h200-session23.txt, section 4).
+    const bool swapped = !kFold && kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
+    const bool folds = kFold && !idle && t.fold > 0;
     int prev_stage = -1;
     const int32_t last_steps = kMode == Mode::kWeightGrad ? last_k_steps(t) : kBlockK / kStepK;
     for (int32_t kb = 0; kb < (idle ? 0 : t.k_blocks); ++kb) {
@@ -571,8 +665,33 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
         }
         sm90::wgmma_commit();
       };
+      // A tile that folds a tail: each k16 step's m64n256k16, then the tail's products with the
+      // warpgroup's two weight slices as A and the tail's rows as B (K-major, kFoldRows rows).
+      const auto fold_group = [&]() {
+        if constexpr (kFold) {
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockK / kStepK; ++kk) {
+            const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][c * 64 * kBlockK + kk * 16]);
+            const uint64_t db = C::kTransB ? sm90::smem_desc_mn_major_sw128(&smem.b[stage][0][kk * 16 * 64])
+                                           : sm90::smem_desc_k_major_sw128(&smem.b[stage][0][kk * 16]);
+            sm90::wgmma_m64n256k16<false, C::kTransB>(acc, da, db, kb > 0 || kk > 0);
+            const uint64_t dt = sm90::smem_desc_k_major_sw128(&smem.tail.box[stage][kk * 16]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const __nv_bfloat16* w = &smem.b[stage][0][0] + fold_slice<C>(c, h) * 64 * kBlockK;
+              const uint64_t dw = C::kTransB ? sm90::smem_desc_mn_major_sw128(w + kk * 16 * 64)
+                                             : sm90::smem_desc_k_major_sw128(w + kk * 16);
+              sm90::wgmma_m64n8k16<C::kTransB, false>(&fold[4 * h], dw, dt, kb > 0 || kk > 0);
+            }
+          }
+          sm90::wgmma_commit();
+        }
+      };
       constexpr int kSteps = kBlockK / kStepK;
-      if (swapped) {
+      if (folds) {
+        fold_group();
+      } else if (swapped) {
         swapped_group();
       } else if (kMode != Mode::kWeightGrad || kb + 1 < t.k_blocks || last_steps == kSteps) {
         mma_group(0, kSteps);
@@ -593,7 +712,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
 
     // Epilogue: pieces of Config::kPieceBoxes [64, 64] boxes through shared memory and TMA stores.
     const int32_t row = t.a_row + c * 64;
-    if constexpr (kMode != Mode::kWeightGrad) {
+    if constexpr (kMode != Mode::kWeightGrad && !kFold) {
       if (swapped) {
         // Box b of a piece is slice b of its 128 columns: SwiGLU's gate slices 0-1, up slices 2-3.
         if constexpr (C::kSwiGLU) {
@@ -629,15 +748,31 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
                           [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
       }
     } else if constexpr (C::kSwiGLU) {
-      store_piece<false>(smem.c[c], tma_c0, c, t.b_row, row, 0, p.n, [&](int j, int r) {
-        const int i = 4 * j + 2 * r;
-        return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
-      });
+      // Column group j of piece q is the tile's group kGroups · q + j of 16 (gate in acc[0 .. 63], up in
+      // acc[64 .. 127]).
+      constexpr int kGroups = 8 * C::kPieceBoxes;
+#pragma unroll
+      for (int q = 0; q < 16 / kGroups; ++q) {
+        store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+          const int i = 4 * (kGroups * q + j) + 2 * r;
+          return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
+        });
+      }
       if (p.out_gate_up) {
-        store_piece<false>(smem.c[c], tma_c1, c, t.b_row, row, 0, p.n,
-                           [&](int j, int r) { return make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]); });
-        store_piece<false>(smem.c[c], tma_c2, c, t.b_row, row, 0, p.n,
-                           [&](int j, int r) { return make_float2(acc[64 + 4 * j + 2 * r], acc[64 + 4 * j + 2 * r + 1]); });
+#pragma unroll
+        for (int q = 0; q < 16 / kGroups; ++q) {
+          store_piece<false>(smem.c[c], tma_c1, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+            const int i = 4 * (kGroups * q + j) + 2 * r;
+            return make_float2(acc[i], acc[i + 1]);
+          });
+        }
+#pragma unroll
+        for (int q = 0; q < 16 / kGroups; ++q) {
+          store_piece<false>(smem.c[c], tma_c2, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+            const int i = 64 + 4 * (kGroups * q + j) + 2 * r;
+            return make_float2(acc[i], acc[i + 1]);
+          });
+        }
       }
     } else {
       constexpr int kGroups = 8 * C::kPieceBoxes;  // fragment column groups (8 columns each) per piece
@@ -648,25 +783,51 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode>& smem, const CUten
         });
       }
     }
+    // The folded tail's rows: warpgroup c's columns of them (fold_slice), a [64, 64] box per slice
+    // at the tail block's first row.
+    if constexpr (kFold) {
+      if (folds) {
+        const int32_t tail_row = t.a_row + kBlockM;
+        if constexpr (C::kSwiGLU) {
+          const int32_t col = t.b_row + 64 * c;
+          store_fold_box(smem.c[c], tma_c0, c, col, tail_row, p.n, [&](int i) {
+            return make_float2(silu(fold[i]) * fold[4 + i], silu(fold[i + 1]) * fold[4 + i + 1]);
+          });
+          if (p.out_gate_up) {
+            store_fold_box(smem.c[c], tma_c1, c, col, tail_row, p.n,
+                           [&](int i) { return make_float2(fold[i], fold[i + 1]); });
+            store_fold_box(smem.c[c], tma_c2, c, col, tail_row, p.n,
+                           [&](int i) { return make_float2(fold[4 + i], fold[4 + i + 1]); });
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            store_fold_box(smem.c[c], tma_c0, c, t.b_row + 64 * fold_slice<C>(c, h), tail_row, p.n,
+                           [&](int i) { return make_float2(fold[4 * h + i], fold[4 * h + i + 1]); });
+          }
+        }
+      }
+    }
   }
   // The stores must finish before the CTA's shared memory goes away.
   if (threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }
 
-template <Mode kMode>
+template <Mode kMode, bool kFold>
 __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
-                       const __grid_constant__ CUtensorMap tma_a_quarter,
+                       const __grid_constant__ CUtensorMap tma_a_quarter, const __grid_constant__ CUtensorMap tma_a_fold,
                        const __grid_constant__ CUtensorMap tma_b0, const __grid_constant__ CUtensorMap tma_b1,
                        const __grid_constant__ CUtensorMap tma_b_half, const __grid_constant__ CUtensorMap tma_c0,
                        const __grid_constant__ CUtensorMap tma_c1, const __grid_constant__ CUtensorMap tma_c2,
                        const Params p) {
-  using C = Config<kMode>;
+  using C = Config<kMode, kFold>;
   const bool paired = C::kMayPair && p.cluster > 1;
   extern __shared__ uint8_t smem_raw[];
   // NOTES: the dynamic shared memory starts at the same address in every CTA, so the aligned storage,
   // and each stage, sits at the same offset in both CTAs of a cluster, as multicast loads require.
-  auto& smem = *reinterpret_cast<SharedStorage<kMode>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& smem =
+      *reinterpret_cast<SharedStorage<kMode, kFold>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t rank = paired ? sm90::cluster_rank() : 0;
 
   const int warpgroup = threadIdx.x / 128;
@@ -695,7 +856,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::prefetch_tma_descriptor(&tma_a);
       sm90::prefetch_tma_descriptor(&tma_b0);
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
-      producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_a_quarter, &tma_b0, &tma_b1, &tma_b_half}, p, rank);
+      producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_a_quarter, &tma_a_fold, &tma_b0, &tma_b1, &tma_b_half}, p,
+               rank);
     } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
       gather_rows_warp(p.gather, p.grid);  // warps 1-3
     }
@@ -714,7 +876,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The operand maps (OperandMaps) and the output maps (C0, C1, C2) of one launch.
 struct Maps {
-  CUtensorMap a, a_half, a_quarter, b0, b1, b_half, c0, c1, c2;
+  CUtensorMap a, a_half, a_quarter, a_fold, b0, b1, b_half, c0, c1, c2;
 };
 
 cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* cluster) {
@@ -741,18 +903,19 @@ cudaLaunchAttribute pair_attribute() {
 // modes that may pair, how many clusters can be resident at once (the GPCs may leave an SM without a
 // partner). Returns that count (0 for the weight gradient). prepare_expert_gemm_kernels runs it when a
 // fused workspace is made, so that no launch, captured in a graph or not, is the first to.
-template <Mode kMode>
+template <Mode kMode, bool kFold>
 int prepare(int sm_count) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
+  constexpr size_t kSmem = sizeof(SharedStorage<kMode, kFold>) + 1024;
   static detail::PerDeviceCache resident_clusters;  // -1: prepared, never pairs
   const int clusters = detail::per_device(resident_clusters, [&](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(kSmem)));
     int n = -1;
     if (Config<kMode>::kMayPair) {
       cudaLaunchAttribute pair = pair_attribute();
       const cudaLaunchConfig_t config =
           launch_config(std::max(sm_count / kClusterTiles, 1) * kClusterTiles, kSmem, nullptr, &pair);
-      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, expert_gemm_kernel<kMode>, &config));
+      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, expert_gemm_kernel<kMode, kFold>, &config));
       if (n < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
     }
     return n;
@@ -760,18 +923,27 @@ int prepare(int sm_count) {
   return std::max(clusters, 0);
 }
 
-template <Mode kMode>
-void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kMode>) + 1024;
-  const int resident = prepare<kMode>(sm_count);
+template <Mode kMode, bool kFold>
+void launch_as(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
+  constexpr size_t kSmem = sizeof(SharedStorage<kMode, kFold>) + 1024;
+  const int resident = prepare<kMode, kFold>(sm_count);
   cudaLaunchAttribute pair = pair_attribute();
   const cudaLaunchConfig_t config =
       p.cluster > 1 ? launch_config(std::max(1, std::min(sm_count / kClusterTiles, resident)) * kClusterTiles, kSmem,
                                     stream, &pair)
                     : launch_config(sm_count, kSmem, stream, nullptr);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode>, m.a, m.a_half, m.a_quarter, m.b0, m.b1, m.b_half,
-                               m.c0, m.c1, m.c2, p));
+  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode, kFold>, m.a, m.a_half, m.a_quarter, m.a_fold, m.b0,
+                               m.b1, m.b_half, m.c0, m.c1, m.c2, p));
   LYNX_CHECK_LAUNCH();
+}
+
+// The kernel that folds tails when the launch does (Params::grid.block_offset), else the one that does not.
+template <Mode kMode>
+void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
+  if constexpr (kMode != Mode::kWeightGrad) {
+    if (p.grid.block_offset) return launch_as<kMode, true>(m, p, sm_count, stream);
+  }
+  launch_as<kMode, false>(m, p, sm_count, stream);
 }
 
 void check(bool ok, const char* what) {
@@ -848,6 +1020,12 @@ bool swapped_products_on() {
   return forced != 0;
 }
 
+// Folded tails (fold_tails) unless the environment decides for a sweep: LYNX_GEMM_FOLD=0|1.
+bool folded_tails(int64_t routed_rows, int64_t experts) {
+  static const int forced = env_switch("LYNX_GEMM_FOLD");
+  return forced >= 0 ? forced == 1 : fold_tails(routed_rows, experts);
+}
+
 // Cluster units (use_cluster_units) unless the environment decides for a sweep: LYNX_GEMM_CLUSTER=0|1.
 bool cluster_units(int64_t k) {
   static const int forced = env_switch("LYNX_GEMM_CLUSTER");
@@ -873,6 +1051,9 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   p.grid.expert_rows = half_tiles() ? args.expert_rows : nullptr;
   check(args.swapped >= -1 && args.swapped <= 1, "swapped: -1 (the rule), 0 or 1");
   p.swapped = args.swapped >= 0 ? args.swapped == 1 : swapped_products_on();
+  check(args.fold >= -1 && args.fold <= 1, "fold: -1 (the rule), 0 or 1");
+  const bool fold = args.fold >= 0 ? args.fold == 1 : folded_tails(args.routed_rows, args.experts);
+  p.grid.block_offset = fold && p.grid.expert_rows ? args.block_offset : nullptr;
   p.grid.experts = static_cast<int32_t>(args.experts);
   p.grid.tiles_m = static_cast<int32_t>(args.capacity / kBlockM);
   p.grid.tiles_n = static_cast<int32_t>((args.n + block_n - 1) / block_n);
@@ -916,6 +1097,7 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
   m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
+  m.a_fold = make_tma_2d(args.a, args.capacity, args.k, kFoldRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(kMode);
   m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK, fb);
   m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK, fb) : m.b0;
@@ -936,6 +1118,7 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
   m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
+  m.a_fold = make_tma_2d(args.a, args.capacity, args.k, kFoldRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(Mode::kRowsMnB);
   m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64, fb);
   m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64, fb) : m.b0;
@@ -953,10 +1136,13 @@ bool gather_in_kernel() {
 }
 
 void prepare_expert_gemm_kernels(int sm_count) {
-  prepare<Mode::kRowsSwiGLU>(sm_count);
-  prepare<Mode::kRows>(sm_count);
-  prepare<Mode::kRowsMnB>(sm_count);
-  prepare<Mode::kWeightGrad>(sm_count);
+  prepare<Mode::kRowsSwiGLU, false>(sm_count);
+  prepare<Mode::kRows, false>(sm_count);
+  prepare<Mode::kRowsMnB, false>(sm_count);
+  prepare<Mode::kRowsSwiGLU, true>(sm_count);
+  prepare<Mode::kRows, true>(sm_count);
+  prepare<Mode::kRowsMnB, true>(sm_count);
+  prepare<Mode::kWeightGrad, false>(sm_count);
 }
 
 void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRows>(args, stream); }
@@ -974,7 +1160,7 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<Mode::kWeightGrad>::kBlockN;
   const int64_t out_rows = args.out2 ? args.split : args.m;
   Maps m;
-  m.a = m.a_half = m.a_quarter = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
+  m.a = m.a_half = m.a_quarter = m.a_fold = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
   m.b0 = m.b1 = m.b_half = make_tma_2d_chunks(args.b, args.capacity, args.n, kBlockK, kBlockN / 64);
   m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
   m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;

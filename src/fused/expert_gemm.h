@@ -24,6 +24,8 @@ struct ExpertGemmArgs {
   const int32_t* expert_offset = nullptr; // [experts + 1] device; [experts] = rows used (padded total)
   const int32_t* expert_rows = nullptr;   // [experts] device: rows before padding (null: every tile is computed
                                           // whole; else a tile whose rows 64-127 are padding stores zeros there)
+  const int32_t* block_offset = nullptr;  // [experts + 1] device: the schedule's block_offset, for a launch
+                                          // that folds tails (tile_scheduler.h; needs expert_rows)
   bf16_t* out = nullptr;                  // [capacity, n]
   bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
   bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
@@ -38,6 +40,8 @@ struct ExpertGemmArgs {
                                           // -1 as use_cluster_units (or LYNX_GEMM_CLUSTER) decides
   int32_t swapped = -1;                   // test hook: 1 swaps the operands of a warpgroup with 1-16 rows
                                           // (swapped_products), 0 never, -1 unless LYNX_GEMM_SWAPPED=0
+  int32_t fold = -1;                      // test hook: 1 folds tails of 1-kFoldRows rows into the block
+                                          // before them, 0 never, -1 as fold_tails (or LYNX_GEMM_FOLD) decides
   int32_t order = -1;                     // test hook: 1 claims the tiles in order, 0 walks the static round
                                           // robin (the rule's raster for it), -1 as choose_tile_order (or
                                           // LYNX_GEMM_ORDER) decides

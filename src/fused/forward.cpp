@@ -12,12 +12,14 @@ ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w) {
   a.experts = w.shape.local_experts();
   a.expert_offset = w.schedule.expert_offset;
   a.expert_rows = w.schedule.expert_rows;
+  a.block_offset = w.schedule.block_offset;
   a.status = w.stall_report_device;
   a.tickets = w.gemm_tickets;
   a.sm_count = w.test_gemm_sm_count > 0 ? w.test_gemm_sm_count : w.sm_count;
   a.routed_rows = w.shape.tokens * w.shape.top_k;
   a.clusters = w.test_gemm_clusters;
   a.swapped = w.test_gemm_swapped;
+  a.fold = w.test_gemm_fold;
   a.order = w.test_gemm_order;
   a.gather_lookahead = w.test_gather_lookahead;
   a.gather_stall_block = w.test_gather_stall_block;

@@ -17,6 +17,7 @@
 #include "gpu/gpu_test.h"
 #include "lynx/lynx.h"
 #include "reference/reference.h"
+#include "schedule/schedule_core.h"
 
 namespace lynx {
 namespace {
@@ -553,6 +554,7 @@ TEST_F(PairedTiles, SwappedProductsOfFewRows) {
       test_hooks::set_gemm_swapped(swapped, 1);
       test_hooks::set_gemm_swapped(plain, 0);
       for (Workspace* ws : {&swapped, &plain}) {
+        test_hooks::set_gemm_fold(*ws, 0);  // a kernel that folds tails has no swapped products
         test_hooks::set_gemm_clusters(*ws, clusters);
         test_hooks::poison_row_buffers(*ws);
       }
@@ -564,6 +566,55 @@ TEST_F(PairedTiles, SwappedProductsOfFewRows) {
     }
   }
 }
+// How many experts end in a tail of 1-kFoldRows rows behind a whole block (folded tails in
+// fused/tile_scheduler.h).
+int experts_with_folded_tails(Workspace& ws, const Case& c) {
+  std::vector<int32_t> rows(c.E);
+  LYNX_TEST_CUDA(cudaMemcpy(rows.data(), ws.impl().schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
+  int folded = 0;
+  for (int64_t e = 0; e < c.E; ++e) folded += sched::core::folded_tail_rows(rows[e]) > 0;
+  return folded;
+}
+
+// Tails of 1-8 rows folded into the block before them. Cyclic routing gives every expert T·k/E rows:
+// 129 (a 1-row tail), 136 (8 rows), 137 (9 rows: not folded), 264 (two whole blocks and 8 rows: the
+// folding tile pairs with the block before it, sharing the weights); random routing 132 ± 11 rows per
+// expert. Every output against the reference and bit for bit against the same layer without folding
+// (same k16 products in the same K order); the padding rows exact zeros; single CTAs and cluster
+// units (H = 512: two column tiles per row mode, so cluster units of a one-block expert share its rows
+// and its tail), in order and in the static round robin; I = 192 clips the last column block of
+// gate/up and of da.
+TEST_F(PairedTiles, FoldedTailsOfFewRows) {
+  for (const Case& c : {Case{1032, 256, 256, 16, 2, 0, "cyclic"}, Case{1088, 512, 192, 16, 2, 0, "cyclic"},
+                        Case{1096, 256, 256, 16, 2, 0, "cyclic"}, Case{2112, 256, 256, 16, 2, 0, "cyclic"},
+                        Case{1056, 512, 192, 16, 2, 0}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+                 " routing=" + c.routing);
+    for (const int32_t clusters : {0, 1}) {
+      for (const int32_t order : {-1, 0}) {
+        SCOPED_TRACE("clusters " + std::to_string(clusters) + " order " + std::to_string(order));
+        const HostLayer L(c, fresh_seed());
+        const std::vector<HostBf16> dy = random_dy(c);
+        Workspace folded(L.shape, fused()), plain(L.shape, fused());
+        test_hooks::set_gemm_fold(folded, 1);
+        test_hooks::set_gemm_fold(plain, 0);
+        for (Workspace* ws : {&folded, &plain}) {
+          test_hooks::set_gemm_clusters(*ws, clusters);
+          test_hooks::set_gemm_order(*ws, order);
+          test_hooks::poison_row_buffers(*ws);
+        }
+        const Outputs a = run_layer(folded, L, dy);
+        expect_matches_reference(a, L, dy);
+        if (c.T != 1096) {
+          ASSERT_GE(experts_with_folded_tails(folded, c), 1) << "the case should fold some tails";
+        }
+        expect_padding_rows_zero(folded, c);
+        EXPECT_EQ(first_difference(a, run_layer(plain, L, dy)), "");
+      }
+    }
+  }
+}
+
 // The rule itself pairs at K = 4096 (gate/up: K = H; the dgrad of down: K = H): no hook.
 TEST_F(PairedTiles, ByTheRuleAtALongK) { check_against_reference({96, 4096, 128, 4, 2, 0}, fresh_seed(), fused()); }
 
