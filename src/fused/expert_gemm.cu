@@ -245,8 +245,8 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
 // The epilogue box of a folded tail (tile_scheduler.h): the [64 columns, kFoldRows rows] product of
 // one weight slice, transposed into rows 0 .. kFoldRows - 1 of a [64, 64] box, and zeros in rows
 // kFoldRows .. 63 (padding rows, which every piece stores as zeros). value(i): the two fp32 values of
-// fragment registers i, i + 1 (i = 0: product row 16w + l/4; i = 2: that row + 8). Stored at (col, row)
-// of `map`; columns at or past n are not stored.
+// fragment registers i, i + 1, i = 4j + 2h: product row 16w + l/4 + 8h, columns 8j + 2(l%4) + {0, 1}.
+// Stored at (col, row) of `map`; columns at or past n are not stored.
 template <class Value>
 __device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const CUtensorMap* map, int wg,
                                                int32_t col, int32_t row, int32_t n, Value value) {
@@ -258,12 +258,18 @@ __device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64],
   for (int chunk = thread; chunk < kZeroChunks; chunk += 128) {
     *reinterpret_cast<uint4*>(&buf[0][(kFoldRows + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
   }
-  // Rows 0-7: one stmatrix.x2.trans. Matrix h of a warp holds the product's rows 16w + 8h .. + 7 (the
-  // box's columns) × its 8 columns (the box's rows), stored transposed: lane t < 16 addresses box row
-  // t % 8, where the warp's 8 columns are 16-byte chunk 2w + h (h = t / 8), swizzled to (2w + h) ^ (t % 8).
-  const int h = lane / 8 % 2, rho = lane % 8;
-  const uint32_t at = sm90::smem_addr(buf[0]) + rho * 128 + (((2 * warp + h) ^ rho) * 16);
-  sm90::stmatrix_x2_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)));
+  // Rows 0 .. kFoldRows - 1: one stmatrix.trans of kFoldRows / 4 matrices. Matrix 2j + h of a warp
+  // holds the product's rows 16w + 8h .. + 7 (the box's columns) × its columns 8j .. + 7 (the box's
+  // rows), stored transposed: lane t addresses box row 8j + t % 8 (j, h from t / 8), where the warp's
+  // 8 columns are 16-byte chunk 2w + h, swizzled to (2w + h) ^ (t % 8).
+  const int mi = lane / 8, h = mi % 2, j = mi / 2 % (kFoldRows / 8), rho = lane % 8;
+  const uint32_t at = sm90::smem_addr(buf[0]) + (8 * j + rho) * 128 + (((2 * warp + h) ^ rho) * 16);
+  if constexpr (kFoldRows == 8) {
+    sm90::stmatrix_x2_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)));
+  } else {
+    sm90::stmatrix_x4_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)), bf16x2_bits(value(4)),
+                            bf16x2_bits(value(6)));
+  }
   store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
 }
 
@@ -576,8 +582,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
   float acc[128];
   // A folded tail: fold[4h .. 4h + 3] is the [64, kFoldRows] product of weight slice fold_slice(c, h)
   // and the tail's rows.
-  static_assert(kFoldRows == 8, "a folded tail's products are m64n8k16");
-  float fold[kFold ? 8 : 1];
+  static_assert(kFoldRows == 8 || kFoldRows == 16, "a folded tail's products are m64n8k16 or m64n16k16");
+  constexpr int kFoldAcc = kFoldRows / 2;  // accumulators of one slice's [64, kFoldRows] product
+  float fold[kFold ? 2 * kFoldAcc : 1];
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
@@ -597,7 +604,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     if constexpr (kFold) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fold[i] = 0.0f;
+      for (int i = 0; i < 2 * kFoldAcc; ++i) fold[i] = 0.0f;
     }
     if (t.k_blocks == 0) {  // the stage held no data
       release_stage(smem, stage, paired, peer_empty);
@@ -682,7 +689,11 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
               const __nv_bfloat16* w = &smem.b[stage][0][0] + fold_slice<C>(c, h) * 64 * kBlockK;
               const uint64_t dw = C::kTransB ? sm90::smem_desc_mn_major_sw128(w + kk * 16 * 64)
                                              : sm90::smem_desc_k_major_sw128(w + kk * 16);
-              sm90::wgmma_m64n8k16<C::kTransB, false>(&fold[4 * h], dw, dt, kb > 0 || kk > 0);
+              if constexpr (kFoldRows == 8) {
+                sm90::wgmma_m64n8k16<C::kTransB, false>(&fold[kFoldAcc * h], dw, dt, kb > 0 || kk > 0);
+              } else {
+                sm90::wgmma_m64n16k16<C::kTransB, false>(&fold[kFoldAcc * h], dw, dt, kb > 0 || kk > 0);
+              }
             }
           }
           sm90::wgmma_commit();
@@ -790,20 +801,20 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
         const int32_t tail_row = t.a_row + kBlockM;
         if constexpr (C::kSwiGLU) {
           const int32_t col = t.b_row + 64 * c;
+          const float* g = fold;
+          const float* u = fold + kFoldAcc;
           store_fold_box(smem.c[c], tma_c0, c, col, tail_row, p.n, [&](int i) {
-            return make_float2(silu(fold[i]) * fold[4 + i], silu(fold[i + 1]) * fold[4 + i + 1]);
+            return make_float2(silu(g[i]) * u[i], silu(g[i + 1]) * u[i + 1]);
           });
           if (p.out_gate_up) {
-            store_fold_box(smem.c[c], tma_c1, c, col, tail_row, p.n,
-                           [&](int i) { return make_float2(fold[i], fold[i + 1]); });
-            store_fold_box(smem.c[c], tma_c2, c, col, tail_row, p.n,
-                           [&](int i) { return make_float2(fold[4 + i], fold[4 + i + 1]); });
+            store_fold_box(smem.c[c], tma_c1, c, col, tail_row, p.n, [&](int i) { return make_float2(g[i], g[i + 1]); });
+            store_fold_box(smem.c[c], tma_c2, c, col, tail_row, p.n, [&](int i) { return make_float2(u[i], u[i + 1]); });
           }
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             store_fold_box(smem.c[c], tma_c0, c, t.b_row + 64 * fold_slice<C>(c, h), tail_row, p.n,
-                           [&](int i) { return make_float2(fold[4 * h + i], fold[4 * h + i + 1]); });
+                           [&](int i) { return make_float2(fold[kFoldAcc * h + i], fold[kFoldAcc * h + i + 1]); });
           }
         }
       }
