@@ -34,6 +34,7 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                          : st.a == 3 ? "unit posted (cluster rank 1 waiting for rank 0's next claimed unit)"
                          : st.a == 4 ? "unit taken (cluster rank 0 waiting for rank 1 to take a claimed unit)"
                          : st.a == 5 ? "rows gathered (producer waiting for the gather warps to copy its tile's rows)"
+                         : st.a == 6 ? "consumers done (producer waiting for its consumers to finish their last tile)"
                                      : "unknown";
       const bool unit = st.a == 3 || st.a == 4;  // the mailbox waits name cluster units, not tiles
       const std::string task = st.b >= 0    ? (unit ? "unit " : "task ") + std::to_string(st.b)

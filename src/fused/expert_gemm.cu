@@ -99,6 +99,7 @@ struct SharedStorage {
   int32_t stage_tile[C::kStages];  // the tile whose first K block a stage holds (kNoTile otherwise), kDone at the
                                    // end, kPadTile on a padding tile's first stage
   Tile stage_info[C::kStages];     // with a tile or kPadTile in stage_tile: that tile as the producer decoded it
+  uint64_t consumers_done;  // consumers -> producer thread: every consumer thread finished its last tile
   uint64_t unit_full[2];   // in-order claims, cluster rank 1: rank 0 posted a unit into unit_slot
   uint64_t unit_empty[2];  // in-order claims, cluster rank 0: rank 1 took the unit of the slot
   int32_t unit_slot[2];    // rank 1: the units rank 0 claimed, two in flight
@@ -569,6 +570,15 @@ __device__ __forceinline__ int fold_slice(int c, int h) {
   return C::kSwiGLU ? c + 2 * h : 2 * c + h;
 }
 
+// NOTES: the consumers never trap. A consumer thread whose wait for a stage times out records the
+// stall and leaves without arriving on `consumers_done`; the producer thread, waiting for every
+// consumer thread there (twice the bound of a stage wait, so the consumers' report comes first),
+// traps for them. ptxas fits a setmaxnreg region from which a trap is reachable into the launch
+// bound (168 registers, not the consumers' 224): with traps in the consumers, folding 16-row tails
+// (16 more accumulators) spilled and serialised every wgmma of the folding kernels
+// (bench/results/2026-12-02-h200-session24.txt, section 2).
+constexpr uint64_t kConsumersDoneNs = 2 * sm90::kMbarrierWaitNs;
+
 template <Mode kMode, bool kFold>
 __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, const CUtensorMap* tma_c0,
                                          const CUtensorMap* tma_c1, const CUtensorMap* tma_c2, const Params& p,
@@ -588,7 +598,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
   for (;;) {
     // The tile: from the first stage the producer filled for it (task kNoTile in a stall report: the
     // consumers were waiting to learn their next tile).
-    sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile);
+    if (!sm90::mbarrier_wait_or_record(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, kNoTile)) return;
     const int32_t tile = smem.stage_tile[stage];
     if (tile == kDone) break;
     const bool pad = tile == kPadTile;
@@ -618,7 +628,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
     const bool idle = pad || (c == 1 && is_half_tile<kMode>(t));
     if (idle && t.k_blocks > 0) {
       for (int32_t kb = 0; kb < t.k_blocks; ++kb) {
-        if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
+        if (kb > 0 && !sm90::mbarrier_wait_or_record(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile)) {
+          return;
+        }
         release_stage(smem, stage, paired, peer_empty);
         if (++stage == C::kStages) stage = 0, phase ^= 1;
       }
@@ -633,9 +645,13 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
     const bool swapped = !kFold && kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
     const bool folds = kFold && !idle && t.fold > 0;
     int prev_stage = -1;
+    bool stalled = false;
     const int32_t last_steps = kMode == Mode::kWeightGrad ? last_k_steps(t) : kBlockK / kStepK;
     for (int32_t kb = 0; kb < (idle ? 0 : t.k_blocks); ++kb) {
-      if (kb > 0) sm90::mbarrier_wait(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile);
+      if (kb > 0 && !sm90::mbarrier_wait_or_record(&smem.full[stage], phase, p.status, sm90::Wait::kFullStage, tile)) {
+        stalled = true;
+        break;
+      }
       // k16 steps [kk0, kk1) of the stage as one wgmma group.
       const auto mma_group = [&](int kk0, int kk1) {
         sm90::wgmma_fence();
@@ -718,6 +734,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
       if (++stage == C::kStages) stage = 0, phase ^= 1;
     }
     sm90::wgmma_wait<0>();
+    if (stalled) return;
     if (prev_stage >= 0) release_stage(smem, prev_stage, paired, peer_empty);
     if (pad || (c == 1 && is_half_tile<kMode>(t))) continue;
 
@@ -822,6 +839,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
   }
   // The stores must finish before the CTA's shared memory goes away.
   if (threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
+  sm90::mbarrier_arrive(&smem.consumers_done);
 }
 
 template <Mode kMode, bool kFold>
@@ -848,6 +866,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbarrier_init(&smem.empty[s], kConsumerThreads + (paired ? kConsumerWarps : 0));
       smem.stage_tile[s] = kNoTile;
     }
+    sm90::mbarrier_init(&smem.consumers_done, kConsumerThreads);
     for (int s = 0; s < 2; ++s) {
       sm90::mbarrier_init(&smem.unit_full[s], 1);
       sm90::mbarrier_init(&smem.unit_empty[s], 1);
@@ -869,6 +888,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (C::kSwiGLU || kMode == Mode::kRowsMnB) sm90::prefetch_tma_descriptor(&tma_b1);
       producer(smem, OperandMaps{&tma_a, &tma_a_half, &tma_a_quarter, &tma_a_fold, &tma_b0, &tma_b1, &tma_b_half}, p,
                rank);
+      sm90::mbarrier_wait(&smem.consumers_done, 0, p.status, sm90::Wait::kConsumersDone, kNoTile, kConsumersDoneNs);
     } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
       gather_rows_warp(p.gather, p.grid);  // warps 1-3
     }

@@ -1,5 +1,6 @@
 // Thin wrappers over the sm_90a instructions the fused kernels use: mbarriers, TMA loads, wgmma,
-// setmaxnreg. Every wait is bounded: past the bound it reports which wait stalled and traps.
+// setmaxnreg. Every wait is bounded: past the bound it reports which wait stalled and traps, or
+// (mbarrier_wait_or_record) records it and lets its caller leave.
 #pragma once
 
 #include <cuda.h>
@@ -64,6 +65,7 @@ enum class Wait : int32_t {
   kUnitPosted = 3,
   kUnitTaken = 4,
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
+  kConsumersDone = 6,  // producer thread: every consumer thread finished its last tile (or left after a stall)
 };
 
 // NOTES: an mbarrier wait gives up after 10 s of %globaltimer: far beyond any legitimate wait, short
@@ -86,33 +88,58 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 constexpr uint64_t kReportGraceNs = 10'000'000;
 
 // Records the stalled wait in `report` (host-mapped memory, so it survives the trap that kills the
-// context) and traps. Inlined and call-free: a call inside the wgmma mainloop would serialise wgmma.
+// context) unless another thread has recorded one: true when this thread's record is the report.
+__device__ __forceinline__ bool record_stall(DeviceStatus* report, Wait which, int32_t task, int64_t value) {
+  if (!report || atomicCAS(&report->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kWaitTimeout)) !=
+                     int32_t(StatusCode::kOk)) {
+    return false;
+  }
+  report->rank = static_cast<int32_t>(blockIdx.x);
+  report->a = int64_t(which);
+  report->b = task;
+  report->c = value;
+  __threadfence_system();
+  return true;
+}
+
+// Records the stalled wait and traps. Inlined and call-free: a call inside the wgmma mainloop would
+// serialise wgmma.
 // NOTES: the code is claimed before the fields are written, so a thread that loses the claim and
 // trapped at once could end the grid before the winner's fields reach the host: the report would
 // name no wait. The losers wait kReportGraceNs first.
 __device__ __forceinline__ void report_stall(DeviceStatus* report, Wait which, int32_t task, int64_t value) {
-  if (report && atomicCAS(&report->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kWaitTimeout)) ==
-                    int32_t(StatusCode::kOk)) {
-    report->rank = static_cast<int32_t>(blockIdx.x);
-    report->a = int64_t(which);
-    report->b = task;
-    report->c = value;
-    __threadfence_system();
-  } else if (report) {
+  if (!record_stall(report, which, task, value) && report) {
     const uint64_t start = globaltimer_ns();
     while (globaltimer_ns() - start < kReportGraceNs) __nanosleep(1 << 16);
   }
   __trap();
 }
 
-template <Scope kScope = Scope::kCta>
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
-                                              int32_t task) {
-  if (mbarrier_try_wait<kScope>(bar, parity)) return;
+// A wait on `bar` of at most `bound_ns` of %globaltimer: true once the phase completed.
+template <Scope kScope>
+__device__ __forceinline__ bool mbarrier_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t bound_ns) {
+  if (mbarrier_try_wait<kScope>(bar, parity)) return true;
   const uint64_t start = globaltimer_ns();
   while (!mbarrier_try_wait<kScope>(bar, parity)) {
-    if (globaltimer_ns() - start > kMbarrierWaitNs) report_stall(report, which, task, parity);
+    if (globaltimer_ns() - start > bound_ns) return false;
   }
+  return true;
+}
+
+// A bounded wait on `bar`: past the bound it reports the stall and traps.
+template <Scope kScope = Scope::kCta>
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, DeviceStatus* report, Wait which,
+                                              int32_t task, uint64_t bound_ns = kMbarrierWaitNs) {
+  if (!mbarrier_wait_bounded<kScope>(bar, parity, bound_ns)) report_stall(report, which, task, parity);
+}
+
+// A bounded wait on `bar` that never traps, so that the code around it can leave: false, with the
+// stall recorded (record_stall), past the bound.
+__device__ __forceinline__ bool mbarrier_wait_or_record(uint64_t* bar, uint32_t parity, DeviceStatus* report,
+                                                        Wait which, int32_t task) {
+  if (mbarrier_wait_bounded<Scope::kCta>(bar, parity, kMbarrierWaitNs)) return true;
+  record_stall(report, which, task, parity);
+  return false;
 }
 
 // ---- global-memory counters (bounded by time: the gather's waits poll device memory) ----------------

@@ -25,7 +25,7 @@ LYNX_HD int64_t padded_rows(int64_t rows) { return (rows + kTileRows - 1) / kTil
 // padded_rows / kTileRows row blocks, less its last when that holds a tail of 1 .. kFoldRows rows
 // behind at least one whole block: such a tail is computed by the tile of the block before it.
 // block_offset[e] counts these blocks over the experts before e.
-constexpr int64_t kFoldRows = 8;
+constexpr int64_t kFoldRows = 16;
 LYNX_HD int64_t folded_tail_rows(int64_t rows) {
   const int64_t tail = rows % kTileRows;
   return rows > kTileRows && tail <= kFoldRows ? tail : 0;

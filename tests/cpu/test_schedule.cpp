@@ -47,12 +47,12 @@ Expected expect(const Routing& g, int32_t r, int64_t capacity) {
     x.total += padded;
   }
   x.expert_offset.push_back(int32_t(x.total));
-  // The GEMM's row blocks: an expert's 128-row blocks, but a last one with 1-8 rows after a whole
+  // The GEMM's row blocks: an expert's 128-row blocks, but a last one with 1-16 rows after a whole
   // block has none of its own.
   x.block_offset.push_back(x.block_offset.empty() ? 0 : x.block_offset.back());
   for (int64_t e = 0; e < E_loc; ++e) {
     const int32_t rows = x.expert_rows[e], tail = rows % 128;
-    const int32_t blocks = (rows + 127) / 128 - (rows > 128 && tail >= 1 && tail <= 8 ? 1 : 0);
+    const int32_t blocks = (rows + 127) / 128 - (rows > 128 && tail >= 1 && tail <= 16 ? 1 : 0);
     x.block_offset[e + 1] = x.block_offset[e] + blocks;
   }
 

@@ -178,18 +178,20 @@ TEST(TileSchedule, FoldedTailsCoverEveryRowOnce) {
   }
 }
 
-TEST(TileSchedule, TailsOfOneToEightRowsBehindAWholeBlockFold) {
+TEST(TileSchedule, TailsOfOneToSixteenRowsBehindAWholeBlockFold) {
   EXPECT_EQ(sched::core::folded_tail_rows(129), 1);
   EXPECT_EQ(sched::core::folded_tail_rows(136), 8);
-  EXPECT_EQ(sched::core::folded_tail_rows(137), 0);
+  EXPECT_EQ(sched::core::folded_tail_rows(144), 16);
+  EXPECT_EQ(sched::core::folded_tail_rows(145), 0);
   EXPECT_EQ(sched::core::folded_tail_rows(128), 0);
-  EXPECT_EQ(sched::core::folded_tail_rows(8), 0);  // no whole block before it
+  EXPECT_EQ(sched::core::folded_tail_rows(16), 0);  // no whole block before it
   EXPECT_EQ(sched::core::folded_tail_rows(512 + 3), 3);
   EXPECT_EQ(sched::core::tile_blocks(0), 0);
-  EXPECT_EQ(sched::core::tile_blocks(8), 1);
+  EXPECT_EQ(sched::core::tile_blocks(16), 1);
   EXPECT_EQ(sched::core::tile_blocks(128), 1);
   EXPECT_EQ(sched::core::tile_blocks(130), 1);
-  EXPECT_EQ(sched::core::tile_blocks(140), 2);
+  EXPECT_EQ(sched::core::tile_blocks(144), 1);
+  EXPECT_EQ(sched::core::tile_blocks(145), 2);
   EXPECT_EQ(sched::core::tile_blocks(515), 4);
 }
 
