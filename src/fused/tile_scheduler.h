@@ -259,9 +259,9 @@ inline TileOrder in_order_tiles() { return {true, true, 16}; }
 
 // NOTES: whether a launch folds tails (folded tails, above): where experts receive fewer than two row
 // blocks on average (deepseek-v3: 128 ± 11 rows, so about half of the experts end in a tail of ~9
-// rows behind one whole block, and ~half of those tails hold 1-8 rows). There a tail tile costs its
+// rows behind one whole block, and ~84% of those tails hold 1-16 rows). There a tail tile costs its
 // staged weights, 27% of a whole tile's time at deepseek-v3 (bench/results/2026-12-02-h200-session23.txt,
-// section 3). With more blocks per expert a tail of 1-8 rows is rarer (1/16 of qwen3-30b-a3b's) and a
+// section 3). With more blocks per expert a tail of 1-16 rows is rarer (1/8 of qwen3-30b-a3b's) and a
 // kernel that folds pays for its narrower epilogue pieces everywhere.
 inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks_per_expert(routed_rows, experts) < 2; }
 inline TileOrder static_tiles(int64_t blocks_per_expert) {
