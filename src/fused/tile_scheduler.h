@@ -261,8 +261,10 @@ inline TileOrder in_order_tiles() { return {true, true, 16}; }
 // blocks on average (deepseek-v3: 128 ± 11 rows, so about half of the experts end in a tail of ~9
 // rows behind one whole block, and ~84% of those tails hold 1-16 rows). There a tail tile costs its
 // staged weights, 27% of a whole tile's time at deepseek-v3 (bench/results/2026-12-02-h200-session23.txt,
-// section 3). With more blocks per expert a tail of 1-16 rows is rarer (1/8 of qwen3-30b-a3b's) and a
-// kernel that folds pays for its narrower epilogue pieces everywhere.
+// section 3). With four or more blocks per expert the tail tile runs beside its expert's other blocks
+// and reads their weight tile from L2, and folding made qwen3-30b-a3b and olmoe-1b-7b slower (forward
+// +1.4% and +2.4%, backward +2.3% and +1.2%, though ~29% of qwen3's tails hold 1-16 rows): the folding
+// kernels pay for their narrower epilogue pieces on every tile (bench/results/2026-12-03-h200-session27.txt).
 inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks_per_expert(routed_rows, experts) < 2; }
 inline TileOrder static_tiles(int64_t blocks_per_expert) {
   int32_t g = 1;
