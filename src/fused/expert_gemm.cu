@@ -1166,6 +1166,11 @@ bool gather_in_kernel() {
   return forced != 0;
 }
 
+bool gather_token_major() {
+  static const int forced = env_switch("LYNX_GEMM_GATHER_TOKENS");
+  return forced == 1;
+}
+
 void prepare_expert_gemm_kernels(int sm_count) {
   prepare<Mode::kRowsSwiGLU, false>(sm_count);
   prepare<Mode::kRows, false>(sm_count);

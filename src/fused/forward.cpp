@@ -40,10 +40,17 @@ namespace {
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   w.context_valid = false;
   const bool gather = !omitted(Stage::kGather, w.forward_calls);
-  enqueue_dispatch(w, in, s, !gather_in_kernel());
+  const bool token_major = gather_token_major();
+  enqueue_dispatch(w, in, s, !gather_in_kernel() && !token_major);
   ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.xg;
-  if (gather && gather_in_kernel()) gather_rows_in(a, w, in.x);
+  if (gather && token_major) {
+    unfused::scatter_token_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.slot_row, w.schedule.row_token_slot,
+                                w.device_total_rows(), w.problem.capacity, w.shape.tokens, w.shape.top_k,
+                                w.shape.hidden, s);
+  } else if (gather && gather_in_kernel()) {
+    gather_rows_in(a, w, in.x);
+  }
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);

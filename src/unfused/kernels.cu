@@ -133,6 +133,67 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
   }
 }
 
+// Token-major gather: blocks [0, token_blocks) walk the tokens, each token row of src read once and
+// written to its schedule rows (slot_row, -1 for a slot no local expert takes); the other blocks zero
+// the padding rows below *total_rows, except in 64-row halves without rows (read by nothing).
+// NOTES: why token-major. The row-major gathers read each token row once per slot, k reads spread
+// over the whole launch: where the token rows do not fit in L2 beside what streams through it
+// (deepseek-v3: 59 MB of x against the 60 MB L2), most of those re-reads go to DRAM. Here a row is
+// read once and its k copies are written while it sits in registers.
+constexpr int kScatterThreads = 256;
+constexpr int kScatterVecs = 2;  // 16-byte loads in flight per thread
+__global__ void __launch_bounds__(kScatterThreads)
+    scatter_token_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restrict__ src, const int32_t* __restrict__ slot_row,
+                              const int32_t* __restrict__ row_token_slot, const int32_t* total_rows, int64_t capacity,
+                              int64_t tokens, int32_t top_k, int64_t vecs_per_row, int32_t token_blocks) {
+  const int64_t total = *total_rows;
+  // NOTES: a schedule over capacity writes neither slot_row nor the row arrays (see gather_rows_kernel).
+  if (total > capacity) return;
+  __shared__ int32_t rows[Limits::kMaxTopK > kScatterThreads ? Limits::kMaxTopK : kScatterThreads];
+  __shared__ int32_t count;
+  if (int32_t(blockIdx.x) < token_blocks) {
+    for (int64_t t = blockIdx.x; t < tokens; t += token_blocks) {
+      __syncthreads();
+      if (int32_t(threadIdx.x) < top_k) rows[threadIdx.x] = slot_row[t * top_k + threadIdx.x];
+      __syncthreads();
+      const Vec8* from = src + t * vecs_per_row;
+      for (int64_t v0 = threadIdx.x; v0 < vecs_per_row; v0 += kScatterThreads * kScatterVecs) {
+        Vec8 val[kScatterVecs];
+#pragma unroll
+        for (int u = 0; u < kScatterVecs; ++u) {
+          const int64_t v = v0 + u * kScatterThreads;
+          if (v < vecs_per_row) val[u] = from[v];
+        }
+        for (int32_t j = 0; j < top_k; ++j) {
+          const int64_t row = rows[j];
+          if (row < 0) continue;
+#pragma unroll
+          for (int u = 0; u < kScatterVecs; ++u) {
+            const int64_t v = v0 + u * kScatterThreads;
+            if (v < vecs_per_row) dst[row * vecs_per_row + v] = val[u];
+          }
+        }
+      }
+    }
+    return;
+  }
+  const int64_t pad_blocks = gridDim.x - token_blocks;
+  for (int64_t r0 = (blockIdx.x - token_blocks) * int64_t(kScatterThreads); r0 < total;
+       r0 += pad_blocks * kScatterThreads) {
+    __syncthreads();
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    const int64_t r = r0 + threadIdx.x;
+    if (r < total && row_token_slot[r] < 0 && !sched::core::in_rowless_half(row_token_slot, r)) {
+      rows[atomicAdd(&count, 1)] = static_cast<int32_t>(r);
+    }
+    __syncthreads();
+    for (int32_t i = 0; i < count; ++i) {
+      for (int64_t v = threadIdx.x; v < vecs_per_row; v += kScatterThreads) dst[int64_t(rows[i]) * vecs_per_row + v] = Vec8{};
+    }
+  }
+}
+
 // One thread per 8 elements.
 __global__ void swiglu_forward_kernel(Vec8* h, const Vec8* g, const Vec8* u, const int32_t* row_token_slot,
                                       const int32_t* total_rows, int64_t rows, int64_t vecs_per_row) {
@@ -298,6 +359,21 @@ void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, 
   gather_rows_kernel<<<grid, 256, 0, stream>>>(
       reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), row_token_slot, total_rows, capacity, top_k,
       width / 8);
+  LYNX_CHECK_LAUNCH();
+}
+
+void scatter_token_rows(bf16_t* dst, const bf16_t* src, const int32_t* slot_row, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t tokens, int64_t top_k, int64_t width,
+                        cudaStream_t stream) {
+  static detail::PerDeviceCache resident;
+  const int fit = resident_blocks(scatter_token_rows_kernel, kScatterThreads, resident);
+  // NOTES: a few padding blocks per SM's worth of tokens: padding is at most a row block per expert.
+  const int token_blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tokens, fit - fit / 8)));
+  const int pad_blocks = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((capacity + kScatterThreads - 1) / kScatterThreads, std::max(1, fit / 8))));
+  scatter_token_rows_kernel<<<token_blocks + pad_blocks, kScatterThreads, 0, stream>>>(
+      reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), slot_row, row_token_slot, total_rows, capacity,
+      tokens, static_cast<int32_t>(top_k), width / 8, token_blocks);
   LYNX_CHECK_LAUNCH();
 }
 

@@ -24,6 +24,14 @@ void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_we
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
 
+// The same rows as gather_rows, token-major: dst[slot_row[t*k + j], :] = src[t, :] for every slot of a
+// local expert (slot_row >= 0), each src row read once; padding rows below *total_rows get zeros,
+// except those in 64-row halves without rows (sched::core::in_rowless_half), which are not written.
+// Writes nothing when *total_rows exceeds capacity.
+void scatter_token_rows(bf16_t* dst, const bf16_t* src, const int32_t* slot_row, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t tokens, int64_t top_k, int64_t width,
+                        cudaStream_t stream);
+
 // h = silu(g) ⊙ u over [rows, width]; rows that are padding (row_token_slot < 0) or at/after
 // *total_rows are skipped. row_token_slot and total_rows may be null: every row is valid.
 void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* row_token_slot,

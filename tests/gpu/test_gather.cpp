@@ -1,6 +1,7 @@
 // The row gather (unfused::gather_rows, used by both paths for x and dy) against a host gather, bit for
 // bit: every source value encodes its token and column, so a row copied from the wrong token or a
 // piece placed at the wrong column differs. Widths from one 128-byte row to deepseek-v3's 14336 bytes.
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -87,6 +88,81 @@ TEST_F(GatherRowsLong, SecondGridPass) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   expect_equal(gather(64, 9000, 9088, seed), 64);
+}
+
+// unfused::scatter_token_rows, the token-major form: a schedule-like layout of 64-row halves (some
+// without rows, the others rows first, then padding), each slot of a local expert on one row, a fifth
+// of the slots on no row (another rank's expert). Rows and halves it must not write stay poisoned.
+struct Layout {
+  std::vector<int32_t> row_token_slot, slot_row;
+  int64_t tokens = 0;
+};
+
+Layout make_layout(int64_t halves, int64_t top_k, std::mt19937& rng) {
+  Layout l;
+  std::bernoulli_distribution rowless(0.2);
+  std::uniform_int_distribution<int> used(1, 64);
+  std::vector<int64_t> live;
+  for (int64_t h = 0; h < halves; ++h) {
+    const int n = rowless(rng) ? 0 : used(rng);
+    for (int i = 0; i < 64; ++i) {
+      if (i < n) live.push_back(h * 64 + i);
+    }
+  }
+  l.row_token_slot.assign(size_t(halves * 64), -1);
+  l.tokens = (int64_t(live.size()) * 5 / 4 + top_k) / top_k;
+  l.slot_row.assign(size_t(l.tokens * top_k), -1);
+  std::vector<int32_t> slots(l.slot_row.size());
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = int32_t(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  for (size_t i = 0; i < live.size(); ++i) {
+    l.row_token_slot[size_t(live[i])] = slots[i];
+    l.slot_row[size_t(slots[i])] = int32_t(live[i]);
+  }
+  return l;
+}
+
+Result scatter(int64_t width, int64_t halves, bool over_capacity, uint32_t seed) {
+  const int64_t top_k = 3, rows = halves * 64, capacity = over_capacity ? rows - 64 : rows;
+  std::mt19937 rng(seed);
+  const Layout l = make_layout(halves, top_k, rng);
+  std::vector<uint16_t> src(size_t(l.tokens * width));
+  for (int64_t t = 0; t < l.tokens; ++t)
+    for (int64_t c = 0; c < width; ++c) src[size_t(t * width + c)] = encoded(t, c);
+  Result res;
+  res.expected.assign(size_t(rows * width), 0xFFFF);
+  for (int64_t r = 0; r < rows && !over_capacity; ++r) {
+    const int32_t slot = l.row_token_slot[size_t(r)];
+    if (slot < 0 && l.row_token_slot[size_t(r - r % 64)] < 0) continue;  // a half without rows
+    for (int64_t c = 0; c < width; ++c) res.expected[size_t(r * width + c)] = slot < 0 ? 0 : encoded(slot / top_k, c);
+  }
+  DeviceBuffer d_src = to_device(src), d_slots = to_device(l.row_token_slot), d_slot_row = to_device(l.slot_row);
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(rows)});
+  DeviceBuffer d_dst(size_t(rows * width) * sizeof(uint16_t));
+  d_dst.fill_bytes(0xFF);
+  unfused::scatter_token_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slot_row.as<int32_t>(), d_slots.as<int32_t>(),
+                              d_total.as<int32_t>(), capacity, l.tokens, top_k, width, nullptr);
+  LYNX_TEST_CUDA(cudaGetLastError());
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  res.dst = to_host<uint16_t>(d_dst, size_t(rows * width));
+  return res;
+}
+
+TEST_P(GatherRows, TokenMajorMatchesHostGather) {
+  const int64_t width = GetParam();
+  for (const bool over : {false, true}) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE(std::string(over ? "over capacity" : "within capacity") + ", seed " + std::to_string(seed));
+    expect_equal(scatter(width, 10, over, seed), width);
+  }
+}
+
+// More tokens than the kernel's token blocks (a second pass of their loop) and more rows than its
+// padding blocks cover at once.
+TEST_F(GatherRowsLong, TokenMajorSecondPass) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  expect_equal(scatter(64, 1200, false, seed), 64);
 }
 
 // Row bytes 128, 4096, 4224, 10240 and 14336 (widths that are and are not multiples of the block's 256
