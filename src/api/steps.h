@@ -11,7 +11,8 @@ T* data_of(const TensorView& v) {
 }
 
 // Queues, with no host synchronisation: status reset, routing validation, the schedule, the gather of
-// x rows into schedule order (unless `gather_rows` is false: the fused GEMM gathers them itself), and
+// x rows into schedule order (unless `gather_rows` is false: the fused path places its gather itself,
+// fused/forward.h), and
 // the shared expert's gate/up GEMMs.
 void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows = true);
 

@@ -44,6 +44,11 @@ inline void set_gather_lookahead(Workspace& ws, int32_t blocks) { ws.impl().test
 // so that the producer's bounded wait for them must time out and report instead of hanging.
 inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }
 
+// Gathers the fused launches' rows token-major in a kernel before each GEMM (1), in the GEMMs or the
+// row-major kernel (0), or as the rule decides (-1: gather_token_major, which picks token-major for the
+// small test shapes whose launches have fewer than 1024 columns).
+inline void set_gather_token_major(Workspace& ws, int32_t token_major) { ws.impl().test_gather_token_major = token_major; }
+
 // "" when every counter that a kernel's last block (or CTA) sets back is at rest: the routing
 // validation's and the schedule count's arrival counters at zero, first_bad_route at UINT64_MAX, the
 // GEMM's tile tickets and (fused) the in-kernel gather's counters at zero; else what is not.

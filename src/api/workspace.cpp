@@ -45,6 +45,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
   }
   const DeviceInfo info = query_device(device);
   sm_count = info.sm_count;
+  int l2 = 0;
+  LYNX_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  l2_bytes = l2;
   config = resolve_config(s, c, info);
   try {
     const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;

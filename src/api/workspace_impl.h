@@ -85,6 +85,7 @@ struct Workspace::Impl {
   bool counts_on_host = false;          // counts_host holds the current schedule's counts
 
   int32_t sm_count = 0;
+  int64_t l2_bytes = 0;
   int32_t* gemm_tickets = nullptr;  // [2] device: the expert GEMM's tile ticket and finished CTAs; zero between launches
   int32_t* gather_sync = nullptr;   // fused: the in-kernel gather's counters (fused/gather_plan.h), zero between launches
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
@@ -100,6 +101,7 @@ struct Workspace::Impl {
   int32_t test_gemm_sm_count = 0;               // test hook (api/test_hooks.h): the expert GEMMs' grid (0: sm_count)
   int32_t test_gather_lookahead = 0;            // test hook (api/test_hooks.h): the in-kernel gather's lookahead (0: the rule)
   int32_t test_gather_stall_block = -1;         // test hook (api/test_hooks.h): a row block the gather never copies
+  int32_t test_gather_token_major = -1;         // test hook: -1 the rule, 0 never, 1 every gather token-major (fused/forward.h)
 
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();

@@ -21,12 +21,8 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
 
   enqueue_shared_backward(w, in, dy, grads, s);
   const bool gather = !omitted(Stage::kDyGather, w.backward_calls);
-  const bool token_major = gather_token_major();
-  if (gather && token_major) {
-    unfused::scatter_token_rows(dyg, data_of<const bf16_t>(dy), w.schedule.slot_row, slots, total, cap, T, k, H, s);
-  } else if (gather && !gather_in_kernel()) {
-    unfused::gather_rows(dyg, data_of<const bf16_t>(dy), slots, total, cap, k, H, s);
-  }
+  const GatherPlace place = gather_place(w, I);  // da: I columns
+  if (gather) queue_gather_kernel(place, w, dy, dyg, s);
 
   ExpertGemmArgs g = expert_gemm_args(w);
 
@@ -38,7 +34,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.out = w.un.da;
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     ExpertGemmArgs da = g;
-    if (gather && !token_major && gather_in_kernel()) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
+    if (gather && place == GatherPlace::kInGemm) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
     expert_gemm_n_major(da, s);
   }
 

@@ -1166,9 +1166,9 @@ bool gather_in_kernel() {
   return forced != 0;
 }
 
-bool gather_token_major() {
+int forced_gather_token_major() {
   static const int forced = env_switch("LYNX_GEMM_GATHER_TOKENS");
-  return forced == 1;
+  return forced;
 }
 
 void prepare_expert_gemm_kernels(int sm_count) {

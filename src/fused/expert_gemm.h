@@ -61,9 +61,9 @@ struct ExpertGemmArgs {
 // a sweep; the gather kernel then runs first, as before).
 bool gather_in_kernel();
 
-// Whether the fused path gathers the rows token-major in a kernel before the GEMM instead
-// (unfused::scatter_token_rows; LYNX_GEMM_GATHER_TOKENS=1, a sweep switch).
-bool gather_token_major();
+// LYNX_GEMM_GATHER_TOKENS, a sweep switch: 1 gathers every launch's rows token-major in a kernel
+// before the GEMM (unfused::scatter_token_rows), 0 none; -1 (unset): gather_token_major decides.
+int forced_gather_token_major();
 
 // Sets up the GEMM kernels on the current device (shared-memory limits, how many 2-CTA clusters fit),
 // once per process and device. A fused workspace calls it when it is made; a launch does it itself

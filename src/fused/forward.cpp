@@ -3,6 +3,7 @@
 #include "api/omit.h"
 #include "api/steps.h"
 #include "fused/expert_gemm.h"
+#include "fused/gather_plan.h"
 
 namespace lynx::fused {
 
@@ -33,6 +34,28 @@ void gather_rows_in(ExpertGemmArgs& a, const Workspace::Impl& w, const TensorVie
   a.gather_sync = w.gather_sync;
 }
 
+GatherPlace gather_place(const Workspace::Impl& w, int64_t products_per_row) {
+  const LayerShape& sh = w.shape;
+  const int forced = w.test_gather_token_major >= 0 ? w.test_gather_token_major : forced_gather_token_major();
+  const bool token_major = forced >= 0 ? forced == 1
+                                       : gather_token_major(sh.tokens * sh.top_k, sh.local_experts(), sh.tokens,
+                                                            sh.hidden, products_per_row, w.l2_bytes);
+  if (token_major) return GatherPlace::kTokenKernel;
+  return gather_in_kernel() ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
+}
+
+void queue_gather_kernel(GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
+                         cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  if (place == GatherPlace::kTokenKernel) {
+    unfused::scatter_token_rows(dst, data_of<const bf16_t>(rows), w.schedule.slot_row, w.schedule.row_token_slot,
+                                w.device_total_rows(), w.problem.capacity, sh.tokens, sh.top_k, sh.hidden, s);
+  } else if (place == GatherPlace::kRowKernel) {
+    unfused::gather_rows(dst, data_of<const bf16_t>(rows), w.schedule.row_token_slot, w.device_total_rows(),
+                         w.problem.capacity, sh.top_k, sh.hidden, s);
+  }
+}
+
 namespace {
 
 // Dispatch and the gate/up GEMM with SwiGLU: h, and with `keep_gate_up` everything backward needs
@@ -40,17 +63,12 @@ namespace {
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   w.context_valid = false;
   const bool gather = !omitted(Stage::kGather, w.forward_calls);
-  const bool token_major = gather_token_major();
-  enqueue_dispatch(w, in, s, !gather_in_kernel() && !token_major);
+  enqueue_dispatch(w, in, s, false);
   ExpertGemmArgs a = expert_gemm_args(w);
   a.a = w.un.xg;
-  if (gather && token_major) {
-    unfused::scatter_token_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.slot_row, w.schedule.row_token_slot,
-                                w.device_total_rows(), w.problem.capacity, w.shape.tokens, w.shape.top_k,
-                                w.shape.hidden, s);
-  } else if (gather && gather_in_kernel()) {
-    gather_rows_in(a, w, in.x);
-  }
+  const GatherPlace place = gather_place(w, 2 * w.shape.intermediate);  // gate and up: 2I columns
+  if (gather) queue_gather_kernel(place, w, in.x, w.un.xg, s);
+  if (gather && place == GatherPlace::kInGemm) gather_rows_in(a, w, in.x);
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);

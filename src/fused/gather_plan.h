@@ -37,4 +37,25 @@ inline int32_t gather_lookahead_blocks(int64_t k) {
   return static_cast<int32_t>(blocks < kGatherMinAheadBlocks ? kGatherMinAheadBlocks : blocks);
 }
 
+// NOTES: where a launch's rows are gathered: by the GEMM's own warps while its tiles run (above), or
+// token-major by a kernel before it (unfused::scatter_token_rows: each token row read once, its k
+// copies written at the GPU's write rate, ~3.2 TB/s on the H200; the GEMM then reads its rows from
+// DRAM and no longer overlaps the copy). Token-major where either
+// - the launch streams its weights (under two row blocks per expert: each weight tile is read for
+//   ~128 rows) and the token rows take more than half of the L2: the in-kernel gather's k reads of
+//   each token row, spread over the launch, then mostly miss, and those bytes cost as much as any
+//   in a launch bound by DRAM. deepseek-v3's forward (59 MB of x): -1.3% in each of 3 rounds
+//   (bench/results/2026-12-03-h200-session28.txt section 1); or
+// - each gathered row feeds fewer than kInGemmGatherMinProducts output columns, too few tiles to hide
+//   its copy behind: qwen3-30b-a3b's dgrad of down (I = 768 columns): backward -1.3% in each of 3
+//   rounds, where olmoe-1b-7b's (1024) was flat (+0.2%) and every gate/up launch (2I columns) lost
+//   without its in-kernel gather (qwen3 +1.8%, olmoe +1.1%, mixtral-8x7b +3.9%).
+constexpr int64_t kInGemmGatherMinProducts = 1024;
+inline bool gather_token_major(int64_t routed_rows, int64_t experts, int64_t tokens, int64_t width,
+                               int64_t products_per_row, int64_t l2_bytes) {
+  const bool streams_weights = row_blocks_per_expert(routed_rows, experts) < 2;
+  const bool rows_fill_l2 = 2 * (tokens * width * 2) > l2_bytes;
+  return (streams_weights && rows_fill_l2) || products_per_row < kInGemmGatherMinProducts;
+}
+
 }  // namespace lynx::fused

@@ -378,6 +378,39 @@ TEST(TileSchedule, WeightGradIsZeroWhenTheScheduleOverflowed) {
   EXPECT_EQ(tile_count(g), 2);  // the tiles still run, to store zeros
 }
 
+// Where the fused launches gather their rows (fused/gather_plan.h): token-major before the launch
+// where it streams its weights and the token rows fill the L2, or where each row feeds too few columns.
+TEST(KernelGatherPlan, TokenMajorWhereTheRuleSays) {
+  const int64_t l2 = int64_t(60) << 20;  // the H200's
+  struct Launch {
+    const char* what;
+    int64_t tokens, hidden, experts, top_k, products;
+    bool token_major;
+  };
+  const Launch launches[] = {
+      {"deepseek-v3 gate/up", 4096, 7168, 256, 8, 2 * 2048, true},
+      {"deepseek-v3 da", 4096, 7168, 256, 8, 2048, true},
+      {"qwen3-30b-a3b gate/up", 8192, 2048, 128, 8, 2 * 768, false},
+      {"qwen3-30b-a3b da", 8192, 2048, 128, 8, 768, true},
+      {"olmoe-1b-7b gate/up", 8192, 2048, 64, 8, 2 * 1024, false},
+      {"olmoe-1b-7b da", 8192, 2048, 64, 8, 1024, false},
+      {"mixtral-8x7b gate/up", 8192, 4096, 8, 2, 2 * 14336, false},
+      {"mixtral-8x7b da", 8192, 4096, 8, 2, 14336, false},
+      // deepseek-v3's experts with a quarter of its tokens: the rows fit in the L2 beside the stream
+      {"deepseek-v3, 1024 tokens", 1024, 7168, 64, 8, 2 * 2048, false},
+  };
+  for (const Launch& l : launches) {
+    EXPECT_EQ(gather_token_major(l.tokens * l.top_k, l.experts, l.tokens, l.hidden, l.products, l2), l.token_major)
+        << l.what;
+  }
+  // The column threshold on its own, and the L2 bound at exactly half of it.
+  EXPECT_TRUE(gather_token_major(8192 * 8, 128, 8192, 2048, kInGemmGatherMinProducts - 1, l2));
+  EXPECT_FALSE(gather_token_major(8192 * 8, 128, 8192, 2048, kInGemmGatherMinProducts, l2));
+  EXPECT_FALSE(gather_token_major(128, 1, 1, l2 / 4, 4096, l2));     // rows = half the L2: not more
+  EXPECT_TRUE(gather_token_major(128, 1, 1, l2 / 4 + 1, 4096, l2));  // a byte more
+  EXPECT_FALSE(gather_token_major(256, 1, 1, l2, 4096, l2));         // two blocks per expert: not streaming
+}
+
 // The in-kernel gather's lookahead (fused/gather_plan.h): about 24 MB of rows, never under 8 blocks.
 TEST(KernelGatherPlan, LookaheadIsAboutHalfTheL2InRowBlocks) {
   EXPECT_EQ(gather_lookahead_blocks(2048), 48);  // qwen3-30b-a3b, olmoe-1b-7b: 512 KB blocks

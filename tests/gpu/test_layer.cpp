@@ -303,6 +303,8 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   test_hooks::set_gemm_clusters(ws, clusters);
   test_hooks::set_gemm_sm_count(ws, gemm_sm_count);
   test_hooks::set_gather_lookahead(ws, gather_lookahead);
+  // A lookahead tests the in-kernel gather, which the rule does not pick at these launches' few columns.
+  if (gather_lookahead != 0) test_hooks::set_gather_token_major(ws, 0);
   test_hooks::set_gemm_order(ws, order);
   test_hooks::poison_row_buffers(ws);
   const Outputs o = run_layer(ws, L, dy, recompute);
@@ -654,6 +656,29 @@ TEST_F(KernelGather, ThrottledWithRecomputedContext) {
   Config c = fused();
   c.save_forward_context = false;
   check_against_reference({300, 192, 192, 8, 2, 0}, fresh_seed(), c, /*recompute=*/true, 0, 2, 1);
+}
+
+// The token-major gather kernel before each GEMM (unfused::scatter_token_rows) against the in-kernel
+// gather: the same bits in every output, the reference matched, padding rows exact zeros in buffers
+// poisoned with NaN. Random routing with a shared expert, tails folded (1096 rows, cyclic), k = 1,
+// and more tokens than the kernel's token blocks (a second pass of their loop).
+TEST_F(KernelGather, TokenMajorSameBitsAsInKernel) {
+  for (const Case& c : {Case{600, 128, 192, 4, 4, 64}, Case{1096, 256, 256, 16, 2, 0, "cyclic"},
+                        Case{300, 192, 128, 8, 1, 0}, Case{2600, 128, 64, 8, 2, 0}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+                 " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
+                 " routing=" + c.routing);
+    const HostLayer L(c, fresh_seed());
+    const std::vector<HostBf16> dy = random_dy(c);
+    Workspace token_major(L.shape, fused()), in_kernel(L.shape, fused());
+    test_hooks::set_gather_token_major(token_major, 1);
+    test_hooks::set_gather_token_major(in_kernel, 0);
+    for (Workspace* ws : {&token_major, &in_kernel}) test_hooks::poison_row_buffers(*ws);
+    const Outputs a = run_layer(token_major, L, dy);
+    expect_matches_reference(a, L, dy);
+    expect_padding_rows_zero(token_major, c);
+    EXPECT_EQ(first_difference(a, run_layer(in_kernel, L, dy)), "");
+  }
 }
 
 // A routing error on the device is reported by the call, naming the entry, and y is not written.
@@ -1013,7 +1038,10 @@ TEST_F(FusedForward, ForcedStallInAClusterIsReportedNotHung) {
 // The gather's rows never arrive (test hook: row block 0 is claimed, never copied): the producer's
 // bounded wait for them reports, naming the wait.
 [[noreturn]] void run_stalled_gather() {
-  run_stalled_forward([](Workspace& ws) { test_hooks::set_gather_stall_block(ws, 0); });
+  run_stalled_forward([](Workspace& ws) {
+    test_hooks::set_gather_token_major(ws, 0);  // the stall hook is the in-kernel gather's
+    test_hooks::set_gather_stall_block(ws, 0);
+  });
 }
 
 TEST_F(KernelGather, StalledRowsAreReportedNotHung) {
