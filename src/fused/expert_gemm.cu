@@ -314,6 +314,7 @@ struct OperandMaps {
 // launch got shorter, and the timed passes stayed within noise at full clock and under the power cap
 // (bench/results/2026-12-02-h200-session19.txt, sections 1 and 6): less work for the same bits.
 constexpr int32_t kQuarterRows = 16;
+static_assert(kQuarterRows == sched::core::kReadGroupRows, "the gathers zero the padding rows a half tile reads");
 constexpr int32_t kOutsideRows = -kQuarterRows;
 constexpr uint16_t kBothCtas = 0b11;  // multicast mask: both CTAs of the pair
 template <bool kMulticast>

@@ -41,6 +41,18 @@ LYNX_HD bool in_rowless_half(const int32_t* row_token_slot, int64_t row) {
   return row_token_slot[row - row % kHalfRows] < 0;
 }
 
+// Whether padding row `row` (one of a half with rows) is read by a row GEMM's tile, so must hold zeros:
+// in the second half of a block, read whole by its tile (the block's first half is then whole), or in
+// a 16-row group that begins with a routed row (a half tile loads its rows in 16-row boxes and a folded
+// tail in one, the TMA filling the rest with zeros without reading; the weight gradients stop at the
+// last 16-row step that holds rows). No other padding row is read: ~89 MB per gather at deepseek-v3.
+constexpr int64_t kReadGroupRows = 16;
+static_assert(kFoldRows == kReadGroupRows, "a folded tail's box is one read group");
+LYNX_HD bool padding_row_read(const int32_t* row_token_slot, int64_t row) {
+  if (row % kTileRows >= kHalfRows) return row_token_slot[row - row % kHalfRows] >= 0;
+  return row_token_slot[row - row % kReadGroupRows] >= 0;
+}
+
 // Whether a schedule of `total` padded rows fits in the row arrays.
 LYNX_HD bool fits_capacity(int64_t total, int64_t capacity) { return total <= capacity; }
 

@@ -135,7 +135,7 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
 
 // Token-major gather: blocks [0, token_blocks) walk the tokens, each token row of src read once and
 // written to its schedule rows (slot_row, -1 for a slot no local expert takes); the other blocks zero
-// the padding rows below *total_rows, except in 64-row halves without rows (read by nothing).
+// the padding rows below *total_rows that a row GEMM's tile reads (sched::core::padding_row_read).
 // NOTES: why token-major. The row-major gathers read each token row once per slot, k reads spread
 // over the whole launch: where the token rows do not fit in L2 beside what streams through it
 // (deepseek-v3: 59 MB of x against the 60 MB L2), most of those re-reads go to DRAM. Here a row is
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kScatterThreads)
     if (threadIdx.x == 0) count = 0;
     __syncthreads();
     const int64_t r = r0 + threadIdx.x;
-    if (r < total && row_token_slot[r] < 0 && !sched::core::in_rowless_half(row_token_slot, r)) {
+    if (r < total && row_token_slot[r] < 0 && sched::core::padding_row_read(row_token_slot, r)) {
       rows[atomicAdd(&count, 1)] = static_cast<int32_t>(r);
     }
     __syncthreads();

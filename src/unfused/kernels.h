@@ -25,9 +25,10 @@ void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, 
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
 
 // The same rows as gather_rows, token-major: dst[slot_row[t*k + j], :] = src[t, :] for every slot of a
-// local expert (slot_row >= 0), each src row read once; padding rows below *total_rows get zeros,
-// except those in 64-row halves without rows (sched::core::in_rowless_half), which are not written.
-// Writes nothing when *total_rows exceeds capacity.
+// local expert (slot_row >= 0), each src row read once; the padding rows below *total_rows that a row
+// GEMM's tile reads (sched::core::padding_row_read) get zeros, the others are not written. Writes
+// nothing when *total_rows exceeds capacity. The fused path's gather; the unfused path keeps
+// gather_rows (zeros in every padding row).
 void scatter_token_rows(bf16_t* dst, const bf16_t* src, const int32_t* slot_row, const int32_t* row_token_slot,
                         const int32_t* total_rows, int64_t capacity, int64_t tokens, int64_t top_k, int64_t width,
                         cudaStream_t stream);

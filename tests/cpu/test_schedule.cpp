@@ -119,6 +119,14 @@ void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::s
           << "row " << row;
       if (row >= got.expert_offset[e] + got.expert_rows[e]) {
         EXPECT_TRUE(s == -1 && slot == -1) << "padding row " << row;
+        // Read by a tile (so zeroed by the gathers): a whole block's second half, or the 16-row
+        // group of the expert's last row when its last block ends in the first half.
+        const int64_t rows = got.expert_rows[e], in_block = (row - got.expert_offset[e]) % 128;
+        const int64_t block_rows = rows - (row - got.expert_offset[e] - in_block);
+        const bool read = block_rows > 64 ? in_block < 128 : in_block < (block_rows + 15) / 16 * 16;
+        if (half_start < rows) {
+          EXPECT_EQ(core::padding_row_read(got.row_token_slot.data(), row), read) << "padding row " << row;
+        }
         continue;
       }
       ASSERT_TRUE(s >= 0 && s < g.R && slot >= 0 && slot < g.T * g.k) << "row " << row;
