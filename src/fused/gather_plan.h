@@ -44,12 +44,14 @@ inline int32_t gather_lookahead_blocks(int64_t k) {
 // - the launch streams its weights (under two row blocks per expert: each weight tile is read for
 //   ~128 rows) and the token rows take more than half of the L2: the in-kernel gather's k reads of
 //   each token row, spread over the launch, then mostly miss, and those bytes cost as much as any
-//   in a launch bound by DRAM. deepseek-v3's forward (59 MB of x): -1.3% in each of 3 rounds
-//   (bench/results/2026-12-03-h200-session28.txt section 1); or
+//   in a launch bound by DRAM. deepseek-v3's forward (59 MB of x): -3.5% in each of 3 rounds at
+//   full clock, -2.1% under the power cap (bench/results/2026-12-03-h200-session28.txt sections 3-4);
+//   its backward (dy, the same size) within the spread; or
 // - each gathered row feeds fewer than kInGemmGatherMinProducts output columns, too few tiles to hide
-//   its copy behind: qwen3-30b-a3b's dgrad of down (I = 768 columns): backward -1.3% in each of 3
-//   rounds, where olmoe-1b-7b's (1024) was flat (+0.2%) and every gate/up launch (2I columns) lost
-//   without its in-kernel gather (qwen3 +1.8%, olmoe +1.1%, mixtral-8x7b +3.9%).
+//   its copy behind: qwen3-30b-a3b's dgrad of down (I = 768 columns): backward -1.2% in each of 4
+//   rounds (section 3), where olmoe-1b-7b's (1024) was flat (+0.2%) and every gate/up launch (2I
+//   columns) lost without its in-kernel gather (qwen3 +1.8%, olmoe +1.1%, mixtral-8x7b +3.9%;
+//   section 1). Between 768 and 1024 columns nothing was measured.
 constexpr int64_t kInGemmGatherMinProducts = 1024;
 inline bool gather_token_major(int64_t routed_rows, int64_t experts, int64_t tokens, int64_t width,
                                int64_t products_per_row, int64_t l2_bytes) {

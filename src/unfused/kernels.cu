@@ -367,7 +367,8 @@ void scatter_token_rows(bf16_t* dst, const bf16_t* src, const int32_t* slot_row,
                         cudaStream_t stream) {
   static detail::PerDeviceCache resident;
   const int fit = resident_blocks(scatter_token_rows_kernel, kScatterThreads, resident);
-  // NOTES: a few padding blocks per SM's worth of tokens: padding is at most a row block per expert.
+  // NOTES: an eighth of the resident blocks zero padding rows and the rest walk the tokens: the padding
+  // rows a tile reads are a small part of the rows (under a 128-row block per expert, ~5% at deepseek-v3).
   const int token_blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tokens, fit - fit / 8)));
   const int pad_blocks = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((capacity + kScatterThreads - 1) / kScatterThreads, std::max(1, fit / 8))));
