@@ -288,14 +288,19 @@ class Layer : public test::GpuTest, public ::testing::WithParamInterface<Backend
   }
 };
 
+// A case's sizes and routing, for test traces.
+std::string case_name(const Case& c) {
+  return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+         " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
+         " routing=" + c.routing;
+}
+
 // `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count;
 // `gather_lookahead`: set_gather_lookahead (0: the rule).
 void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
                              int32_t clusters = -1, int32_t gemm_sm_count = 0, int32_t gather_lookahead = 0,
                              int32_t order = -1) {
-  SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
-               " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
-               " routing=" + c.routing);
+  SCOPED_TRACE(case_name(c));
   const HostLayer L(c, seed);
   std::mt19937_64 rng(seed ^ 0x5eed);
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
@@ -665,9 +670,7 @@ TEST_F(KernelGather, ThrottledWithRecomputedContext) {
 TEST_F(KernelGather, TokenMajorSameBitsAsInKernel) {
   for (const Case& c : {Case{600, 128, 192, 4, 4, 64}, Case{1096, 256, 256, 16, 2, 0, "cyclic"},
                         Case{300, 192, 128, 8, 1, 0}, Case{2600, 128, 64, 8, 2, 0}}) {
-    SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
-                 " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
-                 " routing=" + c.routing);
+    SCOPED_TRACE(case_name(c));
     const HostLayer L(c, fresh_seed());
     const std::vector<HostBf16> dy = random_dy(c);
     Workspace token_major(L.shape, fused()), in_kernel(L.shape, fused());
