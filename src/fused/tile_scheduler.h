@@ -246,7 +246,10 @@ struct TileOrder {
 //   each of 4 rounds (same file), and in session 10 they still did not win for launches that do
 //   not gather (the backward part of forward+backward unchanged, section 6); expert-bounded
 //   groups in static order were up to 6% slower (bench/results/2026-11-29-h200-*-expert-raster.txt).
-//   Not measured between 8 and 16 blocks.
+//   Not measured between 8 and 16 blocks. Its end needs no balancing: claiming the last 0-4 rounds
+//   from the ticket instead (a simulation put the busiest CTA of qwen3's `da`, 13.1 tiles per CTA, 7%
+//   over the mean) measured within 0.4% (bench/results/2026-12-04-h200-session29.txt, section 2):
+//   these launches are bound by L2 and DRAM, so the CTAs still running at the end go faster.
 // - A launch that gathers its own rows (row_gather.cuh): in order at every size. The gather warps copy
 //   the rows in schedule order, a few row blocks ahead of the furthest block a producer has begun;
 //   tiles claimed in the same order read each block soon after it was copied. Session 10, 5
