@@ -103,9 +103,79 @@ def make_inputs(T, H, I, E, k, seed):
     return x, topk_ids, topk_weights, w_gate, w_up, w_down
 
 
+def skew(topk_ids, num_experts, seed):
+    """lynx-bench's skewed routing (bench/problem.cpp): every fourth token's first pick is one of the 4
+    hot experts 0-3, its picks kept distinct (the hot expert swapped into place when the token already
+    picked it, else replacing the first pick)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ids = topk_ids.clone()
+    rows = torch.arange(0, ids.shape[0], 4, device=ids.device)
+    hot = torch.randint(0, min(4, num_experts), (rows.numel(),), device=ids.device, generator=g, dtype=ids.dtype)
+    sub = ids[rows]
+    match = sub == hot.unsqueeze(1)
+    pos = match.int().argmax(dim=1)
+    has = match.any(dim=1)
+    first = sub[:, 0].clone()
+    sub[has, pos[has]] = first[has]
+    sub[:, 0] = hot
+    ids[rows] = sub
+    return ids.contiguous()
+
+
+def time_routing(rows, name, routing, flops, x, topk_ids, topk_weights, w_gate, w_up, w_down, params, dy, args):
+    """Times the PyTorch path (and lynx through the binding, when installed) at one routing of a shape,
+    appending result rows."""
+    def fwd():
+        with torch.no_grad():
+            moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+
+    def fwd_bwd():
+        y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+        torch.autograd.grad(y, params, dy)
+
+    # Activations autograd keeps for backward (plus y itself): allocated after forward minus before.
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+    torch.cuda.synchronize()
+    kept_mib = (torch.cuda.memory_allocated() - before) / 2**20
+    del y
+
+    def lynx_fwd():
+        with torch.no_grad():
+            lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+
+    def lynx_fwd_bwd():
+        y = lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+        torch.autograd.grad(y, params, dy)
+
+    with torch.no_grad():
+        gemms = gemms_alone(x, topk_ids, w_gate, w_up, w_down)
+        ms = median_ms(gemms, args.warmup, args.iters)
+    rows.append({"shape": name, "routing": routing, "pass": "forward GEMMs alone", "impl": "torch-grouped-mm",
+                 "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "baseline_impl": None, "baseline_ms": None,
+                 "dense_gemm_tflops": None, "kept_for_backward_mib": None})
+    del gemms
+    for pass_name, fn, lynx_fn, mult in (("forward", fwd, lynx_fwd, 1),
+                                         ("forward+backward", fwd_bwd, lynx_fwd_bwd, 3)):
+        ms = median_ms(fn, args.warmup, args.iters)
+        rows.append({"shape": name, "routing": routing, "pass": pass_name, "impl": "torch-grouped-mm",
+                     "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
+                     "baseline_ms": None, "dense_gemm_tflops": None, "kept_for_backward_mib": kept_mib})
+        if lynx is not None:
+            lms = median_ms(lynx_fn, args.warmup, args.iters)
+            lynx.check()
+            rows.append({"shape": name, "routing": routing, "pass": pass_name, "impl": "lynx-python",
+                         "ms": lms, "tflops": mult * flops / (lms * 1e-3) / 1e12,
+                         "baseline_impl": "torch-grouped-mm", "baseline_ms": ms, "dense_gemm_tflops": None,
+                         "kept_for_backward_mib": None})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="all", help="a shape name or 'all'")
+    parser.add_argument("--routing", default="all", choices=["uniform", "skewed", "all"],
+                        help="uniform, skewed (as lynx-bench's), or all (both; default)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", help="write results here")
@@ -115,77 +185,41 @@ def main():
         print("compare_torch: no CUDA GPU available", file=sys.stderr)
         return 2
     names = list(SHAPES) if args.shape == "all" else [args.shape]
+    routings = ["uniform", "skewed"] if args.routing == "all" else [args.routing]
     rows = []
     for name in names:
         T, H, I, E, k = SHAPES[name]
         inputs = make_inputs(T, H, I, E, k, seed=2026)
         params = [t.requires_grad_() for t in (inputs[0], inputs[3], inputs[4], inputs[5])]
-        x, topk_ids, topk_weights, w_gate, w_up, w_down = inputs
+        x, uniform_ids, topk_weights, w_gate, w_up, w_down = inputs
         flops = 6.0 * T * k * H * I
         dy = torch.randn_like(x)
-
-        def fwd():
-            with torch.no_grad():
-                moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
-
-        def fwd_bwd():
-            y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
-            torch.autograd.grad(y, params, dy)
-
-        # Activations autograd keeps for backward (plus y itself): allocated after forward minus before.
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
-        torch.cuda.synchronize()
-        kept_mib = (torch.cuda.memory_allocated() - before) / 2**20
-        del y
-        def lynx_fwd():
-            with torch.no_grad():
-                lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
-
-        def lynx_fwd_bwd():
-            y = lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
-            torch.autograd.grad(y, params, dy)
-
-        with torch.no_grad():
-            gemms = gemms_alone(x, topk_ids, w_gate, w_up, w_down)
-            ms = median_ms(gemms, args.warmup, args.iters)
-        rows.append({"shape": name, "routing": "uniform", "pass": "forward GEMMs alone", "impl": "torch-grouped-mm",
-                     "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "baseline_impl": None, "baseline_ms": None,
-                     "dense_gemm_tflops": None, "kept_for_backward_mib": None})
-        del gemms
-        for pass_name, fn, lynx_fn, mult in (("forward", fwd, lynx_fwd, 1),
-                                             ("forward+backward", fwd_bwd, lynx_fwd_bwd, 3)):
-            ms = median_ms(fn, args.warmup, args.iters)
-            rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "torch-grouped-mm",
-                         "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
-                         "baseline_ms": None, "dense_gemm_tflops": None, "kept_for_backward_mib": kept_mib})
-            if lynx is not None:
-                lms = median_ms(lynx_fn, args.warmup, args.iters)
-                lynx.check()
-                rows.append({"shape": name, "routing": "uniform", "pass": pass_name, "impl": "lynx-python",
-                             "ms": lms, "tflops": mult * flops / (lms * 1e-3) / 1e12,
-                             "baseline_impl": "torch-grouped-mm", "baseline_ms": ms, "dense_gemm_tflops": None,
-                             "kept_for_backward_mib": None})
-        del inputs, params, x, w_gate, w_up, w_down, dy
+        for routing in routings:
+            topk_ids = uniform_ids if routing == "uniform" else skew(uniform_ids, E, seed=2027)
+            time_routing(rows, name, routing, flops, x, topk_ids, topk_weights, w_gate, w_up, w_down, params, dy,
+                         args)
+        del inputs, params, x, uniform_ids, w_gate, w_up, w_down, dy
         torch.cuda.empty_cache()
 
-    print(f"{'shape':15} {'pass':19} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} {'kept for backward MiB':>22}")
+
+    print(f"{'shape':15} {'routing':8} {'pass':19} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} "
+          f"{'kept for backward MiB':>22}")
     for r in rows:
         ratio = f"{r['baseline_ms'] / r['ms']:8.2f}x" if r["baseline_ms"] else f"{'-':>9}"
         kept = f"{r['kept_for_backward_mib']:22.0f}" if r["kept_for_backward_mib"] is not None else f"{'-':>22}"
-        print(f"{r['shape']:15} {r['pass']:19} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} {ratio} {kept}")
+        print(f"{r['shape']:15} {r['routing']:8} {r['pass']:19} {r['impl']:17} {r['ms']:9.3f} {r['tflops']:8.1f} "
+              f"{ratio} {kept}")
     commit = _commit()
     if args.lynx_json:
         with open(args.lynx_json) as f:
             lynx_run = json.load(f)
         lynx_rows, commit = lynx_run["results"], lynx_run["commit"]
-        print(f"\n{'shape':15} {'pass':17} {'impl':22} {'lynx ms':>8} {'torch ms':>9} {'torch/lynx':>10}")
+        print(f"\n{'shape':15} {'routing':8} {'pass':17} {'impl':22} {'lynx ms':>8} {'torch ms':>9} {'torch/lynx':>10}")
         for r in (r for r in rows if r["impl"] == "torch-grouped-mm"):
             for l in lynx_rows:
-                if (l["shape"], l["pass"], l["routing"]) == (r["shape"], r["pass"], "uniform"):
-                    print(f"{r['shape']:15} {r['pass']:17} {l['impl']:22} {l['ms']:8.3f} {r['ms']:9.3f} "
-                          f"{r['ms'] / l['ms']:9.2f}x")
+                if (l["shape"], l["pass"], l["routing"]) == (r["shape"], r["pass"], r["routing"]):
+                    print(f"{r['shape']:15} {r['routing']:8} {r['pass']:17} {l['impl']:22} {l['ms']:8.3f} "
+                          f"{r['ms']:9.3f} {r['ms'] / l['ms']:9.2f}x")
     if args.json:
         out = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "commit": commit, "command": " ".join(sys.argv), "torch": torch.__version__, "results": rows}
