@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch path of an MoE layer (argsort + torch._grouped_mm + SwiGLU + index_add_), timed on the
-benchmark shapes of ARCHITECTURE.md section 9 at uniform and skewed routing (lynx-bench's), side by side with lynx through its PyTorch binding when
-the `lynx` package is installed (same inputs, same process; impl "lynx-python", baseline the PyTorch
-path), and the PyTorch path's two expert GEMMs alone (pass "forward GEMMs alone"). Writes the results
+benchmark shapes of ARCHITECTURE.md section 9 at uniform and skewed routing (lynx-bench's), side by
+side with lynx through its PyTorch binding when the `lynx` package is installed (same inputs, same
+process; impl "lynx-python", baseline the PyTorch path), and the PyTorch path's two expert GEMMs
+alone (pass "forward GEMMs alone"). Writes the results
 format of bench/results and, given --lynx-json (lynx-bench's output from the same device call), prints
 the ratio of each lynx-bench row to the PyTorch path."""
 
