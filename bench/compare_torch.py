@@ -202,7 +202,6 @@ def main():
         del inputs, params, x, uniform_ids, w_gate, w_up, w_down, dy
         torch.cuda.empty_cache()
 
-
     print(f"{'shape':15} {'routing':8} {'pass':19} {'impl':17} {'ms':>9} {'TFLOP/s':>8} {'vs torch':>9} "
           f"{'kept for backward MiB':>22}")
     for r in rows:
