@@ -43,11 +43,11 @@ Problem::Problem(const NamedShape& shape, Routing routing, uint64_t seed) : shap
   // token's first pick goes to one of 4 hot experts (as an unbalanced router does early in training),
   // which then receive about 2x an average expert's rows at qwen3-30b-a3b, 3x at deepseek-v3, 1.5x at
   // olmoe-1b-7b and 1.25x at mixtral-8x7b. Balanced: the tokens go in rounds of E / k, each round one
-  // random permutation of the experts cut into k-sets,
-  // so every expert receives exactly T·k / E rows when k divides E and E / k divides T, as at every
-  // benchmark shape (otherwise about as many: the E mod k experts a round leaves out, and a last
-  // partial round, make the counts differ by a little). What a perfectly balanced router gives:
-  // deepseek-v3 then has no expert with a second, nearly empty row block.
+  // random permutation of the experts cut into k-sets, so every expert receives exactly T·k / E rows
+  // when k divides E and E / k divides T, as at every benchmark shape (otherwise about as many: the
+  // E mod k experts a round leaves out, and a last partial round, make the counts differ by a little).
+  // What a perfectly balanced router gives: deepseek-v3 then has no expert with a second, nearly
+  // empty row block.
   std::mt19937_64 rng(seed);
   ids_.resize(T * k);
   weights_.resize(T * k);
