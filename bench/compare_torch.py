@@ -218,7 +218,8 @@ def main():
         for r in (r for r in rows if r["impl"] == "torch-grouped-mm"):
             for l in lynx_rows:
                 if (l["shape"], l["pass"], l["routing"]) == (r["shape"], r["pass"], r["routing"]):
-                    print(f"{r['shape']:15} {r['routing']:8} {r['pass']:17} {l['impl']:22} {l['ms']:8.3f} "
+                    impl = l["impl"] + ("" if l.get("regime", "as-found") == "as-found" else f" {l['regime']}")
+                    print(f"{r['shape']:15} {r['routing']:8} {r['pass']:17} {impl:22} {l['ms']:8.3f} "
                           f"{r['ms']:9.3f} {r['ms'] / l['ms']:9.2f}x")
     if args.json:
         out = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),

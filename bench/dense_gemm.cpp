@@ -8,7 +8,7 @@
 
 namespace lynx::bench {
 
-double dense_gemm_tflops(int n, int warmup, int iters) {
+DenseRate dense_gemm_rate(int n, const Protocol& p, const GpuClock* clock) {
   const size_t elems = size_t(n) * n;
   uint16_t *a = nullptr, *b = nullptr, *c = nullptr;
   LYNX_CUDA(cudaMalloc(reinterpret_cast<void**>(&a), elems * 2));
@@ -19,12 +19,12 @@ double dense_gemm_tflops(int n, int warmup, int iters) {
   cublasHandle_t handle;
   LYNX_CUBLAS(cublasCreate(&handle));
   const unfused::Gemm g{false, true, n, n, n, a, n, b, n, c, n};
-  const double ms = median_ms([&] { unfused::gemm(handle, g, false, nullptr); }, warmup, iters, nullptr);
+  const Timing t = time_pass([&] { unfused::gemm(handle, g, false, nullptr); }, p, nullptr, clock);
   cublasDestroy(handle);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
-  return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
+  return {2.0 * double(n) * n * n / (t.ms * 1e-3) / 1e12, t.clocks};
 }
 
 }  // namespace lynx::bench

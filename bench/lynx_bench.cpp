@@ -17,9 +17,11 @@
 #include "common/bf16.h"
 #include "common/cuda_check.h"
 #include "dense_gemm.h"
+#include "gpu_clock.h"
 #include "lynx/lynx.h"
 #include "lynx_version.h"
 #include "problem.h"
+#include "regime.h"
 #include "shapes.h"
 #include "timing.h"
 
@@ -32,6 +34,9 @@ struct Options {
   std::vector<Routing> routings{Routing::kUniform};
   int64_t shared_intermediate = 0;
   int warmup = 3, iters = 20, check_tokens = 8, dense_n = 8192;
+  std::vector<Regime> regimes{Regime::kAsFound};
+  int idle_ms = Protocol{}.idle_ms, sustain_ms = Protocol{}.sustain_ms;
+  bool warmup_given = false;
   bool baseline = true;  // time the unfused path too
   bool keep_context = true;  // config.save_forward_context of both workspaces
   bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
@@ -43,6 +48,7 @@ const char* kUsage =
     "usage: lynx-bench [--shape NAME|all|T,H,I,E,k] [--pass forward|backward|both|all] [--routing uniform|skewed|balanced|all]\n"
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
     "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
+    "                  [--regime as-found|burst|sustained|all] [--idle-ms N] [--sustain-ms N]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all; or\n"
     "             any shape as T,H,I,E,k (tokens, hidden, intermediate, experts, top-k), e.g. 8192,8192,4096,1,1\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
@@ -56,6 +62,14 @@ const char* kUsage =
     "  --launch   eager (default): each timed pass is launched call by call; graph: each fused pass is\n"
     "             captured once into a CUDA graph and timed as replays (impl fused-graph; the unfused\n"
     "             baseline stays eager)\n"
+    "  --regime   the clock the passes are timed at (an H200 holds 700 W: a busy GPU settles ~13-20% below\n"
+    "             its full clock within tens of ms). as-found (default): --warmup passes, then --iters timed\n"
+    "             back to back, at whatever clock that gives; burst: before each timed pass the GPU idles\n"
+    "             --idle-ms (default 500) and runs --warmup passes (default 1 here): full clock; sustained:\n"
+    "             --sustain-ms (default 3000) of untimed passes first, then --iters timed back to back: inside\n"
+    "             the power cap, as in training; all = burst and sustained (a row each). Every row reports\n"
+    "             the median SM clock read after its timed passes and how many of them were power-capped;\n"
+    "             the dense GEMM rate is measured in each regime timed\n"
     "  LYNX_BENCH_TIMES=1 in the environment prints every timed run's ms on stderr (bench/timing.h)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -109,6 +123,15 @@ Options parse(int argc, char** argv) {
       o.shared_intermediate = to_int(flag, v, 0);
     } else if (flag == "--warmup") {
       o.warmup = to_int(flag, v, 0);
+      o.warmup_given = true;
+    } else if (flag == "--regime") {
+      const auto r = parse_regimes(v);
+      if (!r) usage_error("--regime takes as-found, burst, sustained or all, got '" + v + "'");
+      o.regimes = *r;
+    } else if (flag == "--idle-ms") {
+      o.idle_ms = to_int(flag, v, 0);
+    } else if (flag == "--sustain-ms") {
+      o.sustain_ms = to_int(flag, v, 0);
     } else if (flag == "--iters") {
       o.iters = to_int(flag, v, 1);
     } else if (flag == "--check-tokens") {
@@ -156,9 +179,23 @@ struct Memory {
   double fused_ws, fused_context, unfused_ws;  // MiB
 };
 
+// The order of untimed and timed passes for one regime (bench/regime.h).
+Protocol protocol(const Options& o, Regime r) {
+  Protocol p;
+  p.regime = r;
+  p.warmup = r == Regime::kBurst && !o.warmup_given ? 1 : o.warmup;
+  p.iters = o.iters;
+  p.idle_ms = o.idle_ms;
+  p.sustain_ms = o.sustain_ms;
+  return p;
+}
+
 struct Row {
   std::string shape, routing, pass, impl;
+  Regime regime;
   double ms, tflops;
+  double dense_tflops;   // the dense GEMM rate in the same regime, same run
+  ClockSummary clocks;   // of the fused path's timed passes
   std::string baseline_impl;  // empty: no baseline for this row
   double baseline_ms;
   std::string check;
@@ -200,7 +237,7 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-void write_json(const Options& o, const std::string& gpu, double dense, const std::vector<Row>& rows) {
+void write_json(const Options& o, const std::string& gpu, const std::vector<Row>& rows) {
   std::ofstream f(o.json);
   if (!f) throw Error("--json", "cannot write " + o.json);
   f << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
@@ -209,12 +246,16 @@ void write_json(const Options& o, const std::string& gpu, double dense, const st
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     f << "    {\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
-      << ", \"pass\": " << json_string(r.pass) << ", \"impl\": " << json_string(r.impl) << ", \"ms\": " << r.ms
+      << ", \"pass\": " << json_string(r.pass) << ", \"impl\": " << json_string(r.impl)
+      << ", \"regime\": " << json_string(regime_name(r.regime)) << ", \"ms\": " << r.ms
       << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": "
       << (r.baseline_impl.empty() ? "null" : json_string(r.baseline_impl)) << ", \"baseline_ms\": "
       << (r.baseline_impl.empty() ? "null" : std::to_string(r.baseline_ms))
-      << ", \"dense_gemm_tflops\": " << dense << ", \"check\": " << json_string(r.check)
+      << ", \"dense_gemm_tflops\": " << r.dense_tflops << ", \"check\": " << json_string(r.check)
       << ", \"enqueue_ms\": " << r.enqueue_ms;
+    if (r.clocks.samples > 0) {
+      f << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"power_capped_fraction\": " << r.clocks.capped_fraction;
+    }
     if (r.pass == "forward+backward") {
       f << ", \"forward_part_ms\": " << r.forward_part_ms << ", \"backward_part_ms\": " << r.backward_part_ms;
     }
@@ -249,9 +290,19 @@ int run(const Options& o) {
     std::fprintf(stderr, "lynx-bench: %s\n", why.c_str());
     return 2;
   }
-  const double dense = dense_gemm_tflops(o.dense_n, o.warmup + 2, o.iters);
-  std::printf("lynx-bench  %s  commit %s  dense bf16 GEMM %d^3: %.1f TFLOP/s\n", gpu.c_str(), LYNX_GIT_COMMIT,
-              o.dense_n, dense);
+  const GpuClock clock(0);
+  std::printf("lynx-bench  %s  commit %s%s\n", gpu.c_str(), LYNX_GIT_COMMIT,
+              clock.available() ? "" : "  (SM clock unknown: NVML not found)");
+  std::vector<double> dense(o.regimes.size());
+  for (size_t i = 0; i < o.regimes.size(); ++i) {
+    Protocol p = protocol(o, o.regimes[i]);
+    if (o.regimes[i] == Regime::kAsFound) p.warmup += 2;
+    const DenseRate d = dense_gemm_rate(o.dense_n, p, &clock);
+    dense[i] = d.tflops;
+    std::printf("dense bf16 GEMM %d^3, %s: %.1f TFLOP/s", o.dense_n, regime_name(o.regimes[i]), d.tflops);
+    if (d.clocks.samples > 0) std::printf(" at %.0f MHz, power-capped in %.0f%% of the passes", d.clocks.median_mhz, 100.0 * d.clocks.capped_fraction);
+    std::printf("\n");
+  }
   print_l2();
   std::vector<Row> rows;
   std::vector<Memory> memory;
@@ -307,51 +358,59 @@ int run(const Options& o) {
       const double fwd_flops = forward_flops(p.shape());
       // One pass timed on stream `s` from what runs a forward and a backward.
       auto time_runs = [&](const auto& run_forward, const auto& run_backward, const std::string& pass,
-                           cudaStream_t s) -> SplitMs {
-        double host = 0.0;
+                           const Protocol& pr, cudaStream_t s) -> SplitMs {
         if (pass == "forward") {
-          const double t = median_ms(run_forward, o.warmup, o.iters, s, &host);
-          return {t, t, 0.0, host};
+          const Timing t = time_pass(run_forward, pr, s, &clock);
+          return {t.ms, t.ms, 0.0, t.enqueue_ms, t.clocks};
         }
         if (pass == "backward") {
           run_forward();
-          const double t = median_ms(run_backward, o.warmup, o.iters, s, &host);
-          return {t, 0.0, t, host};
+          const Timing t = time_pass(run_backward, pr, s, &clock);
+          return {t.ms, 0.0, t.ms, t.enqueue_ms, t.clocks};
         }
-        return median_split_ms(run_forward, run_backward, o.warmup, o.iters, s);
+        return time_split(run_forward, run_backward, pr, s, &clock);
       };
       // Graph mode: the fused passes captured on their own stream and replayed there (backward only
       // for the passes that time it: with --context drop it has no context to run on).
-      auto time_graph = [&](Workspace& ws, const std::string& pass) -> SplitMs {
+      auto time_graph = [&](Workspace& ws, const std::string& pass, const Protocol& pr) -> SplitMs {
         const OwnedStream stream;
         const cudaStream_t s = stream.get();
         const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
         std::optional<CapturedGraph> bwd;
         if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
-        const SplitMs t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, s);
+        const SplitMs t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, pr, s);
         LYNX_CUDA(cudaStreamSynchronize(s));
         return t;
       };
-      auto time_pass = [&](Workspace& ws, const std::string& pass) -> SplitMs {
-        if (o.graph && &ws == &fused) return time_graph(ws, pass);
+      auto time_layer = [&](Workspace& ws, const std::string& pass, const Protocol& pr) -> SplitMs {
+        if (o.graph && &ws == &fused) return time_graph(ws, pass, pr);
         return time_runs([&] { forward(ws, in, p.y(), nullptr); },
-                         [&] { backward(ws, in, p.dy(), grads, nullptr); }, pass, nullptr);
+                         [&] { backward(ws, in, p.dy(), grads, nullptr); }, pass, pr, nullptr);
       };
       for (const std::string& pass : o.passes) {
         const double flops = (pass == "forward" ? 1 : pass == "backward" ? 2 : 3) * fwd_flops;
-        const double base = o.baseline ? time_pass(unfused, pass).total : 0.0;
-        const SplitMs t = time_pass(fused, pass);
-        const char* impl = o.graph ? "fused-graph" : "fused";
-        rows.push_back({name, routing_name(routing), pass, impl, t.total, flops / (t.total * 1e-3) / 1e12,
-                        o.baseline ? "unfused" : "", base, check_text, t.first, t.second, t.enqueue});
+        for (size_t ri = 0; ri < o.regimes.size(); ++ri) {
+          const Protocol pr = protocol(o, o.regimes[ri]);
+          const double base = o.baseline ? time_layer(unfused, pass, pr).total : 0.0;
+          const SplitMs t = time_layer(fused, pass, pr);
+          const char* impl = o.graph ? "fused-graph" : "fused";
+          rows.push_back({name, routing_name(routing), pass, impl, o.regimes[ri], t.total,
+                          flops / (t.total * 1e-3) / 1e12, dense[ri], t.clocks, o.baseline ? "unfused" : "", base,
+                          check_text, t.first, t.second, t.enqueue});
+        }
       }
     }
   }
-  std::printf("\n%-15s %-8s %-17s %-22s %8s %8s %7s %10s %8s\n", "shape", "routing", "pass", "impl", "ms", "TFLOP/s",
-              "%dense", "unfused ms", "speedup");
+  std::printf("\n%-15s %-8s %-17s %-11s %-9s %8s %8s %7s %5s %7s %10s %8s\n", "shape", "routing", "pass", "impl",
+              "regime", "ms", "TFLOP/s", "%dense", "MHz", "capped", "unfused ms", "speedup");
   for (const Row& r : rows) {
-    std::printf("%-15s %-8s %-17s %-22s %8.3f %8.1f %6.1f%%", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
-                r.impl.c_str(), r.ms, r.tflops, 100.0 * r.tflops / dense);
+    std::printf("%-15s %-8s %-17s %-11s %-9s %8.3f %8.1f %6.1f%%", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
+                r.impl.c_str(), regime_name(r.regime), r.ms, r.tflops, 100.0 * r.tflops / r.dense_tflops);
+    if (r.clocks.samples > 0) {
+      std::printf(" %5.0f %6.0f%%", r.clocks.median_mhz, 100.0 * r.clocks.capped_fraction);
+    } else {
+      std::printf(" %5s %7s", "-", "-");
+    }
     if (r.baseline_impl.empty()) {
       std::printf(" %10s %8s\n", "-", "-");
     } else {
@@ -365,13 +424,14 @@ int run(const Options& o) {
       std::printf("\nfused forward+backward in parts (median ms of each part, within the same runs):\n");
       parts_header = true;
     }
-    std::printf("  %-15s %-8s forward %8.3f  backward %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.forward_part_ms,
-                r.backward_part_ms);
+    std::printf("  %-15s %-8s %-9s forward %8.3f  backward %8.3f\n", r.shape.c_str(), r.routing.c_str(),
+                regime_name(r.regime), r.forward_part_ms, r.backward_part_ms);
   }
   std::printf("\nhost time to enqueue one timed fused pass (median ms; the GPU time above includes what it waits\n"
               "for when the passes are launched call by call):\n");
   for (const Row& r : rows) {
-    std::printf("  %-15s %-8s %-17s %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(), r.enqueue_ms);
+    std::printf("  %-15s %-8s %-17s %-9s %8.3f\n", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
+                regime_name(r.regime), r.enqueue_ms);
   }
   std::printf("\ndevice memory (MiB): workspace fused / unfused, and the saved forward context (in the fused workspace)\n");
   for (const Memory& m : memory) {
@@ -387,7 +447,7 @@ int run(const Options& o) {
     std::printf("  %s %s: %s\n", r.shape.c_str(), r.routing.c_str(), r.check.c_str());
   }
   if (!o.json.empty()) {
-    write_json(o, gpu, dense, rows);
+    write_json(o, gpu, rows);
     std::printf("results written to %s\n", o.json.c_str());
   }
   return all_ok ? 0 : 1;

@@ -1,4 +1,4 @@
-// Median of CUDA-event timings after warm-up.
+// Median of CUDA-event timings, in a clock regime (bench/regime.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,10 +7,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "gpu_clock.h"
+#include "regime.h"
 
 namespace lynx::bench {
 
@@ -42,58 +45,114 @@ float host_ms(F&& run) {
   return std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The median over `iters` runs of the GPU time between events around `run_once()` on `stream`;
-// `enqueue_ms`, when given, gets the median host time the call took to return (what the GPU may wait
-// for when the passes are launched call by call).
+// What a row's timed passes gave: the median GPU time between events around each pass, the median
+// host time the enqueue took (what the GPU may wait for when the passes are launched call by call),
+// and the SM clock read after each pass.
+struct Timing {
+  double ms = 0.0, enqueue_ms = 0.0;
+  ClockSummary clocks;
+};
+
+namespace detail {
+
+struct Timed {
+  float ms, host_ms;
+  ClockSample clock;
+};
+
+inline void idle_ms(cudaStream_t stream, int ms) {
+  LYNX_CUDA(cudaStreamSynchronize(stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+inline double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline ClockSummary clocks_of(const std::vector<Timed>& runs) {
+  std::vector<ClockSample> s;
+  for (const Timed& t : runs) {
+    if (t.clock.sm_mhz > 0) s.push_back(t.clock);
+  }
+  return summarize_clocks(std::move(s));
+}
+
+}  // namespace detail
+
+// `run_once()` on `stream`, timed in the order `p` sets (bench/regime.h); `clock` may be null.
 template <class F>
-double median_ms(F&& run_once, int warmup, int iters, cudaStream_t stream, double* enqueue_ms = nullptr) {
-  for (int i = 0; i < warmup; ++i) run_once();
+Timing time_pass(F&& run_once, const Protocol& p, cudaStream_t stream, const GpuClock* clock) {
   cudaEvent_t start, stop;
   LYNX_CUDA(cudaEventCreate(&start));
   LYNX_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms(iters), host(iters);
-  for (int i = 0; i < iters; ++i) {
+  auto warm = [&] {
+    run_once();
+    LYNX_CUDA(cudaStreamSynchronize(stream));
+  };
+  auto timed = [&] {
+    detail::Timed t{};
     LYNX_CUDA(cudaEventRecord(start, stream));
-    host[i] = host_ms(run_once);
+    t.host_ms = host_ms(run_once);
     LYNX_CUDA(cudaEventRecord(stop, stream));
     LYNX_CUDA(cudaEventSynchronize(stop));
-    LYNX_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
-  }
+    LYNX_CUDA(cudaEventElapsedTime(&t.ms, start, stop));
+    if (clock) t.clock = clock->sample();
+    return t;
+  };
+  const std::vector<detail::Timed> runs =
+      run_protocol(p, warm, timed, [&](int ms) { detail::idle_ms(stream, ms); }, detail::now_ms);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (enqueue_ms) *enqueue_ms = median(std::move(host));
+  std::vector<float> ms, host;
+  for (const detail::Timed& t : runs) ms.push_back(t.ms), host.push_back(t.host_ms);
   print_timings("pass", ms);
-  return median(std::move(ms));
+  return {median(std::move(ms)), median(std::move(host)), detail::clocks_of(runs)};
 }
 
 struct SplitMs {
   double total, first, second;  // medians of each, over the same iterations
   double enqueue = 0.0;         // median host time to enqueue first and second
+  ClockSummary clocks;
 };
 
-// Times `first(); second();` as one run and each part by its own events in the same iterations: the
-// parts of a sequence, which may differ from each part timed alone (caches, clocks).
+// Times `first(); second();` as one run and each part by its own events in the same iterations (the
+// parts of a sequence, which may differ from each part timed alone: caches, clocks), in `p`'s order.
 template <class F, class G>
-SplitMs median_split_ms(F&& first, G&& second, int warmup, int iters, cudaStream_t stream) {
-  for (int i = 0; i < warmup; ++i) first(), second();
+SplitMs time_split(F&& first, G&& second, const Protocol& p, cudaStream_t stream, const GpuClock* clock) {
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) LYNX_CUDA(cudaEventCreate(&e));
-  std::vector<float> total(iters), a(iters), b(iters), host(iters);
-  for (int i = 0; i < iters; ++i) {
+  std::vector<float> a, b;
+  auto warm = [&] {
+    first();
+    second();
+    LYNX_CUDA(cudaStreamSynchronize(stream));
+  };
+  auto timed = [&] {
+    detail::Timed t{};
     LYNX_CUDA(cudaEventRecord(ev[0], stream));
-    host[i] = host_ms(first);
+    t.host_ms = host_ms(first);
     LYNX_CUDA(cudaEventRecord(ev[1], stream));
-    host[i] += host_ms(second);
+    t.host_ms += host_ms(second);
     LYNX_CUDA(cudaEventRecord(ev[2], stream));
     LYNX_CUDA(cudaEventSynchronize(ev[2]));
-    LYNX_CUDA(cudaEventElapsedTime(&total[i], ev[0], ev[2]));
-    LYNX_CUDA(cudaEventElapsedTime(&a[i], ev[0], ev[1]));
-    LYNX_CUDA(cudaEventElapsedTime(&b[i], ev[1], ev[2]));
-  }
+    float fa = 0, fb = 0;
+    LYNX_CUDA(cudaEventElapsedTime(&t.ms, ev[0], ev[2]));
+    LYNX_CUDA(cudaEventElapsedTime(&fa, ev[0], ev[1]));
+    LYNX_CUDA(cudaEventElapsedTime(&fb, ev[1], ev[2]));
+    a.push_back(fa);
+    b.push_back(fb);
+    if (clock) t.clock = clock->sample();
+    return t;
+  };
+  const std::vector<detail::Timed> runs =
+      run_protocol(p, warm, timed, [&](int ms) { detail::idle_ms(stream, ms); }, detail::now_ms);
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  std::vector<float> total, host;
+  for (const detail::Timed& t : runs) total.push_back(t.ms), host.push_back(t.host_ms);
   print_timings("first", a);
   print_timings("second", b);
-  return {median(std::move(total)), median(std::move(a)), median(std::move(b)), median(std::move(host))};
+  return {median(std::move(total)), median(std::move(a)), median(std::move(b)), median(std::move(host)),
+          detail::clocks_of(runs)};
 }
 
 // What `enqueue()` puts on `stream`, captured once into a CUDA graph and replayed by launch(): one

@@ -12,13 +12,19 @@ import sys
 PASSES = ["forward", "backward", "forward+backward"]
 
 
+def pass_label(row):
+    """The row's pass, with its clock regime where lynx-bench timed one (--regime burst|sustained)."""
+    regime = row.get("regime", "as-found")
+    return row["pass"] if regime == "as-found" else f"{row['pass']} {regime}"
+
+
 def collect(runs):
     """runs: (build index, round, lynx-bench JSON dict). Returns {(shape, routing, pass): {build:
     {round: ms}}}."""
     times = {}
     for build, rnd, run in runs:
         for row in run["results"]:
-            times.setdefault((row["shape"], row["routing"], row["pass"]), {}).setdefault(build, {})[rnd] = row["ms"]
+            times.setdefault((row["shape"], row["routing"], pass_label(row)), {}).setdefault(build, {})[rnd] = row["ms"]
     return times
 
 

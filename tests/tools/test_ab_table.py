@@ -34,6 +34,16 @@ class AbTable(unittest.TestCase):
         # Build 2 has no backward: its cells are dashes, 0 of 0 rounds.
         self.assertEqual(backward[3:], ["2.450", "2.550", "-", "1.041", "0/3", "-", "0/0"])
 
+    def test_regimes_of_one_pass_are_kept_apart(self):
+        # lynx-bench --regime all gives a burst and a sustained row per pass; older files have no regime.
+        rows = [{"shape": "qwen3-30b-a3b", "routing": "uniform", "pass": "forward", "regime": "burst", "ms": 1.1},
+                {"shape": "qwen3-30b-a3b", "routing": "uniform", "pass": "forward", "regime": "sustained", "ms": 1.3},
+                {"shape": "qwen3-30b-a3b", "routing": "uniform", "pass": "backward", "ms": 2.3}]
+        times = ab_table.collect([(0, 1, {"results": rows})])
+        self.assertEqual(times[("qwen3-30b-a3b", "uniform", "forward burst")], {0: {1: 1.1}})
+        self.assertEqual(times[("qwen3-30b-a3b", "uniform", "forward sustained")], {0: {1: 1.3}})
+        self.assertEqual(times[("qwen3-30b-a3b", "uniform", "backward")], {0: {1: 2.3}})
+
     def test_a_repeated_build_is_labelled_the_control(self):
         self.assertEqual(ab_table.labels(["x/build-a", "build-b/", "y/build-a", "build-a"]),
                          ["build-a", "build-b", "build-a-control", "build-a-control2"])
