@@ -9,6 +9,7 @@ namespace {
 // From NVML's header (not shipped with the toolkit here): the values lynx-bench needs.
 constexpr int kNvmlSuccess = 0;
 constexpr int kNvmlClockSm = 1;
+constexpr int kNvmlClockMem = 2;
 constexpr unsigned long long kReasonSwPowerCap = 0x4ull;
 
 template <class F>
@@ -54,6 +55,7 @@ ClockSample GpuClock::sample() const {
   unsigned mhz = 0;
   unsigned long long reasons = 0;
   if (clock_info_(device_, kNvmlClockSm, &mhz) == kNvmlSuccess) s.sm_mhz = mhz;
+  if (clock_info_(device_, kNvmlClockMem, &mhz) == kNvmlSuccess) s.mem_mhz = mhz;
   if (reasons_(device_, &reasons) == kNvmlSuccess) s.power_capped = (reasons & kReasonSwPowerCap) != 0;
   return s;
 }

@@ -254,7 +254,8 @@ void write_json(const Options& o, const std::string& gpu, const std::vector<Row>
       << ", \"dense_gemm_tflops\": " << r.dense_tflops << ", \"check\": " << json_string(r.check)
       << ", \"enqueue_ms\": " << r.enqueue_ms;
     if (r.clocks.samples > 0) {
-      f << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"power_capped_fraction\": " << r.clocks.capped_fraction;
+      f << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"memory_mhz\": " << r.clocks.median_mem_mhz
+        << ", \"power_capped_fraction\": " << r.clocks.capped_fraction;
     }
     if (r.pass == "forward+backward") {
       f << ", \"forward_part_ms\": " << r.forward_part_ms << ", \"backward_part_ms\": " << r.backward_part_ms;
@@ -300,7 +301,10 @@ int run(const Options& o) {
     const DenseRate d = dense_gemm_rate(o.dense_n, p, &clock);
     dense[i] = d.tflops;
     std::printf("dense bf16 GEMM %d^3, %s: %.1f TFLOP/s", o.dense_n, regime_name(o.regimes[i]), d.tflops);
-    if (d.clocks.samples > 0) std::printf(" at %.0f MHz, power-capped in %.0f%% of the passes", d.clocks.median_mhz, 100.0 * d.clocks.capped_fraction);
+    if (d.clocks.samples > 0) {
+      std::printf(" at %.0f MHz (memory %.0f MHz), power-capped in %.0f%% of the passes", d.clocks.median_mhz,
+                  d.clocks.median_mem_mhz, 100.0 * d.clocks.capped_fraction);
+    }
     std::printf("\n");
   }
   print_l2();
@@ -401,15 +405,15 @@ int run(const Options& o) {
       }
     }
   }
-  std::printf("\n%-15s %-8s %-17s %-11s %-9s %8s %8s %7s %5s %7s %10s %8s\n", "shape", "routing", "pass", "impl",
-              "regime", "ms", "TFLOP/s", "%dense", "MHz", "capped", "unfused ms", "speedup");
+  std::printf("\n%-15s %-8s %-17s %-11s %-9s %8s %8s %7s %5s %6s %7s %10s %8s\n", "shape", "routing", "pass", "impl",
+              "regime", "ms", "TFLOP/s", "%dense", "MHz", "memMHz", "capped", "unfused ms", "speedup");
   for (const Row& r : rows) {
     std::printf("%-15s %-8s %-17s %-11s %-9s %8.3f %8.1f %6.1f%%", r.shape.c_str(), r.routing.c_str(), r.pass.c_str(),
                 r.impl.c_str(), regime_name(r.regime), r.ms, r.tflops, 100.0 * r.tflops / r.dense_tflops);
     if (r.clocks.samples > 0) {
-      std::printf(" %5.0f %6.0f%%", r.clocks.median_mhz, 100.0 * r.clocks.capped_fraction);
+      std::printf(" %5.0f %6.0f %6.0f%%", r.clocks.median_mhz, r.clocks.median_mem_mhz, 100.0 * r.clocks.capped_fraction);
     } else {
-      std::printf(" %5s %7s", "-", "-");
+      std::printf(" %5s %6s %7s", "-", "-", "-");
     }
     if (r.baseline_impl.empty()) {
       std::printf(" %10s %8s\n", "-", "-");

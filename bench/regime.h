@@ -79,12 +79,14 @@ auto run_protocol(const Protocol& p, Warm&& warm, Timed&& timed, Idle&& idle, No
 // What the SM clock did over a row's timed passes: one sample read after each.
 struct ClockSample {
   double sm_mhz = 0;
+  double mem_mhz = 0;
   bool power_capped = false;  // the driver named its power cap among the reasons for the clock
 };
 
 struct ClockSummary {
   int samples = 0;            // 0: the clock could not be read (no NVML); the rest is then meaningless
   double median_mhz = 0;
+  double median_mem_mhz = 0;
   double capped_fraction = 0; // of the samples
 };
 
@@ -92,16 +94,21 @@ inline ClockSummary summarize_clocks(std::vector<ClockSample> s) {
   ClockSummary out;
   out.samples = int(s.size());
   if (s.empty()) return out;
-  std::vector<double> mhz;
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  std::vector<double> sm, mem;
   int capped = 0;
   for (const ClockSample& c : s) {
-    mhz.push_back(c.sm_mhz);
+    sm.push_back(c.sm_mhz);
+    mem.push_back(c.mem_mhz);
     capped += c.power_capped ? 1 : 0;
   }
-  std::sort(mhz.begin(), mhz.end());
-  const size_t n = mhz.size();
-  out.median_mhz = n % 2 ? mhz[n / 2] : 0.5 * (mhz[n / 2 - 1] + mhz[n / 2]);
-  out.capped_fraction = double(capped) / double(n);
+  out.median_mhz = median_of(std::move(sm));
+  out.median_mem_mhz = median_of(std::move(mem));
+  out.capped_fraction = double(capped) / double(s.size());
   return out;
 }
 

@@ -82,11 +82,13 @@ TEST(BenchRegime, ParsesItsOptionValues) {
 TEST(BenchRegime, SummarizesClockSamples) {
   const ClockSummary none = summarize_clocks({});
   EXPECT_EQ(none.samples, 0);
-  const ClockSummary odd = summarize_clocks({{1980, false}, {1500, true}, {1755, true}});
+  const ClockSummary odd = summarize_clocks({{1980, 2619, false}, {1500, 1000, true}, {1755, 2619, true}});
   EXPECT_EQ(odd.samples, 3);
   EXPECT_DOUBLE_EQ(odd.median_mhz, 1755);
+  EXPECT_DOUBLE_EQ(odd.median_mem_mhz, 2619);
   EXPECT_DOUBLE_EQ(odd.capped_fraction, 2.0 / 3.0);
-  const ClockSummary even = summarize_clocks({{1980, false}, {1500, true}, {1600, true}, {1980, false}});
+  const ClockSummary even =
+      summarize_clocks({{1980, 2619, false}, {1500, 2619, true}, {1600, 2619, true}, {1980, 2619, false}});
   EXPECT_DOUBLE_EQ(even.median_mhz, 1790);
   EXPECT_DOUBLE_EQ(even.capped_fraction, 0.5);
 }
