@@ -77,6 +77,15 @@ auto run_protocol(const Protocol& p, Warm&& warm, Timed&& timed, Idle&& idle, No
   return out;
 }
 
+// The median of `v`, the mean of the middle two for an even count; 0 for none.
+template <class T>
+double median_of(std::vector<T> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? double(v[n / 2]) : 0.5 * (double(v[n / 2 - 1]) + double(v[n / 2]));
+}
+
 // What the SM clock did over a row's timed passes: one sample read after each.
 struct ClockSample {
   double sm_mhz = 0;
@@ -95,11 +104,6 @@ inline ClockSummary summarize_clocks(std::vector<ClockSample> s) {
   ClockSummary out;
   out.samples = int(s.size());
   if (s.empty()) return out;
-  auto median_of = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   std::vector<double> sm, mem;
   int capped = 0;
   for (const ClockSample& c : s) {

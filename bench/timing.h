@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,13 +15,6 @@
 #include "regime.h"
 
 namespace lynx::bench {
-
-// The median of the timings (ms), the mean of the middle two for an even count.
-inline double median(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  return n % 2 ? double(ms[n / 2]) : 0.5 * (double(ms[n / 2 - 1]) + double(ms[n / 2]));
-}
 
 // With LYNX_BENCH_TIMES=1 in the environment, every timed run's ms in order on stderr, one line per
 // median: whether a pass's time drifts or jumps within a process, which the median hides.
@@ -106,7 +98,7 @@ Timing time_pass(F&& run_once, const Protocol& p, cudaStream_t stream, const Gpu
   std::vector<float> ms, host;
   for (const detail::Timed& t : runs) ms.push_back(t.ms), host.push_back(t.host_ms);
   print_timings("pass", ms);
-  return {median(std::move(ms)), median(std::move(host)), detail::clocks_of(runs)};
+  return {median_of(std::move(ms)), median_of(std::move(host)), detail::clocks_of(runs)};
 }
 
 struct SplitMs {
@@ -151,7 +143,7 @@ SplitMs time_split(F&& first, G&& second, const Protocol& p, cudaStream_t stream
   for (const detail::Timed& t : runs) total.push_back(t.ms), host.push_back(t.host_ms);
   print_timings("first", a);
   print_timings("second", b);
-  return {median(std::move(total)), median(std::move(a)), median(std::move(b)), median(std::move(host)),
+  return {median_of(std::move(total)), median_of(std::move(a)), median_of(std::move(b)), median_of(std::move(host)),
           detail::clocks_of(runs)};
 }
 

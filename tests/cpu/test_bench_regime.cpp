@@ -79,6 +79,13 @@ TEST(BenchRegime, ParsesItsOptionValues) {
   }
 }
 
+TEST(BenchRegime, MedianOfOddAndEvenCounts) {
+  EXPECT_DOUBLE_EQ(median_of(std::vector<float>{3.0f, 1.0f, 2.0f}), 2.0);
+  EXPECT_DOUBLE_EQ(median_of(std::vector<float>{4.0f, 1.0f, 3.0f, 2.0f}), 2.5);
+  EXPECT_DOUBLE_EQ(median_of(std::vector<double>{7.0}), 7.0);
+  EXPECT_DOUBLE_EQ(median_of(std::vector<double>{}), 0.0);
+}
+
 TEST(BenchRegime, SummarizesClockSamples) {
   const ClockSummary none = summarize_clocks({});
   EXPECT_EQ(none.samples, 0);
