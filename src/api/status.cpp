@@ -35,9 +35,11 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                          : st.a == 4 ? "unit taken (cluster rank 0 waiting for rank 1 to take a claimed unit)"
                          : st.a == 5 ? "rows gathered (producer waiting for the gather warps to copy its tile's rows)"
                          : st.a == 6 ? "consumers done (producer waiting for its consumers to finish their last tile)"
+                         : st.a == 7 ? "schedule blocks (a schedule builder block waiting for the others at a grid barrier)"
                                      : "unknown";
       const bool unit = st.a == 3 || st.a == 4;  // the mailbox waits name cluster units, not tiles
-      const std::string task = st.b >= 0    ? (unit ? "unit " : "task ") + std::to_string(st.b)
+      const std::string task = st.a == 7    ? "barrier " + std::to_string(st.b)
+                               : st.b >= 0  ? (unit ? "unit " : "task ") + std::to_string(st.b)
                                : st.b == -1 ? std::string(unit ? "the next unit (not yet known)" : "the next task (not yet known)")
                                : st.b == -3 ? std::string("a padding tile (cluster rank 1 after an odd tile count)")
                                             : std::string("past the last task");

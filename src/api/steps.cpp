@@ -15,11 +15,14 @@ void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s,
   const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
   using unfused::bf16_t;
   w.counts_on_host = false;
-  unfused::validate_routing(in.topk_ids.data, in.topk_ids.dtype, data_of<const float>(in.topk_weights), T * k,
-                            sh.num_experts, sh.rank, w.ids32, w.status, s);
+  sched::OwnRouting own;
+  own.topk_ids = in.topk_ids.data;
+  own.ids_int64 = in.topk_ids.dtype == DType::kI64;
+  own.topk_weights = data_of<const float>(in.topk_weights);
+  own.ids32 = w.ids32;
   sched::DeviceRouting routing{};
   routing.topk_ids[0] = w.ids32;
-  sched::build_schedule_device(w.problem, routing, w.schedule, s);
+  sched::build_schedule_device(w.problem, routing, w.schedule, s, &own);
   if (gather_rows && !omitted(Stage::kGather, w.forward_calls)) {
     unfused::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
                          w.problem.capacity, k, H, s);

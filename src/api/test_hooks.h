@@ -44,13 +44,17 @@ inline void set_gather_lookahead(Workspace& ws, int32_t blocks) { ws.impl().test
 // so that the producer's bounded wait for them must time out and report instead of hanging.
 inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }
 
+// Schedule block `block` (in the grid's x-fastest order) never arrives at the builder's first grid
+// barrier (-1 turns the hook off), so that the other blocks' bounded wait must time out and report.
+inline void set_schedule_stall_block(Workspace& ws, int32_t block) { ws.impl().schedule.test_stall_block = block; }
+
 // Gathers the fused launches' rows token-major in a kernel before each GEMM (1), in the GEMMs or the
 // row-major kernel (0), or as the rule decides (-1: gather_token_major, which picks token-major for the
 // small test shapes whose launches have fewer than 1024 columns).
 inline void set_gather_token_major(Workspace& ws, int32_t token_major) { ws.impl().test_gather_token_major = token_major; }
 
-// "" when every counter that a kernel's last block (or CTA) sets back is at rest: the routing
-// validation's and the schedule count's arrival counters at zero, first_bad_route at UINT64_MAX, the
+// "" when every counter that a kernel's last block (or CTA) sets back is at rest: the schedule
+// builder's barrier and arrival counters at zero, first_bad_route at UINT64_MAX, the
 // GEMM's tile tickets and (fused) the in-kernel gather's counters at zero; else what is not.
 // Synchronises the device.
 inline std::string counters_not_at_rest(Workspace& ws) {
@@ -59,7 +63,7 @@ inline std::string counters_not_at_rest(Workspace& ws) {
   DeviceStatus st{};
   LYNX_CUDA(cudaMemcpy(&st, w.status, sizeof(st), cudaMemcpyDeviceToHost));
   std::string bad;
-  if (st.validated_blocks != 0) bad += " validated_blocks=" + std::to_string(st.validated_blocks);
+  if (st.schedule_arrivals != 0) bad += " schedule_arrivals=" + std::to_string(st.schedule_arrivals);
   if (st.counted_blocks != 0) bad += " counted_blocks=" + std::to_string(st.counted_blocks);
   if (st.first_bad_route != ~0ull) bad += " first_bad_route=" + std::to_string(st.first_bad_route);
   int32_t tickets[2] = {};

@@ -78,6 +78,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     schedule.slot_row = alloc<int32_t>(T * k);
     schedule.scratch = alloc<int32_t>(sched::device_scratch_ints(problem));
     schedule.status = status;
+    schedule.stall_report = stall_report_device;
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 

@@ -25,10 +25,11 @@ struct DeviceStatus {
   // reported routing error deterministic when many entries are bad. The validation's last block
   // reports it and sets it back to UINT64_MAX for the next call.
   unsigned long long first_bad_route;
-  // Blocks of a kernel that have finished, so that the last one finishes the kernel's work (the
-  // routing validation's report; the schedule's per-expert offsets; common/last_block.cuh). Zero
-  // between kernels: each kernel's last block sets its counter back.
-  uint32_t validated_blocks;
+  // The schedule builder's grid barriers: blocks arrived, over both barriers of a build. Zero between
+  // builds: the build's last block sets it back.
+  int32_t schedule_arrivals;
+  // Blocks of the schedule builder that have finished, so that the last one knows every block is past
+  // the barriers (common/last_block.cuh). Zero between builds: the last block sets it back.
   uint32_t counted_blocks;
 };
 

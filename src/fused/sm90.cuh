@@ -66,6 +66,7 @@ enum class Wait : int32_t {
   kUnitTaken = 4,
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
   kConsumersDone = 6,  // producer thread: every consumer thread finished its last tile (or left after a stall)
+  kScheduleBlocks = 7, // schedule builder: every block at a grid barrier (src/schedule/schedule_device.cu)
 };
 
 // NOTES: an mbarrier wait gives up after 10 s of %globaltimer: far beyond any legitimate wait, short

@@ -19,7 +19,8 @@
 //    keep whatever an earlier build left: consumers must go by the total, expert_offset[E_loc]),
 //    expert_offset/expert_rows are still written, and the status reports kCapacityOverflow.
 //  * The device builder reads the ids twice: they must not change while a build runs. Its scratch
-//    needs no initialisation.
+//    needs no initialisation; status->schedule_arrivals and counted_blocks must be zero (as a workspace
+//    starts and as every build leaves them).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -70,6 +71,8 @@ struct DeviceBuffers {
   int32_t* slot_row;        // [T*k]
   int32_t* scratch;         // [device_scratch_ints(p)]
   DeviceStatus* status;
+  DeviceStatus* stall_report = nullptr;  // host-mapped: where a timed-out wait reports before its trap
+  int32_t test_stall_block = -1;         // test hook: a block that never arrives at the first barrier
 };
 
 // The R ranks' ids as device pointers (through the transport's peer table; all local at R = 1).
@@ -77,10 +80,23 @@ struct DeviceRouting {
   const int32_t* topk_ids[Limits::kMaxRanks];
 };
 
+// This rank's routing as the caller gave it, checked by the builder as it reads it: every id against
+// [0, E) and every weight for a finite value (api/routing_check.h). The lowest offending entry is
+// reported through the status (kExpertOutOfRange or kNonFiniteWeight; an error already set stays), and
+// the ids are copied to int32 (-1 for an id out of range), the copy other ranks and later kernels read.
+// Needs status->first_bad_route = UINT64_MAX (as a workspace starts and as every build leaves it).
+struct OwnRouting {
+  const void* topk_ids = nullptr;  // [T*k], int32 or int64
+  bool ids_int64 = false;
+  const float* topk_weights = nullptr;  // [T*k]
+  int32_t* ids32 = nullptr;             // [T*k], written
+};
+
 int64_t device_scratch_ints(const Problem& p);
 
-// Enqueues the builder on `stream`; no host synchronisation. Reports through buffers.status.
+// Enqueues the builder on `stream` (one cooperative kernel); no host synchronisation. Reports through
+// buffers.status. With `own`, rank p.rank's ids are read from it (and checked) instead of `routing`.
 void build_schedule_device(const Problem& p, const DeviceRouting& routing, const DeviceBuffers& buffers,
-                           cudaStream_t stream);
+                           cudaStream_t stream, const OwnRouting* own = nullptr);
 
 }  // namespace lynx::sched

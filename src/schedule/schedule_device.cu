@@ -1,79 +1,51 @@
-// The device schedule builder: two kernels on one stream, no host synchronisation, no allocation,
-// integer-only (so deterministic), producing exactly what build_schedule_host produces.
+// The device schedule builder: one cooperative kernel on one stream, no host synchronisation, no
+// allocation, integer-only (so deterministic), producing exactly what build_schedule_host produces.
 //
-//   1. count_rows_kernel  grid (C, R): rows per (chunk, local expert, source) into scratch; then the
-//                         last block to finish computes the exclusive prefix over chunks, per-expert
-//                         rows and padded offsets, and checks the capacity (expert_offsets).
-//   2. place_rows_kernel  grid (C, R): each chunk places its rows in t*k + j order; padding rows -1.
+// Grid (C, R), schedule_plan.h: block (c, s) owns chunk c of source rank s's T*k entries. Three phases
+// with a grid barrier between them (a cooperative launch keeps every block resident):
+//   1. count: the chunk's rows per local expert into chunk_rows[c][pair(e, s)]. The caller's own ids,
+//             when given (OwnRouting), are checked here as they are read (api/routing_check.h).
+//   2. scan:  each pair's column of chunk_rows, over c, becomes exclusive prefixes (one warp per pair,
+//             the pairs spread over the grid), and its total goes to pair_rows.
+//   3. place: every block computes the per-expert rows and padded offsets into its shared memory (the
+//             same numbers in every block; block (0, 0) writes them out with the GEMM's block
+//             offsets and checks the capacity), then places its chunk's rows and a share of the
+//             padding rows, unless the schedule overflows.
+// The last block to finish sets the barrier counter back for the next build.
 //
-// NOTES: the offsets were a one-block kernel of their own between the two; a launch fewer shortens
-// what the host queues before the first GEMM (the GPU waits for it in an eager forward).
+// NOTES: this replaced three launches (routing validation, count with the offsets in its last block,
+// place), ~24 µs of a qwen3-30b-a3b forward under Nsight Compute, most of it each kernel's ramp and
+// its chain of dependent global round trips (bench/results/2026-12-01-h200-session16.txt, section 3).
 //
-// Each source rank's T*k entries are cut into C chunks of `chunk_entries` (a multiple of kRoundEntries).
 // Scratch (int32), P = E_loc * R pairs (core::pair_index, expert-major):
-//   [0, C*P)        chunk_rows[c][pair]: kernel 1 writes counts, then (its last block) turns them into
-//                   the number of rows of the pair in earlier chunks (an exclusive prefix over c)
+//   [0, C*P)        chunk_rows[c][pair]: counts (phase 1), then the rows of the pair in earlier chunks
 //   [C*P, C*P + P)  pair_rows[pair]: rows of the pair over all chunks (|L_s| of schedule.h)
-//   [C*P + P]       fits: 1 when the padded total fits the capacity (rows are placed), else 0
 #include <algorithm>
+#include <climits>
 
+#include "api/routing_check.h"
+#include "common/cuda_check.h"
 #include "common/last_block.cuh"
+#include "common/per_device.h"
+#include "fused/sm90.cuh"
 #include "schedule/schedule.h"
 #include "schedule/schedule_core.h"
+#include "schedule/schedule_plan.h"
 
 namespace lynx::sched {
 namespace {
 
-// NOTES: a round gives each lane 4 entries and a block 16 warps, the chunk (and so the count kernel's
-// work) staying 2048 entries. place_rows_kernel's warps each ran a chain of ~1100 dependent
-// instructions at 8 entries per lane (ncu); halving it took the kernel from 12.2-12.5 to 10.9-11.0 µs
-// at qwen3-30b-a3b and from 14.6-15.3 to 12.5-12.8 at deepseek-v3; 2 entries and 32 warps gained no
-// more (bench/results/2026-12-01-h200-session16.txt, sections 3 and 5).
-constexpr int kLaneEntries = 4;                        // entries one lane holds per round
-constexpr int kWarpEntries = 32 * kLaneEntries;        // 128: entries of one warp per round
-constexpr int kMaxWarps = 16;                          // warps of a place block
-constexpr int kRoundEntries = kMaxWarps * kWarpEntries;  // 2048: smallest chunk
-// NOTES: 1024 threads, because the count kernel's last block also computes the offsets, a walk over
-// C·P counts (up to kMaxChunkInts) by one block; a 256-thread block gave each thread 4 times as many.
-constexpr int kCountThreads = 1024;                    // count_rows_kernel block
-constexpr int kCountLaneEntries = kRoundEntries / kCountThreads;  // 2: entries one thread counts per round
-static_assert(kRoundEntries % kCountThreads == 0, "a round of the count covers the smallest chunk");
-constexpr int64_t kMaxChunkInts = int64_t(1) << 20;    // bound on C * P (4 MiB of scratch)
-constexpr int64_t kSharedInts = 48 * 1024 / 4;         // dynamic shared memory without an opt-in
-
-struct Plan {
-  int64_t entries;        // T*k per source
-  int64_t chunk_entries;  // multiple of kRoundEntries
-  int32_t chunks;         // C >= 1
-  int32_t pairs;          // P = E_loc * R
-  int32_t place_warps;    // warps of a place_rows_kernel block: a power of two up to kMaxWarps
-};
-
-Plan make_plan(const Problem& p) {
-  Plan plan{};
-  plan.entries = p.tokens * p.top_k;
-  plan.pairs = static_cast<int32_t>(p.num_experts);
-  // NOTES: chunks grow (in powers of two) only when the per-chunk counts would outgrow kMaxChunkInts,
-  // which keeps the offsets (one block) short; at the target shapes a chunk is 2048 entries.
-  plan.chunk_entries = kRoundEntries;
-  auto chunks = [&] { return std::max<int64_t>(1, (plan.entries + plan.chunk_entries - 1) / plan.chunk_entries); };
-  while (chunks() * plan.pairs > kMaxChunkInts) plan.chunk_entries *= 2;
-  plan.chunks = static_cast<int32_t>(chunks());
-  // Shared memory of place_rows_kernel: (W + 1) * E_loc running counters + the P pair_rows.
-  const int64_t E_loc = p.local_experts();
-  plan.place_warps = kMaxWarps;
-  while (plan.place_warps > 1 && (plan.place_warps + 1) * E_loc + plan.pairs > kSharedInts) plan.place_warps /= 2;
-  return plan;
-}
+namespace sm90 = fused::sm90;
 
 struct Args {
   DeviceRouting routing;
+  OwnRouting own;  // own.topk_ids null: every source's ids come from `routing`
   int32_t num_ranks, rank, local_experts;
+  int64_t num_experts;
   int32_t chunks;
   int64_t entries, chunk_entries, capacity;
   int32_t* chunk_rows;  // scratch, see the layout above
   int32_t* pair_rows;
-  int32_t* fits;
   int32_t* row_token_slot;
   int32_t* row_src_rank;
   int32_t* expert_offset;
@@ -81,9 +53,12 @@ struct Args {
   int32_t* block_offset;
   int32_t* slot_row;
   DeviceStatus* status;
+  DeviceStatus* stall_report;
+  int32_t stall_block;  // test hook: this block never arrives at the first barrier (-1: none)
 };
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+__device__ __forceinline__ int32_t linear_block() { return int32_t(blockIdx.y * gridDim.x + blockIdx.x); }
 
 // Exclusive prefix sum of one int64 per thread over the block; *total gets the sum of all.
 __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
@@ -108,68 +83,164 @@ __device__ int64_t block_exclusive_sum(int64_t v, int64_t* total) {
   }
   __syncthreads();
   *total = warp_sums[warps - 1];
-  return inclusive - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+  const int64_t out = inclusive - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+  __syncthreads();  // warp_sums is read until here; the next call writes it
+  return out;
 }
 
-// One whole block: turns chunk_rows into exclusive prefixes over chunks (one thread per pair), writes
-// pair_rows, expert_rows, the padded expert_offset and the GEMM's block_offset (contiguous experts per
-// thread, block scans) and the fits flag; on overflow reports kCapacityOverflow (a = rows needed, b = capacity). Other blocks wrote
-// chunk_rows: their writes are ordered before these reads by last_block_to_arrive; __ldcg only skips
-// L1, which holds no line of them in this block anyway.
-__device__ void expert_offsets(const Args& a) {
-  const int32_t P = a.local_experts * a.num_ranks;
-  for (int32_t pair = threadIdx.x; pair < P; pair += blockDim.x) {
-    int32_t* col = a.chunk_rows + pair;
-    int32_t before = 0;
-    // NOTES: loads of a batch go out together; loading and storing one at a time would serialise
-    // C global round trips, as the compiler cannot move a load above a possibly aliasing store.
-    constexpr int kBatch = 8;
-    for (int32_t c0 = 0; c0 < a.chunks; c0 += kBatch) {
-      int32_t v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = c0 + u < a.chunks ? __ldcg(&col[int64_t(c0 + u) * P]) : 0;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (c0 + u < a.chunks) col[int64_t(c0 + u) * P] = before;
-        before += v[u];
-      }
-    }
-    a.pair_rows[pair] = before;
+// Waits until every block of the grid has arrived `round` times (round 1, 2, ...): what each block
+// wrote before its arrival is then visible to every thread of this block. Bounded: past
+// sm90::kCounterWaitNs it reports wait kScheduleBlocks with the round and the count seen, and traps.
+__device__ void grid_barrier(const Args& a, int32_t round, bool arrive = true) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (arrive) sm90::red_release_add(&a.status->schedule_arrivals, 1);
+    sm90::wait_counter(&a.status->schedule_arrivals, round * int32_t(gridDim.x * gridDim.y), 32, a.stall_report,
+                       sm90::Wait::kScheduleBlocks, round);
   }
   __syncthreads();
+}
 
+// The local expert of entry i of the caller's own ids (-1: not local), checked as it is read: a bad
+// entry lowers status->first_bad_route, and the int32 copy gets -1 for an id out of range.
+template <class Id>
+__device__ __forceinline__ int32_t own_local_expert(const Args& a, int64_t i) {
+  const int64_t id = static_cast<int64_t>(static_cast<const Id*>(a.own.topk_ids)[i]);
+  if (check_route(id, __float_as_uint(a.own.topk_weights[i]), a.num_experts) != StatusCode::kOk) {
+    atomicMin(&a.status->first_bad_route, static_cast<unsigned long long>(i));
+  }
+  const int32_t id32 = (id >= 0 && id < a.num_experts) ? static_cast<int32_t>(id) : -1;
+  a.own.ids32[i] = id32;
+  return core::local_expert(id32, a.rank, a.local_experts);
+}
+
+// The lowest offending entry of the own ids, if any, as the status report; then the tracking is set
+// back for the next build. One thread, after every block's checks.
+template <class Id>
+__device__ void report_first_bad_route(const Args& a) {
+  DeviceStatus* st = a.status;
+  const unsigned long long i = atomicAdd(&st->first_bad_route, 0ull);
+  if (i != ULLONG_MAX) {
+    const int64_t id = static_cast<int64_t>(static_cast<const Id*>(a.own.topk_ids)[i]);
+    const uint32_t bits = __float_as_uint(a.own.topk_weights[i]);
+    const StatusCode code = check_route(id, bits, a.num_experts);
+    if (atomicCAS(&st->code, int32_t(StatusCode::kOk), int32_t(code)) == int32_t(StatusCode::kOk)) {
+      st->rank = a.rank;
+      st->a = static_cast<int64_t>(i);
+      st->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(bits);
+      st->c = a.num_experts;
+    }
+  }
+  st->first_bad_route = ULLONG_MAX;
+}
+
+// Phase 1: block (c, s) counts the rows of chunk c of source s per local expert into hist, then into
+// chunk_rows[c][pair(e, s)] for every e.
+template <class Id>
+__device__ void count_chunk(const Args& a, int32_t* hist) {
+  const int32_t c = blockIdx.x, s = blockIdx.y;
+  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const bool own = a.own.topk_ids != nullptr && s == a.rank;
+  const int32_t* ids = a.routing.topk_ids[s];
+  const int64_t begin = c * a.chunk_entries;
+  const int64_t end = min(a.entries, begin + a.chunk_entries);
+  const int64_t round_entries = int64_t(blockDim.x) * kLaneEntries;
+  for (int64_t round = begin; round < end; round += round_entries) {
+    int32_t e[kLaneEntries];
+#pragma unroll
+    for (int u = 0; u < kLaneEntries; ++u) {
+      const int64_t i = round + int64_t(u) * blockDim.x + threadIdx.x;
+      e[u] = i >= end ? -1 : own ? own_local_expert<Id>(a, i) : core::local_expert(ids[i], a.rank, a.local_experts);
+    }
+    // NOTES: one shared atomic per distinct expert per warp, so a chunk routed to a single expert
+    // does not serialise its atomics on one word.
+#pragma unroll
+    for (int u = 0; u < kLaneEntries; ++u) {
+      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
+      if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
+    }
+  }
+  __syncthreads();
+  int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
+  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
+}
+
+// Phase 2: warp w of block b scans the columns b + nb * (w + W * j) of chunk_rows: lane l holds chunks
+// l * kLaneChunks .. + kLaneChunks - 1, so the lanes' sums scanned in lane order give each chunk the
+// rows of the pair in the chunks before it.
+__device__ void scan_columns(const Args& a) {
+  const int32_t P = a.local_experts * a.num_ranks;
+  const int32_t nb = int32_t(gridDim.x * gridDim.y), warps = int32_t(blockDim.x / 32);
+  const int lane = lane_id();
+  for (int32_t p = linear_block() + nb * int32_t(threadIdx.x / 32); p < P; p += nb * warps) {
+    int32_t v[kLaneChunks];
+    int32_t sum = 0;
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const int32_t c = lane * kLaneChunks + j;
+      v[j] = c < a.chunks ? __ldcg(&a.chunk_rows[int64_t(c) * P + p]) : 0;
+      sum += v[j];
+    }
+    int32_t inclusive = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += up;
+    }
+    int32_t before = inclusive - sum;
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const int32_t c = lane * kLaneChunks + j;
+      if (c < a.chunks) a.chunk_rows[int64_t(c) * P + p] = before;
+      before += v[j];
+    }
+    if (lane == 31) a.pair_rows[p] = inclusive;
+  }
+}
+
+// Phase 3, first part: every block computes the experts' padded offsets into `offset` (E_loc + 1, the
+// total last) from pair_rows (in shared memory); block (0, 0) also writes expert_rows, expert_offset
+// and the GEMM's block_offset, and reports an overflow (a = rows needed, b = capacity). Contiguous
+// experts per thread, block scans.
+__device__ void expert_offsets(const Args& a, const int32_t* pair_rows, int32_t* offset) {
   const int32_t per_thread = (a.local_experts + blockDim.x - 1) / blockDim.x;
   const int32_t e_begin = min(a.local_experts, int32_t(threadIdx.x) * per_thread);
   const int32_t e_end = min(a.local_experts, e_begin + per_thread);
   auto expert_rows = [&](int32_t e) {
     int64_t rows = 0;
-    for (int32_t s = 0; s < a.num_ranks; ++s) rows += a.pair_rows[core::pair_index(e, s, a.num_ranks)];
+    for (int32_t s = 0; s < a.num_ranks; ++s) rows += pair_rows[core::pair_index(e, s, a.num_ranks)];
     return rows;
   };
-  int64_t padded = 0, blocks = 0;
+  int64_t padded = 0;
+  for (int32_t e = e_begin; e < e_end; ++e) padded += core::padded_rows(expert_rows(e));
+  int64_t total = 0;
+  int64_t at = block_exclusive_sum(padded, &total);
   for (int32_t e = e_begin; e < e_end; ++e) {
-    padded += core::padded_rows(expert_rows(e));
-    blocks += core::tile_blocks(expert_rows(e));
+    offset[e] = static_cast<int32_t>(at);
+    at += core::padded_rows(expert_rows(e));
   }
-  int64_t total = 0, total_blocks = 0;
-  int64_t offset = block_exclusive_sum(padded, &total);
-  __syncthreads();  // block_exclusive_sum's shared sums are read until its return
+  if (threadIdx.x == 0) offset[a.local_experts] = static_cast<int32_t>(total);
+  if (linear_block() != 0) return;
+
+  int64_t blocks = 0;
+  for (int32_t e = e_begin; e < e_end; ++e) blocks += core::tile_blocks(expert_rows(e));
+  int64_t total_blocks = 0;
   int64_t block = block_exclusive_sum(blocks, &total_blocks);
   for (int32_t e = e_begin; e < e_end; ++e) {
     const int64_t rows = expert_rows(e);
     a.expert_rows[e] = static_cast<int32_t>(rows);
-    a.expert_offset[e] = static_cast<int32_t>(offset);
+    a.expert_offset[e] = offset[e];
     a.block_offset[e] = static_cast<int32_t>(block);
-    offset += core::padded_rows(rows);
     block += core::tile_blocks(rows);
   }
   if (threadIdx.x == 0) {
     a.expert_offset[a.local_experts] = static_cast<int32_t>(total);
     a.block_offset[a.local_experts] = static_cast<int32_t>(total_blocks);
-    const bool fits = core::fits_capacity(total, a.capacity);
-    *a.fits = fits ? 1 : 0;
-    if (!fits && atomicCAS(&a.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kCapacityOverflow)) ==
-                     int32_t(StatusCode::kOk)) {
+    if (!core::fits_capacity(total, a.capacity) &&
+        atomicCAS(&a.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kCapacityOverflow)) ==
+            int32_t(StatusCode::kOk)) {
       a.status->rank = a.rank;
       a.status->a = total;
       a.status->b = a.capacity;
@@ -178,83 +249,36 @@ __device__ void expert_offsets(const Args& a) {
   }
 }
 
-// Grid (C, R), kCountThreads threads, E_loc ints of dynamic shared memory: block (c, s) counts the
-// rows of chunk c of source s per local expert and writes chunk_rows[c][pair(e, s)] for every e; the
-// last block to finish then runs expert_offsets (common/last_block.cuh).
-__global__ void __launch_bounds__(kCountThreads) count_rows_kernel(const Args a) {
-  extern __shared__ int32_t hist[];
-  const int32_t c = blockIdx.x, s = blockIdx.y;
-  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) hist[e] = 0;
-  __syncthreads();
-
-  const int32_t* ids = a.routing.topk_ids[s];
-  const int64_t begin = c * a.chunk_entries;
-  const int64_t end = min(a.entries, begin + a.chunk_entries);
-  for (int64_t round = begin; round < end; round += kRoundEntries) {
-    int32_t e[kCountLaneEntries];
-#pragma unroll
-    for (int u = 0; u < kCountLaneEntries; ++u) {
-      const int64_t i = round + u * kCountThreads + threadIdx.x;
-      e[u] = i < end ? core::local_expert(ids[i], a.rank, a.local_experts) : -1;
-    }
-    // NOTES: one shared atomic per distinct expert per warp, so a chunk routed to a single expert
-    // does not serialise 2048 atomics on one word.
-#pragma unroll
-    for (int u = 0; u < kCountLaneEntries; ++u) {
-      const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
-      if (e[u] >= 0 && lane_id() == __ffs(peers) - 1) atomicAdd(&hist[e[u]], __popc(peers));
-    }
-  }
-  __syncthreads();
-  int32_t* out = a.chunk_rows + int64_t(c) * a.num_ranks * a.local_experts;
-  for (int32_t e = threadIdx.x; e < a.local_experts; e += blockDim.x) out[core::pair_index(e, s, a.num_ranks)] = hist[e];
-
-  if (last_block_to_arrive(&a.status->counted_blocks)) expert_offsets(a);
-}
-
 // Padding rows of every expert block get -1: a grid-stride pass over (expert, row of its last tile).
-__device__ void write_padding(const Args& a) {
+__device__ void write_padding(const Args& a, const int32_t* pair_rows, const int32_t* offset) {
   const int64_t items = int64_t(a.local_experts) * kTileRows;
   const int64_t stride = int64_t(gridDim.x) * gridDim.y * blockDim.x;
-  for (int64_t x = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; x < items; x += stride) {
+  for (int64_t x = int64_t(linear_block()) * blockDim.x + threadIdx.x; x < items; x += stride) {
     const int32_t e = static_cast<int32_t>(x / kTileRows);
-    const int64_t row = int64_t(a.expert_offset[e]) + a.expert_rows[e] + x % kTileRows;
-    if (row < a.expert_offset[e + 1]) {
+    int64_t rows = 0;
+    for (int32_t s = 0; s < a.num_ranks; ++s) rows += pair_rows[core::pair_index(e, s, a.num_ranks)];
+    const int64_t row = int64_t(offset[e]) + rows + x % kTileRows;
+    if (row < offset[e + 1]) {
       a.row_token_slot[row] = -1;
       a.row_src_rank[row] = -1;
     }
   }
 }
 
-// Grid (C, R), place_warps warps, dynamic shared memory (place_warps + 1) * E_loc + P ints. Block
-// (c, s) places the rows of chunk c of source s; it and every other block first check the fits flag
-// of this build and write nothing when the schedule overflows.
-// A chunk is walked in rounds of place_warps * 128 entries; in a round warp w holds entries
-// w*128 + u*32 + lane (u = 0..3), so (warp, u, lane) order is t*k + j order. Per round:
+// Phase 3, second part: block (c, s) places the rows of chunk c of source s, in rounds of W * 128
+// entries; in a round warp w holds entries w*128 + u*32 + lane (u = 0..3), so (warp, u, lane) order is
+// t*k + j order. Per round:
 //   1. each warp ranks its entries among same-expert entries of the warp (match_any; the lowest
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
-//   3. row q = prefix + rank goes to expert_offset[e] + interleaved_position(q, s, pair_rows of e).
-__global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a) {
-  if (*a.fits != 1) return;
-  write_padding(a);
-
-  extern __shared__ int32_t smem[];
+//   3. row q = prefix + rank goes to offset[e] + interleaved_position(q, s, pair_rows of e).
+// `ids` holds source s's int32 ids (the own rank's checked copy when the build checked them).
+__device__ void place_chunk(const Args& a, const int32_t* ids, int32_t* q0, int32_t* warp_q, const int32_t* pair_rows,
+                            const int32_t* offset) {
   const int32_t E_loc = a.local_experts, R = a.num_ranks;
   const int32_t c = blockIdx.x, s = blockIdx.y;
   const int lane = lane_id(), warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  int32_t* q0 = smem;                           // [E_loc]: rows of (e, s) before this round
-  int32_t* warp_q = q0 + E_loc;                 // [warps][E_loc]: counts, then prefixes, of a round
-  int32_t* pair_rows = warp_q + warps * E_loc;  // [P]
   int32_t* my_q = warp_q + warp * E_loc;
-
-  const int32_t* chunk_q = a.chunk_rows + int64_t(c) * R * E_loc;
-  for (int32_t e = threadIdx.x; e < E_loc; e += blockDim.x) q0[e] = chunk_q[core::pair_index(e, s, R)];
-  for (int32_t i = threadIdx.x; i < warps * E_loc; i += blockDim.x) warp_q[i] = 0;
-  for (int32_t i = threadIdx.x; i < E_loc * R; i += blockDim.x) pair_rows[i] = a.pair_rows[i];
-  __syncthreads();
-
-  const int32_t* ids = a.routing.topk_ids[s];
   const int64_t begin = c * a.chunk_entries;
   const int64_t end = min(a.entries, begin + a.chunk_entries);
   const unsigned lanes_below = (1u << lane) - 1;
@@ -298,7 +322,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
       int32_t row = -1;
       if (e[u] >= 0) {
         const int32_t q = my_q[e[u]] + rank[u];
-        row = static_cast<int32_t>(a.expert_offset[e[u]] +
+        row = static_cast<int32_t>(offset[e[u]] +
                                    core::interleaved_position(q, s, pair_rows + core::pair_index(e[u], 0, R), R));
         a.row_token_slot[row] = static_cast<int32_t>(i);
         a.row_src_rank[row] = s;
@@ -313,19 +337,88 @@ __global__ void __launch_bounds__(kMaxWarps * 32) place_rows_kernel(const Args a
   }
 }
 
-Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing, const DeviceBuffers& b) {
+// Grid (C, R), W warps, plan.shared_ints of dynamic shared memory, launched cooperatively. `Id`: the
+// type of the own ids (int32_t when the build does not check them).
+template <class Id>
+__global__ void __launch_bounds__(kMaxWarps * 32) schedule_kernel(const Args a) {
+  extern __shared__ int32_t smem[];
+  const int32_t E_loc = a.local_experts, P = a.local_experts * a.num_ranks;
+  const int warps = blockDim.x / 32;
+  int32_t* q0 = smem;                        // [E_loc]: phase 1's counts, then rows of (e, s) before this round
+  int32_t* warp_q = q0 + E_loc;              // [warps][E_loc]: counts, then prefixes, of a round
+  int32_t* pair_rows = warp_q + warps * E_loc;  // [P]
+  int32_t* offset = pair_rows + P;           // [E_loc + 1]: padded expert offsets, the total last
+
+  count_chunk<Id>(a, q0);
+  grid_barrier(a, 1, linear_block() != a.stall_block);
+  const bool checked = a.own.topk_ids != nullptr;
+  // NOTES: the routing's report comes before the capacity check below in the same thread, so that a
+  // bad route wins over an overflow, as when the validation was a kernel of its own before the schedule.
+  if (checked && linear_block() == 0 && threadIdx.x == 0) report_first_bad_route<Id>(a);
+  scan_columns(a);
+  grid_barrier(a, 2);
+
+  const int32_t c = blockIdx.x, s = blockIdx.y;
+  const int32_t* chunk_q = a.chunk_rows + int64_t(c) * P;
+  for (int32_t e = threadIdx.x; e < E_loc; e += blockDim.x) q0[e] = __ldcg(&chunk_q[core::pair_index(e, s, a.num_ranks)]);
+  for (int32_t i = threadIdx.x; i < warps * E_loc; i += blockDim.x) warp_q[i] = 0;
+  for (int32_t i = threadIdx.x; i < P; i += blockDim.x) pair_rows[i] = __ldcg(&a.pair_rows[i]);
+  __syncthreads();
+  expert_offsets(a, pair_rows, offset);
+  __syncthreads();
+  if (core::fits_capacity(offset[E_loc], a.capacity)) {
+    write_padding(a, pair_rows, offset);
+    place_chunk(a, checked && s == a.rank ? a.own.ids32 : a.routing.topk_ids[s], q0, warp_q, pair_rows, offset);
+  }
+  if (last_block_to_arrive(&a.status->counted_blocks) && threadIdx.x == 0) a.status->schedule_arrivals = 0;
+}
+
+// What the device offers the plan: blocks resident at once (one per SM: a block takes at most 512
+// threads and 227 KB) and the dynamic shared memory a block may opt in to, per device.
+struct DeviceLimits {
+  int32_t sm_count;
+  int64_t max_shared_ints;
+};
+
+DeviceLimits device_limits() {
+  static detail::PerDeviceCache sms{}, shared{};
+  DeviceLimits l{};
+  l.sm_count = detail::per_device(sms, [](int device) {
+    int v = 0;
+    LYNX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    return v;
+  });
+  l.max_shared_ints = detail::per_device(shared, [](int device) {
+    int v = 0;
+    LYNX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    // NOTES: the opt-in is set here, once per device and before any capture, for both instantiations.
+    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    return v / int(sizeof(int32_t));
+  });
+  return l;
+}
+
+Plan plan_for(const Problem& p) {
+  const DeviceLimits l = device_limits();
+  return make_plan(p.tokens, p.top_k, p.local_experts(), p.num_ranks, l.sm_count, l.max_shared_ints);
+}
+
+Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing, const OwnRouting* own,
+               const DeviceBuffers& b) {
   Args a{};
   a.routing = routing;
+  if (own) a.own = *own;
   a.num_ranks = p.num_ranks;
   a.rank = p.rank;
   a.local_experts = static_cast<int32_t>(p.local_experts());
+  a.num_experts = p.num_experts;
   a.chunks = plan.chunks;
   a.entries = plan.entries;
   a.chunk_entries = plan.chunk_entries;
   a.capacity = p.capacity;
   a.chunk_rows = b.scratch;
   a.pair_rows = b.scratch + int64_t(plan.chunks) * plan.pairs;
-  a.fits = a.pair_rows + plan.pairs;
   a.row_token_slot = b.row_token_slot;
   a.row_src_rank = b.row_src_rank;
   a.expert_offset = b.expert_offset;
@@ -333,25 +426,40 @@ Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing,
   a.block_offset = b.block_offset;
   a.slot_row = b.slot_row;
   a.status = b.status;
+  a.stall_report = b.stall_report;
+  a.stall_block = b.test_stall_block;
   return a;
 }
 
 }  // namespace
 
-int64_t device_scratch_ints(const Problem& p) {
-  const Plan plan = make_plan(p);
-  return int64_t(plan.chunks) * plan.pairs + plan.pairs + 1;
-}
+int64_t device_scratch_ints(const Problem& p) { return plan_for(p).scratch_ints(); }
 
 void build_schedule_device(const Problem& p, const DeviceRouting& routing, const DeviceBuffers& buffers,
-                           cudaStream_t stream) {
-  const Plan plan = make_plan(p);
-  const Args a = make_args(p, plan, routing, buffers);
-  const dim3 grid(plan.chunks, p.num_ranks);
-  const size_t E_loc = size_t(a.local_experts);
-  count_rows_kernel<<<grid, kCountThreads, E_loc * sizeof(int32_t), stream>>>(a);
-  const size_t place_shared = ((plan.place_warps + 1) * E_loc + plan.pairs) * sizeof(int32_t);
-  place_rows_kernel<<<grid, plan.place_warps * 32, place_shared, stream>>>(a);
+                           cudaStream_t stream, const OwnRouting* own) {
+  const Plan plan = plan_for(p);
+  const DeviceLimits limits = device_limits();
+  if (int64_t(plan.chunks) * p.num_ranks > limits.sm_count || plan.shared_ints > limits.max_shared_ints) {
+    throw Error("", "internal: the schedule's grid (" + std::to_string(plan.chunks) + " x " +
+                        std::to_string(p.num_ranks) + " blocks, " + std::to_string(plan.shared_ints * 4) +
+                        " bytes of shared memory each) does not fit the device at once");
+  }
+  const Args a = make_args(p, plan, routing, own, buffers);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(plan.chunks, p.num_ranks);
+  cfg.blockDim = dim3(plan.warps * 32);
+  cfg.dynamicSmemBytes = size_t(plan.shared_ints) * sizeof(int32_t);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (own && own->ids_int64) {
+    LYNX_CUDA(cudaLaunchKernelEx(&cfg, schedule_kernel<int64_t>, a));
+  } else {
+    LYNX_CUDA(cudaLaunchKernelEx(&cfg, schedule_kernel<int32_t>, a));
+  }
 }
 
 }  // namespace lynx::sched

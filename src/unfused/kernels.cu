@@ -1,13 +1,10 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
-#include "api/routing_check.h"
 #include "common/activation.cuh"
 #include "common/cuda_check.h"
-#include "common/last_block.cuh"
 #include "common/per_device.h"
 #include "schedule/schedule_core.h"
 #include "unfused/kernels.h"
@@ -56,43 +53,6 @@ int resident_blocks(Kernel kernel, int threads, detail::PerDeviceCache& cache) {
 int blocks_for(int64_t threads, int block) {
   const int64_t b = (threads + block - 1) / block;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
-// The lowest offending index of the routing, if any, as a status report (one thread).
-template <class Id>
-__device__ void report_first_bad_route(const Id* ids, const float* weights, int64_t num_experts, int32_t rank,
-                                       DeviceStatus* status) {
-  const unsigned long long i = atomicAdd(&status->first_bad_route, 0ull);
-  if (i == ULLONG_MAX) return;
-  const int64_t id = static_cast<int64_t>(ids[i]);
-  const uint32_t bits = __float_as_uint(weights[i]);
-  const StatusCode code = check_route(id, bits, num_experts);
-  if (atomicCAS(&status->code, int32_t(StatusCode::kOk), int32_t(code)) == int32_t(StatusCode::kOk)) {
-    status->rank = rank;
-    status->a = static_cast<int64_t>(i);
-    status->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(bits);
-    status->c = num_experts;
-  }
-}
-
-// grid-stride over T*k entries; the last block to finish reports the lowest offending entry.
-// NOTES: the report and the reset of the tracking ran as a kernel and a memset of their own, two of
-// the launches the host queues before the first GEMM can start (the GPU waits for them in an eager
-// forward).
-template <class Id>
-__global__ void validate_routing_kernel(const Id* ids, const float* weights, int64_t entries, int64_t num_experts,
-                                        int32_t rank, int32_t* ids_out, DeviceStatus* status) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    if (check_route(id, __float_as_uint(weights[i]), num_experts) != StatusCode::kOk) {
-      atomicMin(&status->first_bad_route, static_cast<unsigned long long>(i));
-    }
-    ids_out[i] = (id >= 0 && id < num_experts) ? static_cast<int32_t>(id) : -1;
-  }
-  if (last_block_to_arrive(&status->validated_blocks) && threadIdx.x == 0) {
-    report_first_bad_route(ids, weights, num_experts, rank, status);
-    status->first_bad_route = ULLONG_MAX;
-  }
 }
 
 // grid-stride over groups of kGatherRows rows, one group per block at a time; thread v copies the
@@ -339,19 +299,6 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 }
 
 }  // namespace
-
-void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
-                      int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream) {
-  const int grid = blocks_for(entries, 256);
-  if (id_dtype == DType::kI64) {
-    validate_routing_kernel<<<grid, 256, 0, stream>>>(static_cast<const int64_t*>(topk_ids), topk_weights, entries,
-                                                      num_experts, rank, ids_out, status);
-  } else {
-    validate_routing_kernel<<<grid, 256, 0, stream>>>(static_cast<const int32_t*>(topk_ids), topk_weights, entries,
-                                                      num_experts, rank, ids_out, status);
-  }
-  LYNX_CHECK_LAUNCH();
-}
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream) {

@@ -12,14 +12,6 @@ namespace lynx::unfused {
 
 using bf16_t = uint16_t;  // bf16 storage; the kernels convert with cuda_bf16.h
 
-// Checks every (id, weight) of this rank (check_route), copies the ids to int32, and reports the
-// lowest offending index through `status` (kExpertOutOfRange or kNonFiniteWeight). An error already
-// set stays: it is kept until the host reports it (Workspace::Impl::throw_if_status_error). Needs
-// status->first_bad_route = UINT64_MAX and status->validated_blocks = 0 (as a workspace starts and
-// as this call leaves them).
-void validate_routing(const void* topk_ids, DType id_dtype, const float* topk_weights, int64_t entries,
-                      int64_t num_experts, int32_t rank, int32_t* ids_out, DeviceStatus* status, cudaStream_t stream);
-
 // dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);

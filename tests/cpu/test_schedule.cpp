@@ -11,6 +11,7 @@
 #include "common/schedule_routing.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_core.h"
+#include "schedule/schedule_plan.h"
 
 namespace lynx::sched {
 namespace {
@@ -277,6 +278,65 @@ TEST(Schedule, IdsOutsideRangeAreNotLocal) {
     }
     g.refresh();
     check_all_ranks(g, "bad ids R=" + std::to_string(R));
+  }
+}
+
+// The device builder's plan (schedule_plan.h): every block resident at once, warps within the shared
+// memory, every entry in exactly one chunk.
+constexpr int32_t kH200Sms = 132;
+constexpr int64_t kH200SharedInts = 232448 / 4;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+TEST(SchedulePlan, TargetShapes) {
+  const Plan qwen3 = make_plan(8192, 8, 128, 1, kH200Sms, kH200SharedInts);
+  EXPECT_EQ(qwen3.chunk_entries, kRoundEntries);
+  EXPECT_EQ(qwen3.chunks, 32);
+  EXPECT_EQ(qwen3.warps, kMaxWarps);
+  EXPECT_EQ(qwen3.pairs, 128);
+  EXPECT_EQ(qwen3.scratch_ints(), 32 * 128 + 128);
+  const Plan deepseek = make_plan(4096, 8, 256, 1, kH200Sms, kH200SharedInts);
+  EXPECT_EQ(deepseek.chunks, 16);
+  EXPECT_EQ(deepseek.warps, kMaxWarps);
+}
+
+TEST(SchedulePlan, ChunksGrowUntilTheGridFits) {
+  const Plan p = make_plan(131072, 8, 4096, 1, kH200Sms, kH200SharedInts);  // 1 Mi entries
+  EXPECT_EQ(p.chunk_entries, 8192);
+  EXPECT_EQ(p.chunks, 128);
+  EXPECT_EQ(p.warps, 8);  // 16 warps' counts of 4096 experts would take 311 KB
+  const Plan ranks = make_plan(8192, 8, 2, 64, kH200Sms, kH200SharedInts);  // 64 sources share the grid
+  EXPECT_EQ(ranks.chunks, 2);
+  EXPECT_EQ(ranks.chunk_entries, 32768);
+}
+
+TEST(SchedulePlan, Invariants) {
+  for (int64_t T : {int64_t(1), int64_t(3), int64_t(129), int64_t(2048), int64_t(8192), int64_t(100000), int64_t(1) << 20}) {
+    for (int64_t k : {int64_t(1), int64_t(2), int64_t(8), int64_t(32)}) {
+      for (int64_t E_loc : {int64_t(1), int64_t(8), int64_t(128), int64_t(1024), int64_t(4096)}) {
+        for (int32_t R : {1, 2, 8, 64}) {
+          if (E_loc * R > 4096) continue;  // Limits::kMaxExperts
+          for (int32_t sms : {64, 114, 132}) {
+            SCOPED_TRACE(std::to_string(T) + " " + std::to_string(k) + " " + std::to_string(E_loc) + " " +
+                         std::to_string(R) + " " + std::to_string(sms));
+            const Plan p = make_plan(T, k, E_loc, R, sms, kH200SharedInts);
+            EXPECT_EQ(p.entries, T * k);
+            EXPECT_EQ(p.chunk_entries % kRoundEntries, 0);
+            EXPECT_GE(p.chunks, 1);
+            EXPECT_LE(p.chunks, kMaxChunks);
+            EXPECT_LE(int64_t(p.chunks) * R, sms);
+            EXPECT_GE(int64_t(p.chunks) * p.chunk_entries, p.entries);
+            EXPECT_LT(int64_t(p.chunks - 1) * p.chunk_entries, p.entries);
+            EXPECT_EQ(p.pairs, E_loc * R);
+            EXPECT_TRUE(p.warps >= 1 && p.warps <= kMaxWarps && (p.warps & (p.warps - 1)) == 0);
+            EXPECT_EQ(p.chunk_entries % (int64_t(p.warps) * kWarpEntries), 0);
+            EXPECT_LE(p.shared_ints, kH200SharedInts);
+            EXPECT_EQ(p.shared_ints, schedule_shared_ints(E_loc, R, p.warps));
+            if (p.warps < kMaxWarps) {
+              EXPECT_GT(schedule_shared_ints(E_loc, R, 2 * p.warps), kH200SharedInts);
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -722,11 +722,11 @@ TEST_P(Layer, NonFiniteRouterWeightIsReported) {
   expect_forward_error(L, config(), "topk_weights[11, 0] = inf is not finite");
 }
 
-// Routing errors of successive calls on one workspace, in entries many validation blocks apart: each
+// Routing errors of successive calls on one workspace, in entries of different schedule blocks: each
 // call reports its own lowest offending entry (the tracking of the call before does not leak in), and
 // a call with good routing after them reports nothing.
 TEST_P(Layer, SuccessiveRoutingErrorsAreEachReported) {
-  HostLayer L({1500, 64, 64, 8, 4, 0}, fresh_seed());  // 6000 entries: 24 blocks of validation
+  HostLayer L({1500, 64, 64, 8, 4, 0}, fresh_seed());  // 6000 entries: 3 schedule blocks of 2048
   const std::vector<int32_t> good_ids = L.ids;
   const std::vector<float> good_weights = L.weights;
   Workspace ws(L.shape, config());
@@ -764,6 +764,18 @@ TEST_P(Layer, CapacityOverflowIsReported) {
   Config small = config();
   small.schedule_capacity = 256;
   expect_forward_error(L, small, "needs 1024 schedule rows but config.schedule_capacity is 256");
+}
+
+// A bad route and an overflow in one call: the routing error is the one reported, as the first.
+TEST_P(Layer, RoutingErrorWinsOverCapacityOverflow) {
+  Case c{100, 64, 64, 8, 2, 0};
+  c.routing = "cyclic";
+  HostLayer L(c, fresh_seed());
+  L.ids[2 * 60 + 1] = 8;
+  L.d_ids = to_device(L.ids);
+  Config small = config();
+  small.schedule_capacity = 256;
+  expect_forward_error(L, small, "topk_ids[60, 1] = 8 is out of range [0, 8)");
 }
 
 TEST_P(Layer, BackwardWithoutContextIsAnError) {
@@ -1051,6 +1063,18 @@ TEST_F(KernelGather, StalledRowsAreReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run_stalled_gather(), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait 5 = rows gathered.*\\[context lost\\]");
+}
+
+// A schedule block never arrives at the builder's first grid barrier (test hook): the bounded wait
+// of the blocks there reports it, naming the wait.
+[[noreturn]] void run_stalled_schedule() {
+  run_stalled_forward([](Workspace& ws) { test_hooks::set_schedule_stall_block(ws, 0); });
+}
+
+TEST_F(FusedForward, StalledScheduleIsReportedNotHung) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_stalled_schedule(), ::testing::ExitedWithCode(3),
+              "timed out in block [0-9]+: wait 7 = schedule blocks.*barrier 1.*\\[context lost\\]");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),

@@ -154,7 +154,8 @@ void check_output(const DeviceOutput& d, const HostSchedule& h, const HostResult
   EXPECT_EQ(compare(d.block_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "block_offset guard";
   const int64_t scratch_ints = device_scratch_ints(p);
   EXPECT_EQ(compare(d.scratch, {}, scratch_ints, scratch_ints + kGuard, fill), "") << "scratch guard";
-  // The count kernel's last block sets its arrival counter back for the next build.
+  // The build's last block sets its barrier and arrival counters back for the next build.
+  EXPECT_EQ(d.status.schedule_arrivals, 0) << "schedule_arrivals";
   EXPECT_EQ(d.status.counted_blocks, 0u) << "counted_blocks";
   if (res.code == StatusCode::kOk) {
     const int64_t total = res.rows_needed;
@@ -219,8 +220,8 @@ TEST_F(ScheduleDevice, TargetShapes) {
   check_all_ranks(Routing(1, 8192, 2, 8, 380), name("mixtral T=8192 k=2 E=8", 1));
 }
 
-// Many local experts: fewer warps per place block (shared memory), several rounds per chunk, and
-// chunks larger than the smallest one.
+// Many local experts: fewer warps per block (shared memory), several rounds per chunk, and chunks
+// larger than the smallest one (the grid holds at most one block per SM).
 TEST_F(ScheduleDevice, ManyExperts) {
   check_all_ranks(Routing(1, 3000, 8, 2048, 390), name("E=2048", 1));
   check_all_ranks(Routing(2, 3000, 8, 4096, 391), name("E=4096", 2));
@@ -376,6 +377,5 @@ TEST_F(ScheduleDevice, GraphCapture) {
   cudaGraphDestroy(graph);
 }
 
-// Time per build at the default shape (printed; the bound only catches a pathological slowdown).
 }  // namespace
 }  // namespace lynx::sched
