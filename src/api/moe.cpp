@@ -1,6 +1,7 @@
 // The public entry points: validate everything on the host, then hand over to the chosen path.
 #include "lynx/moe.h"
 
+#include "api/routing_check.h"
 #include "api/workspace_impl.h"
 #include "lynx/error.h"
 #include "fused/backward.h"
@@ -18,6 +19,22 @@ void check_device(const Workspace::Impl& w) {
   }
 }
 
+// Runs a pass's enqueue. A CUDA error it meets after a device wait timed out (whose trap lost the
+// context) is reported as that wait: the host-mapped stall report names it, the CUDA error does not.
+// NOTES: a launch or a lazy module load after the trap fails with "unspecified launch failure"
+// before Workspace::check could read the report.
+template <class Enqueue>
+void enqueue_pass(const Workspace::Impl& w, Enqueue&& enqueue) {
+  try {
+    enqueue();
+  } catch (const Error&) {
+    if (w.stall_report && w.stall_report->code != int32_t(StatusCode::kOk)) {
+      throw Error("", describe_status(*w.stall_report, w.shape.top_k));
+    }
+    throw;
+  }
+}
+
 }  // namespace
 
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
@@ -26,11 +43,13 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   validate_output(w.shape, y);
   if (y.data == in.x.data) throw Error("y", "must not alias x");
   check_device(w);
-  if (w.config.backend == Backend::kFused) {
-    fused::forward(w, in, y, stream);
-  } else {
-    unfused::forward(w, in, y, stream);
-  }
+  enqueue_pass(w, [&] {
+    if (w.config.backend == Backend::kFused) {
+      fused::forward(w, in, y, stream);
+    } else {
+      unfused::forward(w, in, y, stream);
+    }
+  });
   ++w.forward_calls;
 }
 
@@ -38,11 +57,13 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   check_device(w);
-  if (w.config.backend == Backend::kFused) {
-    fused::recompute_forward_context(w, in, stream);
-  } else {
-    unfused::recompute_forward_context(w, in, stream);
-  }
+  enqueue_pass(w, [&] {
+    if (w.config.backend == Backend::kFused) {
+      fused::recompute_forward_context(w, in, stream);
+    } else {
+      unfused::recompute_forward_context(w, in, stream);
+    }
+  });
 }
 
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t stream) {
@@ -51,11 +72,13 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
   validate_gradients(w.shape, dy, grads);
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   check_device(w);
-  if (w.config.backend == Backend::kFused) {
-    fused::backward(w, in, dy, grads, stream);
-  } else {
-    unfused::backward(w, in, dy, grads, stream);
-  }
+  enqueue_pass(w, [&] {
+    if (w.config.backend == Backend::kFused) {
+      fused::backward(w, in, dy, grads, stream);
+    } else {
+      unfused::backward(w, in, dy, grads, stream);
+    }
+  });
   ++w.backward_calls;
 }
 

@@ -14,14 +14,16 @@
 // The last block to finish sets the barrier counter back for the next build.
 //
 // NOTES: this replaced three launches (routing validation, count with the offsets in its last block,
-// place), ~24 µs of a qwen3-30b-a3b forward under Nsight Compute, most of it each kernel's ramp and
-// its chain of dependent global round trips (bench/results/2026-12-01-h200-session16.txt, section 3).
+// place): 24 µs of a qwen3-30b-a3b forward under Nsight Compute, 14.9 µs for this kernel with blocks
+// of 4 warps (128 chunks of 512 entries; 19.4 µs with 16 warps and 32 chunks), and the forward 0.9%
+// faster than the control at full clock (bench/results/2026-12-04-h200-session31.txt, sections 1-2).
 //
 // Scratch (int32), P = E_loc * R pairs (core::pair_index, expert-major):
 //   [0, C*P)        chunk_rows[c][pair]: counts (phase 1), then the rows of the pair in earlier chunks
 //   [C*P, C*P + P)  pair_rows[pair]: rows of the pair over all chunks (|L_s| of schedule.h)
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "api/routing_check.h"
 #include "common/cuda_check.h"
@@ -389,19 +391,37 @@ DeviceLimits device_limits() {
     return v;
   });
   l.max_shared_ints = detail::per_device(shared, [](int device) {
-    int v = 0;
-    LYNX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    // NOTES: the opt-in is set here, once per device and before any capture, for both instantiations.
-    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
-    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
-    return v / int(sizeof(int32_t));
+    int optin = 0;
+    LYNX_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    // NOTES: the opt-in is set here, once per device and before any capture, for both instantiations;
+    // it excludes the kernel's static shared memory (the block scans' and the last block's).
+    int dynamic = optin;
+    for (const void* kernel : {reinterpret_cast<const void*>(schedule_kernel<int32_t>),
+                               reinterpret_cast<const void*>(schedule_kernel<int64_t>)}) {
+      cudaFuncAttributes attr{};
+      LYNX_CUDA(cudaFuncGetAttributes(&attr, kernel));
+      dynamic = std::min(dynamic, optin - int(attr.sharedSizeBytes));
+    }
+    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    LYNX_CUDA(cudaFuncSetAttribute(schedule_kernel<int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    return dynamic / int(sizeof(int32_t));
   });
   return l;
 }
 
+// LYNX_SCHEDULE_MIN_WARPS=N (1-16) overrides kMinWarps, for sweeps.
+int32_t min_warps() {
+  static const int32_t v = [] {
+    const char* e = std::getenv("LYNX_SCHEDULE_MIN_WARPS");
+    const int n = e ? std::atoi(e) : 0;
+    return n >= 1 && n <= kMaxWarps ? n : kMinWarps;
+  }();
+  return v;
+}
+
 Plan plan_for(const Problem& p) {
   const DeviceLimits l = device_limits();
-  return make_plan(p.tokens, p.top_k, p.local_experts(), p.num_ranks, l.sm_count, l.max_shared_ints);
+  return make_plan(p.tokens, p.top_k, p.local_experts(), p.num_ranks, l.sm_count, l.max_shared_ints, min_warps());
 }
 
 Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing, const OwnRouting* own,
