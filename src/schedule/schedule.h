@@ -85,6 +85,8 @@ struct DeviceRouting {
 // reported through the status (kExpertOutOfRange or kNonFiniteWeight; an error already set stays), and
 // the ids are copied to int32 (-1 for an id out of range), the copy other ranks and later kernels read.
 // Needs status->first_bad_route = UINT64_MAX (as a workspace starts and as every build leaves it).
+// NOTES: at R > 1 the other ranks read the int32 copy after the routing exchange, so there the check
+// runs before it and the build reads every rank's ids from DeviceRouting (own = null).
 struct OwnRouting {
   const void* topk_ids = nullptr;  // [T*k], int32 or int64
   bool ids_int64 = false;
