@@ -419,8 +419,7 @@ int32_t min_warps() {
   return v;
 }
 
-Plan plan_for(const Problem& p) {
-  const DeviceLimits l = device_limits();
+Plan plan_for(const Problem& p, const DeviceLimits& l) {
   return make_plan(p.tokens, p.top_k, p.local_experts(), p.num_ranks, l.sm_count, l.max_shared_ints, min_warps());
 }
 
@@ -453,12 +452,12 @@ Args make_args(const Problem& p, const Plan& plan, const DeviceRouting& routing,
 
 }  // namespace
 
-int64_t device_scratch_ints(const Problem& p) { return plan_for(p).scratch_ints(); }
+int64_t device_scratch_ints(const Problem& p) { return plan_for(p, device_limits()).scratch_ints(); }
 
 void build_schedule_device(const Problem& p, const DeviceRouting& routing, const DeviceBuffers& buffers,
                            cudaStream_t stream, const OwnRouting* own) {
-  const Plan plan = plan_for(p);
   const DeviceLimits limits = device_limits();
+  const Plan plan = plan_for(p, limits);
   if (int64_t(plan.chunks) * p.num_ranks > limits.sm_count || plan.shared_ints > limits.max_shared_ints) {
     throw Error("", "internal: the schedule's grid (" + std::to_string(plan.chunks) + " x " +
                         std::to_string(p.num_ranks) + " blocks, " + std::to_string(plan.shared_ints * 4) +
