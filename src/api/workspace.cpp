@@ -108,6 +108,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * fused::gather_sync_ints(cap)));
       fused::prepare_expert_gemm_kernels(sm_count);
     }
+    unfused::prepare_glue_kernels();
     LYNX_CUBLAS(cublasCreate(&cublas));
     // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
     // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).

@@ -300,6 +300,17 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 
 }  // namespace
 
+void prepare_glue_kernels() {
+  for (const void* kernel : {reinterpret_cast<const void*>(gather_rows_kernel),
+                             reinterpret_cast<const void*>(scatter_token_rows_kernel),
+                             reinterpret_cast<const void*>(swiglu_forward_kernel),
+                             reinterpret_cast<const void*>(swiglu_backward_kernel),
+                             reinterpret_cast<const void*>(combine_kernel)}) {
+    cudaFuncAttributes attr{};
+    LYNX_CUDA(cudaFuncGetAttributes(&attr, kernel));
+  }
+}
+
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream) {
   const int grid = static_cast<int>(std::min<int64_t>((capacity + kGatherRows - 1) / kGatherRows, 132 * 16));

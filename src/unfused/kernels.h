@@ -12,6 +12,12 @@ namespace lynx::unfused {
 
 using bf16_t = uint16_t;  // bf16 storage; the kernels convert with cuda_bf16.h
 
+// Loads this file's kernels into the current context. NOTES: with lazy module loading (CUDA's
+// default) a kernel is loaded at its first launch, and a load waits for the kernels the device is
+// running: a pass's first combine or SwiGLU backward would hold the host until the GEMMs before it
+// finished. A workspace calls this when it is made.
+void prepare_glue_kernels();
+
 // dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);

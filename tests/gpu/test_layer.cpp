@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "api/test_hooks.h"
 #include "common/bf16.h"
 #include "gpu/gpu_test.h"
+#include "gpu/spin_kernel.h"
 #include "lynx/lynx.h"
 #include "reference/reference.h"
 #include "schedule/schedule_core.h"
@@ -918,8 +920,8 @@ TEST_F(FusedForward, MatchesUnfusedOnALargerShape) {
   expect_fused_forward_matches_unfused({4096, 1024, 512, 32, 4, 256});
 }
 
-// The most tokens the API accepts (2^20, k = 2: 4096 blocks of routing validation, 1024 schedule
-// chunks); a CPU reference at this size would take minutes.
+// The most tokens the API accepts (2^20, k = 2: 2 Mi entries, 128 schedule blocks of 8 rounds each);
+// a CPU reference at this size would take minutes.
 TEST_F(FusedForward, MaxTokensMatchesUnfused) {
   expect_fused_forward_matches_unfused({Limits::kMaxTokens, 64, 64, 8, 2, 0});
 }
@@ -1075,6 +1077,35 @@ TEST_F(FusedForward, StalledScheduleIsReportedNotHung) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run_stalled_schedule(), ::testing::ExitedWithCode(3),
               "timed out in block [0-9]+: wait 7 = schedule blocks.*barrier 1.*\\[context lost\\]");
+}
+
+// A workspace's first forward and backward only queue work: behind a kernel that keeps the GPU busy
+// for 500 ms, both host calls return long before it ends. In a child process, so that no kernel is
+// loaded yet: lazy module loading loads a kernel at its first launch, and a load waits for the kernels
+// running (unfused::prepare_glue_kernels).
+[[noreturn]] void run_first_calls_behind_a_busy_gpu() {
+  const Case c{300, 128, 128, 4, 2, 0};
+  const HostLayer L(c, 7);
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  OutputBuffers out(c);
+  const DeviceBuffer dy = to_device(std::vector<HostBf16>(c.T * c.H, float_to_bf16(1.0f)));
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  test::spin_on_stream(stream, 500'000'000);
+  const auto t0 = std::chrono::steady_clock::now();
+  forward(ws, L.inputs(), out.y_view(), stream);
+  backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), stream);
+  const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ws.check(stream);
+  std::fprintf(stderr, "host %.1f ms\n", host_ms);
+  std::exit(host_ms < 100 ? 0 : 4);
+}
+
+TEST_F(FusedForward, FirstCallsDoNotWaitForTheGpu) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_first_calls_behind_a_busy_gpu(), ::testing::ExitedWithCode(0), "host [0-9.]+ ms");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),
