@@ -3,7 +3,8 @@
 benchmark shapes of ARCHITECTURE.md section 9 at uniform and skewed routing (lynx-bench's), side by
 side with lynx through its PyTorch binding when the `lynx` package is installed (same inputs, same
 process; impl "lynx-python", baseline the PyTorch path), and the PyTorch path's two expert GEMMs
-alone (pass "forward GEMMs alone"). Writes the results
+alone (pass "forward GEMMs alone"). Passes: forward, backward (alone: autograd through one kept
+forward graph) and forward+backward. Writes the results
 format of bench/results and, given --lynx-json (lynx-bench's output from the same device call), prints
 the ratio of each lynx-bench row to the PyTorch path."""
 
@@ -134,6 +135,11 @@ def time_routing(rows, name, routing, flops, x, topk_ids, topk_weights, w_gate, 
         y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
         torch.autograd.grad(y, params, dy)
 
+    def make_bwd():
+        """The backward alone: one forward, untimed, whose graph every timed run goes back through."""
+        y = moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+        return lambda: torch.autograd.grad(y, params, dy, retain_graph=True)
+
     # Activations autograd keeps for backward (plus y itself): allocated after forward minus before.
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -157,13 +163,18 @@ def time_routing(rows, name, routing, flops, x, topk_ids, topk_weights, w_gate, 
                  "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "baseline_impl": None, "baseline_ms": None,
                  "dense_gemm_tflops": None, "kept_for_backward_mib": None})
     del gemms
-    for pass_name, fn, lynx_fn, mult in (("forward", fwd, lynx_fwd, 1),
-                                         ("forward+backward", fwd_bwd, lynx_fwd_bwd, 3)):
+    # NOTES: the backward counts twice the forward's FLOPs; lynx's backward alone comes from lynx-bench
+    # (--lynx-json), the binding's rows are the forward and forward+backward.
+    for pass_name, make_fn, lynx_fn, mult in (("forward", lambda: fwd, lynx_fwd, 1),
+                                              ("backward", make_bwd, None, 2),
+                                              ("forward+backward", lambda: fwd_bwd, lynx_fwd_bwd, 3)):
+        fn = make_fn()
         ms = median_ms(fn, args.warmup, args.iters)
+        del fn
         rows.append({"shape": name, "routing": routing, "pass": pass_name, "impl": "torch-grouped-mm",
                      "ms": ms, "tflops": mult * flops / (ms * 1e-3) / 1e12, "baseline_impl": None,
                      "baseline_ms": None, "dense_gemm_tflops": None, "kept_for_backward_mib": kept_mib})
-        if lynx is not None:
+        if lynx is not None and lynx_fn is not None:
             lms = median_ms(lynx_fn, args.warmup, args.iters)
             lynx.check()
             rows.append({"shape": name, "routing": routing, "pass": pass_name, "impl": "lynx-python",
