@@ -5,7 +5,7 @@ side with lynx through its PyTorch binding when the `lynx` package is installed 
 process; impl "lynx-python", baseline the PyTorch path), and the PyTorch path's two expert GEMMs
 alone (pass "forward GEMMs alone"). Passes: forward, backward (alone: autograd through one kept
 forward graph) and forward+backward. Writes the results
-format of bench/results and, given --lynx-json (lynx-bench's output from the same device call), prints
+format of bench/results and, given --lynx-json (lynx-bench's output from the same run), prints
 the ratio of each lynx-bench row to the PyTorch path."""
 
 import argparse
@@ -191,7 +191,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", help="write results here")
-    parser.add_argument("--lynx-json", help="lynx-bench --json output of the same call, for ratios")
+    parser.add_argument("--lynx-json", help="lynx-bench --json output of the same run, for ratios")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("compare_torch: no CUDA GPU available", file=sys.stderr)

@@ -1,6 +1,6 @@
-"""The table of tools/gpu-ab: from the lynx-bench JSON of every build and round, per (shape, routing,
-pass) the median of each build's rounds, its ratio to the first build, and in how many rounds it was
-the faster of the two. The builds run in turn within a round, so a round compares them at about the
+"""The table of tools/gpu-ab: each build's median time, its ratio to the first and the rounds it won.
+From the lynx-bench JSON of every build and round, per (shape, routing, pass): the median of each
+build's rounds, its ratio to the first build, and in how many rounds it was the faster of the two. The builds run in turn within a round, so a round compares them at about the
 same clock: a build faster in every round is a stronger sign than the medians alone.
   usage: python3 tools/ab_table.py WORK OUT ROUNDS DIR_A DIR_B [DIR ...]
   reads WORK/<build index>-<round>.json, writes OUT/ab.json (every run, with its build and round)"""

@@ -1,8 +1,8 @@
-"""The table of tools/gpu-breakdown: from lynx-bench JSON files of the same passes run in full and with
-each stage left out (LYNX_OMIT, src/api/omit.h), over alternating rounds, what each stage costs within
-its pass: the median of the full pass less the median of the pass without the stage. The variant
-"glue" leaves out every glue stage at once (GLUE), so its row says what the GEMM launches alone take,
-in each pass and in the forward+backward."""
+"""The table of tools/gpu-breakdown: what each stage costs within its pass.
+From lynx-bench JSON files of the same passes run in full and with each stage left out (LYNX_OMIT,
+src/runtime/stages.h), over alternating rounds: the median of the full pass less the median of the pass
+without the stage. The variant "glue" leaves out every glue stage at once (GLUE), so its row says what
+the GEMM launches alone take, in each pass and in the forward+backward."""
 import json
 import statistics
 import sys

@@ -1,8 +1,9 @@
-"""One line from nvidia-smi samples of `clocks.sm, power, clocks_event_reasons.active` (csv, noheader,
-nounits; power is power.draw.instant where the driver has it, else power.draw, a one-second average
-that hides short peaks): the SM clock while busy (above 600 MHz), the board power, the enforced power
-limit when given, and the clock-event reasons seen, decoded from the NVML bit mask. Used by
-tools/gpu-clocks; tested in tests/tools/test_clock_summary.py."""
+"""Summarises nvidia-smi clock samples in one line, for tools/gpu-clocks.
+The samples are of `clocks.sm, power, clocks_event_reasons.active` (csv, noheader, nounits; power is
+power.draw.instant where the driver has it, else power.draw, a one-second average that hides short
+peaks); the line gives the SM clock while busy (above 600 MHz), the board power, the enforced power
+limit when given, and the clock-event reasons seen, decoded from the NVML bit mask. Tested in
+tests/tools/test_clock_summary.py."""
 import statistics
 import sys
 
