@@ -4,7 +4,7 @@
 
 #include "random_fill.h"
 #include "timing.h"
-#include "unfused/grouped_gemm.h"
+#include "kernels/cublas/api.h"
 
 namespace lynx::bench {
 
@@ -18,8 +18,8 @@ DenseRate dense_gemm_rate(int n, const Protocol& p, const GpuClock* clock) {
   fill_uniform_bf16(b, int64_t(elems), 102, 1.0f, nullptr);
   cublasHandle_t handle;
   LYNX_CUBLAS(cublasCreate(&handle));
-  const unfused::Gemm g{false, true, n, n, n, a, n, b, n, c, n};
-  const Timing t = time_pass([&] { unfused::gemm(handle, g, false, nullptr); }, p, nullptr, clock);
+  const blas::Gemm g{false, true, n, n, n, a, n, b, n, c, n};
+  const Timing t = time_pass([&] { blas::gemm(handle, g, false, nullptr); }, p, nullptr, clock);
   cublasDestroy(handle);
   cudaFree(a);
   cudaFree(b);

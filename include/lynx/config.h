@@ -1,4 +1,4 @@
-// lynx: layer shape, tuning knobs, and the pure host functions that resolve them.
+// lynx: layer shape, config, and the pure host functions that check and resolve them.
 #pragma once
 
 #include <cstdint>
@@ -26,17 +26,10 @@ enum class Backend : int32_t {
                  // forward or backward (capturable in CUDA graphs)
 };
 
-// Tuning knobs. A zero means "choose for me" (see resolve_config).
-// NOTES: num_comm_sms, minibatch_rows and ring_rows are for the comm SMs and dispatch ring of
-// ARCHITECTURE.md, which at R = 1 lynx does not use: the expert GEMM's own spare warps gather the rows
-// into the saved-context buffer (docs/design-notes.md). They are resolved and range-checked, and
-// nothing uses them. Every path is deterministic today: `deterministic = false` changes nothing.
+// What a caller may choose. A zero means "choose for me" (see resolve_config). Every path is
+// deterministic: the same inputs give the same bits, every call.
 struct Config {
-  int32_t num_comm_sms = 0;         // reserved: SMs doing dispatch/combine in the persistent kernel
-  int32_t minibatch_rows = 0;       // reserved: rows per minibatch; multiple of kTileRows
-  int64_t ring_rows = 0;            // reserved: rows of the dispatch ring; multiple of minibatch_rows
-  int64_t schedule_capacity = 0;    // most routed rows (after padding) one call may schedule
-  bool deterministic = true;        // bitwise-identical results for identical inputs (always, today)
+  int64_t schedule_capacity = 0;    // most routed rows (after padding) one call may schedule; 0: the worst case
   bool save_forward_context = true; // forward keeps what backward needs (else: recompute_forward_context)
   Backend backend = Backend::kAuto;
 };
@@ -65,11 +58,7 @@ struct DeviceInfo {
 
 // Config with every zero replaced by a concrete choice.
 struct ResolvedConfig {
-  int32_t num_comm_sms;
-  int32_t minibatch_rows;
-  int64_t ring_rows;
   int64_t schedule_capacity;
-  bool deterministic;
   bool save_forward_context;
   Backend backend;
 };
@@ -82,7 +71,7 @@ void validate_shape(const LayerShape& shape);
 int64_t worst_case_schedule_rows(const LayerShape& shape);
 
 // Pure host function: fills the zeros of `config` for `shape` on `device`, and throws lynx::Error
-// naming the field ("config.ring_rows", ...) for values that are out of range.
+// naming the field ("config.schedule_capacity", ...) for values that are out of range.
 ResolvedConfig resolve_config(const LayerShape& shape, const Config& config, const DeviceInfo& device);
 
 }  // namespace lynx

@@ -7,7 +7,7 @@
 namespace lynx {
 
 // Thrown for every invalid argument and every failure the library detects. `argument()` names the
-// argument at fault ("x", "topk_ids", "config.ring_rows", ...) or is empty for runtime failures.
+// argument at fault ("x", "topk_ids", "config.schedule_capacity", ...) or is empty for runtime failures.
 class Error : public std::runtime_error {
  public:
   Error(std::string argument, const std::string& message)

@@ -76,39 +76,9 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
     r.schedule_capacity = std::min(c.schedule_capacity, worst);
   }
 
-  // NOTES: 2048-row minibatches keep one minibatch's gather (2048 x H bf16 = 8 MiB at H = 2048)
-  // well inside L2 while leaving 16+ GEMM tiles per minibatch to spread over the compute SMs.
-  if (c.minibatch_rows == 0) {
-    r.minibatch_rows = static_cast<int32_t>(std::min<int64_t>(2048, r.schedule_capacity));
-  } else {
-    require(c.minibatch_rows > 0 && c.minibatch_rows % kTileRows == 0, "config.minibatch_rows",
-            "must be a positive multiple of " + str(kTileRows) + ", got " + str(c.minibatch_rows));
-    r.minibatch_rows = c.minibatch_rows;
-  }
-
-  // NOTES: four minibatches in flight: one being dispatched, two in the GEMMs, one being combined.
-  if (c.ring_rows == 0) {
-    r.ring_rows = std::min<int64_t>(4 * int64_t(r.minibatch_rows), round_up(r.schedule_capacity, r.minibatch_rows));
-  } else {
-    require(c.ring_rows >= r.minibatch_rows && c.ring_rows % r.minibatch_rows == 0, "config.ring_rows",
-            "must be a positive multiple of minibatch_rows = " + str(r.minibatch_rows) + ", got " + str(c.ring_rows));
-    r.ring_rows = c.ring_rows;
-  }
-
-  // NOTES: provisional until the fused kernels' sweep: one comm SM per 16 SMs, at least 2.
-  if (c.num_comm_sms == 0) {
-    r.num_comm_sms = std::max(2, device.sm_count / 16);
-  } else {
-    require(c.num_comm_sms >= 1 && c.num_comm_sms < device.sm_count, "config.num_comm_sms",
-            "must be in [1, " + str(device.sm_count - 1) + "] on a device of " + str(device.sm_count) + " SMs, got " +
-                str(c.num_comm_sms));
-    r.num_comm_sms = c.num_comm_sms;
-  }
-
   require(c.backend == Backend::kAuto || c.backend == Backend::kUnfused || c.backend == Backend::kFused,
           "config.backend", "unknown backend " + str(static_cast<int64_t>(c.backend)));
   r.backend = c.backend == Backend::kAuto ? Backend::kFused : c.backend;
-  r.deterministic = c.deterministic;
   r.save_forward_context = c.save_forward_context;
   return r;
 }

@@ -1,12 +1,10 @@
 // The public entry points: validate everything on the host, then hand over to the chosen path.
 #include "lynx/moe.h"
 
-#include "api/routing_check.h"
-#include "api/workspace_impl.h"
+#include "baseline/passes.h"
 #include "lynx/error.h"
-#include "fused/backward.h"
-#include "fused/forward.h"
-#include "unfused/unfused.h"
+#include "runtime/fused_passes.h"
+#include "runtime/workspace.h"
 
 namespace lynx {
 namespace {
@@ -47,7 +45,7 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
     if (w.config.backend == Backend::kFused) {
       fused::forward(w, in, y, stream);
     } else {
-      unfused::forward(w, in, y, stream);
+      baseline::forward(w, in, y, stream);
     }
   });
   ++w.forward_calls;
@@ -61,7 +59,7 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
     if (w.config.backend == Backend::kFused) {
       fused::recompute_forward_context(w, in, stream);
     } else {
-      unfused::recompute_forward_context(w, in, stream);
+      baseline::recompute_forward_context(w, in, stream);
     }
   });
 }
@@ -76,7 +74,7 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
     if (w.config.backend == Backend::kFused) {
       fused::backward(w, in, dy, grads, stream);
     } else {
-      unfused::backward(w, in, dy, grads, stream);
+      baseline::backward(w, in, dy, grads, stream);
     }
   });
   ++w.backward_calls;

@@ -6,6 +6,9 @@
 
 namespace lynx {
 
+// bf16 storage in device buffers and kernel arguments (the kernels convert with cuda_bf16.h).
+using bf16_t = uint16_t;
+
 struct HostBf16 {
   uint16_t bits;
 };

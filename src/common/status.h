@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace lynx {
 
@@ -32,5 +33,9 @@ struct DeviceStatus {
   // the barriers (common/last_block.cuh). Zero between builds: the last block sets it back.
   uint32_t counted_blocks;
 };
+
+// A readable sentence for a status reported by a kernel; empty for kOk. `top_k` turns flat routing
+// indices back into [t, j].
+std::string describe_status(const DeviceStatus& status, int64_t top_k);
 
 }  // namespace lynx

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "schedule/schedule.h"
+#include "kernels/schedule/api.h"
 
 namespace lynx::sched::test {
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "common/schedule_routing.h"
-#include "schedule/schedule.h"
-#include "schedule/schedule_core.h"
-#include "schedule/schedule_plan.h"
+#include "kernels/schedule/api.h"
+#include "kernels/schedule/core.h"
+#include "plan/schedule.h"
 
 namespace lynx::sched {
 namespace {
@@ -281,36 +281,36 @@ TEST(Schedule, IdsOutsideRangeAreNotLocal) {
   }
 }
 
-// The device builder's plan (schedule_plan.h): every block resident at once, warps within the shared
+// The device builder's plan (plan/schedule.h): every block resident at once, warps within the shared
 // memory, every entry in exactly one chunk, whole rounds per chunk.
 constexpr int32_t kH200Sms = 132;
 constexpr int64_t kH200SharedInts = 232448 / 4;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
 
 TEST(SchedulePlan, TargetShapes) {
-  const Plan qwen3 = make_plan(8192, 8, 128, 1, kH200Sms, kH200SharedInts);  // 65536 entries
+  const SchedulePlan qwen3 = plan::make_schedule_plan(8192, 8, 128, 1, kH200Sms, kH200SharedInts);  // 65536 entries
   EXPECT_EQ(qwen3.warps, 4);
   EXPECT_EQ(qwen3.chunk_entries, 512);
   EXPECT_EQ(qwen3.chunks, 128);
   EXPECT_EQ(qwen3.pairs, 128);
   EXPECT_EQ(qwen3.scratch_ints(), 128 * 128 + 128);
-  const Plan deepseek = make_plan(4096, 8, 256, 1, kH200Sms, kH200SharedInts);
+  const SchedulePlan deepseek = plan::make_schedule_plan(4096, 8, 256, 1, kH200Sms, kH200SharedInts);
   EXPECT_EQ(deepseek.warps, 4);
   EXPECT_EQ(deepseek.chunks, 64);
-  const Plan sixteen = make_plan(8192, 8, 128, 1, kH200Sms, kH200SharedInts, kMaxWarps);
+  const SchedulePlan sixteen = plan::make_schedule_plan(8192, 8, 128, 1, kH200Sms, kH200SharedInts, kMaxWarps);
   EXPECT_EQ(sixteen.warps, kMaxWarps);
   EXPECT_EQ(sixteen.chunks, 32);
 }
 
 TEST(SchedulePlan, ChunksGrowUntilTheGridFits) {
-  const Plan many = make_plan(65536, 8, 128, 1, kH200Sms, kH200SharedInts);  // 512 Ki entries: 2 rounds of 16 warps
+  const SchedulePlan many = plan::make_schedule_plan(65536, 8, 128, 1, kH200Sms, kH200SharedInts);  // 512 Ki entries: 2 rounds of 16 warps
   EXPECT_EQ(many.warps, kMaxWarps);
   EXPECT_EQ(many.chunk_entries, 4096);
   EXPECT_EQ(many.chunks, 128);
-  const Plan p = make_plan(131072, 8, 4096, 1, kH200Sms, kH200SharedInts);  // 1 Mi entries
+  const SchedulePlan p = plan::make_schedule_plan(131072, 8, 4096, 1, kH200Sms, kH200SharedInts);  // 1 Mi entries
   EXPECT_EQ(p.chunk_entries, 8192);
   EXPECT_EQ(p.chunks, 128);
   EXPECT_EQ(p.warps, 8);  // 16 warps' counts of 4096 experts would take 311 KB
-  const Plan ranks = make_plan(8192, 8, 2, 64, kH200Sms, kH200SharedInts);  // 64 sources share the grid
+  const SchedulePlan ranks = plan::make_schedule_plan(8192, 8, 2, 64, kH200Sms, kH200SharedInts);  // 64 sources share the grid
   EXPECT_EQ(ranks.chunks, 2);
   EXPECT_EQ(ranks.chunk_entries, 32768);
 }
@@ -324,7 +324,7 @@ TEST(SchedulePlan, Invariants) {
           for (int32_t sms : {64, 114, 132}) {
             SCOPED_TRACE(std::to_string(T) + " " + std::to_string(k) + " " + std::to_string(E_loc) + " " +
                          std::to_string(R) + " " + std::to_string(sms));
-            const Plan p = make_plan(T, k, E_loc, R, sms, kH200SharedInts);
+            const SchedulePlan p = plan::make_schedule_plan(T, k, E_loc, R, sms, kH200SharedInts);
             EXPECT_EQ(p.entries, T * k);
             EXPECT_GE(p.chunks, 1);
             EXPECT_LE(p.chunks, kMaxChunks);

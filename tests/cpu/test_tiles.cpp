@@ -1,4 +1,5 @@
-// The expert GEMM kernel's tile schedule (src/fused/tile_scheduler.h) on random padded schedules.
+// The expert GEMM kernel's tile schedule (kernels/expert_gemm/tile_scheduler.h) on random padded
+// schedules, and the plan's tiling and gather rules (plan/tiles.h, plan/gather.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,12 +8,14 @@
 #include <tuple>
 #include <vector>
 
-#include "fused/gather_plan.h"
-#include "fused/tile_scheduler.h"
-#include "schedule/schedule_core.h"
+#include "plan/gather.h"
+#include "kernels/expert_gemm/tile_scheduler.h"
+#include "kernels/schedule/core.h"
 
-namespace lynx::fused {
+namespace lynx::gemm {
 namespace {
+
+using namespace lynx::plan;  // the rules: choose_tile_order, gather_token_major, ...
 
 // Padded expert offsets for random row counts (some experts empty), like the schedule builder's.
 std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows) {
@@ -442,4 +445,4 @@ TEST(TileSchedule, ExpertOfRowSkipsEmptyExperts) {
 }
 
 }  // namespace
-}  // namespace lynx::fused
+}  // namespace lynx::gemm

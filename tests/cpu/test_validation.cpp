@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "api/routing_check.h"
+#include "kernels/schedule/routing_check.h"
 #include "lynx/lynx.h"
 
 namespace lynx {

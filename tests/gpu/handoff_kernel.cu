@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "fused/sm90.cuh"
+#include "device/sm90.cuh"
 #include "gpu/gpu_test.h"
 
 namespace lynx::test {
@@ -15,8 +15,7 @@ constexpr int32_t kNoTile = -1;
 __device__ int32_t tile_stages(int32_t id) { return id == kDone ? 1 : 1 + id % 3; }
 
 __global__ void __launch_bounds__(384, 1) tile_handoff_kernel(int32_t tiles, int32_t* seen) {
-  namespace sm90 = fused::sm90;
-  __shared__ uint64_t full[kStages], empty[kStages];
+    __shared__ uint64_t full[kStages], empty[kStages];
   __shared__ int32_t stage_tile[kStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {

@@ -1,4 +1,4 @@
-// The row gather (unfused::gather_rows, used by both paths for x and dy) against a host gather, bit for
+// The row gather (glue::gather_rows, used by both paths for x and dy) against a host gather, bit for
 // bit: every source value encodes its token and column, so a row copied from the wrong token or a
 // piece placed at the wrong column differs. Widths from one 128-byte row to deepseek-v3's 14336 bytes.
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gpu/gpu_test.h"
-#include "unfused/kernels.h"
+#include "kernels/glue/api.h"
 
 namespace lynx::test {
 namespace {
@@ -50,7 +50,7 @@ Result gather(int64_t width, int64_t total, int64_t capacity, uint32_t seed) {
   DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
   DeviceBuffer d_dst(size_t(rows * width) * sizeof(uint16_t));
   d_dst.fill_bytes(0xFF);
-  unfused::gather_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slots.as<int32_t>(), d_total.as<int32_t>(),
+  glue::gather_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slots.as<int32_t>(), d_total.as<int32_t>(),
                        capacity, top_k, width, nullptr);
   LYNX_TEST_CUDA(cudaGetLastError());
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
@@ -90,7 +90,7 @@ TEST_F(GatherRowsLong, SecondGridPass) {
   expect_equal(gather(64, 9000, 9088, seed), 64);
 }
 
-// unfused::scatter_token_rows, the token-major form: a schedule-like layout of 128-row blocks, each
+// glue::scatter_token_rows, the token-major form: a schedule-like layout of 128-row blocks, each
 // with its rows first (none, a few, about half, all), each slot of a local expert on one row, a fifth
 // of the slots on no row (another rank's expert). Padding rows that no row GEMM reads (past the
 // 16-row group of a block's last row when it ends in the first half, and the halves without rows)
@@ -145,7 +145,7 @@ Result scatter(int64_t width, int64_t blocks, bool over_capacity, uint32_t seed)
   DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(rows)});
   DeviceBuffer d_dst(size_t(rows * width) * sizeof(uint16_t));
   d_dst.fill_bytes(0xFF);
-  unfused::scatter_token_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slot_row.as<int32_t>(), d_slots.as<int32_t>(),
+  glue::scatter_token_rows(d_dst.as<uint16_t>(), d_src.as<uint16_t>(), d_slot_row.as<int32_t>(), d_slots.as<int32_t>(),
                               d_total.as<int32_t>(), capacity, l.tokens, top_k, width, nullptr);
   LYNX_TEST_CUDA(cudaGetLastError());
   LYNX_TEST_CUDA(cudaDeviceSynchronize());

@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "api/test_hooks.h"
+#include "experiments/test_hooks.h"
 #include "common/bf16.h"
 #include "gpu/gpu_test.h"
 #include "gpu/spin_kernel.h"
 #include "lynx/lynx.h"
 #include "reference/reference.h"
-#include "schedule/schedule_core.h"
+#include "kernels/schedule/core.h"
 
 namespace lynx {
 namespace {
@@ -665,7 +665,7 @@ TEST_F(KernelGather, ThrottledWithRecomputedContext) {
   check_against_reference({300, 192, 192, 8, 2, 0}, fresh_seed(), c, /*recompute=*/true, 0, 2, 1);
 }
 
-// The token-major gather kernel before each GEMM (unfused::scatter_token_rows) against the in-kernel
+// The token-major gather kernel before each GEMM (glue::scatter_token_rows) against the in-kernel
 // gather: the same bits in every output, the reference matched, padding rows exact zeros in buffers
 // poisoned with NaN. Random routing with a shared expert, tails folded (1096 rows, cyclic), k = 1,
 // and more tokens than the kernel's token blocks (a second pass of their loop).
@@ -1082,7 +1082,7 @@ TEST_F(FusedForward, StalledScheduleIsReportedNotHung) {
 // A workspace's first forward and backward only queue work: behind a kernel that keeps the GPU busy
 // for 500 ms, both host calls return long before it ends. In a child process, so that no kernel is
 // loaded yet: lazy module loading loads a kernel at its first launch, and a load waits for the kernels
-// running (unfused::prepare_glue_kernels).
+// running (glue::prepare_glue_kernels).
 [[noreturn]] void run_first_calls_behind_a_busy_gpu() {
   const Case c{300, 128, 128, 4, 2, 0};
   const HostLayer L(c, 7);

@@ -13,7 +13,8 @@
 
 #include "common/schedule_routing.h"
 #include "gpu/gpu_test.h"
-#include "schedule/schedule.h"
+#include "kernels/schedule/api.h"
+#include "plan/schedule.h"
 
 namespace lynx::sched {
 namespace {
@@ -43,18 +44,25 @@ struct DeviceOutput {
   }
 };
 
+// The launch plan a workspace makes for problem `p` on this device.
+SchedulePlan plan_of(const Problem& p) {
+  const LaunchLimits l = launch_limits();
+  return plan::make_schedule_plan(p.tokens, p.top_k, p.local_experts(), p.num_ranks, l.sm_count, l.max_shared_ints);
+}
+
 // Device buffers of one rank's schedule (each kGuard ints longer than needed) and the ranks' ids.
 class DeviceSchedule {
  public:
   DeviceSchedule(const Routing& g, int32_t rank, int64_t capacity)
       : p_(g.problem(rank, capacity)),
+        plan_(plan_of(p_)),
         row_token_slot_(bytes(capacity)),
         row_src_rank_(bytes(capacity)),
         expert_offset_(bytes(g.local_experts() + 1)),
         expert_rows_(bytes(g.local_experts())),
         block_offset_(bytes(g.local_experts() + 1)),
         slot_row_(bytes(g.entries())),
-        scratch_(bytes(device_scratch_ints(p_))),
+        scratch_(bytes(plan_.scratch_ints())),
         status_(sizeof(DeviceStatus)) {
     set_routing(g);
   }
@@ -83,7 +91,7 @@ class DeviceSchedule {
                     expert_rows_.as<int32_t>(), block_offset_.as<int32_t>(), slot_row_.as<int32_t>(),
                     scratch_.as<int32_t>(),
                     status_.as<DeviceStatus>()};
-    build_schedule_device(p_, routing_, b, stream);
+    build_schedule_device(p_, plan_, routing_, b, stream);
   }
 
   DeviceOutput build(cudaStream_t stream) {
@@ -113,6 +121,7 @@ class DeviceSchedule {
   static std::vector<int32_t> ints(const DeviceBuffer& b) { return lynx::test::to_host<int32_t>(b, b.bytes() / 4); }
 
   Problem p_;
+  SchedulePlan plan_;
   DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, block_offset_, slot_row_, scratch_, status_;
   std::vector<DeviceBuffer> ids_;
   DeviceRouting routing_{};
@@ -152,7 +161,7 @@ void check_output(const DeviceOutput& d, const HostSchedule& h, const HostResult
   EXPECT_EQ(compare(d.expert_rows, {}, E_loc, E_loc + kGuard, fill), "") << "expert_rows guard";
   EXPECT_EQ(compare(d.block_offset, h.block_offset, 0, E_loc + 1), "") << "block_offset";
   EXPECT_EQ(compare(d.block_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "block_offset guard";
-  const int64_t scratch_ints = device_scratch_ints(p);
+  const int64_t scratch_ints = plan_of(p).scratch_ints();
   EXPECT_EQ(compare(d.scratch, {}, scratch_ints, scratch_ints + kGuard, fill), "") << "scratch guard";
   // The build's last block sets its barrier and arrival counters back for the next build.
   EXPECT_EQ(d.status.schedule_arrivals, 0) << "schedule_arrivals";

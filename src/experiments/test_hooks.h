@@ -1,0 +1,103 @@
+// Hooks for tests only (the experiments build): not part of the public API.
+#pragma once
+
+#if !LYNX_EXPERIMENTS
+#error "test hooks exist only in the experiments build (CMake option LYNX_EXPERIMENTS)"
+#endif
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "kernels/expert_gemm/api.h"
+#include "runtime/workspace.h"
+
+namespace lynx::test_hooks {
+
+// Makes the fused forward's gate/up kernel never load tile `task` (-1 turns the hook off), so that its
+// bounded waits must time out and report instead of hanging.
+inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_task = task; }
+
+// The plan's overrides (plan/overrides.h) for this workspace, -1 (or 0) for the rule: the small test
+// shapes then take the choices a benchmark shape would, or each choice's other branch.
+// Runs every row-mode expert GEMM as cluster units (1), as single CTAs (0), or as the rule decides (-1).
+inline void set_gemm_clusters(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_clusters = v; ws.impl().replan(); }
+// Swapped products for warpgroups of 1-16 rows always (1), never (0), or by the rule (-1).
+inline void set_gemm_swapped(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_swapped = v; ws.impl().replan(); }
+// Folds tails of 1-kFoldRows rows into the row block before them (1), never (0), or by the rule (-1).
+inline void set_gemm_fold(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_fold = v; ws.impl().replan(); }
+// Walks every expert GEMM's tiles in order from the ticket (1), as the static round robin (0), or by
+// the rule (-1).
+inline void set_gemm_order(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_order = v; ws.impl().replan(); }
+// Launches the expert GEMMs on `sm_count` CTAs (0: every SM), so that a few CTAs, or one cluster, walk
+// many tiles: pipeline phases and the unit mailbox's slots wrap many times.
+inline void set_gemm_sm_count(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_sm_count = v; ws.impl().replan(); }
+// The in-kernel gather may run only `blocks` row blocks ahead of the tiles begun (0: the rule), so
+// that small test shapes exercise its throttle.
+inline void set_gather_lookahead(Workspace& ws, int32_t v) {
+  ws.impl().overrides.gather_lookahead = v;
+  ws.impl().replan();
+}
+// Gathers the fused launches' rows token-major in a kernel before each GEMM (1), in the GEMMs or the
+// row-major kernel (0), or by the rule (-1: token-major for the small test shapes, whose launches have
+// fewer than 1024 columns).
+inline void set_gather_token_major(Workspace& ws, int32_t v) {
+  ws.impl().overrides.gather_token_major = v;
+  ws.impl().replan();
+}
+
+// The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),
+// so that the producer's bounded wait for them must time out and report instead of hanging.
+inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }
+
+// Schedule block `block` (in the grid's x-fastest order) never arrives at the builder's first grid
+// barrier (-1 turns the hook off), so that the other blocks' bounded wait must time out and report.
+inline void set_schedule_stall_block(Workspace& ws, int32_t block) { ws.impl().schedule.test_stall_block = block; }
+
+// "" when every counter that a kernel's last block (or CTA) sets back is at rest: the schedule
+// builder's barrier and arrival counters at zero, first_bad_route at UINT64_MAX, the
+// GEMM's tile tickets and (fused) the in-kernel gather's counters at zero; else what is not.
+// Synchronises the device.
+inline std::string counters_not_at_rest(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  LYNX_CUDA(cudaDeviceSynchronize());
+  DeviceStatus st{};
+  LYNX_CUDA(cudaMemcpy(&st, w.status, sizeof(st), cudaMemcpyDeviceToHost));
+  std::string bad;
+  if (st.schedule_arrivals != 0) bad += " schedule_arrivals=" + std::to_string(st.schedule_arrivals);
+  if (st.counted_blocks != 0) bad += " counted_blocks=" + std::to_string(st.counted_blocks);
+  if (st.first_bad_route != ~0ull) bad += " first_bad_route=" + std::to_string(st.first_bad_route);
+  int32_t tickets[2] = {};
+  LYNX_CUDA(cudaMemcpy(tickets, w.gemm_tickets, sizeof(tickets), cudaMemcpyDeviceToHost));
+  if (tickets[0] != 0 || tickets[1] != 0) bad += " gemm_tickets";
+  if (w.gather_sync) {
+    std::vector<int32_t> sync(gemm::gather_sync_ints(w.problem.capacity));
+    LYNX_CUDA(cudaMemcpy(sync.data(), w.gather_sync, sync.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < sync.size(); ++i) {
+      if (sync[i] != 0) {
+        bad += " gather_sync[" + std::to_string(i) + "]=" + std::to_string(sync[i]);
+        break;
+      }
+    }
+  }
+  return bad;
+}
+
+// Fills the per-row buffers ([capacity, ...], padding rows included) with bf16 NaN (0xFFFF), so that a
+// padding row a kernel should have zeroed turns the gradients it feeds into NaN instead of reading
+// the zeros fresh device memory often holds. Synchronous.
+inline void poison_row_buffers(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  const int64_t cap = w.problem.capacity, H = w.shape.hidden, I = w.shape.intermediate;
+  const std::pair<void*, int64_t> buffers[] = {
+      {w.un.xg, cap * H}, {w.un.g, cap * I},      {w.un.u, cap * I},      {w.un.h, cap * I},
+      {w.un.rows_a, cap * H}, {w.un.rows_b, cap * H}, {w.un.da, cap * I}, {w.un.dg, cap * I},
+      {w.un.du, cap * I},     {w.fb.dgu, cap * 2 * I}};
+  for (const auto& [ptr, count] : buffers) {
+    if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(count) * sizeof(uint16_t)));
+  }
+  LYNX_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace lynx::test_hooks

@@ -1,0 +1,63 @@
+// Row-major bf16 GEMMs through cuBLAS: one dense product, or many independent ones in a single
+// grouped call (cublasGemmGroupedBatchedEx), all with fp32 accumulation.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+
+namespace lynx::blas {
+
+// Row-major C[m, n] = alpha · op(A) · op(B) + beta · C, with op(X) = X or Xᵀ as stored; A and B bf16,
+// C bf16 or fp32 (c_fp32). `lda`, `ldb`, `ldc` are the row lengths of the stored matrices. beta is
+// 0 or 1; k == 0 is allowed (C = beta · C).
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int lda = 0;
+  const void* b = nullptr;
+  int ldb = 0;
+  void* c = nullptr;
+  int ldc = 0;
+  float beta = 0.0f;
+};
+
+void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream);
+
+// The products of a batch that run() issues (m, n and k non-zero), and their mean FLOPs.
+struct Batch {
+  int64_t products = 0;
+  double mean_flops = 0;
+};
+Batch batch_of(const std::vector<Gemm>& products);
+
+// Runs many products of the same C dtype: one cublasGemmEx each, or (`grouped`) one
+// cublasGemmGroupedBatchedEx call (plan/gemm_strategy.h chooses). The device array of operand pointers
+// comes from a pool recycled by begin_pass(), to be called only where every grouped call issued before
+// has finished (the unfused path calls it right after its stream synchronisation); when the pool runs
+// out between two such points, run() synchronises the stream itself and starts over.
+class GroupedGemm {
+ public:
+  explicit GroupedGemm(int64_t max_products_per_pass);
+  ~GroupedGemm();
+  GroupedGemm(const GroupedGemm&) = delete;
+  GroupedGemm& operator=(const GroupedGemm&) = delete;
+
+  void begin_pass() { cursor_ = 0; }
+  // Products with m or n == 0 are skipped; a product with k == 0 sets C to zero (beta must be 0 or 1,
+  // and with beta == 1 it leaves C as it is).
+  void run(cublasHandle_t handle, const std::vector<Gemm>& products, bool c_fp32, bool grouped,
+           cudaStream_t stream);
+
+ private:
+  int64_t capacity_;      // pointers per operand
+  int64_t cursor_ = 0;    // products used since begin_pass
+  const void** host_ = nullptr;    // pinned, [3 * capacity_]
+  const void** device_ = nullptr;  // [3 * capacity_]
+};
+
+}  // namespace lynx::blas

@@ -1,0 +1,55 @@
+// The small kernels of the unfused path: routing validation, gather, SwiGLU, combine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/bf16.h"
+#include "common/status.h"
+
+namespace lynx::glue {
+
+
+// Loads this file's kernels into the current context. NOTES: with lazy module loading (CUDA's
+// default) a kernel is loaded at its first launch, and a load waits for the kernels the device is
+// running: a pass's first combine or SwiGLU backward would hold the host until the GEMMs before it
+// finished. A workspace calls this when it is made.
+void prepare_glue_kernels();
+
+// dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
+void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
+                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
+
+// The same rows as gather_rows, token-major: dst[slot_row[t*k + j], :] = src[t, :] for every slot of a
+// local expert (slot_row >= 0), each src row read once; the padding rows below *total_rows that a row
+// GEMM's tile reads (sched::core::padding_row_read) get zeros, the others are not written. Writes
+// nothing when *total_rows exceeds capacity. The fused path's gather; the unfused path keeps
+// gather_rows (zeros in every padding row).
+void scatter_token_rows(bf16_t* dst, const bf16_t* src, const int32_t* slot_row, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t tokens, int64_t top_k, int64_t width,
+                        cudaStream_t stream);
+
+// h = silu(g) ⊙ u over [rows, width]; rows that are padding (row_token_slot < 0) or at/after
+// *total_rows are skipped. row_token_slot and total_rows may be null: every row is valid.
+void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* row_token_slot,
+                    const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
+
+// Per valid row with router weight w (topk_weights[row_token_slot[row]], or 1 when topk_weights is
+// null), from da = dL/d(unweighted expert hidden) and the saved g, u:
+//   d_topk_weights[slot] = <da, silu(g) ⊙ u>   (fixed-order fp32 sum; skipped when null)
+//   dg = w·da ⊙ u ⊙ silu'(g),  du = w·da ⊙ silu(g),  hw = w · silu(g) ⊙ u   (hw skipped when null)
+// Padding rows (row_token_slot < 0) below *total_rows get zeros in dg, du and hw.
+// dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
+// are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
+void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
+                     const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
+                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
+
+// out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
+// base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.
+// Writes nothing when `status` reports an error (the schedule behind slot_row is then not valid).
+void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
+             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream);
+
+}  // namespace lynx::glue

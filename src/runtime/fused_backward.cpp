@@ -1,0 +1,92 @@
+#include "kernels/expert_gemm/api.h"
+#include "kernels/glue/api.h"
+#include "runtime/fused_launch.h"
+#include "runtime/fused_passes.h"
+#include "runtime/stages.h"
+#include "runtime/steps.h"
+
+namespace lynx::fused {
+
+void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+              cudaStream_t s) {
+  require_context(w, in);
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, k = sh.top_k, Is = sh.shared_intermediate;
+  const int64_t E = sh.local_experts(), cap = w.problem.capacity;
+  const int32_t* total = w.device_total_rows();
+  const int32_t* slots = w.schedule.row_token_slot;
+  bf16_t* dyg = w.un.rows_a;  // [cap, H]  gathered dy rows (zeros on padding rows)
+  bf16_t* dxe = w.un.rows_b;  // [cap, H]  per-row dx
+  bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
+
+  enqueue_shared_backward(w, in, dy, grads, s);
+  const bool gather = !omitted(Stage::kDyGather, w.backward_calls);
+  const plan::GatherPlace place = w.plan.da_gather;
+  if (gather) queue_gather_kernel(place, w, dy, dyg, s);
+
+  gemm::ExpertGemmArgs g = expert_gemm_args(w, w.plan.da);
+
+  // da = dy_row · w_down[e]   ([n, H] · [H, I], w_down read as stored: N-major)
+  g.a = dyg;
+  g.k = H;
+  g.b0 = data_of<const bf16_t>(in.weights.w_down);
+  g.n = I;
+  g.out = w.un.da;
+  if (!omitted(Stage::kDgradDown, w.backward_calls)) {
+    gemm::ExpertGemmArgs da = g;
+    if (gather && place == plan::GatherPlace::kInGemm) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
+    gemm::expert_gemm_n_major(da, s);
+  }
+
+  // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
+  if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
+    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g,
+                             w.un.u, data_of<const float>(in.topk_weights), slots, total, cap, I, s);
+  }
+
+  // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
+  g.launch = w.plan.dx;
+  g.a = dgu;
+  g.k = 2 * I;
+  g.b0 = data_of<const bf16_t>(in.weights.w_gate);
+  g.b1 = data_of<const bf16_t>(in.weights.w_up);
+  g.k_split = I;
+  g.n = H;
+  g.out = dxe;
+  if (!omitted(Stage::kDgradGateUp, w.backward_calls)) gemm::expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDxCombine, w.backward_calls)) {
+    glue::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k,
+                     H, w.status, s);
+  }
+
+  // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
+  gemm::WeightGradArgs wg;
+  wg.capacity = cap;
+  wg.experts = E;
+  wg.expert_offset = g.expert_offset;  // the launch settings of the row GEMMs (expert_gemm_args)
+  wg.expert_rows = w.schedule.expert_rows;
+  wg.status = g.status;
+  wg.tickets = g.tickets;
+  wg.sm_count = g.sm_count;
+  wg.in_order = w.plan.weight_grad_in_order;
+  // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
+  wg.a = dgu;
+  wg.m = 2 * I;
+  wg.b = w.un.xg;
+  wg.n = H;
+  wg.split = I;
+  wg.out = data_of<bf16_t>(grads.dw_gate);
+  wg.out2 = data_of<bf16_t>(grads.dw_up);
+  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+  // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
+  wg.a = dyg;
+  wg.m = H;
+  wg.b = w.un.h;
+  wg.n = I;
+  wg.split = 0;
+  wg.out = data_of<bf16_t>(grads.dw_down);
+  wg.out2 = nullptr;
+  if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+}
+
+}  // namespace lynx::fused

@@ -1,0 +1,94 @@
+#include "kernels/glue/api.h"
+#include "runtime/fused_launch.h"
+#include "runtime/fused_passes.h"
+#include "runtime/stages.h"
+#include "runtime/steps.h"
+
+namespace lynx::fused {
+
+gemm::ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w, const gemm::RowLaunch& launch) {
+  gemm::ExpertGemmArgs a;
+  a.capacity = w.problem.capacity;
+  a.experts = w.shape.local_experts();
+  a.expert_offset = w.schedule.expert_offset;
+  a.expert_rows = w.schedule.expert_rows;
+  a.block_offset = w.schedule.block_offset;
+  a.status = w.stall_report_device;
+  a.tickets = w.gemm_tickets;
+  a.sm_count = w.plan.gemm_sm_count;
+  a.launch = launch;
+#if LYNX_EXPERIMENTS
+  a.gather_stall_block = w.test_gather_stall_block;
+#endif
+  return a;
+}
+
+void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows) {
+  a.gather_src = data_of<const bf16_t>(rows);
+  a.row_token_slot = w.schedule.row_token_slot;
+  a.top_k = w.shape.top_k;
+  a.gather_sync = w.gather_sync;
+}
+
+void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
+                         cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  if (place == plan::GatherPlace::kTokenKernel) {
+    glue::scatter_token_rows(dst, data_of<const bf16_t>(rows), w.schedule.slot_row, w.schedule.row_token_slot,
+                             w.device_total_rows(), w.problem.capacity, sh.tokens, sh.top_k, sh.hidden, s);
+  } else if (place == plan::GatherPlace::kRowKernel) {
+    glue::gather_rows(dst, data_of<const bf16_t>(rows), w.schedule.row_token_slot, w.device_total_rows(),
+                      w.problem.capacity, sh.top_k, sh.hidden, s);
+  }
+}
+
+namespace {
+
+// Dispatch and the gate/up GEMM with SwiGLU: h, and with `keep_gate_up` everything backward needs
+// (g and u saved).
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
+  w.context_valid = false;
+  const bool gather = !omitted(Stage::kGather, w.forward_calls);
+  enqueue_dispatch(w, in, s, false);
+  gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.gate_up);
+  a.a = w.un.xg;
+  const plan::GatherPlace place = w.plan.gate_up_gather;
+  if (gather) queue_gather_kernel(place, w, in.x, w.un.xg, s);
+  if (gather && place == plan::GatherPlace::kInGemm) gather_rows_in(a, w, in.x);
+  a.k = w.shape.hidden;
+  a.b0 = data_of<const bf16_t>(in.weights.w_gate);
+  a.b1 = data_of<const bf16_t>(in.weights.w_up);
+  a.n = w.shape.intermediate;
+  a.out = w.un.h;
+  // NOTES: without a saved context the gate and up products are not stored: a third of the gate/up
+  // kernel's output bytes each (forward for inference, or training that recomputes before backward).
+  a.out_gate = keep_gate_up ? w.un.g : nullptr;
+  a.out_up = keep_gate_up ? w.un.u : nullptr;
+#if LYNX_EXPERIMENTS
+  a.stall_task = w.test_stall_task;
+#endif
+  if (!omitted(Stage::kGateUp, w.forward_calls)) gemm::expert_gemm_swiglu(a, s);
+  w.context = ContextKey::of(in);
+}
+
+}  // namespace
+
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  forward_context(w, in, s, true);
+  w.context_valid = true;
+}
+
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  forward_context(w, in, s, w.config.save_forward_context);
+  gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.down);
+  a.a = w.un.h;
+  a.k = w.shape.intermediate;
+  a.b0 = data_of<const bf16_t>(in.weights.w_down);
+  a.n = w.shape.hidden;
+  a.out = w.un.rows_a;
+  if (!omitted(Stage::kDown, w.forward_calls)) gemm::expert_gemm(a, s);
+  enqueue_shared_and_combine(w, in, y, s);
+  w.context_valid = w.config.save_forward_context;
+}
+
+}  // namespace lynx::fused

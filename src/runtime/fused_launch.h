@@ -1,0 +1,22 @@
+// What the fused passes share: the expert GEMM arguments a workspace fills in, and the gathers of rows
+// into schedule order that the plan places before a launch or inside it.
+#pragma once
+
+#include "kernels/expert_gemm/api.h"
+#include "runtime/workspace.h"
+
+namespace lynx::fused {
+
+// The fields of gemm::ExpertGemmArgs that come from the workspace (schedule, status, tickets, grid),
+// with the launch choices `launch` of the plan.
+gemm::ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w, const gemm::RowLaunch& launch);
+
+// Makes the launch of `a` gather its A rows (into a.a, schedule order) from `rows` ([T, K]) itself.
+void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows);
+
+// Queues the gather of `rows` ([T, K]) into `dst` (schedule order) where the plan puts it in a kernel
+// before the launch; nothing for plan::GatherPlace::kInGemm (gather_rows_in then).
+void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
+                         cudaStream_t s);
+
+}  // namespace lynx::fused

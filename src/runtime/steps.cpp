@@ -1,0 +1,95 @@
+#include "runtime/steps.h"
+
+#include "common/cuda_check.h"
+#include "kernels/glue/api.h"
+#include "runtime/stages.h"
+
+namespace lynx {
+namespace {
+
+int to_int(int64_t v) { return static_cast<int>(v); }
+
+}  // namespace
+
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
+    w.counts_on_host = false;
+  sched::OwnRouting own;
+  own.topk_ids = in.topk_ids.data;
+  own.ids_int64 = in.topk_ids.dtype == DType::kI64;
+  own.topk_weights = data_of<const float>(in.topk_weights);
+  own.ids32 = w.ids32;
+  sched::DeviceRouting routing{};
+  routing.topk_ids[0] = w.ids32;
+  sched::build_schedule_device(w.problem, w.plan.schedule, routing, w.schedule, s, &own);
+  if (gather_rows && !omitted(Stage::kGather, w.forward_calls)) {
+    glue::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
+                         w.problem.capacity, k, H, s);
+  }
+  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
+    blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                             in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);
+    blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                             in.weights.ws_up.data, to_int(H), w.un.us, to_int(Is)}, false, s);
+  }
+}
+
+void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
+  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
+    glue::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
+    blas::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
+                             in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
+  }
+  if (omitted(Stage::kCombine, w.forward_calls)) return;
+  glue::combine(data_of<bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
+                   Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
+}
+
+void fetch_counts(Workspace::Impl& w, cudaStream_t s) {
+  const int64_t E_loc = w.problem.local_experts();
+  LYNX_CUDA(cudaMemcpyAsync(w.counts_host, w.schedule.expert_offset, sizeof(int32_t) * (E_loc + 1),
+                            cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaMemcpyAsync(w.counts_host + E_loc + 1, w.schedule.expert_rows, sizeof(int32_t) * E_loc,
+                            cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaMemcpyAsync(w.status_host, w.status, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, s));
+  LYNX_CUDA(cudaEventRecord(w.counts_ready, s));
+  LYNX_CUDA(cudaEventSynchronize(w.counts_ready));
+  w.throw_if_status_error(s);
+  w.grouped->begin_pass();
+  w.counts_on_host = true;
+}
+
+void require_context(const Workspace::Impl& w, const LayerInputs& in) {
+  if (!w.context_valid) {
+    throw Error("backward", "no forward context in the workspace: run forward with config.save_forward_context = "
+                            "true, or recompute_forward_context, on the same inputs first");
+  }
+  if (!(w.context == ContextKey::of(in))) {
+    throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights / "
+                            "gate / up tensors");
+  }
+}
+
+void enqueue_shared_backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                             cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int T = to_int(sh.tokens), H = to_int(sh.hidden), Is = to_int(sh.shared_intermediate);
+  if (Is == 0 || omitted(Stage::kSharedBackward, w.backward_calls)) return;
+  using blas::gemm;
+  const void* dyp = dy.data;
+  // dhs = dy · ws_down; SwiGLU backward (router weight 1); dx_s = dgs · ws_gate + dus · ws_up (fp32)
+  gemm(w.cublas, {false, false, T, Is, H, dyp, H, in.weights.ws_down.data, Is, w.un.dhs, Is}, false, s);
+  glue::swiglu_backward(w.un.dgs, w.un.dus, Is, w.un.hs, nullptr, w.un.dhs, w.un.gs, w.un.us, nullptr, nullptr,
+                           nullptr, T, Is, s);
+  gemm(w.cublas, {false, false, T, H, Is, w.un.dgs, Is, in.weights.ws_gate.data, H, w.un.ys, H, 0.0f}, true, s);
+  gemm(w.cublas, {false, false, T, H, Is, w.un.dus, Is, in.weights.ws_up.data, H, w.un.ys, H, 1.0f}, true, s);
+  // Weight gradients, K = T: dyᵀ · hs, dgsᵀ · x, dusᵀ · x
+  gemm(w.cublas, {true, false, H, Is, T, dyp, H, w.un.hs, Is, grads.dws_down.data, Is}, false, s);
+  gemm(w.cublas, {true, false, Is, H, T, w.un.dgs, Is, in.x.data, H, grads.dws_gate.data, H}, false, s);
+  gemm(w.cublas, {true, false, Is, H, T, w.un.dus, Is, in.x.data, H, grads.dws_up.data, H}, false, s);
+}
+
+}  // namespace lynx

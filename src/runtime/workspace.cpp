@@ -1,0 +1,216 @@
+#include <string>
+
+#include "common/cuda_check.h"
+#include "kernels/expert_gemm/api.h"
+#include "kernels/glue/api.h"
+#include "runtime/workspace.h"
+
+namespace lynx {
+namespace {
+
+DeviceInfo query_device(int device) {
+  DeviceInfo info;
+  LYNX_CUDA(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+  size_t free_bytes = 0, total_bytes = 0;
+  LYNX_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  info.global_memory_bytes = static_cast<int64_t>(total_bytes);
+  return info;
+}
+
+}  // namespace
+
+void* Workspace::Impl::alloc_bytes(int64_t n) {
+  if (n == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(n));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for the workspace (" +
+                        std::to_string(bytes) + " bytes already held): " + cudaGetErrorString(err));
+  }
+  allocations.push_back(p);
+  bytes += n;
+  return p;
+}
+
+Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
+  validate_shape(s);
+  LYNX_CUDA(cudaGetDevice(&device));
+  int major = 0;
+  LYNX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) {
+    throw Error("", "device " + std::to_string(device) + " has compute capability " + std::to_string(major) +
+                        ".x; lynx needs Hopper (sm_90)");
+  }
+  const DeviceInfo info = query_device(device);
+  int l2 = 0;
+  LYNX_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  device_props.sm_count = info.sm_count;
+  device_props.l2_bytes = l2;
+  device_props.schedule = sched::launch_limits();
+#if LYNX_EXPERIMENTS
+  overrides = plan::environment_overrides();
+  plan = plan::make_layer_plan(s, device_props, overrides);
+#else
+  plan = plan::make_layer_plan(s, device_props);
+#endif
+  config = resolve_config(s, c, info);
+  try {
+    const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;
+    const int64_t E_loc = s.local_experts(), cap = config.schedule_capacity;
+
+    status = alloc<DeviceStatus>(1);
+    LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
+    LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
+    LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
+    gemm_tickets = alloc<int32_t>(2);
+    LYNX_CUDA(cudaMemset(gemm_tickets, 0, 2 * sizeof(int32_t)));
+    LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
+    *stall_report = DeviceStatus{};
+    LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
+    ids32 = alloc<int32_t>(T * k);
+
+    problem.num_ranks = s.num_ranks;
+    problem.rank = s.rank;
+    problem.tokens = T;
+    problem.top_k = k;
+    problem.num_experts = s.num_experts;
+    problem.capacity = cap;
+    schedule.row_token_slot = alloc<int32_t>(cap);
+    schedule.row_src_rank = alloc<int32_t>(cap);
+    schedule.expert_offset = alloc<int32_t>(E_loc + 1);
+    schedule.expert_rows = alloc<int32_t>(E_loc);
+    schedule.block_offset = alloc<int32_t>(E_loc + 1);
+    schedule.slot_row = alloc<int32_t>(T * k);
+    schedule.scratch = alloc<int32_t>(plan.schedule.scratch_ints());
+    schedule.status = status;
+    schedule.stall_report = stall_report_device;
+    LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
+    LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
+
+    un.xg = alloc<bf16_t>(cap * H);
+    un.g = alloc<bf16_t>(cap * I);
+    un.u = alloc<bf16_t>(cap * I);
+    un.h = alloc<bf16_t>(cap * I);
+    un.rows_a = alloc<bf16_t>(cap * H);
+    un.rows_b = alloc<bf16_t>(cap * H);
+    un.da = alloc<bf16_t>(cap * I);
+    if (config.backend == Backend::kUnfused) {  // the fused backward keeps dg | du in fb.dgu
+      un.dg = alloc<bf16_t>(cap * I);
+      un.du = alloc<bf16_t>(cap * I);
+    }
+    if (Is > 0) {
+      un.gs = alloc<bf16_t>(T * Is);
+      un.us = alloc<bf16_t>(T * Is);
+      un.hs = alloc<bf16_t>(T * Is);
+      un.ys = alloc<float>(T * H);
+      un.dhs = alloc<bf16_t>(T * Is);
+      un.dgs = alloc<bf16_t>(T * Is);
+      un.dus = alloc<bf16_t>(T * Is);
+    }
+    if (config.backend == Backend::kFused) {
+      fb.dgu = alloc<bf16_t>(cap * 2 * I);
+      gather_sync = alloc<int32_t>(gemm::gather_sync_ints(cap));
+      LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
+      gemm::prepare_expert_gemm_kernels(device_props.sm_count);
+    }
+    glue::prepare_glue_kernels();
+    LYNX_CUBLAS(cublasCreate(&cublas));
+    // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
+    // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).
+    grouped = std::make_unique<blas::GroupedGemm>(9 * E_loc);
+    // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
+    // wait for: the status word, the tickets and the gather's counters must be set before the
+    // constructor returns.
+    LYNX_CUDA(cudaStreamSynchronize(nullptr));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+Workspace::Impl::~Impl() {
+  // NOTES: kernels queued by earlier calls may still use these buffers (nothing here synchronises),
+  // so destruction waits for the workspace's device, then frees everything on that device. An error
+  // of the wait or the frees (say, after a trapped kernel) belongs to no later call: it is cleared.
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+  if (switched) cudaDeviceSynchronize();
+  release();
+  cudaGetLastError();
+  if (switched) cudaSetDevice(current);
+}
+
+void Workspace::Impl::release() {
+  grouped.reset();
+  if (cublas) cublasDestroy(cublas);
+  if (counts_ready) cudaEventDestroy(counts_ready);
+  if (counts_host) cudaFreeHost(counts_host);
+  if (status_host) cudaFreeHost(status_host);
+  if (stall_report) cudaFreeHost(stall_report);
+  stall_report = nullptr;
+  for (void* p : allocations) cudaFree(p);
+  cublas = nullptr;
+  counts_ready = nullptr;
+  counts_host = nullptr;
+  status_host = nullptr;
+  allocations.clear();
+}
+
+void Workspace::Impl::throw_if_status_error(cudaStream_t stream) const {
+  if (stall_report->code != int32_t(StatusCode::kOk)) throw Error("", describe_status(*stall_report, shape.top_k));
+  if (status_host->code != int32_t(StatusCode::kOk)) {
+    const std::string message = describe_status(*status_host, shape.top_k);
+    LYNX_CUDA(cudaMemsetAsync(&status->code, 0, sizeof(status->code), stream));
+    status_host->code = int32_t(StatusCode::kOk);
+    throw Error("", message);
+  }
+}
+
+Workspace::Workspace(const LayerShape& shape, const Config& config) : impl_(std::make_unique<Impl>(shape, config)) {}
+Workspace::~Workspace() = default;
+
+const LayerShape& Workspace::shape() const { return impl_->shape; }
+const ResolvedConfig& Workspace::config() const { return impl_->config; }
+int64_t Workspace::device_bytes() const { return impl_->bytes; }
+
+bool Workspace::has_context_for(const LayerInputs& in) const {
+  return impl_->context_valid && impl_->context == ContextKey::of(in);
+}
+
+int64_t Workspace::context_bytes() const {
+  const Impl& w = *impl_;
+  if (!w.context_valid) return 0;
+  const LayerShape& s = w.shape;
+  const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
+  // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
+  const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
+  const int64_t schedule = 4 * (2 * cap + 3 * E_loc + 2 + s.tokens * s.top_k);
+  return activations + schedule;
+}
+
+Schedule Workspace::schedule() const {
+  Schedule s;
+  s.row_token_slot = impl_->schedule.row_token_slot;
+  s.row_src_rank = impl_->schedule.row_src_rank;
+  s.expert_offset = impl_->schedule.expert_offset;
+  s.expert_rows = impl_->schedule.expert_rows;
+  s.slot_row = impl_->schedule.slot_row;
+  s.capacity = impl_->problem.capacity;
+  s.local_experts = impl_->problem.local_experts();
+  return s;
+}
+
+void Workspace::check(cudaStream_t stream) const {
+  // A trapped kernel leaves the context unusable: its stall report is the useful error then.
+  const cudaError_t copy = cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus),
+                                           cudaMemcpyDeviceToHost, stream);
+  const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;
+  if (impl_->stall_report->code != int32_t(StatusCode::kOk)) {
+    throw Error("", describe_status(*impl_->stall_report, impl_->shape.top_k));
+  }
+  LYNX_CUDA(sync);
+  impl_->throw_if_status_error(stream);
+}
+
+}  // namespace lynx

@@ -1,0 +1,125 @@
+// What a Workspace owns: every device buffer of every path, the cuBLAS handle, the status word.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/status.h"
+#include "kernels/cublas/api.h"
+#include "kernels/schedule/api.h"
+#include "lynx/moe.h"
+#include "plan/layer_plan.h"
+
+namespace lynx {
+
+// Buffers of the passes (both backends). cap = schedule capacity rows. Comments give [rows, cols] and what each
+// holds in forward / backward (buffers are reused between the two passes where lifetimes allow).
+struct UnfusedBuffers {
+  bf16_t* xg;       // [cap, H]  gathered x rows (saved context)
+  bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
+  bf16_t* u;        // [cap, I]  up projection (saved context)
+  bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
+  bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd: gathered dy rows
+  bf16_t* rows_b;   // [cap, H]  bwd: per-row dx
+  bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e]
+  bf16_t* dg;       // [cap, I]  bwd
+  bf16_t* du;       // [cap, I]  bwd
+  // Shared expert (null when I_s == 0).
+  bf16_t* gs;       // [T, I_s]  saved context
+  bf16_t* us;       // [T, I_s]  saved context
+  bf16_t* hs;       // [T, I_s]  fwd: silu(gs)⊙us;  bwd: recomputed for dws_down
+  float* ys;        // [T, H]    fwd: shared output (fp32); bwd: shared dx (fp32)
+  bf16_t* dhs;      // [T, I_s]  bwd
+  bf16_t* dgs;      // [T, I_s]  bwd
+  bf16_t* dus;      // [T, I_s]  bwd
+};
+
+// Extra buffers of the fused backward (allocated only for Backend::kFused).
+struct FusedBuffers {
+  bf16_t* dgu;  // [cap, 2I]  dg | du per row
+};
+
+// Identifies the inputs a saved forward context belongs to (the tensors it was computed from).
+struct ContextKey {
+  const void* x = nullptr;
+  const void* topk_ids = nullptr;
+  const void* topk_weights = nullptr;
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* ws_gate = nullptr;
+  const void* ws_up = nullptr;
+  bool operator==(const ContextKey&) const = default;
+
+  static ContextKey of(const LayerInputs& in) {
+    return {in.x.data, in.topk_ids.data, in.topk_weights.data, in.weights.w_gate.data, in.weights.w_up.data,
+            in.weights.ws_gate.data, in.weights.ws_up.data};
+  }
+};
+
+struct Workspace::Impl {
+  LayerShape shape;
+  ResolvedConfig config;
+  int device = 0;
+  int64_t bytes = 0;
+  std::vector<void*> allocations;
+
+  DeviceStatus* status = nullptr;       // device
+  DeviceStatus* status_host = nullptr;  // pinned
+  int32_t* ids32 = nullptr;             // [T*k] validated int32 copy of topk_ids
+  sched::Problem problem;
+  sched::DeviceBuffers schedule;
+  int32_t* counts_host = nullptr;       // pinned: expert_offset [E_loc+1], then expert_rows [E_loc]
+  cudaEvent_t counts_ready = nullptr;
+
+  UnfusedBuffers un{};
+  FusedBuffers fb{};
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<blas::GroupedGemm> grouped;
+
+  bool context_valid = false;
+  ContextKey context;
+  bool counts_on_host = false;          // counts_host holds the current schedule's counts
+
+  plan::DeviceProps device_props;
+  plan::LayerPlan plan;             // every launch choice for this shape (plan/layer_plan.h)
+  int32_t* gemm_tickets = nullptr;  // [2] device: the expert GEMM's tile ticket and finished CTAs; zero between launches
+  int32_t* gather_sync = nullptr;   // fused: the in-kernel gather's counters (gemm::gather_sync_ints), zero between launches
+  // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
+  DeviceStatus* stall_report = nullptr;         // host pointer
+  DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
+  int64_t forward_calls = 0;                    // forward passes queued so far (stage omission, runtime/stages.h)
+  int64_t backward_calls = 0;                   // backward passes queued so far
+#if LYNX_EXPERIMENTS
+  plan::Overrides overrides;                    // the environment's, then the test hooks' (experiments/test_hooks.h)
+  int32_t test_stall_task = -1;                 // test hook: a gate/up tile the producer never loads
+  int32_t test_gather_stall_block = -1;         // test hook: a row block the in-kernel gather never copies
+  // Makes the plan again from `overrides` (after a test hook changed them).
+  void replan() { plan = plan::make_layer_plan(shape, device_props, overrides); }
+#endif
+
+  Impl(const LayerShape& shape, const Config& config);
+  ~Impl();
+  void release();  // frees everything; safe to call twice
+
+  template <class T>
+  T* alloc(int64_t count) {
+    return static_cast<T*>(alloc_bytes(count * int64_t(sizeof(T))));
+  }
+  void* alloc_bytes(int64_t bytes);
+
+  const int32_t* host_expert_offset() const { return counts_host; }
+  const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }
+  const int32_t* device_total_rows() const { return schedule.expert_offset + problem.local_experts(); }
+
+  // Throws lynx::Error when *status_host (already copied back, `stream` waited for) or the stall
+  // report holds an error; a reported routing/capacity error is first cleared on the device, in
+  // `stream` order, so that the next call starts clean. (Errors stay set until reported: one call
+  // cannot erase another's.)
+  void throw_if_status_error(cudaStream_t stream) const;
+};
+
+}  // namespace lynx

@@ -1,0 +1,156 @@
+// The layer plan (plan/layer_plan.h): the launch choices the rules make for the benchmark shapes, and
+// the overrides that replace them (pure host functions).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lynx/error.h"
+#include "plan/layer_plan.h"
+
+namespace lynx::plan {
+namespace {
+
+LayerShape shape(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+  LayerShape s;
+  s.tokens = T;
+  s.hidden = H;
+  s.intermediate = I;
+  s.num_experts = E;
+  s.top_k = k;
+  return s;
+}
+
+const LayerShape kQwen3 = shape(8192, 2048, 768, 128, 8);
+const LayerShape kDeepseekV3 = shape(4096, 7168, 2048, 256, 8);
+const LayerShape kMixtral = shape(8192, 4096, 14336, 8, 2);
+
+DeviceProps h200() {
+  DeviceProps d;
+  d.sm_count = 132;
+  d.l2_bytes = 60 << 20;
+  d.schedule = {132, 227 * 1024 / 4};
+  return d;
+}
+
+// qwen3-30b-a3b: 4 row blocks per expert. Gate/up gathers its rows inside the GEMM (2I = 1536 columns
+// per row) and so claims its tiles in order; da's rows (I = 768 columns) are gathered token-major
+// before it, and it walks the static round robin in groups of 4 blocks; no launch pairs CTAs (K <=
+// 2048) or folds tails.
+TEST(LayerPlan, Qwen3) {
+  const LayerPlan p = make_layer_plan(kQwen3, h200());
+  EXPECT_EQ(p.gemm_sm_count, 132);
+  EXPECT_EQ(p.gate_up_gather, GatherPlace::kInGemm);
+  EXPECT_EQ(p.da_gather, GatherPlace::kTokenKernel);
+  EXPECT_TRUE(p.gate_up.order.in_order);
+  EXPECT_FALSE(p.down.order.in_order);
+  EXPECT_EQ(p.down.order.group_rows, 4);
+  EXPECT_FALSE(p.da.order.in_order);
+  EXPECT_FALSE(p.dx.order.in_order);
+  EXPECT_FALSE(p.weight_grad_in_order);
+  for (const gemm::RowLaunch* l : {&p.gate_up, &p.down, &p.da, &p.dx}) {
+    EXPECT_FALSE(l->clusters);
+    EXPECT_FALSE(l->fold);
+    EXPECT_TRUE(l->half_tiles);
+    EXPECT_TRUE(l->swapped);
+  }
+  EXPECT_EQ(p.gate_up.gather_lookahead, 48);  // 24 MB of 512 KB row blocks
+  EXPECT_EQ(p.schedule.warps, 4);
+  EXPECT_EQ(p.schedule.chunks, 128);
+  EXPECT_EQ(p.baseline_gemm, -1);
+}
+
+// deepseek-v3: about one row block per expert, x (59 MB) over half the L2: every gather token-major,
+// every launch in order with expert groups, tails folded, the long-K launches (gate/up and da, K =
+// 7168; dx, K = 4096) as cluster units, down (K = 2048) not.
+TEST(LayerPlan, DeepseekV3) {
+  const LayerPlan p = make_layer_plan(kDeepseekV3, h200());
+  EXPECT_EQ(p.gate_up_gather, GatherPlace::kTokenKernel);
+  EXPECT_EQ(p.da_gather, GatherPlace::kTokenKernel);
+  for (const gemm::RowLaunch* l : {&p.gate_up, &p.down, &p.da, &p.dx}) {
+    EXPECT_TRUE(l->order.in_order);
+    EXPECT_TRUE(l->order.expert_groups);
+    EXPECT_TRUE(l->fold);
+  }
+  EXPECT_TRUE(p.gate_up.clusters);
+  EXPECT_FALSE(p.down.clusters);
+  EXPECT_TRUE(p.da.clusters);
+  EXPECT_TRUE(p.dx.clusters);
+  EXPECT_TRUE(p.weight_grad_in_order);
+}
+
+// mixtral-8x7b: 16 row blocks per expert: in order, groups of 16; every K at least 4096: paired.
+TEST(LayerPlan, Mixtral) {
+  const LayerPlan p = make_layer_plan(kMixtral, h200());
+  for (const gemm::RowLaunch* l : {&p.gate_up, &p.down, &p.da, &p.dx}) {
+    EXPECT_TRUE(l->order.in_order);
+    EXPECT_EQ(l->order.group_rows, 16);
+    EXPECT_TRUE(l->clusters);
+    EXPECT_FALSE(l->fold);
+  }
+}
+
+// Each override replaces exactly its choice.
+TEST(LayerPlan, OverridesReplaceTheirChoice) {
+  Overrides o;
+  o.gemm_order = 1;
+  o.gemm_group_rows = 3;
+  o.gemm_clusters = 1;
+  o.gemm_fold = 1;
+  o.gemm_swapped = 0;
+  o.gemm_half_tiles = 0;
+  o.gather_lookahead = 2;
+  o.gemm_sm_count = 7;
+  o.schedule_min_warps = 16;
+  o.baseline_gemm = 1;
+  const LayerPlan p = make_layer_plan(kQwen3, h200(), o);
+  EXPECT_EQ(p.gemm_sm_count, 7);
+  for (const gemm::RowLaunch* l : {&p.gate_up, &p.down, &p.da, &p.dx}) {
+    EXPECT_TRUE(l->order.in_order);
+    EXPECT_EQ(l->order.group_rows, 3);
+    EXPECT_TRUE(l->clusters);
+    EXPECT_TRUE(l->fold);
+    EXPECT_FALSE(l->swapped);
+    EXPECT_FALSE(l->half_tiles);
+    EXPECT_EQ(l->gather_lookahead, 2);
+  }
+  EXPECT_TRUE(p.weight_grad_in_order);
+  EXPECT_EQ(p.schedule.warps, 16);
+  EXPECT_EQ(baseline_gemm_strategy(p, 4, 1e6), GemmStrategy::kGrouped);
+  EXPECT_EQ(baseline_gemm_strategy(make_layer_plan(kQwen3, h200()), 4, 1e6), GemmStrategy::kLoop);
+
+  Overrides g;
+  g.gather_token_major = 0;
+  g.gemm_gather = 0;
+  const LayerPlan q = make_layer_plan(kQwen3, h200(), g);
+  EXPECT_EQ(q.gate_up_gather, GatherPlace::kRowKernel);
+  EXPECT_EQ(q.da_gather, GatherPlace::kRowKernel);
+  EXPECT_FALSE(q.gate_up.order.in_order);  // a launch that does not gather its rows: the static order
+  g.gather_token_major = 1;
+  EXPECT_EQ(make_layer_plan(kQwen3, h200(), g).gate_up_gather, GatherPlace::kTokenKernel);
+}
+
+TEST(LayerPlan, OverridesOutOfRangeAreErrors) {
+  const auto expect_error = [](Overrides o, const std::string& name) {
+    try {
+      make_layer_plan(kQwen3, h200(), o);
+      ADD_FAILURE() << "accepted " << name;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), name) << e.what();
+    }
+  };
+  Overrides o;
+  o.gemm_order = 2;
+  expect_error(o, "gemm_order");
+  o = {};
+  o.gemm_group_rows = 65;
+  expect_error(o, "gemm_group_rows");
+  o = {};
+  o.schedule_min_warps = 17;
+  expect_error(o, "schedule_min_warps");
+  o = {};
+  o.gemm_sm_count = -1;
+  expect_error(o, "gemm_sm_count");
+}
+
+}  // namespace
+}  // namespace lynx::plan
