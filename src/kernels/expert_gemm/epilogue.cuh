@@ -1,0 +1,134 @@
+// The expert GEMM's epilogue: a consumer warpgroup's fp32 fragments, as bf16, into its swizzled
+// shared-memory piece with stmatrix, then out with TMA stores that drain while the warpgroup goes on
+// with its next tile (plain, swapped and folded-tail pieces).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "device/sm90.cuh"
+#include "kernels/expert_gemm/traits.cuh"
+
+namespace lynx::gemm::impl {
+
+// Two fp32 values as the bf16 pair of one stmatrix register (round to nearest).
+__device__ __forceinline__ uint32_t bf16x2_bits(float2 v) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(v.x, v.y);
+  return *reinterpret_cast<const uint32_t*>(&packed);
+}
+
+// Stores the boxes of warpgroup `wg`'s epilogue piece at (col, row[, batch]) of `map`, once all of its
+// threads have written them; columns at or past n are not stored.
+template <bool k3d, int kPieceBoxes>
+__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
+                                                  int wg, int32_t col, int32_t row, int32_t batch, int32_t n) {
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      if constexpr (k3d) {
+        sm90::tma_store_3d(map, buf[b], col + 64 * b, row, batch);
+      } else {
+        sm90::tma_store_2d(map, buf[b], col + 64 * b, row);
+      }
+    }
+    sm90::bulk_commit_group();
+  }
+}
+
+// One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
+// fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
+// (col, row[, batch]) of `map`. Columns at or past n are not stored.
+template <bool k3d, int kPieceBoxes, class Value>
+__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
+                                            int wg, int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  // The previous piece's store must be done reading the buffer before it is overwritten.
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  // One stmatrix.x4 per two column groups: matrices (j, r) = (2q, 0), (2q, 1), (2q + 1, 0), (2q + 1, 1),
+  // the lane's fragment values as they are. Lane t addresses row t % 8 of matrix t / 8: piece row
+  // R = 16 warp + 8 (t / 8 % 2) + t % 8, column group 2q + t / 16. 128-byte swizzle: 16-byte chunk
+  // j % 8 of row R sits at chunk (j % 8) ^ (R % 8); rows are 128-byte aligned, so the XOR acts on the
+  // address, and R % 8 = t % 8.
+  const uint32_t lane_base = sm90::smem_addr(buf[0]) + (warp * 16 + (lane / 8 % 2) * 8 + lane % 8) * 128 +
+                             (((lane / 16) ^ (lane % 8)) * 16);
+  const auto pack = [&](int j, int r) { return bf16x2_bits(value(j, r)); };
+#pragma unroll
+  for (int q = 0; q < 4 * kPieceBoxes; ++q) {
+    const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
+    sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
+  }
+  store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n);
+}
+
+// One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
+// boxes b get rows 0-15 from value(b, i), the two fp32 values of fragment registers i, i + 1 (i = 4j +
+// 2h) of the box's [64 columns, 16 rows] product, and zeros in rows 16-63 (padding rows, which every
+// piece stores as zeros). Stored at (col, row) of `map`; columns at or past n are not stored.
+template <int kPieceBoxes, class Value>
+__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64],
+                                                    const CUtensorMap* map, int wg, int32_t col, int32_t row,
+                                                    int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  // Rows 16-63: 48 rows of 128 bytes per box, three 16-byte stores per thread and box.
+#pragma unroll
+  for (int b = 0; b < kPieceBoxes; ++b) {
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      const int chunk = thread + 128 * u;
+      *reinterpret_cast<uint4*>(&buf[b][(16 + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Rows 0-15: one stmatrix.x4.trans per box. Matrix 2j + h of a warp holds the product's rows 16w +
+  // 8h .. + 7 (the box's columns) × columns 8j .. + 7 (the box's rows), stored transposed: lane t
+  // addresses box row 8j + t % 8 (j, h from t / 8), where the warp's 8 columns are 16-byte chunk
+  // 2w + h, swizzled to (2w + h) ^ (t % 8).
+  const int mi = lane / 8, h = mi % 2, j = mi / 2, rho = lane % 8;
+  const uint32_t lane_off = (8 * j + rho) * 128 + (((2 * warp + h) ^ rho) * 16);
+  const auto pack = [&](int b, int i) { return bf16x2_bits(value(b, i)); };
+#pragma unroll
+  for (int b = 0; b < kPieceBoxes; ++b) {
+    sm90::stmatrix_x4_trans(sm90::smem_addr(buf[b]) + lane_off, pack(b, 0), pack(b, 2), pack(b, 4), pack(b, 6));
+  }
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
+}
+
+// The epilogue box of a folded tail (tile_scheduler.h): the [64 columns, kFoldRows rows] product of
+// one weight slice, transposed into rows 0 .. kFoldRows - 1 of a [64, 64] box, and zeros in rows
+// kFoldRows .. 63 (padding rows, which every piece stores as zeros). value(i): the two fp32 values of
+// fragment registers i, i + 1, i = 4j + 2h: product row 16w + l/4 + 8h, columns 8j + 2(l%4) + {0, 1}.
+// Stored at (col, row) of `map`; columns at or past n are not stored.
+template <class Value>
+__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const CUtensorMap* map, int wg,
+                                               int32_t col, int32_t row, int32_t n, Value value) {
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + wg, 128);
+  constexpr int kZeroChunks = (64 - kFoldRows) * 8;  // 16-byte chunks of rows kFoldRows .. 63
+#pragma unroll
+  for (int chunk = thread; chunk < kZeroChunks; chunk += 128) {
+    *reinterpret_cast<uint4*>(&buf[0][(kFoldRows + chunk / 8) * 64 + (chunk % 8) * 8]) = make_uint4(0, 0, 0, 0);
+  }
+  // Rows 0 .. kFoldRows - 1: one stmatrix.trans of kFoldRows / 4 matrices. Matrix 2j + h of a warp
+  // holds the product's rows 16w + 8h .. + 7 (the box's columns) × its columns 8j .. + 7 (the box's
+  // rows), stored transposed: lane t addresses box row 8j + t % 8 (j, h from t / 8), where the warp's
+  // 8 columns are 16-byte chunk 2w + h, swizzled to (2w + h) ^ (t % 8).
+  const int mi = lane / 8, h = mi % 2, j = mi / 2 % (kFoldRows / 8), rho = lane % 8;
+  const uint32_t at = sm90::smem_addr(buf[0]) + (8 * j + rho) * 128 + (((2 * warp + h) ^ rho) * 16);
+  if constexpr (kFoldRows == 8) {
+    sm90::stmatrix_x2_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)));
+  } else {
+    sm90::stmatrix_x4_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)), bf16x2_bits(value(4)),
+                            bf16x2_bits(value(6)));
+  }
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
+}
+
+}  // namespace lynx::gemm::impl
