@@ -2,7 +2,7 @@
 //
 // NOTES: an H200 holds its board power at 700 W. A process starts at full clock (1980 MHz) and, once
 // tens of milliseconds of tensor-core work have raised the power average, its SM clock settles at
-// ~1200-1500 MHz and the layer's passes take 11-20% longer (docs/design-notes.md, "The layer runs at
+// ~1200-1500 MHz and the layer's passes take 11-20% longer (docs/performance.md, "The layer runs at
 // the GPU's power cap"; bench/results/2026-12-04-h200-6cbc9dd-log.txt). A median over back-to-back passes
 // therefore depends on what ran before it. The two regimes below fix that: a burst pass starts after
 // the GPU has been idle, so it runs at full clock; a sustained pass runs after seconds of the same work,

@@ -66,14 +66,14 @@ enum class Wait : int32_t {
   kUnitTaken = 4,
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
   kConsumersDone = 6,  // producer thread: every consumer thread finished its last tile (or left after a stall)
-  kScheduleBlocks = 7, // schedule builder: every block at a grid barrier (src/schedule/schedule_device.cu)
+  kScheduleBlocks = 7, // schedule builder: every block at a grid barrier (kernels/schedule/schedule_kernel.cu)
 };
 
 // NOTES: an mbarrier wait gives up after 10 s of %globaltimer: far beyond any legitimate wait, short
 // enough to turn a deadlock into an error, and longer than the gather's 5 s (kCounterWaitNs), so that
 // a stalled gather is reported as itself and not as the consumers' wait behind it. It was 2^22
 // try_wait rounds, whose time is the hardware's suspend time: ~17 s on the H200 for the consumers,
-// 1.3 s once for a producer whose consumers had left (session 13), so the order of the two bounds
+// 1.3 s once for a producer whose consumers had left (2026-11-29, commit 04d40f6), so the order of the two bounds
 // was not guaranteed.
 constexpr uint64_t kMbarrierWaitNs = 10'000'000'000ull;
 

@@ -27,7 +27,7 @@ inline int32_t gather_lookahead_blocks(int64_t k) {
 //   ~128 rows) and the token rows take more than half of the L2: the in-kernel gather's k reads of
 //   each token row, spread over the launch, then mostly miss, and those bytes cost as much as any
 //   in a launch bound by DRAM. deepseek-v3's forward (59 MB of x): -3.5% in each of 3 rounds at
-//   full clock, -2.1% under the power cap (bench/results/2026-12-03-h200-session28.txt sections 3-4);
+//   full clock, -2.1% under the power cap (measured 2026-12-03, commit 6d25562);
 //   its backward (dy, the same size) within the spread; or
 // - each gathered row feeds fewer than kInGemmGatherMinProducts output columns, too few tiles to hide
 //   its copy behind: qwen3-30b-a3b's dgrad of down (I = 768 columns): backward -1.2% in each of 4

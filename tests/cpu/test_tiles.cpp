@@ -381,7 +381,7 @@ TEST(TileSchedule, WeightGradIsZeroWhenTheScheduleOverflowed) {
   EXPECT_EQ(tile_count(g), 2);  // the tiles still run, to store zeros
 }
 
-// Where the fused launches gather their rows (fused/gather_plan.h): token-major before the launch
+// Where the fused launches gather their rows (plan/gather.h): token-major before the launch
 // where it streams its weights and the token rows fill the L2, or where each row feeds too few columns.
 TEST(KernelGatherPlan, TokenMajorWhereTheRuleSays) {
   const int64_t l2 = int64_t(60) << 20;  // the H200's
@@ -414,7 +414,7 @@ TEST(KernelGatherPlan, TokenMajorWhereTheRuleSays) {
   EXPECT_FALSE(gather_token_major(256, 1, 1, l2, 4096, l2));         // two blocks per expert: not streaming
 }
 
-// The in-kernel gather's lookahead (fused/gather_plan.h): about 24 MB of rows, never under 8 blocks.
+// The in-kernel gather's lookahead (plan/gather.h): about 24 MB of rows, never under 8 blocks.
 TEST(KernelGatherPlan, LookaheadIsAboutHalfTheL2InRowBlocks) {
   EXPECT_EQ(gather_lookahead_blocks(2048), 48);  // qwen3-30b-a3b, olmoe-1b-7b: 512 KB blocks
   EXPECT_EQ(gather_lookahead_blocks(4096), 24);  // mixtral-8x7b

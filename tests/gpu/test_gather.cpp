@@ -81,7 +81,7 @@ TEST_P(GatherRows, MatchesHostGather) {
 }
 
 // More rows than one pass of the kernel's grid covers (2112 blocks of 4 rows), so its grid-stride loop
-// takes a second pass. Not run on a GPU yet (added at the end of session 5).
+// takes a second pass.
 class GatherRowsLong : public GpuTest {};
 
 TEST_F(GatherRowsLong, SecondGridPass) {

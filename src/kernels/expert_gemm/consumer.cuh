@@ -44,7 +44,7 @@ __device__ __forceinline__ int fold_slice(int c, int h) {
 // traps for them. ptxas fits a setmaxnreg region from which a trap is reachable into the launch
 // bound (168 registers, not the consumers' 224): with traps in the consumers, folding 16-row tails
 // (16 more accumulators) spilled and serialised every wgmma of the folding kernels
-// (bench/results/2026-12-02-h200-session24.txt, section 2).
+// (measured 2026-12-02, commit 8062572).
 constexpr uint64_t kConsumersDoneNs = 2 * sm90::kMbarrierWaitNs;
 
 template <Mode kMode, bool kFold>
@@ -77,7 +77,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
     // exactly zero): the wgmma operands are read-write ("+f"), so without this the compiler keeps the
     // previous tile's accumulators alive across the loop, and ptxas serialises every wgmma of this
     // kernel (each HGMMA waits for the one before; tools/sass-check): the dynamic scheduler's 7-13%
-    // loss in bench/results/2026-11-29-h200-6e0170f-dynamic-tiles.txt.
+    // loss measured on 2026-11-29 (commit 6e0170f).
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     if constexpr (kFold) {
@@ -109,7 +109,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
     // A warpgroup with 1-16 rows (swapped_products): acc[8s .. 8s + 7] is the [64, 16] product of the
     // weight tile's slice s (C's columns 64s .. 64s + 63) and the warpgroup's first 16 rows, s in [0, 4).
     // NOTES: a kernel that folds tails has no swapped products: beside them the fold's accumulators made
-    // ptxas serialise every wgmma (bench/results/2026-12-02-h200-session23.txt, section 4).
+    // ptxas serialise every wgmma (measured 2026-12-02, commit 2fe9a46).
     const bool swapped = !kFold && kMode != Mode::kWeightGrad && p.swapped && !idle && swapped_products(t, c);
     const bool folds = kFold && !idle && t.fold > 0;
     int prev_stage = -1;

@@ -98,7 +98,7 @@ void check(bool ok, const char* what) {
 // L2 throughput at deepseek-v3, and a 256-byte fetch there costs more L2 work than it saves. In
 // `da` and `dx_row` (N-major B, 4 adjacent [64, 64] blocks per stage) its second half is a block the
 // same stage asks for anyway; in down (K-major) it is the next K block, asked for one stage later.
-// Measured on the H200 (bench/results/2026-12-01-h200-session18.txt, sections 3-4; Nsight Compute,
+// Measured on the H200 (2026-12-01, commit eb77a83; Nsight Compute,
 // deepseek-v3): down 2.27 -> 2.16 ms, `da` 2.41 -> 2.26, `dx_row` 4.17 -> 4.13, with 20% fewer L2
 // bytes and the same DRAM reads; gate/up 1% slower without it, and the rows (A) of every mode gained
 // nothing from fetching lines.

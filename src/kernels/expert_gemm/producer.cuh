@@ -71,7 +71,7 @@ struct OperandMaps {
 // third of the row blocks are tails of ~9 rows (1-43), half tiles all. With 16-row boxes its gate/up
 // moved 39.7 GB through L2 instead of 41.0, down 20.5 instead of 21.1 (Nsight Compute), but neither
 // launch got shorter, and the timed passes stayed within noise at full clock and under the power cap
-// (bench/results/2026-12-02-h200-session19.txt, sections 1 and 6): less work for the same bits.
+// (measured 2026-12-02, commit e6fa4ff): less work for the same bits.
 constexpr int32_t kQuarterRows = 16;
 static_assert(kQuarterRows == sched::core::kReadGroupRows, "the gathers zero the padding rows a half tile reads");
 constexpr int32_t kOutsideRows = -kQuarterRows;
@@ -120,7 +120,7 @@ __device__ __forceinline__ void load_stage(SharedStorage<kMode, kFold>& smem, in
     // rows, 64 columns] blocks side by side (make_tma_2d_chunks). NOTES: one thread issues every load of
     // the CTA, and a weight-gradient tile is short (8 K blocks at qwen3-30b-a3b): with a load per block,
     // 6 per stage, the stretch of the producer that issues them held about a third of its samples
-    // (bench/results/ncu/2026-12-01-h200-db2c085-qwen3-wgrad-stalls.txt).
+    // (measured 2026-12-01, commit db2c085).
     sm90::tma_load_3d(a, maps.a, full, 0, k, t.a_row / 64);
     sm90::tma_load_3d(b, maps.b0, full, 0, k, t.b_row / 64);
   } else {

@@ -159,7 +159,7 @@ LYNX_HD bool half_tile(const Tile& t) { return t.rows <= kBlockM / 2; }
 // multiplies 48-63 padding rows (zeros) by the whole weight tile. Those products cost no time where
 // the loads bound the launch, but they cost energy, and under the H200's power cap energy is time:
 // skipping them took 4.1% off deepseek-v3's capped forward, whose experts' last blocks hold ~9 rows
-// (bench/results/2026-12-02-h200-session20.txt, section 1). Swapped, a k16 step multiplies 16 rows:
+// (measured 2026-12-02, commit 7daebf7). Swapped, a k16 step multiplies 16 rows:
 // −1.3% there (section 2); the rest of that bound is the weight tile's reads out of shared memory,
 // which the swapped products still make.
 constexpr int32_t kSwappedRows = 16;
@@ -187,7 +187,7 @@ LYNX_HD int32_t last_k_steps(const Tile& t) {
 // one row block (the A block in common). At deepseek-v3 (1-2 row blocks per expert) the CTAs that
 // shared a weight tile without clusters started a median 6.4 µs apart, time in which the GPU loads
 // ~42 MB, so the second read of ~half of them missed L2: gate/up read 19.8 GB from DRAM for ~15.6
-// needed (bench/results/2026-11-29-h200-session6-cluster.txt).
+// needed (measured 2026-11-29, commit 27164ab).
 enum class Shared : int32_t { kNone = 0, kA = 1, kB = 2 };
 
 LYNX_HD Shared shared_operand(const Tile& t0, const Tile& t1) {

@@ -59,7 +59,7 @@ CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int
   // Dimensions, innermost first: a column within its block, the row, the block (128 bytes apart).
   // NOTES: the block's stride is below the row's. The driver's documentation describes each stride as
   // including the one before; the H200's driver (580) encodes and loads this map as intended (the
-  // weight-gradient tests, bench/results/2026-12-01-h200-session17.txt section 6). A driver that
+  // weight-gradient tests, measured 2026-12-01, commit 88df960). A driver that
   // refused it would make encode() throw with its CUresult, not load wrong data.
   const cuuint64_t dims[3] = {64, cuuint64_t(rows), cuuint64_t(cols / 64)};
   const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, 128};

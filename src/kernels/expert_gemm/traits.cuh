@@ -45,7 +45,7 @@ struct Config {
   // NOTES: the weight gradient trades a stage for a whole [64, 256] epilogue piece per warpgroup:
   // its tiles are short (K = an expert's rows: 8 K blocks at qwen3-30b-a3b), and with [64, 128]
   // pieces the second waited for the TMA to read the first out of shared memory, ~17% of the
-  // consumers' samples (bench/results/2026-11-29-h200-session14.txt, section 7).
+  // consumers' samples (measured 2026-11-29, commit 61e8b61).
   static constexpr int kStages = kMode == Mode::kWeightGrad ? 3 : 4;
   // [64, 64] boxes per epilogue piece. NOTES: folding tails takes a [kFoldRows, 64] box per stage, and
   // 4 × 48 KB stages, two [64, 128] pieces and those boxes exceed 227 KB: [64, 64] pieces then.

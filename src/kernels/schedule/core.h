@@ -21,7 +21,7 @@ LYNX_HD int32_t local_expert(int32_t id, int32_t rank, int32_t local_experts) {
 // Rows an expert's block takes: its row count rounded up to the tile height (0 stays 0).
 LYNX_HD int64_t padded_rows(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
 
-// The expert GEMM's row blocks (src/fused/tile_scheduler.h, "folded tails"): an expert's block of
+// The expert GEMM's row blocks (kernels/expert_gemm/tile_scheduler.h, "folded tails"): an expert's block of
 // padded_rows / kTileRows row blocks, less its last when that holds a tail of 1 .. kFoldRows rows
 // behind at least one whole block: such a tail is computed by the tile of the block before it.
 // block_offset[e] counts these blocks over the experts before e.
