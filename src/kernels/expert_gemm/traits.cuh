@@ -116,7 +116,7 @@ struct Params {
   int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
 #if LYNX_EXPERIMENTS
-  int32_t stall_task;  // test hook: the producer stops at this tile, so its consumers must time out
+  int32_t stall_task = -1;  // test hook: the producer stops at this tile, so its consumers must time out
 #endif
   RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
   bool swapped;        // row modes: a warpgroup with 1-16 rows swaps the operands (swapped_products)
