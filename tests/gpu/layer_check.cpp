@@ -1,0 +1,287 @@
+// The shared layer test helpers of layer_check.h.
+#include "gpu/layer_check.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "experiments/test_hooks.h"
+#include "runtime/workspace.h"
+
+namespace lynx::test {
+
+std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<HostBf16> v(n);
+  for (auto& e : v) e = float_to_bf16(static_cast<float>(scale) * dist(rng));
+  return v;
+}
+
+std::vector<double> to_double_vec(const std::vector<HostBf16>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = to_double(v[i]);
+  return d;
+}
+
+HostLayer::HostLayer(const Case& cs, uint64_t seed) : c(cs) {
+  std::mt19937_64 rng(seed);
+  shape.tokens = c.T;
+  shape.hidden = c.H;
+  shape.intermediate = c.I;
+  shape.num_experts = c.E;
+  shape.top_k = c.k;
+  shape.shared_intermediate = c.Is;
+  x = random_bf16(rng, c.T * c.H, 1.0);
+  w_gate = random_bf16(rng, c.E * c.I * c.H, 2.0 / std::sqrt(double(c.H)));
+  w_up = random_bf16(rng, c.E * c.I * c.H, 2.0 / std::sqrt(double(c.H)));
+  w_down = random_bf16(rng, c.E * c.H * c.I, 1.0 / std::sqrt(double(c.I)));
+  if (c.Is > 0) {
+    ws_gate = random_bf16(rng, c.Is * c.H, 2.0 / std::sqrt(double(c.H)));
+    ws_up = random_bf16(rng, c.Is * c.H, 2.0 / std::sqrt(double(c.H)));
+    ws_down = random_bf16(rng, c.H * c.Is, 1.0 / std::sqrt(double(c.Is)));
+  }
+  ids.resize(c.T * c.k);
+  weights.resize(c.T * c.k);
+  std::vector<int32_t> experts(c.E);
+  std::iota(experts.begin(), experts.end(), 0);
+  std::uniform_real_distribution<float> wdist(0.05f, 1.0f);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::shuffle(experts.begin(), experts.end(), rng);
+    for (int64_t j = 0; j < c.k; ++j) {
+      int32_t e = experts[j];
+      if (c.routing == "subset") e = (j % 2 == 0) ? 0 : int32_t(c.E - 1);
+      if (c.routing == "one") e = int32_t(c.E / 2);
+      if (c.routing == "cyclic") e = int32_t((t + j) % c.E);
+      ids[t * c.k + j] = e;
+      weights[t * c.k + j] = (c.zero_weights && (t * c.k + j) % 3 == 0) ? 0.0f : wdist(rng);
+    }
+  }
+  d_x = to_device(x);
+  if (c.int64_ids) {
+    d_ids = to_device(std::vector<int64_t>(ids.begin(), ids.end()));
+  } else {
+    d_ids = to_device(ids);
+  }
+  d_weights = to_device(weights);
+  d_wg = to_device(w_gate);
+  d_wu = to_device(w_up);
+  d_wd = to_device(w_down);
+  if (c.Is > 0) {
+    d_wsg = to_device(ws_gate);
+    d_wsu = to_device(ws_up);
+    d_wsd = to_device(ws_down);
+  }
+}
+
+LayerInputs HostLayer::inputs() const {
+  LayerInputs in;
+  in.x = make_view(d_x.get(), DType::kBF16, {c.T, c.H});
+  in.topk_ids = make_view(d_ids.get(), c.int64_ids ? DType::kI64 : DType::kI32, {c.T, c.k});
+  in.topk_weights = make_view(d_weights.get(), DType::kF32, {c.T, c.k});
+  in.weights.w_gate = make_view(d_wg.get(), DType::kBF16, {c.E, c.I, c.H});
+  in.weights.w_up = make_view(d_wu.get(), DType::kBF16, {c.E, c.I, c.H});
+  in.weights.w_down = make_view(d_wd.get(), DType::kBF16, {c.E, c.H, c.I});
+  if (c.Is > 0) {
+    in.weights.ws_gate = make_view(d_wsg.get(), DType::kBF16, {c.Is, c.H});
+    in.weights.ws_up = make_view(d_wsu.get(), DType::kBF16, {c.Is, c.H});
+    in.weights.ws_down = make_view(d_wsd.get(), DType::kBF16, {c.H, c.Is});
+  }
+  return in;
+}
+
+std::vector<double> HostLayer::weights_double() const { return std::vector<double>(weights.begin(), weights.end()); }
+
+ref::Layer<HostBf16> HostLayer::reference(const std::vector<double>& w) const {
+  ref::Layer<HostBf16> r;
+  r.T = c.T, r.H = c.H, r.I = c.I, r.E = c.E, r.k = c.k, r.I_shared = c.Is;
+  r.x = x.data();
+  r.topk_ids = ids.data();
+  r.topk_weights = w.data();
+  r.w_gate = w_gate.data();
+  r.w_up = w_up.data();
+  r.w_down = w_down.data();
+  r.ws_gate = ws_gate.data();
+  r.ws_up = ws_up.data();
+  r.ws_down = ws_down.data();
+  return r;
+}
+
+std::string first_difference(const Outputs& a, const Outputs& b) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  if (!same(a.y, b.y)) return "y";
+  if (!same(a.dx, b.dx)) return "dx";
+  if (!same(a.d_topk, b.d_topk)) return "d_topk_weights";
+  if (!same(a.dw_gate, b.dw_gate)) return "dw_gate";
+  if (!same(a.dw_up, b.dw_up)) return "dw_up";
+  if (!same(a.dw_down, b.dw_down)) return "dw_down";
+  if (!same(a.dws_gate, b.dws_gate)) return "dws_gate";
+  if (!same(a.dws_up, b.dws_up)) return "dws_up";
+  if (!same(a.dws_down, b.dws_down)) return "dws_down";
+  return "";
+}
+
+OutputBuffers::OutputBuffers(const Case& cs)
+    : c(cs), y(c.T * c.H * 2), dx(c.T * c.H * 2), dtk(c.T * c.k * 4), dwg(c.E * c.I * c.H * 2),
+      dwu(c.E * c.I * c.H * 2), dwd(c.E * c.H * c.I * 2), dwsg(c.Is * c.H * 2), dwsu(c.Is * c.H * 2),
+      dwsd(c.H * c.Is * 2) {}
+
+void OutputBuffers::poison() {
+  for (DeviceBuffer* b : {&y, &dx, &dtk, &dwg, &dwu, &dwd, &dwsg, &dwsu, &dwsd}) b->fill_bytes(0xFF);
+}
+
+TensorView OutputBuffers::y_view() const { return make_view(y.get(), DType::kBF16, {c.T, c.H}); }
+
+Gradients OutputBuffers::grads() const {
+  Gradients g;
+  g.dx = make_view(dx.get(), DType::kBF16, {c.T, c.H});
+  g.d_topk_weights = make_view(dtk.get(), DType::kF32, {c.T, c.k});
+  g.dw_gate = make_view(dwg.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_up = make_view(dwu.get(), DType::kBF16, {c.E, c.I, c.H});
+  g.dw_down = make_view(dwd.get(), DType::kBF16, {c.E, c.H, c.I});
+  if (c.Is > 0) {
+    g.dws_gate = make_view(dwsg.get(), DType::kBF16, {c.Is, c.H});
+    g.dws_up = make_view(dwsu.get(), DType::kBF16, {c.Is, c.H});
+    g.dws_down = make_view(dwsd.get(), DType::kBF16, {c.H, c.Is});
+  }
+  return g;
+}
+
+Outputs OutputBuffers::to_host_outputs() const {
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  Outputs o;
+  o.y = to_host<HostBf16>(y, c.T * c.H);
+  o.dx = to_host<HostBf16>(dx, c.T * c.H);
+  o.d_topk = to_host<float>(dtk, c.T * c.k);
+  o.dw_gate = to_host<HostBf16>(dwg, c.E * c.I * c.H);
+  o.dw_up = to_host<HostBf16>(dwu, c.E * c.I * c.H);
+  o.dw_down = to_host<HostBf16>(dwd, c.E * c.H * c.I);
+  o.dws_gate = to_host<HostBf16>(dwsg, c.Is * c.H);
+  o.dws_up = to_host<HostBf16>(dwsu, c.Is * c.H);
+  o.dws_down = to_host<HostBf16>(dwsd, c.H * c.Is);
+  return o;
+}
+
+Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute) {
+  const Case& c = L.c;
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer d_dy = to_device(dy);
+  const LayerInputs in = L.inputs();
+  forward(ws, in, out.y_view(), nullptr);
+  if (recompute) recompute_forward_context(ws, in, nullptr);
+  backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);
+  return out.to_host_outputs();
+}
+
+void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy) {
+  const Case& c = L.c;
+  const std::vector<double> w = L.weights_double();
+  const ref::Layer<HostBf16> r = L.reference(w);
+  const std::vector<double> y_ref = ref::forward(r);
+  const ref::Gradients g = ref::backward(r, to_double_vec(dy).data());
+  EXPECT_LT(rel_error(o.y, y_ref, "y"), kTolerance);
+  EXPECT_LT(rel_error(o.dx, g.dx, "dx"), kTolerance);
+  // NOTES: each d_topk_weights value is one dot product over I of bf16-rounded factors (da, g, u),
+  // so its error scales with the magnitude of its terms, Σ|da_i a_i|, not with its value: each term
+  // is off by a few 2⁻⁹ at most, with random signs. Every value must be within 1e-2 of that
+  // magnitude (the only meaningful test of a single cancelled sum: T = 1 once gave a plain relative
+  // error of 1.2e-2); a tensor of 32 values or more must also meet the plain relative Frobenius
+  // error, which averages the cancellations out and is 3-5 times tighter.
+  ASSERT_EQ(o.d_topk.size(), g.d_topk_magnitude.size());
+  for (size_t i = 0; i < o.d_topk.size(); ++i) {
+    ASSERT_LE(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]), kTolerance * g.d_topk_magnitude[i])
+        << "d_topk_weights[" << i << "] = " << o.d_topk[i] << ", reference " << g.d_topk_weights[i];
+  }
+  if (o.d_topk.size() >= 32) {
+    EXPECT_LT(rel_error(o.d_topk, g.d_topk_weights, "d_topk_weights"), kTolerance);
+  }
+  EXPECT_LT(rel_error(o.dw_gate, g.dw_gate, "dw_gate"), kTolerance);
+  EXPECT_LT(rel_error(o.dw_up, g.dw_up, "dw_up"), kTolerance);
+  EXPECT_LT(rel_error(o.dw_down, g.dw_down, "dw_down"), kTolerance);
+  if (c.Is > 0) {
+    EXPECT_LT(rel_error(o.dws_gate, g.dws_gate, "dws_gate"), kTolerance);
+    EXPECT_LT(rel_error(o.dws_up, g.dws_up, "dws_up"), kTolerance);
+    EXPECT_LT(rel_error(o.dws_down, g.dws_down, "dws_down"), kTolerance);
+  }
+}
+
+std::string case_name(const Case& c) {
+  return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+         " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " Is=" + std::to_string(c.Is) +
+         " routing=" + c.routing;
+}
+
+void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute, int32_t clusters,
+                             int32_t gemm_sm_count, int32_t gather_lookahead, int32_t order) {
+  SCOPED_TRACE(case_name(c));
+  const HostLayer L(c, seed);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace ws(L.shape, config);
+  test_hooks::set_gemm_clusters(ws, clusters);
+  test_hooks::set_gemm_sm_count(ws, gemm_sm_count);
+  test_hooks::set_gather_lookahead(ws, gather_lookahead);
+  // A lookahead tests the in-kernel gather, which the rule does not pick at these launches' few columns.
+  if (gather_lookahead != 0) test_hooks::set_gather_token_major(ws, 0);
+  test_hooks::set_gemm_order(ws, order);
+  test_hooks::poison_row_buffers(ws);
+  const Outputs o = run_layer(ws, L, dy, recompute);
+  expect_matches_reference(o, L, dy);
+  // Experts that received no row: weight gradients exactly zero (they were poisoned before the call).
+  std::vector<int64_t> rows_per_expert(c.E, 0);
+  for (int32_t e : L.ids) ++rows_per_expert[e];
+  for (int64_t e = 0; e < c.E; ++e) {
+    if (rows_per_expert[e] != 0) continue;
+    for (int64_t i = 0; i < c.I * c.H; ++i) {
+      ASSERT_EQ(o.dw_gate[e * c.I * c.H + i].bits, 0) << "expert " << e;
+      ASSERT_EQ(o.dw_up[e * c.I * c.H + i].bits, 0) << "expert " << e;
+      ASSERT_EQ(o.dw_down[e * c.H * c.I + i].bits, 0) << "expert " << e;
+    }
+  }
+}
+
+std::random_device::result_type fresh_seed() { return std::random_device{}(); }
+
+std::vector<HostBf16> random_dy(const Case& c) {
+  std::mt19937_64 rng(fresh_seed());
+  return random_bf16(rng, c.T * c.H, 1.0);
+}
+
+void expect_padding_rows_zero(Workspace& ws, const Case& c) {
+  Workspace::Impl& w = ws.impl();
+  std::vector<int32_t> offset(c.E + 1), rows(c.E);
+  LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
+  LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t cap = w.problem.capacity;
+  struct RowBuffer {
+    const char* name;
+    const void* data;
+    int64_t cols;
+  };
+  const RowBuffer buffers[] = {
+      {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"da", w.un.da, c.I}, {"dx rows", w.un.rows_b, c.H}};
+  for (const RowBuffer& b : buffers) {
+    const int64_t cols = b.cols;
+    std::vector<HostBf16> host(cap * cols);
+    LYNX_TEST_CUDA(cudaMemcpy(host.data(), b.data, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
+    for (int64_t e = 0; e < c.E; ++e) {
+      const int64_t last = offset[e] + rows[e];  // the first padding row
+      const int64_t half_end = offset[e] + (rows[e] + 63) / 64 * 64;
+      for (int64_t r = last; r < half_end; ++r) {
+        for (int64_t i = 0; i < cols; ++i) {
+          ASSERT_EQ(host[r * cols + i].bits, 0) << b.name << ": expert " << e << ", padding row " << r - offset[e];
+        }
+      }
+    }
+  }
+}
+
+Config FusedOnlyTest::fused() {
+  Config c;
+  c.backend = Backend::kFused;
+  return c;
+}
+
+}  // namespace lynx::test

@@ -1,0 +1,154 @@
+// Shared by the layer test files: random layer inputs, calls on poisoned outputs, checks against the reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/bf16.h"
+#include "gpu/gpu_test.h"
+#include "lynx/lynx.h"
+#include "reference/reference.h"
+
+namespace lynx::test {
+
+struct Case {
+  int64_t T, H, I, E, k, Is;
+  // random | subset (j even: expert 0, j odd: expert E-1) | one (every row to expert E/2) |
+  // cyclic (expert (t + j) % E)
+  std::string routing = "random";
+  bool int64_ids = false;
+  bool zero_weights = false;       // every third router weight is exactly 0
+};
+
+std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale);
+
+std::vector<double> to_double_vec(const std::vector<HostBf16>& v);
+
+// A layer's host inputs and their device copies.
+struct HostLayer {
+  Case c;
+  LayerShape shape;
+  std::vector<HostBf16> x, w_gate, w_up, w_down, ws_gate, ws_up, ws_down;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  DeviceBuffer d_x, d_ids, d_weights, d_wg, d_wu, d_wd, d_wsg, d_wsu, d_wsd;
+
+  explicit HostLayer(const Case& cs, uint64_t seed);
+
+  LayerInputs inputs() const;
+
+  std::vector<double> weights_double() const;
+
+  ref::Layer<HostBf16> reference(const std::vector<double>& w) const;
+};
+
+// ‖got − want‖ / ‖want‖ (Frobenius); got must be all finite.
+template <class T>
+double rel_error(const std::vector<T>& got, const std::vector<double>& want, const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double g;
+    if constexpr (std::is_same_v<T, HostBf16>) {
+      g = to_double(got[i]);
+    } else {
+      g = got[i];
+    }
+    if (!std::isfinite(g)) {
+      ADD_FAILURE() << what << "[" << i << "] is not finite (" << g << "): not written or NaN";
+      return INFINITY;
+    }
+    num += (g - want[i]) * (g - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+inline constexpr double kTolerance = 1e-2;  // bf16 operands, fp32 accumulation (ARCHITECTURE.md §8)
+
+struct Outputs {
+  std::vector<HostBf16> y, dx, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down;
+  std::vector<float> d_topk;
+};
+
+// The first output whose bits differ between a and b ("" when every output is the same).
+std::string first_difference(const Outputs& a, const Outputs& b);
+
+// Device buffers of every output of a layer call, with their views.
+struct OutputBuffers {
+  const Case c;
+  DeviceBuffer y, dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd;
+
+  explicit OutputBuffers(const Case& cs);
+
+  // NaN in every float, so that an unwritten element cannot pass.
+  void poison();
+  TensorView y_view() const;
+  Gradients grads() const;
+  Outputs to_host_outputs() const;
+};
+
+// Runs forward and backward on poisoned outputs and copies everything back.
+Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute = false);
+
+// Every output against the reference for these inputs and dy.
+void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);
+
+// A case's sizes and routing, for test traces.
+std::string case_name(const Case& c);
+
+// `clusters`: test_hooks::set_gemm_clusters (-1: the rule); `gemm_sm_count`: set_gemm_sm_count;
+// `gather_lookahead`: set_gather_lookahead (0: the rule).
+void check_against_reference(const Case& c, uint64_t seed, const Config& config, bool recompute = false,
+                             int32_t clusters = -1, int32_t gemm_sm_count = 0, int32_t gather_lookahead = 0,
+                             int32_t order = -1);
+
+std::random_device::result_type fresh_seed();
+
+// A fresh random dy for case `c`.
+std::vector<HostBf16> random_dy(const Case& c);
+
+// Every padding row of the 64-row halves that hold rows is an exact zero in g and u (gate/up), da
+// (the dgrad of down) and the per-row dx (the dgrad of gate/up); stops at the first that is not.
+void expect_padding_rows_zero(Workspace& ws, const Case& c);
+
+// The fixture of the fused-only tests (PairedTiles, KernelGather).
+class FusedOnlyTest : public GpuTest {
+ protected:
+  static Config fused();
+};
+
+// A forced stall (a test hook set by `stall`) ends in a diagnostic naming the wait, not a hang, and in
+// a trap: the consumers that time out record the stall and leave, and their producer thread traps for
+// them. The trap kills the CUDA context (printed after the diagnostic: "[context lost]"), so it runs
+// in a child process.
+template <class Stall>
+[[noreturn]] void run_stalled_forward(Stall stall) {
+  const Case c{300, 128, 128, 4, 2, 0};
+  const HostLayer L(c, 7);
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  stall(ws);
+  DeviceBuffer y(c.T * c.H * 2);
+  try {
+    forward(ws, L.inputs(), make_view(y.get(), DType::kBF16, {c.T, c.H}), nullptr);
+    ws.check(nullptr);
+  } catch (const std::exception& e) {
+    const bool lost = cudaDeviceSynchronize() != cudaSuccess;
+    std::fprintf(stderr, "%s [%s]\n", e.what(), lost ? "context lost" : "the grid ended without a trap");
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+}  // namespace lynx::test
