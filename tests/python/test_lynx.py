@@ -48,7 +48,7 @@ def d_topk_magnitude(x, topk_ids, w_gate, w_up, w_down, dy):
     """[T, k] Σ_i |da_i · h_i| with da = w_down[e]ᵀ dy[t], h = silu(g) ⊙ u: the magnitude of the terms of
     each topk_weights gradient. NOTES: that gradient is one dot product of bf16-rounded factors, so its
     error scales with this, not with its (possibly cancelled) value: a single cancelled value can fail
-    a plain relative error (tests/gpu/test_layer.cpp says more)."""
+    a plain relative error (tests/gpu/layer_check.cpp (expect_matches_reference) says more)."""
     x32, dy32 = x.detach().float(), dy.float()
     mag = torch.zeros(topk_ids.shape, device=x.device)
     for e in range(w_gate.shape[0]):
