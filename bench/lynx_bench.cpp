@@ -86,7 +86,10 @@ int to_int(const std::string& flag, const std::string& v, int min) {
 
 Options parse(int argc, char** argv) {
   Options o;
+#if LYNX_EXPERIMENTS
+  // Only the experiments build reads it (plan/overrides.h).
   if (const char* forced = std::getenv("LYNX_UNFUSED_GEMM")) o.command = "LYNX_UNFUSED_GEMM=" + std::string(forced) + " ";
+#endif
   for (int i = 0; i < argc; ++i) {
     if (i) o.command += ' ';
     o.command += argv[i];
