@@ -19,33 +19,32 @@ namespace lynx::test_hooks {
 // bounded waits must time out and report instead of hanging.
 inline void set_stall_task(Workspace& ws, int32_t task) { ws.impl().test_stall_task = task; }
 
-// The plan's overrides (plan/overrides.h) for this workspace, -1 (or 0) for the rule: the small test
-// shapes then take the choices a benchmark shape would, or each choice's other branch.
-// Runs every row-mode expert GEMM as cluster units (1), as single CTAs (0), or as the rule decides (-1).
-inline void set_gemm_clusters(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_clusters = v; ws.impl().replan(); }
-// Swapped products for warpgroups of 1-16 rows always (1), never (0), or by the rule (-1).
-inline void set_gemm_swapped(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_swapped = v; ws.impl().replan(); }
-// Folds tails of 1-kFoldRows rows into the row block before them (1), never (0), or by the rule (-1).
-inline void set_gemm_fold(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_fold = v; ws.impl().replan(); }
-// Walks every expert GEMM's tiles in order from the ticket (1), as the static round robin (0), or by
-// the rule (-1).
-inline void set_gemm_order(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_order = v; ws.impl().replan(); }
-// Launches the expert GEMMs on `sm_count` CTAs (0: every SM), so that a few CTAs, or one cluster, walk
-// many tiles: pipeline phases and the unit mailbox's slots wrap many times.
-inline void set_gemm_sm_count(Workspace& ws, int32_t v) { ws.impl().overrides.gemm_sm_count = v; ws.impl().replan(); }
-// The in-kernel gather may run only `blocks` row blocks ahead of the tiles begun (0: the rule), so
-// that small test shapes exercise its throttle.
-inline void set_gather_lookahead(Workspace& ws, int32_t v) {
-  ws.impl().overrides.gather_lookahead = v;
+// Forces one of the plan's choices (a field of plan/overrides.h; -1, or 0 for counts, gives it back
+// to the rule) for this workspace and plans again: the small test shapes then take the choices a
+// benchmark shape would, or each choice's other branch.
+inline void force(Workspace& ws, int32_t plan::Overrides::*choice, int32_t value) {
+  ws.impl().overrides.*choice = value;
   ws.impl().replan();
 }
+// Runs every row-mode expert GEMM as cluster units (1), as single CTAs (0), or as the rule decides (-1).
+inline void set_gemm_clusters(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_clusters, v); }
+// Swapped products for warpgroups of 1-16 rows always (1), never (0), or by the rule (-1).
+inline void set_gemm_swapped(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_swapped, v); }
+// Folds tails of 1-kFoldRows rows into the row block before them (1), never (0), or by the rule (-1).
+inline void set_gemm_fold(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_fold, v); }
+// Walks every expert GEMM's tiles in order from the ticket (1), as the static round robin (0), or by
+// the rule (-1).
+inline void set_gemm_order(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_order, v); }
+// Launches the expert GEMMs on `sm_count` CTAs (0: every SM), so that a few CTAs, or one cluster, walk
+// many tiles: pipeline phases and the unit mailbox's slots wrap many times.
+inline void set_gemm_sm_count(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_sm_count, v); }
+// The in-kernel gather may run only `blocks` row blocks ahead of the tiles begun (0: the rule), so
+// that small test shapes exercise its throttle.
+inline void set_gather_lookahead(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gather_lookahead, v); }
 // Gathers the fused launches' rows token-major in a kernel before each GEMM (1), in the GEMMs or the
 // row-major kernel (0), or by the rule (-1: token-major for the small test shapes, whose launches have
 // fewer than 1024 columns).
-inline void set_gather_token_major(Workspace& ws, int32_t v) {
-  ws.impl().overrides.gather_token_major = v;
-  ws.impl().replan();
-}
+inline void set_gather_token_major(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gather_token_major, v); }
 
 // The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),
 // so that the producer's bounded wait for them must time out and report instead of hanging.
