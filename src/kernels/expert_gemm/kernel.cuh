@@ -1,6 +1,6 @@
 // The grouped expert GEMM kernel: one producer warpgroup (TMA), two consumer warpgroups (wgmma,
 // 64 rows each), a persistent tile scheduler (tiles claimed in order from a device ticket, or a static
-// round robin; choose_tile_order).
+// round robin; plan/tiles.h chooses).
 // Four modes share the pipeline (A_e = the expert's block of schedule rows):
 //   kRowsSwiGLU  C_e = silu(A_e·Gᵀ) ⊙ (A_e·Uᵀ)   G, U: [E, N, K] (K-major)
 //   kRows        C_e = A_e · Bᵀ                   B: [E, N, K] (K-major)

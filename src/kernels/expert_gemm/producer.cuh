@@ -21,7 +21,7 @@ namespace lynx::gemm::impl {
 // that share a weight tile or a row block (neighbours in tile_at's raster) run apart in time and
 // re-read their operands from DRAM; claims from a ticket keep neighbours together. Which CTA computes
 // a tile does not change its bits: each tile is still computed whole, over its K in order. When each
-// order wins: choose_tile_order.
+// order wins: plan::choose_tile_order (plan/tiles.h).
 __device__ __forceinline__ int32_t claim_ticket(const Params& p) { return atomicAdd(&p.tickets[0], 1); }
 
 // The last of the `claimers` CTAs to finish claiming zeroes the counters for the next launch on the stream.

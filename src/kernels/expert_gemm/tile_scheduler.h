@@ -21,8 +21,8 @@ struct TileGrid {
   int32_t k_blocks;   // row modes: K / kBlockK (the weight gradient's K comes from the schedule)
   int32_t capacity;   // schedule rows the buffers hold
   bool weight_grad;   // per-expert weight gradients (K = an expert's rows) instead of row blocks
-  int32_t group_rows = 1;      // row modes: row blocks per raster group (choose_tile_order)
-  bool expert_groups = false;  // row modes: raster groups end at expert boundaries (choose_tile_order)
+  int32_t group_rows = 1;      // row modes: row blocks per raster group (plan/tiles.h)
+  bool expert_groups = false;  // row modes: raster groups end at expert boundaries (plan/tiles.h)
   const int32_t* expert_rows = nullptr;  // [experts] rows before padding (device memory). Row modes: the
                                          // rows of each tile (null: every tile counts as full); weight
                                          // grad: K stops at the last 64-row block holding rows (null: K is

@@ -113,7 +113,7 @@ struct Params {
   bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
   DeviceStatus* status;
   bool in_order;       // tiles claimed in order from `tickets`; else the static round robin
-  int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; use_cluster_units)
+  int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; plan/tiles.h)
   int32_t* tickets;    // [2] device: next tile to claim, CTAs finished claiming; zero between launches
 #if LYNX_EXPERIMENTS
   int32_t stall_task = -1;  // test hook: the producer stops at this tile, so its consumers must time out
