@@ -61,15 +61,14 @@ Expected expect(const Routing& g, int32_t r, int64_t capacity) {
   x.row_src_rank.assign(std::max<int64_t>(capacity, 0), -1);
   x.slot_row.assign(g.T * g.k, -1);
   if (x.total > capacity) return x;
-  // Round-robin: round q visits sources 0..R-1, each giving its row q if it still has one.
+  // Global token order: source 0's rows, then source 1's, ..., each in t*k + j order.
   for (int64_t e = 0; e < E_loc; ++e) {
     int64_t row = x.expert_offset[e];
-    for (size_t q = 0; row < x.expert_offset[e] + x.expert_rows[e]; ++q) {
-      for (int32_t s = 0; s < g.R; ++s) {
-        if (q >= x.lists[e][s].size()) continue;
-        x.row_token_slot[row] = x.lists[e][s][q];
+    for (int32_t s = 0; s < g.R; ++s) {
+      for (const int32_t slot : x.lists[e][s]) {
+        x.row_token_slot[row] = slot;
         x.row_src_rank[row] = s;
-        if (s == r) x.slot_row[x.lists[e][s][q]] = int32_t(row);
+        if (s == r) x.slot_row[slot] = int32_t(row);
         ++row;
       }
     }
@@ -163,21 +162,46 @@ void check_all_ranks(const Routing& g, const std::string& what) {
   }
 }
 
-TEST(Schedule, InterleavedPositionIsRoundRobin) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 200; ++trial) {
-    const int32_t R = 1 + int32_t(rng() % 9);
-    std::vector<int32_t> n(R);
-    for (auto& v : n) v = int32_t(rng() % 6);
-    std::vector<std::vector<int64_t>> want(R);
-    int64_t pos = 0;
-    for (int32_t q = 0; q < 6; ++q) {
-      for (int32_t s = 0; s < R; ++s) {
-        if (q < n[s]) want[s].push_back(pos++);
-      }
+TEST(Schedule, SourceMajorPositionCountsTheSourcesBefore) {
+  const std::vector<int32_t> n{3, 0, 2, 5};
+  EXPECT_EQ(core::source_major_position(0, 0, n.data()), 0);
+  EXPECT_EQ(core::source_major_position(2, 0, n.data()), 2);
+  EXPECT_EQ(core::source_major_position(0, 2, n.data()), 3);
+  EXPECT_EQ(core::source_major_position(1, 2, n.data()), 4);
+  EXPECT_EQ(core::source_major_position(4, 3, n.data()), 9);
+}
+
+// Invariance in R (ARCHITECTURE.md §3): the R-rank schedules of a routing, expert by expert, list the
+// same rows in the same order as the one-rank schedule of all R ranks' tokens numbered rank-major.
+TEST(Schedule, EveryExpertsRowsAreTheOneRankOrderAtEveryR) {
+  std::mt19937 rng(11);
+  for (const int32_t R : {2, 3, 4, 8, 64}) {
+    const int64_t E = R * (1 + int64_t(rng() % 4)), k = 1 + int64_t(rng() % std::min<int64_t>(E, 8));
+    const int64_t T = 1 + int64_t(rng() % 300);
+    // Duplicate ids within a token included; a quarter of the entries on experts 0 and 1.
+    Routing g(R, T, k, E, 5);
+    for (auto& ids : g.ids) {
+      for (auto& id : ids) id = int32_t(rng() % (rng() % 4 == 0 ? 2 : E));
     }
-    for (int32_t s = 0; s < R; ++s) {
-      for (int32_t q = 0; q < n[s]; ++q) ASSERT_EQ(core::interleaved_position(q, s, n.data(), R), want[s][q]);
+    // The one-rank problem: every rank's tokens, rank-major.
+    Routing one(1, T * R, k, E, 5);
+    for (int32_t s = 0; s < R; ++s) std::copy(g.ids[s].begin(), g.ids[s].end(), one.ids[0].begin() + s * T * k);
+    HostSchedule whole;
+    ASSERT_EQ(build_schedule_host(one.problem(0, one.worst_case_capacity()), one.ptrs.data(), whole).code,
+              StatusCode::kOk);
+    const int64_t E_loc = E / R;
+    for (int32_t r = 0; r < R; ++r) {
+      HostSchedule part;
+      ASSERT_EQ(build_schedule_host(g.problem(r, g.worst_case_capacity()), g.ptrs.data(), part).code, StatusCode::kOk);
+      for (int64_t e = 0; e < E_loc; ++e) {
+        const int64_t ge = r * E_loc + e;
+        ASSERT_EQ(part.expert_rows[e], whole.expert_rows[ge]) << "R " << R << " expert " << ge;
+        for (int32_t q = 0; q < part.expert_rows[e]; ++q) {
+          const int64_t pr = part.expert_offset[e] + q, wr = whole.expert_offset[ge] + q;
+          ASSERT_EQ(int64_t(part.row_src_rank[pr]) * T * k + part.row_token_slot[pr], whole.row_token_slot[wr])
+              << "R " << R << " expert " << ge << " row " << q;
+        }
+      }
     }
   }
 }

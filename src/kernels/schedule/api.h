@@ -5,15 +5,14 @@
 // Placement rule, for this rank r with local experts e = 0 .. E_loc-1 (global id r*E_loc + e):
 //  * Rows are expert-major: expert e's block starts at expert_offset[e]; its length is padded up to a
 //    multiple of kTileRows (experts with no rows take no space). expert_offset[E_loc] = total rows.
-//  * Inside expert e's block, source ranks are interleaved: L_s = the (t, j) pairs of source rank s
-//    routed to e, in increasing t*k + j order. Row q of L_s goes to position
-//        Σ_{s'} min(q, |L_s'|) + #{ s' < s : |L_s'| > q }
-//    i.e. round-robin over sources, skipping exhausted ones.
+//  * Inside expert e's block, rows stand in global token order: L_s = the (t, j) pairs of source rank
+//    s routed to e, in increasing t*k + j order; row q of L_s goes to position Σ_{s' < s} |L_s'| + q.
 //  * block_offset[e] = Σ_{e' < e} tile_blocks(rows of e'): where expert e's row blocks start in the
 //    expert GEMM's tiles when it folds tails (schedule_core.h). block_offset[E_loc] = all of them.
 //  * Padding rows have row_token_slot = row_src_rank = -1.
 //  * slot_row[t*k + j] (for this rank's own tokens) is the row of (t, j) if its expert is local to this
-//    rank, else -1.
+//    rank, else -1. With peer_slot_row (R > 1), the rank that computes (t, j) of source s writes its row
+//    into peer_slot_row[s][t*k + j] instead, and no rank writes the others.
 //  * row_token_slot holds the flat index t*k + j into the source rank's [T, k] ids.
 //  * If the padded total exceeds the capacity, nothing is written to the row arrays or slot_row (they
 //    keep whatever an earlier build left: consumers must go by the total, expert_offset[E_loc]),
@@ -70,6 +69,7 @@ struct DeviceBuffers {
   int32_t* expert_rows;     // [E_loc]
   int32_t* block_offset;    // [E_loc + 1]
   int32_t* slot_row;        // [T*k]
+  int32_t* const* peer_slot_row = nullptr;  // [R] device: each source rank's slot_row (R > 1), else null
   int32_t* scratch;         // [SchedulePlan::scratch_ints()]
   DeviceStatus* status;
   DeviceStatus* stall_report = nullptr;  // host-mapped: where a timed-out wait reports before its trap

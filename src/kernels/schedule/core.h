@@ -57,20 +57,17 @@ LYNX_HD bool padding_row_read(const int32_t* row_token_slot, int64_t row) {
 LYNX_HD bool fits_capacity(int64_t total, int64_t capacity) { return total <= capacity; }
 
 // Index of the (local expert e, source rank s) pair in per-pair tables: expert-major, sources inner,
-// so one expert's per-source row counts are contiguous (what interleaved_position reads).
+// so one expert's per-source row counts are contiguous (what source_major_position reads).
 LYNX_HD int32_t pair_index(int32_t e, int32_t s, int32_t num_sources) { return e * num_sources + s; }
 
 // Position, inside its expert's block, of row q of source s, where source_rows[s'] = |L_s'| is the
-// number of rows source s' sends to this expert:
-//     sum_{s'} min(q, |L_s'|) + #{ s' < s : |L_s'| > q }
-// i.e. rounds q = 0, 1, ... each visit the sources still holding a row q, in increasing s'.
-LYNX_HD int64_t interleaved_position(int64_t q, int32_t s, const int32_t* source_rows, int32_t num_sources) {
-  int64_t pos = 0;
-  for (int32_t other = 0; other < num_sources; ++other) {
-    const int64_t n = source_rows[other];
-    pos += n < q ? n : q;
-    if (other < s && n > q) ++pos;
-  }
+// number of rows source s' sends to this expert: the rows of the sources before s, then q.
+// NOTES: global token order (tokens numbered rank-major, a source's rows in t*k + j order), with no
+// padding per source: an expert's rows stand in the same order at every R, so the weight gradients'
+// K order, and with it their bits, do not depend on R (ARCHITECTURE.md §3, "Invariance in R").
+LYNX_HD int64_t source_major_position(int64_t q, int32_t s, const int32_t* source_rows) {
+  int64_t pos = q;
+  for (int32_t other = 0; other < s; ++other) pos += source_rows[other];
   return pos;
 }
 

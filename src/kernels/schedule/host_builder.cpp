@@ -49,7 +49,7 @@ HostResult build_schedule_host(const Problem& p, const int32_t* const* topk_ids,
     return result;
   }
 
-  // Row q of source s for expert e goes where the interleave rule says; q counts in t*k + j order.
+  // Row q of source s for expert e goes after the rows of the sources before s; q counts in t*k + j order.
   std::vector<int32_t> next_q(size_t(E_loc) * R, 0);
   for (int32_t s = 0; s < R; ++s) {
     for (int64_t i = 0; i < entries; ++i) {
@@ -57,7 +57,7 @@ HostResult build_schedule_host(const Problem& p, const int32_t* const* topk_ids,
       if (e < 0) continue;
       const int32_t q = next_q[core::pair_index(e, s, R)]++;
       const int64_t row = out.expert_offset[e] +
-                          core::interleaved_position(q, s, &source_rows[core::pair_index(e, 0, R)], R);
+                          core::source_major_position(q, s, &source_rows[core::pair_index(e, 0, R)]);
       out.row_token_slot[row] = static_cast<int32_t>(i);
       out.row_src_rank[row] = s;
       if (s == p.rank) out.slot_row[i] = static_cast<int32_t>(row);

@@ -51,6 +51,7 @@ struct Args {
   int32_t* expert_rows;
   int32_t* block_offset;
   int32_t* slot_row;
+  int32_t* const* peer_slot_row;  // [R] device, or null (R = 1): every source rank's slot_row
   DeviceStatus* status;
   DeviceStatus* stall_report;
 #if LYNX_EXPERIMENTS
@@ -272,7 +273,7 @@ __device__ void write_padding(const Args& a, const int32_t* pair_rows, const int
 //   1. each warp ranks its entries among same-expert entries of the warp (match_any; the lowest
 //      peer lane bumps the warp's counter for that expert),
 //   2. per expert, the warps' counts become prefixes on top of the chunk's running count q0[e],
-//   3. row q = prefix + rank goes to offset[e] + interleaved_position(q, s, pair_rows of e).
+//   3. row q = prefix + rank goes to offset[e] + source_major_position(q, s, pair_rows of e).
 // `ids` holds source s's int32 ids (the own rank's checked copy when the build checked them).
 __device__ void place_chunk(const Args& a, const int32_t* ids, int32_t* q0, int32_t* warp_q, const int32_t* pair_rows,
                             const int32_t* offset) {
@@ -324,11 +325,17 @@ __device__ void place_chunk(const Args& a, const int32_t* ids, int32_t* q0, int3
       if (e[u] >= 0) {
         const int32_t q = my_q[e[u]] + rank[u];
         row = static_cast<int32_t>(offset[e[u]] +
-                                   core::interleaved_position(q, s, pair_rows + core::pair_index(e[u], 0, R), R));
+                                   core::source_major_position(q, s, pair_rows + core::pair_index(e[u], 0, R)));
         a.row_token_slot[row] = static_cast<int32_t>(i);
         a.row_src_rank[row] = s;
       }
-      if (s == a.rank) a.slot_row[i] = row;
+      // At R > 1 the rank that computes (t, j) tells its source where the row is (the combine pulls
+      // it from there); every entry has one such rank, so no other writes the slot.
+      if (a.peer_slot_row) {
+        if (row >= 0) a.peer_slot_row[s][i] = row;
+      } else if (s == a.rank) {
+        a.slot_row[i] = row;
+      }
     }
     // NOTES: only this warp reads my_q after the block barrier above, so resetting it for the next
     // round needs only the warp's own barrier; the next round's step 2 sits behind a block barrier.
@@ -428,6 +435,7 @@ Args make_args(const Problem& p, const SchedulePlan& plan, const DeviceRouting& 
   a.expert_rows = b.expert_rows;
   a.block_offset = b.block_offset;
   a.slot_row = b.slot_row;
+  a.peer_slot_row = b.peer_slot_row;
   a.status = b.status;
   a.stall_report = b.stall_report;
 #if LYNX_EXPERIMENTS
