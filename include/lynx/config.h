@@ -32,6 +32,9 @@ struct Config {
   int64_t schedule_capacity = 0;    // most routed rows (after padding) one call may schedule; 0: the worst case
   bool save_forward_context = true; // forward keeps what backward needs (else: recompute_forward_context)
   Backend backend = Backend::kAuto;
+  // R > 1: how long a rank waits at a cross-rank barrier for the others before it reports the rank
+  // that did not come and stops (its kernel traps, the CUDA context is lost); 0: 30 s.
+  int64_t peer_timeout_ms = 0;
 };
 
 // Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
@@ -61,6 +64,7 @@ struct ResolvedConfig {
   int64_t schedule_capacity;
   bool save_forward_context;
   Backend backend;
+  int64_t peer_timeout_ms;
 };
 
 // Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.

@@ -4,4 +4,5 @@
 #include "lynx/config.h"
 #include "lynx/error.h"
 #include "lynx/moe.h"
+#include "lynx/ranks.h"
 #include "lynx/tensor.h"

@@ -58,9 +58,6 @@ int64_t worst_case_schedule_rows(const LayerShape& s) {
 
 ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const DeviceInfo& device) {
   validate_shape(shape);
-  require(shape.num_ranks == 1, "shape.num_ranks",
-          "expert parallelism over several ranks is not implemented yet: only num_ranks = 1, got " +
-              str(shape.num_ranks));
   require(device.sm_count >= 2, "device.sm_count", "needs at least 2 SMs, got " + str(device.sm_count));
   ResolvedConfig r{};
   const int64_t worst = worst_case_schedule_rows(shape);
@@ -79,6 +76,11 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
   require(c.backend == Backend::kAuto || c.backend == Backend::kUnfused || c.backend == Backend::kFused,
           "config.backend", "unknown backend " + str(static_cast<int64_t>(c.backend)));
   r.backend = c.backend == Backend::kAuto ? Backend::kFused : c.backend;
+  require(shape.num_ranks == 1 || r.backend == Backend::kFused, "config.backend",
+          "the unfused baseline runs one rank only; num_ranks = " + str(shape.num_ranks) + " needs the fused backend");
+  require(c.peer_timeout_ms >= 0 && c.peer_timeout_ms <= 3'600'000, "config.peer_timeout_ms",
+          "must be in [0, 3600000] (0: 30 s), got " + str(c.peer_timeout_ms));
+  r.peer_timeout_ms = c.peer_timeout_ms == 0 ? 30'000 : c.peer_timeout_ms;
   r.save_forward_context = c.save_forward_context;
   return r;
 }

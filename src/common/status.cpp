@@ -36,8 +36,14 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                          : st.a == 5 ? "rows gathered (producer waiting for the gather warps to copy its tile's rows)"
                          : st.a == 6 ? "consumers done (producer waiting for its consumers to finish their last tile)"
                          : st.a == 7 ? "schedule blocks (a schedule builder block waiting for the others at a grid barrier)"
+                         : st.a == 8 ? "peer arrival (waiting at a cross-rank barrier for another rank, which never came)"
                                      : "unknown";
       const bool unit = st.a == 3 || st.a == 4;  // the mailbox waits name cluster units, not tiles
+      if (st.a == 8) {
+        return "a device wait timed out: wait 8 = " + std::string(wait) + ", rank " + std::to_string(st.b) +
+               " had not arrived (" + std::to_string(-st.c) +
+               " barrier(s) behind); the kernel trapped and the CUDA context is lost";
+      }
       const std::string task = st.a == 7    ? "barrier " + std::to_string(st.b)
                                : st.b >= 0  ? (unit ? "unit " : "task ") + std::to_string(st.b)
                                : st.b == -1 ? std::string(unit ? "the next unit (not yet known)" : "the next task (not yet known)")
@@ -47,6 +53,12 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
              wait + ", " + task + ", phase/counter " + std::to_string(st.c) +
              "; the kernel trapped and the CUDA context is lost";
     }
+    case StatusCode::kPeerFailed:
+      return "rank " + std::to_string(st.a) + " reported an error in this pass (" +
+             (st.b == int64_t(StatusCode::kCapacityOverflow) ? std::string("schedule capacity")
+              : st.b == int64_t(StatusCode::kWaitTimeout)    ? std::string("a device wait timed out")
+                                                             : std::string("a bad route")) +
+             "; its own check() says which), so rank " + std::to_string(st.rank) + " wrote no outputs";
   }
   return "unknown device status code " + std::to_string(st.code) + on_rank;
 }

@@ -13,6 +13,7 @@ enum class StatusCode : int32_t {
   kNonFiniteWeight = 3,   // a = flat index t*k+j, b = the weight's bits
   kWaitTimeout = 4,       // rank = block, a = which wait (sm90::Wait), b = task (-1: the next, not yet
                           // known; -2: past the last), c = phase or counter seen
+  kPeerFailed = 5,        // R > 1: rank `a` reported error code `b` in this pass; this rank's outputs are not written
 };
 
 // One per workspace, in device memory: zero at workspace creation but for first_bad_route (UINT64_MAX);

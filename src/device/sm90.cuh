@@ -67,6 +67,7 @@ enum class Wait : int32_t {
   kRowsGathered = 5,  // producer: the rows of its tile's row block, copied by the gather warps (row_gather.cuh)
   kConsumersDone = 6,  // producer thread: every consumer thread finished its last tile (or left after a stall)
   kScheduleBlocks = 7, // schedule builder: every block at a grid barrier (kernels/schedule/schedule_kernel.cu)
+  kPeerArrival = 8,    // cross-rank barrier: a peer rank's arrival (kernels/peer/barrier.cu)
 };
 
 // NOTES: an mbarrier wait gives up after 10 s of %globaltimer: far beyond any legitimate wait, short

@@ -53,7 +53,9 @@ GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, int6
           ? f.gather_token_major == 1
           : gather_token_major(shape.tokens * shape.top_k, shape.local_experts(), shape.tokens, shape.hidden,
                                products_per_row, l2_bytes);
-  if (token_major) return GatherPlace::kTokenKernel;
+  // NOTES: at R > 1 the rows come from other ranks; a token-major gather would be a push from each
+  // source, which the passes do not have: the rows are pulled row-major there.
+  if (token_major && shape.num_ranks == 1) return GatherPlace::kTokenKernel;
   return f.gemm_gather != 0 ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
 }
 

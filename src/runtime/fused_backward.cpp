@@ -1,3 +1,4 @@
+#include "common/cuda_check.h"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/glue/api.h"
 #include "runtime/fused_launch.h"
@@ -7,11 +8,30 @@
 
 namespace lynx::fused {
 
-void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
-              cudaStream_t s) {
-  require_context(w, in);
+namespace {
+
+// dx[t] = dx_s[t] + Σ_j dx_row of (t, j); at R > 1 pulled from the ranks that computed them, with the
+// d_topk_weights those ranks computed.
+void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
   const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, k = sh.top_k, Is = sh.shared_intermediate;
+  if (omitted(Stage::kDxCombine, w.backward_calls)) return;
+  CombineSources peers;
+  if (w.ranks() > 1) {
+    peers.rows = w.table<const void>(comm::kRowsB);
+    peers.ids32 = w.ids32;
+    peers.local_experts = static_cast<int32_t>(sh.local_experts());
+    peers.d_topk_rows = w.table<const float>(comm::kDTopkRows);
+    peers.d_topk_weights = data_of<float>(grads.d_topk_weights);
+  }
+  glue::combine(data_of<bf16_t>(grads.dx), w.un.rows_b, w.schedule.slot_row, nullptr,
+                sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
+}
+
+// The experts' backward (and the shared expert's), between the two barriers at R > 1.
+void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                      cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t H = sh.hidden, I = sh.intermediate;
   const int64_t E = sh.local_experts(), cap = w.problem.capacity;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
@@ -22,6 +42,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   enqueue_shared_backward(w, in, dy, grads, s);
   const bool gather = !omitted(Stage::kDyGather, w.backward_calls);
   const plan::GatherPlace place = w.plan.da_gather;
+  // At R > 1 the rows are pulled from every rank's staged dy (the open step), not from `dy`.
   if (gather) queue_gather_kernel(place, w, dy, dyg, s);
 
   gemm::ExpertGemmArgs g = expert_gemm_args(w, w.plan.da);
@@ -40,8 +61,15 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
 
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
-    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g,
-                             w.un.u, data_of<const float>(in.topk_weights), slots, total, cap, I, s);
+    // At R > 1 each row's router weight is its source rank's, and its d_topk_weights stays with the row.
+    RowSources weights;
+    float* d_topk = data_of<float>(grads.d_topk_weights);
+    if (w.ranks() > 1) {
+      weights = {w.table<const void>(comm::kWeights), w.schedule.row_src_rank};
+      d_topk = w.in_region<float>(w.layout.d_topk_rows);
+    }
+    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
+                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights);
   }
 
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
@@ -54,10 +82,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   g.n = H;
   g.out = dxe;
   if (!omitted(Stage::kDgradGateUp, w.backward_calls)) gemm::expert_gemm_n_major(g, s);
-  if (!omitted(Stage::kDxCombine, w.backward_calls)) {
-    glue::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k,
-                     H, w.status, s);
-  }
+  if (w.ranks() == 1) dx_combine(w, grads, s);
 
   // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
   gemm::WeightGradArgs wg;
@@ -87,6 +112,32 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   wg.out = data_of<bf16_t>(grads.dw_down);
   wg.out2 = nullptr;
   if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+}
+
+}  // namespace
+
+void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+              cudaStream_t s, Step step) {
+  const bool ranks = w.ranks() > 1;
+  switch (step) {
+    case Step::kOpen:
+      require_context(w, in);
+      if (!ranks) break;
+      LYNX_CUDA(cudaMemcpyAsync(w.in_region<void>(w.layout.token_rows), dy.data,
+                                size_t(2 * w.shape.tokens * w.shape.hidden), cudaMemcpyDeviceToDevice, s));
+      peer::arrive(w.barrier_args(), s);
+      break;
+    case Step::kCompute:
+      if (ranks) peer::wait(w.barrier_args(), false, s);
+      backward_compute(w, in, dy, grads, s);
+      if (ranks) peer::arrive(w.barrier_args(), s);
+      break;
+    case Step::kClose:
+      if (!ranks) break;
+      peer::wait(w.barrier_args(), true, s);
+      dx_combine(w, grads, s);
+      break;
+  }
 }
 
 }  // namespace lynx::fused

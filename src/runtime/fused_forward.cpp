@@ -23,8 +23,14 @@ gemm::ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w, const gemm::RowL
   return a;
 }
 
+RowSources row_sources(const Workspace::Impl& w) {
+  if (w.ranks() == 1) return {};
+  return {w.table<const void>(comm::kTokenRows), w.schedule.row_src_rank};
+}
+
 void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows) {
   a.gather_src = data_of<const bf16_t>(rows);
+  a.gather_sources = row_sources(w);
   a.row_token_slot = w.schedule.row_token_slot;
   a.top_k = w.shape.top_k;
   a.gather_sync = w.gather_sync;
@@ -38,7 +44,7 @@ void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, cons
                              w.device_total_rows(), w.problem.capacity, sh.tokens, sh.top_k, sh.hidden, s);
   } else if (place == plan::GatherPlace::kRowKernel) {
     glue::gather_rows(dst, data_of<const bf16_t>(rows), w.schedule.row_token_slot, w.device_total_rows(),
-                      w.problem.capacity, sh.top_k, sh.hidden, s);
+                      w.problem.capacity, sh.top_k, sh.hidden, s, row_sources(w));
   }
 }
 
@@ -49,7 +55,8 @@ namespace {
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   w.context_valid = false;
   const bool gather = !omitted(Stage::kGather, w.forward_calls);
-  enqueue_dispatch(w, in, s, false);
+  enqueue_schedule(w, in, s);
+  enqueue_shared_gate_up(w, in, s);
   gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.gate_up);
   a.a = w.un.xg;
   const plan::GatherPlace place = w.plan.gate_up_gather;
@@ -71,24 +78,66 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   w.context = ContextKey::of(in);
 }
 
-}  // namespace
-
-void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
-  forward_context(w, in, s, true);
-  w.context_valid = true;
+// The barriers of a pass at R > 1 (none at R = 1).
+void open(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (w.ranks() == 1) return;
+  enqueue_stage_inputs(w, in, s);
+  peer::arrive(w.barrier_args(), s);
+}
+void compute_begins(const Workspace::Impl& w, cudaStream_t s) {
+  if (w.ranks() > 1) peer::wait(w.barrier_args(), false, s);
+}
+void compute_ends(const Workspace::Impl& w, cudaStream_t s) {
+  if (w.ranks() > 1) peer::arrive(w.barrier_args(), s);
+}
+void close(const Workspace::Impl& w, cudaStream_t s) {
+  if (w.ranks() > 1) peer::wait(w.barrier_args(), true, s);
 }
 
-void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
-  forward_context(w, in, s, w.config.save_forward_context);
-  gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.down);
-  a.a = w.un.h;
-  a.k = w.shape.intermediate;
-  a.b0 = data_of<const bf16_t>(in.weights.w_down);
-  a.n = w.shape.hidden;
-  a.out = w.un.rows_a;
-  if (!omitted(Stage::kDown, w.forward_calls)) gemm::expert_gemm(a, s);
-  enqueue_shared_and_combine(w, in, y, s);
-  w.context_valid = w.config.save_forward_context;
+}  // namespace
+
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, Step step) {
+  switch (step) {
+    case Step::kOpen:
+      open(w, in, s);
+      break;
+    case Step::kCompute:
+      compute_begins(w, s);
+      forward_context(w, in, s, true);
+      compute_ends(w, s);
+      break;
+    case Step::kClose:
+      close(w, s);
+      w.context_valid = true;
+      break;
+  }
+}
+
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s, Step step) {
+  switch (step) {
+    case Step::kOpen:
+      open(w, in, s);
+      break;
+    case Step::kCompute: {
+      compute_begins(w, s);
+      forward_context(w, in, s, w.config.save_forward_context);
+      gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.down);
+      a.a = w.un.h;
+      a.k = w.shape.intermediate;
+      a.b0 = data_of<const bf16_t>(in.weights.w_down);
+      a.n = w.shape.hidden;
+      a.out = w.un.rows_a;
+      if (!omitted(Stage::kDown, w.forward_calls)) gemm::expert_gemm(a, s);
+      enqueue_shared_down(w, in, s);
+      compute_ends(w, s);
+      break;
+    }
+    case Step::kClose:
+      close(w, s);
+      enqueue_combine(w, in, y, s);
+      w.context_valid = w.config.save_forward_context;
+      break;
+  }
 }
 
 }  // namespace lynx::fused

@@ -11,41 +11,83 @@ int to_int(int64_t v) { return static_cast<int>(v); }
 
 }  // namespace
 
-void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows) {
+void enqueue_schedule(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  w.counts_on_host = false;
+  sched::DeviceRouting routing{};
+  sched::DeviceBuffers buffers = w.schedule;
+  if (w.ranks() == 1) {
+    sched::OwnRouting own;
+    own.topk_ids = in.topk_ids.data;
+    own.ids_int64 = in.topk_ids.dtype == DType::kI64;
+    own.topk_weights = data_of<const float>(in.topk_weights);
+    own.ids32 = w.ids32;
+    routing.topk_ids[0] = w.ids32;
+    sched::build_schedule_device(w.problem, w.plan.schedule, routing, buffers, s, &own);
+    return;
+  }
+  for (int32_t r = 0; r < w.ranks(); ++r) routing.topk_ids[r] = reinterpret_cast<const int32_t*>(w.peer_bases[r] + w.layout.ids32);
+  buffers.peer_slot_row = w.table<int32_t>(comm::kSlotRow);
+  sched::build_schedule_device(w.problem, w.plan.schedule, routing, buffers, s);
+}
+
+void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
-    w.counts_on_host = false;
   sched::OwnRouting own;
   own.topk_ids = in.topk_ids.data;
   own.ids_int64 = in.topk_ids.dtype == DType::kI64;
   own.topk_weights = data_of<const float>(in.topk_weights);
   own.ids32 = w.ids32;
-  sched::DeviceRouting routing{};
-  routing.topk_ids[0] = w.ids32;
-  sched::build_schedule_device(w.problem, w.plan.schedule, routing, w.schedule, s, &own);
+  sched::stage_routing(own, w.in_region<float>(w.layout.weights), sh.tokens * sh.top_k, sh.num_experts, sh.rank,
+                       w.status, s);
+  LYNX_CUDA(cudaMemcpyAsync(w.in_region<void>(w.layout.token_rows), in.x.data, size_t(2 * sh.tokens * sh.hidden),
+                            cudaMemcpyDeviceToDevice, s));
+}
+
+void enqueue_shared_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
+  if (Is == 0 || omitted(Stage::kSharedForward, w.forward_calls)) return;
+  blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                           in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);
+  blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
+                           in.weights.ws_up.data, to_int(H), w.un.us, to_int(Is)}, false, s);
+}
+
+void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
+  if (Is == 0 || omitted(Stage::kSharedForward, w.forward_calls)) return;
+  glue::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
+  blas::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
+                           in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
+}
+
+void enqueue_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  if (omitted(Stage::kCombine, w.forward_calls)) return;
+  CombineSources peers;
+  if (w.ranks() > 1) {
+    peers.rows = w.table<const void>(comm::kRowsA);
+    peers.ids32 = w.ids32;
+    peers.local_experts = static_cast<int32_t>(sh.local_experts());
+  }
+  glue::combine(data_of<bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
+                sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
+}
+
+void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows) {
+  const LayerShape& sh = w.shape;
+  enqueue_schedule(w, in, s);
   if (gather_rows && !omitted(Stage::kGather, w.forward_calls)) {
     glue::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(),
-                         w.problem.capacity, k, H, s);
+                      w.problem.capacity, sh.top_k, sh.hidden, s);
   }
-  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
-    blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
-                             in.weights.ws_gate.data, to_int(H), w.un.gs, to_int(Is)}, false, s);
-    blas::gemm(w.cublas, {false, true, to_int(T), to_int(Is), to_int(H), in.x.data, to_int(H),
-                             in.weights.ws_up.data, to_int(H), w.un.us, to_int(Is)}, false, s);
-  }
+  enqueue_shared_gate_up(w, in, s);
 }
 
 void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
-  const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, k = sh.top_k, Is = sh.shared_intermediate;
-  if (Is > 0 && !omitted(Stage::kSharedForward, w.forward_calls)) {
-    glue::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
-    blas::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
-                             in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
-  }
-  if (omitted(Stage::kCombine, w.forward_calls)) return;
-  glue::combine(data_of<bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
-                   Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
+  enqueue_shared_down(w, in, s);
+  enqueue_combine(w, in, y, s);
 }
 
 void fetch_counts(Workspace::Impl& w, cudaStream_t s) {

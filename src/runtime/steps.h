@@ -10,14 +10,29 @@ T* data_of(const TensorView& v) {
   return static_cast<T*>(v.data);
 }
 
-// Queues, with no host synchronisation: status reset, routing validation, the schedule, the gather of
-// x rows into schedule order (unless `gather_rows` is false: the fused path places its gather itself,
-// fused/forward.h), and
-// the shared expert's gate/up GEMMs.
+// Queues the schedule build (no host synchronisation). At R = 1 the build checks and copies the
+// caller's ids itself; at R > 1 it reads every rank's checked copy (stage_routing, in the pass's
+// opening step) and writes each placed row into its source rank's slot_row.
+void enqueue_schedule(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+
+// R > 1, the opening step of a forward or recompute: this rank's routing checked and copied into its
+// shared region, and `rows` (x) copied to its token rows, for the other ranks to read.
+void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+
+// The shared expert's gate/up GEMMs, and its SwiGLU and down GEMM (fp32 output in w.un.ys).
+void enqueue_shared_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+
+// The combine of the routed rows (w.un.rows_a; at R > 1 every rank's, pulled) into y, with the shared
+// expert's output. Writes nothing if a kernel reported an error (at R > 1: any rank, this pass).
+void enqueue_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s);
+
+// Queues, with no host synchronisation: the schedule, the gather of x rows into schedule order (unless
+// `gather_rows` is false: the fused path places its gather itself), and the shared expert's gate/up
+// GEMMs. One rank.
 void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows = true);
 
-// Queues the shared expert's SwiGLU and down GEMM, then the combine of the routed rows (already in
-// w.un.rows_a) into y. Combine writes nothing if a kernel reported an error.
+// The shared expert's SwiGLU and down GEMM, then the combine. One rank.
 void enqueue_shared_and_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s);
 
 // Copies the per-expert counts and the status to the host and waits for them; throws on a reported

@@ -1,5 +1,6 @@
 #include <string>
 
+#include "comm/transport.h"
 #include "common/cuda_check.h"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/glue/api.h"
@@ -59,16 +60,20 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;
     const int64_t E_loc = s.local_experts(), cap = config.schedule_capacity;
 
-    status = alloc<DeviceStatus>(1);
+    // NOTES: the region is one allocation of its own, so that cudaIpcGetMemHandle exports exactly it.
+    layout = comm::region_layout(s, cap);
+    region = static_cast<char*>(alloc_bytes(layout.bytes));
+    LYNX_CUDA(cudaMemset(region, 0, size_t(layout.bytes)));
+    peer_tables = alloc<void*>(int64_t(comm::kTables) * s.num_ranks);
+    status = in_region<DeviceStatus>(layout.status);
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&status_host), sizeof(DeviceStatus)));
-    LYNX_CUDA(cudaMemset(status, 0, sizeof(DeviceStatus)));
     LYNX_CUDA(cudaMemset(&status->first_bad_route, 0xFF, sizeof(status->first_bad_route)));
     gemm_tickets = alloc<int32_t>(2);
     LYNX_CUDA(cudaMemset(gemm_tickets, 0, 2 * sizeof(int32_t)));
     LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
     *stall_report = DeviceStatus{};
     LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
-    ids32 = alloc<int32_t>(T * k);
+    ids32 = in_region<int32_t>(layout.ids32);
 
     problem.num_ranks = s.num_ranks;
     problem.rank = s.rank;
@@ -81,7 +86,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     schedule.expert_offset = alloc<int32_t>(E_loc + 1);
     schedule.expert_rows = alloc<int32_t>(E_loc);
     schedule.block_offset = alloc<int32_t>(E_loc + 1);
-    schedule.slot_row = alloc<int32_t>(T * k);
+    schedule.slot_row = in_region<int32_t>(layout.slot_row);
     schedule.scratch = alloc<int32_t>(plan.schedule.scratch_ints());
     schedule.status = status;
     schedule.stall_report = stall_report_device;
@@ -92,8 +97,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     un.g = alloc<bf16_t>(cap * I);
     un.u = alloc<bf16_t>(cap * I);
     un.h = alloc<bf16_t>(cap * I);
-    un.rows_a = alloc<bf16_t>(cap * H);
-    un.rows_b = alloc<bf16_t>(cap * H);
+    un.rows_a = in_region<bf16_t>(layout.rows_a);
+    un.rows_b = in_region<bf16_t>(layout.rows_b);
     un.da = alloc<bf16_t>(cap * I);
     if (config.backend == Backend::kUnfused) {  // the fused backward keeps dg | du in fb.dgu
       un.dg = alloc<bf16_t>(cap * I);
@@ -141,7 +146,26 @@ Workspace::Impl::~Impl() {
   if (switched) cudaSetDevice(current);
 }
 
+peer::BarrierArgs Workspace::Impl::barrier_args() const {
+  peer::BarrierArgs b;
+  b.signals = table<peer::Signals>(comm::kSignals);
+  b.statuses = table<DeviceStatus>(comm::kStatus);
+  b.rank = shape.rank;
+  b.ranks = shape.num_ranks;
+  b.stall_report = stall_report_device;
+  b.timeout_ns = uint64_t(config.peer_timeout_ms) * 1'000'000ull;
+  return b;
+}
+
+void Workspace::Impl::connect(const std::vector<char*>& bases) {
+  const std::vector<void*> tables = comm::peer_tables(layout, bases);
+  LYNX_CUDA(cudaMemcpy(peer_tables, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  peer_bases = bases;
+}
+
 void Workspace::Impl::release() {
+  for (char* base : opened) comm::close_region(base);
+  opened.clear();
   grouped.reset();
   if (cublas) cublasDestroy(cublas);
   if (counts_ready) cudaEventDestroy(counts_ready);

@@ -7,8 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include "comm/region.h"
 #include "common/bf16.h"
 #include "common/status.h"
+#include "kernels/peer/api.h"
 #include "kernels/cublas/api.h"
 #include "kernels/schedule/api.h"
 #include "lynx/moe.h"
@@ -67,9 +69,16 @@ struct Workspace::Impl {
   int64_t bytes = 0;
   std::vector<void*> allocations;
 
-  DeviceStatus* status = nullptr;       // device
+  DeviceStatus* status = nullptr;       // device (in the shared region)
   DeviceStatus* status_host = nullptr;  // pinned
-  int32_t* ids32 = nullptr;             // [T*k] validated int32 copy of topk_ids
+  int32_t* ids32 = nullptr;             // [T*k] validated int32 copy of topk_ids (in the shared region)
+
+  // What other ranks read and write (comm/region.h), and how this rank reaches theirs (R > 1).
+  char* region = nullptr;
+  comm::RegionLayout layout{};
+  std::vector<char*> peer_bases;  // [R]: every rank's region as this process addresses it; empty until connected
+  std::vector<char*> opened;      // regions of other processes opened through CUDA IPC (closed by release)
+  void** peer_tables = nullptr;   // device [comm::kTables * R] (comm::peer_tables)
   sched::Problem problem;
   sched::DeviceBuffers schedule;
   int32_t* counts_host = nullptr;       // pinned: expert_offset [E_loc+1], then expert_rows [E_loc]
@@ -110,6 +119,21 @@ struct Workspace::Impl {
     return static_cast<T*>(alloc_bytes(count * int64_t(sizeof(T))));
   }
   void* alloc_bytes(int64_t bytes);
+
+  int32_t ranks() const { return shape.num_ranks; }
+  bool connected() const { return ranks() == 1 || !peer_bases.empty(); }
+  template <class T>
+  T* in_region(int64_t offset) const {
+    return reinterpret_cast<T*>(region + offset);
+  }
+  // Table t of comm/region.h: R device pointers, as the kernels read them.
+  template <class T = void>
+  T* const* table(comm::Table t) const {
+    return reinterpret_cast<T* const*>(peer_tables + int64_t(t) * ranks());
+  }
+  peer::BarrierArgs barrier_args() const;
+  // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
+  void connect(const std::vector<char*>& bases);
 
   const int32_t* host_expert_offset() const { return counts_host; }
   const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }

@@ -85,8 +85,17 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   bad.top_k = 200;
   expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.top_k");
   bad = qwen3();
-  bad.num_ranks = 2;  // the schedule builder takes any R; the layer paths do not yet
-  expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.num_ranks");
+  bad.num_ranks = 2;  // several ranks run the fused path only
+  c = Config{};
+  c.backend = Backend::kUnfused;
+  expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.backend");
+  EXPECT_EQ(resolve_config(bad, Config{}, DeviceInfo{}).backend, Backend::kFused);
+  bad.num_ranks = 3;  // E = 128 is not divisible by 3
+  expect_error([&] { resolve_config(bad, Config{}, DeviceInfo{}); }, "shape.num_experts");
+  c = Config{};
+  c.peer_timeout_ms = -1;
+  expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.peer_timeout_ms");
+  EXPECT_EQ(resolve_config(qwen3(), Config{}, DeviceInfo{}).peer_timeout_ms, 30'000);
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/bf16.h"
+#include "common/peers.h"
 #include "common/status.h"
 
 namespace lynx::glue {
@@ -18,8 +19,10 @@ namespace lynx::glue {
 void prepare_glue_kernels();
 
 // dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
+// With remote `sources` (R > 1), a row is read from its source rank's copy instead of src.
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
-                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream);
+                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream,
+                 const RowSources& sources = {});
 
 // The same rows as gather_rows, token-major: dst[slot_row[t*k + j], :] = src[t, :] for every slot of a
 // local expert (slot_row >= 0), each src row read once; the padding rows below *total_rows that a row
@@ -42,14 +45,21 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // Padding rows (row_token_slot < 0) below *total_rows get zeros in dg, du and hw.
 // dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
 // are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
+// With remote `weight_sources` (R > 1) a row's weight is read from its source rank's copy of the
+// weights (topk_weights is ignored), and d_topk_weights is per row: d_topk_weights[row] (the source
+// pulls it in its combine).
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
-                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream);
+                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
+                     const RowSources& weight_sources = {});
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.
 // Writes nothing when `status` reports an error (the schedule behind slot_row is then not valid).
+// With `peers.rows` (R > 1) the row of (t, j) is read from the rows of the rank owning its expert
+// (`rows` is ignored), and with `peers.d_topk_weights` that rank's per-row d_topk_weights are copied too.
 void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
-             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream);
+             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream,
+             const CombineSources& peers = {});
 
 }  // namespace lynx::glue

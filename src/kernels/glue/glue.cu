@@ -66,7 +66,7 @@ constexpr int kGatherRows = 4;
 
 __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restrict__ src,
                                    const int32_t* __restrict__ row_token_slot, const int32_t* total_rows,
-                                   int64_t capacity, int64_t top_k, int64_t vecs_per_row) {
+                                   int64_t capacity, int64_t top_k, int64_t vecs_per_row, RowSources sources) {
   const int64_t total = *total_rows;
   // NOTES: a schedule over capacity places no rows (the call then reports the overflow); the row
   // arrays hold a previous call's rows or nothing, so none of them may be read.
@@ -76,7 +76,9 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
 #pragma unroll
     for (int u = 0; u < kGatherRows; ++u) {
       const int32_t slot = r0 + u < total ? row_token_slot[r0 + u] : -1;
-      from[u] = slot >= 0 ? src + (slot / top_k) * vecs_per_row : nullptr;
+      const Vec8* base = src;
+      if (slot >= 0 && sources.remote()) base = static_cast<const Vec8*>(sources.base[sources.row_src_rank[r0 + u]]);
+      from[u] = slot >= 0 ? base + (slot / top_k) * vecs_per_row : nullptr;
     }
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
       Vec8 val[kGatherRows];
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
     Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
     float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
-    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row) {
+    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources) {
   // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
   if (total_rows && *total_rows > rows) return;
   const int64_t used = total_rows ? *total_rows : rows;
@@ -206,7 +208,10 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
       }
       continue;
     }
-    const float w = topk_weights ? topk_weights[slot] : 1.0f;
+    const float* weights = weight_sources.remote()
+                               ? static_cast<const float*>(weight_sources.base[weight_sources.row_src_rank[row]])
+                               : topk_weights;
+    const float w = weights ? weights[slot] : 1.0f;
     float dot = 0.0f;
     for (int64_t v0 = lane; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
       Vec8 dav[kSwigluVecs], gv[kSwigluVecs], uv[kSwigluVecs];
@@ -239,7 +244,8 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
     if (d_topk_weights) {
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      if (lane == 0) d_topk_weights[slot] = dot;
+      // At R > 1 the sum stays with the row (its source pulls it in the combine).
+      if (lane == 0) d_topk_weights[weight_sources.remote() ? row : slot] = dot;
     }
   }
 }
@@ -252,9 +258,20 @@ constexpr int kCombineBatch = 8;
 __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ rows,
                                const int32_t* __restrict__ slot_row, const float* __restrict__ topk_weights,
                                const float4* __restrict__ base, int64_t tokens, int64_t top_k, int64_t vecs_per_row,
-                               const DeviceStatus* status) {
+                               const DeviceStatus* status, CombineSources peers) {
   if (status->code != int32_t(StatusCode::kOk)) return;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    // The rank that computed (t, j), at R > 1 (-1: none, a bad route; the status then holds an error).
+    const auto owner = [&](int64_t slot) {
+      const int32_t id = peers.ids32[slot];
+      return id >= 0 ? id / peers.local_experts : -1;
+    };
+    if (peers.d_topk_weights) {
+      for (int64_t j = threadIdx.x; j < top_k; j += blockDim.x) {
+        const int32_t q = owner(t * top_k + j);
+        peers.d_topk_weights[t * top_k + j] = q >= 0 ? peers.d_topk_rows[q][slot_row[t * top_k + j]] : 0.0f;
+      }
+    }
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
       float acc[8];
       if (base) {
@@ -268,16 +285,23 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
       for (int64_t j0 = 0; j0 < top_k; j0 += kCombineBatch) {
         int32_t row[kCombineBatch];
         float w[kCombineBatch];
+        const Vec8* from[kCombineBatch];
         Vec8 r[kCombineBatch];
 #pragma unroll
         for (int u = 0; u < kCombineBatch; ++u) {
           const int64_t j = j0 + u;
           row[u] = j < top_k ? slot_row[t * top_k + j] : -1;
           w[u] = j < top_k && topk_weights ? topk_weights[t * top_k + j] : 1.0f;
+          from[u] = rows;
+          if (peers.rows && j < top_k) {
+            const int32_t q = owner(t * top_k + j);
+            if (q < 0) row[u] = -1;
+            else from[u] = static_cast<const Vec8*>(peers.rows[q]);
+          }
         }
 #pragma unroll
         for (int u = 0; u < kCombineBatch; ++u) {
-          r[u] = row[u] >= 0 ? rows[int64_t(row[u]) * vecs_per_row + v] : Vec8{};
+          r[u] = row[u] >= 0 ? from[u][int64_t(row[u]) * vecs_per_row + v] : Vec8{};
         }
 #pragma unroll
         for (int u = 0; u < kCombineBatch; ++u) {
@@ -312,11 +336,11 @@ void prepare_glue_kernels() {
 }
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
-                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream) {
+                 int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream, const RowSources& sources) {
   const int grid = static_cast<int>(std::min<int64_t>((capacity + kGatherRows - 1) / kGatherRows, 132 * 16));
   gather_rows_kernel<<<grid, 256, 0, stream>>>(
       reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), row_token_slot, total_rows, capacity, top_k,
-      width / 8);
+      width / 8, sources);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -346,7 +370,8 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
-                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream) {
+                     const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
+                     const RowSources& weight_sources) {
   static detail::PerDeviceCache resident;
   const int grid = static_cast<int>(
       std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps),
@@ -354,16 +379,17 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, floa
   swiglu_backward_kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
-      topk_weights, row_token_slot, total_rows, rows, width / 8);
+      topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources);
   LYNX_CHECK_LAUNCH();
 }
 
 void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const float* topk_weights, const float* base,
-             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream) {
+             int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream,
+             const CombineSources& peers) {
   const int grid = static_cast<int>(tokens < 65535 * 8 ? tokens : 65535 * 8);
   combine_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<Vec8*>(out), reinterpret_cast<const Vec8*>(rows),
                                            slot_row, topk_weights, reinterpret_cast<const float4*>(base), tokens,
-                                           top_k, width / 8, status);
+                                           top_k, width / 8, status, peers);
   LYNX_CHECK_LAUNCH();
 }
 

@@ -69,10 +69,10 @@ struct DeviceBuffers {
   int32_t* expert_rows;     // [E_loc]
   int32_t* block_offset;    // [E_loc + 1]
   int32_t* slot_row;        // [T*k]
-  int32_t* const* peer_slot_row = nullptr;  // [R] device: each source rank's slot_row (R > 1), else null
   int32_t* scratch;         // [SchedulePlan::scratch_ints()]
   DeviceStatus* status;
   DeviceStatus* stall_report = nullptr;  // host-mapped: where a timed-out wait reports before its trap
+  int32_t* const* peer_slot_row = nullptr;  // [R] device: each source rank's slot_row (R > 1), else null
 #if LYNX_EXPERIMENTS
   int32_t test_stall_block = -1;         // test hook: a block that never arrives at the first barrier
 #endif
@@ -136,5 +136,12 @@ LaunchLimits launch_limits();
 // of `routing`. buffers.scratch holds plan.scratch_ints().
 void build_schedule_device(const Problem& p, const SchedulePlan& plan, const DeviceRouting& routing,
                            const DeviceBuffers& buffers, cudaStream_t stream, const OwnRouting* own = nullptr);
+
+// R > 1, before the pass's opening barrier: checks this rank's routing as the builder does (the lowest
+// offending entry reported through `status`; ids out of range copied as -1) and copies the ids to
+// own.ids32 and the weights to `weights_copy`, both in this rank's shared region. The builds then
+// read every rank's ids through DeviceRouting (own = null).
+void stage_routing(const OwnRouting& own, float* weights_copy, int64_t entries, int64_t num_experts, int32_t rank,
+                   DeviceStatus* status, cudaStream_t stream);
 
 }  // namespace lynx::sched

@@ -16,4 +16,18 @@ LYNX_HD StatusCode check_route(int64_t expert_id, uint32_t weight_bits, int64_t 
   return StatusCode::kOk;
 }
 
+#ifdef __CUDACC__
+// Sets `status` to the routing error of entry `index` (id, weight bits) unless an error is set already.
+__device__ __forceinline__ void report_route(DeviceStatus* status, int64_t index, int64_t id, uint32_t weight_bits,
+                                             int64_t num_experts, int32_t rank) {
+  const StatusCode code = check_route(id, weight_bits, num_experts);
+  if (atomicCAS(&status->code, int32_t(StatusCode::kOk), int32_t(code)) == int32_t(StatusCode::kOk)) {
+    status->rank = rank;
+    status->a = index;
+    status->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(weight_bits);
+    status->c = num_experts;
+  }
+}
+#endif
+
 }  // namespace lynx

@@ -125,14 +125,7 @@ __device__ void report_first_bad_route(const Args& a) {
   const unsigned long long i = atomicAdd(&st->first_bad_route, 0ull);
   if (i != ULLONG_MAX) {
     const int64_t id = static_cast<int64_t>(static_cast<const Id*>(a.own.topk_ids)[i]);
-    const uint32_t bits = __float_as_uint(a.own.topk_weights[i]);
-    const StatusCode code = check_route(id, bits, a.num_experts);
-    if (atomicCAS(&st->code, int32_t(StatusCode::kOk), int32_t(code)) == int32_t(StatusCode::kOk)) {
-      st->rank = a.rank;
-      st->a = static_cast<int64_t>(i);
-      st->b = code == StatusCode::kExpertOutOfRange ? id : int64_t(bits);
-      st->c = a.num_experts;
-    }
+    report_route(st, static_cast<int64_t>(i), id, __float_as_uint(a.own.topk_weights[i]), a.num_experts, a.rank);
   }
   st->first_bad_route = ULLONG_MAX;
 }

@@ -1,0 +1,45 @@
+// What every entry point does around a pass: device and connection checks, and the report of a wait
+// that timed out.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "lynx/error.h"
+#include "runtime/workspace.h"
+
+namespace lynx::api {
+
+inline void check_device(const Workspace::Impl& w) {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device != w.device) {
+    throw Error("stream", "the current CUDA device (" + std::to_string(device) + ") is not the workspace's device (" +
+                              std::to_string(w.device) + ")");
+  }
+}
+
+inline void require_connected(const Workspace::Impl& w) {
+  if (!w.connected()) {
+    throw Error("ws", "rank " + std::to_string(w.shape.rank) + " of " + std::to_string(w.shape.num_ranks) +
+                          " is not connected to the other ranks: call connect_ranks or connect_process_group first");
+  }
+}
+
+// Runs a pass's enqueue. A CUDA error it meets after a device wait timed out (whose trap lost the
+// context) is reported as that wait: the host-mapped stall report names it, the CUDA error does not.
+// NOTES: a launch or a lazy module load after the trap fails with "unspecified launch failure"
+// before Workspace::check could read the report.
+template <class Enqueue>
+void enqueue_pass(const Workspace::Impl& w, Enqueue&& enqueue) {
+  try {
+    enqueue();
+  } catch (const Error&) {
+    if (w.stall_report && w.stall_report->code != int32_t(StatusCode::kOk)) {
+      throw Error("", describe_status(*w.stall_report, w.shape.top_k));
+    }
+    throw;
+  }
+}
+
+}  // namespace lynx::api

@@ -1,0 +1,157 @@
+// Expert parallelism's entry points: connecting a group, and the virtual-rank driver.
+#include "lynx/ranks.h"
+
+#include <string>
+
+#include "api/call.h"
+#include "comm/transport.h"
+#include "common/cuda_check.h"
+#include "lynx/error.h"
+#include "runtime/fused_passes.h"
+#include "runtime/workspace.h"
+
+namespace lynx {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Every rank's shape and config must be the group's; rank r at position r.
+void check_group(const std::vector<Workspace*>& ranks) {
+  if (ranks.empty()) throw Error("ranks", "is empty");
+  const Workspace::Impl& first = ranks[0]->impl();
+  const int64_t R = first.shape.num_ranks;
+  if (int64_t(ranks.size()) != R) {
+    throw Error("ranks", "holds " + str(ranks.size()) + " workspaces for shape.num_ranks = " + str(R));
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
+    const Workspace::Impl& w = ranks[r]->impl();
+    LayerShape want = first.shape;
+    want.rank = int32_t(r);
+    const LayerShape& s = w.shape;
+    if (s.rank != int32_t(r)) throw Error("ranks", "[" + str(r) + "] is rank " + str(s.rank) + ": give them in rank order");
+    if (s.tokens != want.tokens || s.hidden != want.hidden || s.intermediate != want.intermediate ||
+        s.num_experts != want.num_experts || s.top_k != want.top_k ||
+        s.shared_intermediate != want.shared_intermediate || s.num_ranks != want.num_ranks) {
+      throw Error("ranks", "[" + str(r) + "] has another shape than rank 0: every rank needs the same shape");
+    }
+    if (w.layout.bytes != first.layout.bytes || w.config.peer_timeout_ms != first.config.peer_timeout_ms ||
+        w.config.save_forward_context != first.config.save_forward_context) {
+      throw Error("ranks", "[" + str(r) + "] has another config than rank 0: every rank needs the same config");
+    }
+    if (w.connected() && R > 1) throw Error("ranks", "[" + str(r) + "] is connected already");
+  }
+}
+
+// One pass of every rank, step by step on one stream: all opens, all computes, all closes.
+template <class Validate, class Step>
+void run_ranks(const std::vector<Workspace*>& ranks, size_t args, Validate&& validate, Step&& step) {
+  if (ranks.empty() || args != ranks.size()) {
+    throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    Workspace::Impl& w = ranks[r]->impl();
+    if (w.shape.rank != int32_t(r) || int64_t(ranks.size()) != w.shape.num_ranks) {
+      throw Error("ranks", "[" + str(r) + "] is rank " + str(w.shape.rank) + " of " + str(w.shape.num_ranks) +
+                               ": give every rank of the group, in rank order");
+    }
+    api::check_device(w);
+    api::require_connected(w);
+    validate(w, r);
+  }
+  for (fused::Step s : fused::kSteps) {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      Workspace::Impl& w = ranks[r]->impl();
+      api::enqueue_pass(w, [&] { step(w, r, s); });
+    }
+  }
+}
+
+}  // namespace
+
+void connect_ranks(const std::vector<Workspace*>& ranks) {
+  check_group(ranks);
+  if (ranks.size() == 1) return;
+  std::vector<char*> bases;
+  for (Workspace* ws : ranks) bases.push_back(ws->impl().region);
+  for (Workspace* a : ranks) {
+    for (Workspace* b : ranks) comm::enable_peer_access(a->impl().device, b->impl().device);
+  }
+  int current = 0;
+  LYNX_CUDA(cudaGetDevice(&current));
+  for (Workspace* ws : ranks) {
+    LYNX_CUDA(cudaSetDevice(ws->impl().device));
+    ws->impl().connect(bases);
+  }
+  LYNX_CUDA(cudaSetDevice(current));
+}
+
+void connect_process_group(Workspace& ws, const AllGather& all_gather) {
+  Workspace::Impl& w = ws.impl();
+  const int32_t R = w.shape.num_ranks;
+  if (R == 1) return;
+  if (w.connected()) throw Error("ws", "is connected already");
+  if (!all_gather) throw Error("all_gather", "is empty");
+  const std::vector<std::vector<uint8_t>> all =
+      all_gather(comm::export_region(w.region, w.device, w.shape.rank, R, w.layout.bytes));
+  if (int64_t(all.size()) != R) {
+    throw Error("all_gather", "returned " + str(all.size()) + " ranks' bytes for a group of " + str(R));
+  }
+  std::vector<char*> bases(R, nullptr);
+  try {
+    for (int32_t r = 0; r < R; ++r) {
+      if (r == w.shape.rank) {
+        bases[r] = w.region;
+        continue;
+      }
+      bases[r] = comm::open_region(all[r], w.device, r, R, w.layout.bytes);
+      w.opened.push_back(bases[r]);
+    }
+    w.connect(bases);
+  } catch (...) {
+    for (char* b : w.opened) comm::close_region(b);
+    w.opened.clear();
+    throw;
+  }
+}
+
+void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
+                   const std::vector<TensorView>& y, cudaStream_t stream) {
+  if (in.size() != y.size()) throw Error("y", "needs one output per rank");
+  run_ranks(
+      ranks, in.size(),
+      [&](Workspace::Impl& w, size_t r) {
+        validate_inputs(w.shape, in[r]);
+        validate_output(w.shape, y[r]);
+        if (y[r].data == in[r].x.data) throw Error("y", "must not alias x");
+      },
+      [&](Workspace::Impl& w, size_t r, fused::Step s) {
+        fused::forward(w, in[r], y[r], stream, s);
+        if (s == fused::Step::kClose) ++w.forward_calls;
+      });
+}
+
+void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
+                                     cudaStream_t stream) {
+  run_ranks(
+      ranks, in.size(), [&](Workspace::Impl& w, size_t r) { validate_inputs(w.shape, in[r]); },
+      [&](Workspace::Impl& w, size_t r, fused::Step s) { fused::recompute_forward_context(w, in[r], stream, s); });
+}
+
+void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
+                    const std::vector<TensorView>& dy, const std::vector<Gradients>& grads, cudaStream_t stream) {
+  if (dy.size() != in.size() || grads.size() != in.size()) throw Error("grads", "needs one dy and one gradient set per rank");
+  run_ranks(
+      ranks, in.size(),
+      [&](Workspace::Impl& w, size_t r) {
+        validate_inputs(w.shape, in[r]);
+        validate_gradients(w.shape, dy[r], grads[r]);
+        if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
+      },
+      [&](Workspace::Impl& w, size_t r, fused::Step s) {
+        fused::backward(w, in[r], dy[r], grads[r], stream, s);
+        if (s == fused::Step::kClose) ++w.backward_calls;
+      });
+}
+
+}  // namespace lynx

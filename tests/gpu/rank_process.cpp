@@ -1,0 +1,104 @@
+// One rank of a process group, for the multi-process tests (Processes.*): builds the global test
+// layer from its seed, connects through CUDA IPC with an all-gather over files in a folder, runs
+// forward and backward on its share and writes its outputs there. With --no-pass it connects and then
+// runs nothing (a rank that never arrives), waiting until rank 0 is done.
+//   usage: lynx_rank_process DIR RANK RANKS SEED [--no-pass] [--timeout-ms N]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/ranks_check.h"
+#include "gpu/rank_process_io.h"
+
+namespace fs = std::filesystem;
+using namespace lynx;
+using namespace lynx::test;
+
+namespace {
+
+std::vector<uint8_t> read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Writes `bytes` as DIR/NAME (complete when it appears: written under another name, then renamed).
+void publish(const fs::path& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
+  const fs::path tmp = dir / (name + ".part");
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+  fs::rename(tmp, dir / name);
+}
+
+// Waits (at most 60 s) until DIR/NAME exists.
+void await_file(const fs::path& dir, const std::string& name) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / name)) {
+    if (std::chrono::steady_clock::now() > until) throw std::runtime_error("no " + name + " after 60 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s DIR RANK RANKS SEED [--no-pass] [--timeout-ms N]\n", argv[0]);
+    return 2;
+  }
+  const fs::path dir = argv[1];
+  const int32_t rank = std::atoi(argv[2]), R = std::atoi(argv[3]);
+  const uint64_t seed = std::strtoull(argv[4], nullptr, 10);
+  bool pass = true;
+  Config config;
+  for (int i = 5; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-pass") pass = false;
+    if (a == "--timeout-ms" && i + 1 < argc) config.peer_timeout_ms = std::atoll(argv[++i]);
+  }
+  try {
+    const HostLayer L(process_case(), seed);
+    OutputBuffers global(L.c);
+    global.poison();
+    RankSlice slice(L, global, R, rank);
+    Workspace ws(slice.shape, config);
+    connect_process_group(ws, [&](const std::vector<uint8_t>& mine) {
+      publish(dir, "handle" + std::to_string(rank), mine);
+      std::vector<std::vector<uint8_t>> all;
+      for (int32_t r = 0; r < R; ++r) {
+        await_file(dir, "handle" + std::to_string(r));
+        all.push_back(read_file(dir / ("handle" + std::to_string(r))));
+      }
+      return all;
+    });
+    if (pass) {
+      const std::vector<HostBf16> dy = process_dy(L.c, seed);
+      DeviceBuffer d_dy = to_device(dy);
+      const int64_t T = L.c.T / R;
+      const TensorView my_dy =
+          make_view(static_cast<char*>(d_dy.get()) + 2 * rank * T * L.c.H, DType::kBF16, {T, L.c.H});
+      forward(ws, slice.in, slice.y, nullptr);
+      backward(ws, slice.in, my_dy, slice.grads, nullptr);
+      ws.check(nullptr);
+      publish(dir, "out" + std::to_string(rank), encode_rank_outputs(L, global, slice, R, rank));
+    }
+    // Every rank's memory stays mapped until every rank is done with it.
+    publish(dir, "done" + std::to_string(rank), {});
+    for (int32_t r = 0; r < R; ++r) {
+      if (pass || r == 0) await_file(dir, "done" + std::to_string(r));
+    }
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    publish(dir, "error" + std::to_string(rank), std::vector<uint8_t>(msg.begin(), msg.end()));
+    publish(dir, "done" + std::to_string(rank), {});
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 3;
+  }
+  return 0;
+}

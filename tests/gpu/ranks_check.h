@@ -1,0 +1,43 @@
+// Expert parallelism's tests: one global problem (a HostLayer of R·T tokens and E experts) cut into R
+// ranks (rank r: tokens [r·T, (r+1)·T), experts [r·E/R, (r+1)·E/R)), run on virtual ranks or in R
+// processes, and its outputs put back together in the global layout for a bitwise comparison with
+// one rank.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "gpu/layer_check.h"
+#include "lynx/ranks.h"
+
+namespace lynx::test {
+
+// Rank r's share of global layer L at R ranks: inputs (expert weights point into L's), outputs
+// (views into `global` for everything but d_topk_weights and the shared expert's gradients, which
+// are per rank).
+struct RankSlice {
+  LayerShape shape;
+  DeviceBuffer ids, weights, d_topk, dws_gate, dws_up, dws_down;
+  LayerInputs in;
+  Gradients grads;
+  TensorView y;
+
+  RankSlice(const HostLayer& L, const OutputBuffers& global, int32_t R, int32_t r);
+};
+
+// The outputs of R ranks, in the global layout; the shared expert's gradients summed over the ranks
+// (in double, rounded to bf16: they are per-rank partial sums by design).
+Outputs gather_outputs(const HostLayer& L, const OutputBuffers& global, const std::vector<RankSlice>& slices);
+
+// The first routed output (y, dx, d_topk_weights, dw_*) whose bits differ, "" when none.
+std::string first_routed_difference(const Outputs& a, const Outputs& b);
+
+// The R ranks of a group on the current device (virtual ranks), connected.
+std::vector<std::unique_ptr<Workspace>> make_virtual_ranks(const LayerShape& global, int32_t R, const Config& config = {});
+std::vector<Workspace*> pointers(const std::vector<std::unique_ptr<Workspace>>& ranks);
+
+// Forward, then backward with `dy`, on R virtual ranks (poisoned outputs), outputs gathered.
+Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config = {},
+                          bool recompute = false);
+
+}  // namespace lynx::test

@@ -1,0 +1,229 @@
+// Expert parallelism on virtual ranks (Ranks.*): R ranks on this GPU give the bits of one rank holding
+// every token and every expert; errors and a missing rank are reported by every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/ranks_check.h"
+
+namespace lynx::test {
+namespace {
+
+class Ranks : public GpuTest {};
+
+// The routed outputs at R ranks equal R = 1's bit for bit; the shared expert's per-rank gradients sum
+// to R = 1's (within the tolerance: a sum of R roundings); R = 1 itself against the reference.
+void check_every_r(const Case& c, const std::vector<int32_t>& Rs, const Config& config = {}, bool recompute = false) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace one(L.shape, config);
+  const Outputs want = run_layer(one, L, dy, recompute);
+  one.check(nullptr);
+  expect_matches_reference(want, L, dy);
+  for (const int32_t R : Rs) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
+    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
+    if (c.Is > 0) {
+      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
+    }
+  }
+}
+
+TEST_F(Ranks, BitwiseEqualToOneRankAtEveryR) { check_every_r({512, 256, 128, 16, 4, 128}, {2, 4, 8}); }
+
+// Small, for the sanitizers.
+TEST_F(Ranks, TwoRanksSmall) { check_every_r({64, 64, 64, 4, 2, 64}, {2}); }
+
+// Every row to expert E/2: one rank computes everything, the others receive no rows.
+TEST_F(Ranks, EveryRowToOneRanksExpert) {
+  Case c{256, 128, 64, 8, 1, 64};
+  c.routing = "one";
+  check_every_r(c, {4});
+}
+
+// Duplicate ids within a token (j even: expert 0, j odd: expert E-1) and zero router weights.
+TEST_F(Ranks, DuplicateIdsAndZeroWeights) {
+  Case c{200, 128, 64, 8, 4, 0};
+  c.routing = "subset";
+  c.zero_weights = true;
+  check_every_r(c, {2, 8});
+}
+
+TEST_F(Ranks, OneExpertPerRank) { check_every_r({256, 128, 128, 4, 2, 0}, {4}); }
+
+TEST_F(Ranks, OneTokenPerRank) { check_every_r({4, 128, 64, 8, 2, 64}, {4}); }
+
+// R not a power of two, E = 60.
+TEST_F(Ranks, ThreeRanks) { check_every_r({300, 128, 128, 60, 6, 64}, {3}); }
+
+TEST_F(Ranks, Int64IdsAndRecomputedContext) {
+  Case c{256, 128, 64, 8, 2, 64};
+  c.int64_ids = true;
+  Config config;
+  config.save_forward_context = false;
+  check_every_r(c, {2}, config, true);
+}
+
+// A forward and backward of R = 4 captured in a CUDA graph, replayed with new inputs and routing in
+// the same buffers: the bits of an eager R = 1 call on the new inputs.
+TEST_F(Ranks, GraphReplayWithNewRouting) {
+  const int32_t R = 4;
+  const Case c{512, 128, 128, 16, 4, 64};
+  const HostLayer A(c, fresh_seed()), B(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace one(B.shape);
+  const Outputs want = run_layer(one, B, dy);
+  one.check(nullptr);
+
+  auto ranks = make_virtual_ranks(A.shape, R);
+  const std::vector<Workspace*> ws = pointers(ranks);
+  OutputBuffers global(c);
+  DeviceBuffer d_dy = to_device(dy);
+  std::vector<RankSlice> slices;
+  slices.reserve(R);
+  for (int32_t r = 0; r < R; ++r) slices.emplace_back(A, global, R, r);
+  std::vector<LayerInputs> in;
+  std::vector<TensorView> y, dys;
+  std::vector<Gradients> grads;
+  const int64_t T = c.T / R;
+  for (int32_t r = 0; r < R; ++r) {
+    in.push_back(slices[r].in);
+    y.push_back(slices[r].y);
+    dys.push_back(make_view(static_cast<char*>(d_dy.get()) + 2 * r * T * c.H, DType::kBF16, {T, c.H}));
+    grads.push_back(slices[r].grads);
+  }
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  forward_ranks(ws, in, y, stream);  // eager first: A's routing
+  backward_ranks(ws, in, dys, grads, stream);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  forward_ranks(ws, in, y, stream);
+  backward_ranks(ws, in, dys, grads, stream);
+  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  // B's inputs into A's buffers.
+  const auto copy = [](const DeviceBuffer& to, const DeviceBuffer& from) {
+    LYNX_TEST_CUDA(cudaMemcpy(to.get(), from.get(), from.bytes(), cudaMemcpyDeviceToDevice));
+  };
+  copy(A.d_x, B.d_x), copy(A.d_wg, B.d_wg), copy(A.d_wu, B.d_wu), copy(A.d_wd, B.d_wd);
+  copy(A.d_wsg, B.d_wsg), copy(A.d_wsu, B.d_wsu), copy(A.d_wsd, B.d_wsd);
+  for (int32_t r = 0; r < R; ++r) {
+    const std::vector<int32_t> ids(B.ids.begin() + r * T * c.k, B.ids.begin() + (r + 1) * T * c.k);
+    const std::vector<float> w(B.weights.begin() + r * T * c.k, B.weights.begin() + (r + 1) * T * c.k);
+    LYNX_TEST_CUDA(cudaMemcpy(slices[r].ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    LYNX_TEST_CUDA(cudaMemcpy(slices[r].weights.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    slices[r].d_topk.fill_bytes(0xFF);
+  }
+  global.poison();
+  LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+  LYNX_TEST_CUDA(cudaStreamSynchronize(stream));
+  for (Workspace* w : ws) w->check(stream);
+  const Outputs got = gather_outputs(B, global, slices);
+  EXPECT_EQ(first_routed_difference(got, want), "") << "the replay differs from R = 1";
+  LYNX_TEST_CUDA(cudaGraphExecDestroy(exec));
+  LYNX_TEST_CUDA(cudaGraphDestroy(graph));
+  LYNX_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
+// One rank's bad route or schedule overflow: that rank reports it, every other rank reports that rank.
+void expect_reported_by_every_rank(const HostLayer& L, int32_t R, const Config& config, int32_t bad_rank,
+                                   const std::string& own_error) {
+  auto ranks = make_virtual_ranks(L.shape, R, config);
+  OutputBuffers global(L.c);
+  global.poison();
+  std::vector<RankSlice> slices;
+  slices.reserve(R);
+  for (int32_t r = 0; r < R; ++r) slices.emplace_back(L, global, R, r);
+  std::vector<LayerInputs> in;
+  std::vector<TensorView> y;
+  for (auto& s : slices) in.push_back(s.in), y.push_back(s.y);
+  forward_ranks(pointers(ranks), in, y, nullptr);
+  for (int32_t r = 0; r < R; ++r) {
+    try {
+      ranks[r]->check(nullptr);
+      ADD_FAILURE() << "rank " << r << " reported nothing";
+    } catch (const Error& e) {
+      const std::string want = r == bad_rank ? own_error : "rank " + std::to_string(bad_rank) + " reported an error";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << "rank " << r << ": " << e.what();
+    }
+  }
+  // Nothing written to y on any rank.
+  const std::vector<HostBf16> yh = to_host<HostBf16>(global.y, L.c.T * L.c.H);
+  for (size_t i = 0; i < yh.size(); ++i) ASSERT_TRUE(std::isnan(to_double(yh[i]))) << "y[" << i << "] written";
+}
+
+TEST_F(Ranks, BadRouteOnOneRankIsReportedByEvery) {
+  HostLayer L({128, 64, 64, 8, 2, 0}, fresh_seed());
+  L.ids[40 * 2 + 1] = 99;  // token 40: rank 1's token 8 (32 tokens per rank)
+  expect_reported_by_every_rank(L, 4, Config{}, 1, "topk_ids[8, 1] = 99 is out of range");
+}
+
+TEST_F(Ranks, CapacityOverflowOnOneRankIsReportedByEvery) {
+  Case c{256, 64, 64, 8, 1, 0};
+  c.routing = "one";  // 256 rows on expert 4: rank 2 of 4
+  const HostLayer L(c, fresh_seed());
+  Config config;
+  config.schedule_capacity = 128;
+  expect_reported_by_every_rank(L, 4, config, 2, "needs 256 schedule rows");
+}
+
+[[noreturn]] void run_without_rank_one() {
+  const Case c{64, 64, 64, 4, 2, 0};
+  const HostLayer L(c, 7);
+  Config config;
+  config.peer_timeout_ms = 500;
+  auto ranks = make_virtual_ranks(L.shape, 2, config);
+  OutputBuffers global(c);
+  const RankSlice zero(L, global, 2, 0);
+  try {
+    forward(*ranks[0], zero.in, zero.y, nullptr);  // rank 1 never runs its pass
+    ranks[0]->check(nullptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+TEST_F(Ranks, MissingRankIsReported) {
+  EXPECT_EXIT(run_without_rank_one(), ::testing::ExitedWithCode(3),
+              "peer arrival .*rank 1 had not arrived \\(1 barrier\\(s\\) behind\\)");
+}
+
+TEST_F(Ranks, ConnectAndCallErrors) {
+  LayerShape s{64, 64, 64, 4, 2, 0, 2, 0};
+  Workspace a(s), b(s);
+  EXPECT_THROW(connect_ranks({&a, &b}), Error);  // both rank 0
+  const HostLayer L({128, 64, 64, 4, 2, 0}, 3);
+  OutputBuffers global(L.c);
+  const RankSlice zero(L, global, 2, 0);
+  try {
+    forward(a, zero.in, zero.y, nullptr);
+    ADD_FAILURE() << "an unconnected rank ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not connected"), std::string::npos) << e.what();
+  }
+  s.rank = 1;
+  Workspace c1(s);
+  LayerShape other = s;
+  other.hidden = 128;
+  Workspace d1(other);
+  EXPECT_THROW(connect_ranks({&a, &d1}), Error);  // another shape
+  connect_ranks({&a, &c1});
+  EXPECT_THROW(connect_ranks({&a, &c1}), Error);  // twice
+}
+
+}  // namespace
+}  // namespace lynx::test
