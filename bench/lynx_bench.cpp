@@ -21,6 +21,7 @@
 #include "lynx/lynx.h"
 #include "lynx_version.h"
 #include "problem.h"
+#include "ranks_bench.h"
 #include "regime.h"
 #include "shapes.h"
 #include "timing.h"
@@ -40,6 +41,8 @@ struct Options {
   bool baseline = true;  // time the unfused path too
   bool keep_context = true;  // config.save_forward_context of both workspaces
   bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
+  std::vector<int32_t> ranks;  // --ranks: virtual-rank mode (bench/ranks_bench.h)
+  int rounds = 3;
   std::string json;
   std::string command;
 };
@@ -49,6 +52,7 @@ const char* kUsage =
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
     "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
     "                  [--regime as-found|burst|sustained|all] [--idle-ms N] [--sustain-ms N]\n"
+    "                  [--ranks R1,R2,... [--rounds N]]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all; or\n"
     "             any shape as T,H,I,E,k (tokens, hidden, intermediate, experts, top-k), e.g. 8192,8192,4096,1,1\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
@@ -70,6 +74,9 @@ const char* kUsage =
     "             the power cap, as in training; all = burst and sustained (a row each). Every row reports\n"
     "             the median SM clock read after its timed passes and how many of them were power-capped;\n"
     "             the dense GEMM rate is measured in each regime timed\n"
+    "  --ranks    expert parallelism on virtual ranks of this GPU: the same global batch (the shape's T\n"
+    "             tokens, E experts) on each R given (e.g. 1,2,4,8), checked bit for bit against the first,\n"
+    "             timed in --rounds (default 3) interleaved rounds, with the bytes moved between ranks\n"
     "  LYNX_BENCH_TIMES=1 in the environment prints every timed run's ms on stderr (bench/timing.h)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -150,6 +157,13 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--launch") {
       if (v != "eager" && v != "graph") usage_error("--launch takes eager or graph, got '" + v + "'");
       o.graph = v == "graph";
+    } else if (flag == "--ranks") {
+      std::stringstream list(v);
+      std::string item;
+      while (std::getline(list, item, ',')) o.ranks.push_back(to_int("--ranks", item, 1));
+      if (o.ranks.empty()) usage_error("--ranks needs a list such as 1,2,4,8");
+    } else if (flag == "--rounds") {
+      o.rounds = to_int(flag, v, 1);
     } else if (flag == "--json") {
       o.json = v;
     } else {
@@ -287,6 +301,58 @@ void print_l2() {
               max_persisting / 1e6);
 }
 
+// --ranks: one table per shape and regime (bench/ranks_bench.h).
+int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
+  std::ofstream json;
+  if (!o.json.empty()) {
+    json.open(o.json);
+    if (!json) throw Error("--json", "cannot write " + o.json);
+    json << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
+         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
+         << ",\n  \"results\": [\n";
+  }
+  bool ok = true, first = true;
+  for (const std::string& name : o.shapes) {
+    NamedShape shape = *parse_shape(name);
+    shape.shape.shared_intermediate = o.shared_intermediate;
+    validate_shape(shape.shape);
+    Problem p(shape, o.routings.front(), 2026);
+    for (Regime regime : o.regimes) {
+      const std::vector<RanksRow> rows = time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock);
+      std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU\n", name.c_str(),
+                  routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(shape.shape.tokens));
+      std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
+                  "fwd MB", "bwd MB", "check");
+      for (const RanksRow& r : rows) {
+        double base = r.ms;
+        for (const RanksRow& b : rows) {
+          if (b.pass == r.pass) {
+            base = b.ms;
+            break;
+          }
+        }
+        ok = ok && r.check.rfind("bitwise", 0) == 0;
+        std::printf("%4d %-17s %9.3f %7.3fx %6.0f %11lld %9.1f %9.1f  %s\n", r.ranks, r.pass.c_str(), r.ms, r.ms / base,
+                    r.clocks.samples > 0 ? r.clocks.median_mhz : 0.0, static_cast<long long>(r.traffic.remote_rows),
+                    r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
+        if (json.is_open()) {
+          json << (first ? "" : ",\n") << "    {\"shape\": " << json_string(name) << ", \"regime\": "
+               << json_string(regime_name(regime)) << ", \"ranks\": " << r.ranks << ", \"pass\": "
+               << json_string(r.pass) << ", \"ms\": " << r.ms << ", \"sm_mhz\": " << r.clocks.median_mhz
+               << ", \"remote_rows\": " << r.traffic.remote_rows << ", \"forward_bytes\": " << r.traffic.forward_bytes
+               << ", \"backward_bytes\": " << r.traffic.backward_bytes << ", \"check\": " << json_string(r.check) << "}";
+          first = false;
+        }
+      }
+    }
+  }
+  if (json.is_open()) {
+    json << "\n  ]\n}\n";
+    std::printf("results written to %s\n", o.json.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 int run(const Options& o) {
   std::string gpu;
   const std::string why = gpu_problem(gpu);
@@ -311,6 +377,7 @@ int run(const Options& o) {
     std::printf("\n");
   }
   print_l2();
+  if (!o.ranks.empty()) return run_ranks_mode(o, gpu, clock);
   std::vector<Row> rows;
   std::vector<Memory> memory;
   bool all_ok = true;

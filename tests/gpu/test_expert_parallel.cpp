@@ -198,6 +198,7 @@ TEST_F(Ranks, CapacityOverflowOnOneRankIsReportedByEvery) {
 }
 
 TEST_F(Ranks, MissingRankIsReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run_without_rank_one(), ::testing::ExitedWithCode(3),
               "peer arrival .*rank 1 had not arrived \\(1 barrier\\(s\\) behind\\)");
 }

@@ -1,0 +1,178 @@
+#include "ranks_bench.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "common/cuda_check.h"
+#include "lynx/lynx.h"
+#include "timing.h"
+
+namespace lynx::bench {
+namespace {
+
+char* offset(const void* p, int64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+
+// Rank r's share of the global problem's tensors: tokens [r·T, (r+1)·T), experts [r·E_loc, ...).
+struct Share {
+  LayerInputs in;
+  TensorView y, dy;
+  Gradients grads;
+};
+
+Share share_of(const Problem& p, int32_t R, int32_t r) {
+  const LayerShape& g = p.shape();
+  const int64_t T = g.tokens / R, E = g.num_experts / R, H = g.hidden, I = g.intermediate, k = g.top_k;
+  const int64_t Is = g.shared_intermediate;
+  const LayerInputs all = p.inputs();
+  const Gradients ga = p.gradients();
+  Share s;
+  s.in.x = make_view(offset(all.x.data, 2 * r * T * H), DType::kBF16, {T, H});
+  s.in.topk_ids = make_view(offset(all.topk_ids.data, 4 * r * T * k), all.topk_ids.dtype, {T, k});
+  s.in.topk_weights = make_view(offset(all.topk_weights.data, 4 * r * T * k), DType::kF32, {T, k});
+  s.in.weights.w_gate = make_view(offset(all.weights.w_gate.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
+  s.in.weights.w_up = make_view(offset(all.weights.w_up.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
+  s.in.weights.w_down = make_view(offset(all.weights.w_down.data, 2 * r * E * H * I), DType::kBF16, {E, H, I});
+  s.in.weights.ws_gate = all.weights.ws_gate;
+  s.in.weights.ws_up = all.weights.ws_up;
+  s.in.weights.ws_down = all.weights.ws_down;
+  s.y = make_view(offset(p.y().data, 2 * r * T * H), DType::kBF16, {T, H});
+  s.dy = make_view(offset(p.dy().data, 2 * r * T * H), DType::kBF16, {T, H});
+  s.grads.dx = make_view(offset(ga.dx.data, 2 * r * T * H), DType::kBF16, {T, H});
+  s.grads.d_topk_weights = make_view(offset(ga.d_topk_weights.data, 4 * r * T * k), DType::kF32, {T, k});
+  s.grads.dw_gate = make_view(offset(ga.dw_gate.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
+  s.grads.dw_up = make_view(offset(ga.dw_up.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
+  s.grads.dw_down = make_view(offset(ga.dw_down.data, 2 * r * E * H * I), DType::kBF16, {E, H, I});
+  // NOTES: the shared expert's gradients are per-rank partial sums: every rank writes them into the
+  // same buffer here (the benchmark times, it does not add them up).
+  if (Is > 0) {
+    s.grads.dws_gate = ga.dws_gate;
+    s.grads.dws_up = ga.dws_up;
+    s.grads.dws_down = ga.dws_down;
+  }
+  return s;
+}
+
+// A group of R virtual ranks with their shares.
+struct Group {
+  int32_t R;
+  std::vector<std::unique_ptr<Workspace>> owned;
+  std::vector<Workspace*> ws;
+  std::vector<LayerInputs> in;
+  std::vector<TensorView> y, dy;
+  std::vector<Gradients> grads;
+
+  Group(const Problem& p, int32_t ranks) : R(ranks) {
+    for (int32_t r = 0; r < R; ++r) {
+      LayerShape s = p.shape();
+      s.tokens /= R;
+      s.num_ranks = R;
+      s.rank = r;
+      owned.push_back(std::make_unique<Workspace>(s));
+      ws.push_back(owned.back().get());
+      const Share sh = share_of(p, R, r);
+      in.push_back(sh.in), y.push_back(sh.y), dy.push_back(sh.dy), grads.push_back(sh.grads);
+    }
+    connect_ranks(ws);
+  }
+  void forward(cudaStream_t s) { forward_ranks(ws, in, y, s); }
+  void backward(cudaStream_t s) { backward_ranks(ws, in, dy, grads, s); }
+  void check(cudaStream_t s) {
+    for (Workspace* w : ws) w->check(s);
+  }
+};
+
+// The routed outputs as bytes (y, dx, d_topk_weights, dw_*), for the bitwise comparison.
+std::vector<TensorView> routed_views(const Problem& p) {
+  const Gradients g = p.gradients();
+  return {p.y(), g.dx, g.d_topk_weights, g.dw_gate, g.dw_up, g.dw_down};
+}
+
+size_t bytes_of(const TensorView& v) { return size_t(v.numel()) * (v.dtype == DType::kF32 ? 4 : 2); }
+
+std::vector<uint8_t> routed_outputs(const Problem& p) {
+  std::vector<uint8_t> out;
+  for (const TensorView& v : routed_views(p)) {
+    const size_t at = out.size();
+    out.resize(at + bytes_of(v));
+    LYNX_CUDA(cudaMemcpy(out.data() + at, v.data, bytes_of(v), cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
+void poison_outputs(const Problem& p) {
+  for (const TensorView& v : routed_views(p)) LYNX_CUDA(cudaMemset(v.data, 0xFF, bytes_of(v)));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, int32_t R) {
+  RankTraffic t;
+  if (R == 1) return t;
+  const int64_t T = g.tokens / R, k = g.top_k, E_loc = g.num_experts / R;
+  for (int64_t i = 0; i < int64_t(ids.size()); ++i) {
+    const int64_t source = i / (T * k), owner = ids[i] / E_loc;
+    if (source != owner) ++t.remote_rows;
+  }
+  const int64_t row = 2 * g.hidden, routing = (R - 1) * g.tokens * k * 4;  // every rank reads the others' ids
+  t.forward_bytes = t.remote_rows * 2 * row + routing;
+  t.backward_bytes = t.remote_rows * (2 * row + 4 + 4);
+  return t;
+}
+
+std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
+                                 const Protocol& protocol, int rounds, const GpuClock* clock) {
+  std::vector<std::unique_ptr<Group>> groups;
+  for (int32_t R : ranks) groups.push_back(std::make_unique<Group>(p, R));
+  // Correctness: every R's routed outputs against R = 1's (the first group's when it is R = 1).
+  std::vector<uint8_t> want;
+  std::vector<std::string> checks;
+  for (auto& g : groups) {
+    poison_outputs(p);
+    g->forward(nullptr);
+    g->backward(nullptr);
+    g->check(nullptr);
+    const std::vector<uint8_t> got = routed_outputs(p);
+    if (want.empty()) want = got;
+    checks.push_back(got == want ? "bitwise = R=" + std::to_string(ranks.front())
+                                 : "DIFFERS from R=" + std::to_string(ranks.front()));
+  }
+  std::vector<std::vector<std::vector<double>>> ms(groups.size(), std::vector<std::vector<double>>(passes.size()));
+  std::vector<std::vector<ClockSummary>> clocks(groups.size(), std::vector<ClockSummary>(passes.size()));
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      Group& g = *groups[gi];
+      for (size_t pi = 0; pi < passes.size(); ++pi) {
+        const std::string& pass = passes[pi];
+        Timing t;
+        if (pass == "forward") {
+          t = time_pass([&] { g.forward(nullptr); }, protocol, nullptr, clock);
+        } else if (pass == "backward") {
+          g.forward(nullptr);
+          t = time_pass([&] { g.backward(nullptr); }, protocol, nullptr, clock);
+        } else {
+          t = time_pass([&] { g.forward(nullptr); g.backward(nullptr); }, protocol, nullptr, clock);
+        }
+        ms[gi][pi].push_back(t.ms);
+        clocks[gi][pi] = t.clocks;
+      }
+    }
+  }
+  std::vector<RanksRow> rows;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (size_t pi = 0; pi < passes.size(); ++pi) {
+      rows.push_back({ranks[gi], passes[pi], median(ms[gi][pi]), clocks[gi][pi],
+                      rank_traffic(p.shape(), p.host_ids(), ranks[gi]), checks[gi]});
+    }
+  }
+  return rows;
+}
+
+}  // namespace lynx::bench

@@ -1,0 +1,38 @@
+// lynx-bench --ranks: one global problem on R = 1, 2, 4, ... virtual ranks of this GPU, each R checked
+// bit for bit against R = 1 and timed in the same run, with the bytes the ranks move between them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gpu_clock.h"
+#include "problem.h"
+#include "regime.h"
+
+namespace lynx::bench {
+
+// Bytes read from another rank's memory in one pass, over all ranks.
+struct RankTraffic {
+  int64_t remote_rows = 0;     // routed rows whose expert lives on another rank than their token
+  int64_t forward_bytes = 0;   // the x rows pulled, the expert outputs pulled back, the routing read
+  int64_t backward_bytes = 0;  // the dy rows pulled, the dx rows pulled back, weights and d_topk_weights
+};
+
+// From the routing alone (host ids of all R·T tokens).
+RankTraffic rank_traffic(const LayerShape& global, const std::vector<int32_t>& ids, int32_t R);
+
+struct RanksRow {
+  int32_t ranks;
+  std::string pass;  // forward | backward | forward+backward
+  double ms;
+  ClockSummary clocks;
+  RankTraffic traffic;
+  std::string check;  // "bitwise = R=1" or what differs
+};
+
+// `ranks` in the order given; each R needs E and T divisible by it. Rounds interleave the R values:
+// each row's ms is the median over the rounds of each round's median.
+std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
+                                 const Protocol& protocol, int rounds, const GpuClock* clock);
+
+}  // namespace lynx::bench
