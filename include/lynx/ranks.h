@@ -14,7 +14,7 @@
 // host synchronisation. Every rank must run the same sequence of passes. A rank that does not come
 // within Config::peer_timeout_ms is reported by the others (the rank and the barrier), whose kernels
 // then trap. Virtual ranks on one device are run with the *_ranks calls below instead, which queue
-// every rank's pass on one stream, step by step.
+// every rank's pass from one stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,9 +37,12 @@ using AllGather = std::function<std::vector<std::vector<uint8_t>>(const std::vec
 // Connects this process's rank of a group of processes. Every rank calls it, with its own workspace.
 void connect_process_group(Workspace& ws, const AllGather& all_gather);
 
-// Virtual ranks: every rank's pass on `stream` (all ranks' workspaces on the current device), queued
-// step by step so that no rank's kernel waits on the device for a rank queued after it. Argument i
-// belongs to ranks[i]; each is validated as by the one-rank call.
+// Virtual ranks: every rank's pass (all ranks' workspaces on the current device, connected by
+// connect_ranks), ordered after the work already on `stream`, and the work queued on `stream` later
+// after it: every rank's opening step on `stream`, then their compute steps at once on the ranks' own
+// streams, then every rank's closing step on `stream`. No rank's kernel waits on the device for a
+// rank queued after it; capturable in a CUDA graph. Argument i belongs to ranks[i]; each is validated
+// as by the one-rank call.
 void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
                    const std::vector<TensorView>& y, cudaStream_t stream);
 void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,

@@ -43,9 +43,15 @@ void check_group(const std::vector<Workspace*>& ranks) {
   }
 }
 
-// One pass of every rank, step by step on one stream: all opens, all computes, all closes.
+// One pass of every rank on `stream`: every rank's open step, then their compute steps, each on its
+// rank's own stream forked from `stream` (so that one rank's kernels fill the GPU beside another's
+// tails and launch gaps), joined back, then every rank's close step.
+// NOTES: no compute step waits on the device for another rank's: the barrier a compute step opens
+// with was passed by every open step before the fork, and each ends with an arrival only. The close
+// steps' waits are passed once every compute step has ended, which the join orders before them.
 template <class Validate, class Step>
-void run_ranks(const std::vector<Workspace*>& ranks, size_t args, Validate&& validate, Step&& step) {
+void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
+               Step&& step) {
   if (ranks.empty() || args != ranks.size()) {
     throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
   }
@@ -57,14 +63,32 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, Validate&& val
     }
     api::check_device(w);
     api::require_connected(w);
+    if (ranks.size() > 1 && !w.rank_stream) {
+      throw Error("ranks", "[" + str(r) + "] was not connected by connect_ranks on one device (virtual ranks)");
+    }
     validate(w, r);
   }
-  for (fused::Step s : fused::kSteps) {
+  const auto each = [&](fused::Step s, const auto& stream_of) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       Workspace::Impl& w = ranks[r]->impl();
-      api::enqueue_pass(w, [&] { step(w, r, s); });
+      api::enqueue_pass(w, [&] { step(w, r, s, stream_of(w)); });
     }
+  };
+  const auto caller = [&](const Workspace::Impl&) { return stream; };
+  if (ranks.size() == 1) {
+    for (fused::Step s : fused::kSteps) each(s, caller);
+    return;
   }
+  each(fused::Step::kOpen, caller);
+  Workspace::Impl& first = ranks[0]->impl();
+  LYNX_CUDA(cudaEventRecord(first.fork_event, stream));
+  for (Workspace* ws : ranks) LYNX_CUDA(cudaStreamWaitEvent(ws->impl().rank_stream, first.fork_event, 0));
+  each(fused::Step::kCompute, [](const Workspace::Impl& w) { return w.rank_stream; });
+  for (Workspace* ws : ranks) {
+    LYNX_CUDA(cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream));
+    LYNX_CUDA(cudaStreamWaitEvent(stream, ws->impl().join_event, 0));
+  }
+  each(fused::Step::kClose, caller);
 }
 
 }  // namespace
@@ -77,11 +101,19 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
   for (Workspace* a : ranks) {
     for (Workspace* b : ranks) comm::enable_peer_access(a->impl().device, b->impl().device);
   }
+  bool one_device = true;
+  for (Workspace* ws : ranks) one_device = one_device && ws->impl().device == ranks[0]->impl().device;
   int current = 0;
   LYNX_CUDA(cudaGetDevice(&current));
   for (Workspace* ws : ranks) {
-    LYNX_CUDA(cudaSetDevice(ws->impl().device));
-    ws->impl().connect(bases);
+    Workspace::Impl& w = ws->impl();
+    LYNX_CUDA(cudaSetDevice(w.device));
+    w.connect(bases);
+    if (one_device) {  // the virtual-rank driver's streams and events
+      LYNX_CUDA(cudaStreamCreateWithFlags(&w.rank_stream, cudaStreamNonBlocking));
+      LYNX_CUDA(cudaEventCreateWithFlags(&w.fork_event, cudaEventDisableTiming));
+      LYNX_CUDA(cudaEventCreateWithFlags(&w.join_event, cudaEventDisableTiming));
+    }
   }
   LYNX_CUDA(cudaSetDevice(current));
 }
@@ -119,14 +151,14 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
                    const std::vector<TensorView>& y, cudaStream_t stream) {
   if (in.size() != y.size()) throw Error("y", "needs one output per rank");
   run_ranks(
-      ranks, in.size(),
+      ranks, in.size(), stream,
       [&](Workspace::Impl& w, size_t r) {
         validate_inputs(w.shape, in[r]);
         validate_output(w.shape, y[r]);
         if (y[r].data == in[r].x.data) throw Error("y", "must not alias x");
       },
-      [&](Workspace::Impl& w, size_t r, fused::Step s) {
-        fused::forward(w, in[r], y[r], stream, s);
+      [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
+        fused::forward(w, in[r], y[r], st, s);
         if (s == fused::Step::kClose) ++w.forward_calls;
       });
 }
@@ -134,22 +166,24 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
 void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
                                      cudaStream_t stream) {
   run_ranks(
-      ranks, in.size(), [&](Workspace::Impl& w, size_t r) { validate_inputs(w.shape, in[r]); },
-      [&](Workspace::Impl& w, size_t r, fused::Step s) { fused::recompute_forward_context(w, in[r], stream, s); });
+      ranks, in.size(), stream, [&](Workspace::Impl& w, size_t r) { validate_inputs(w.shape, in[r]); },
+      [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
+        fused::recompute_forward_context(w, in[r], st, s);
+      });
 }
 
 void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
                     const std::vector<TensorView>& dy, const std::vector<Gradients>& grads, cudaStream_t stream) {
   if (dy.size() != in.size() || grads.size() != in.size()) throw Error("grads", "needs one dy and one gradient set per rank");
   run_ranks(
-      ranks, in.size(),
+      ranks, in.size(), stream,
       [&](Workspace::Impl& w, size_t r) {
         validate_inputs(w.shape, in[r]);
         validate_gradients(w.shape, dy[r], grads[r]);
         if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
       },
-      [&](Workspace::Impl& w, size_t r, fused::Step s) {
-        fused::backward(w, in[r], dy[r], grads[r], stream, s);
+      [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
+        fused::backward(w, in[r], dy[r], grads[r], st, s);
         if (s == fused::Step::kClose) ++w.backward_calls;
       });
 }

@@ -53,9 +53,12 @@ GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, int6
           ? f.gather_token_major == 1
           : gather_token_major(shape.tokens * shape.top_k, shape.local_experts(), shape.tokens, shape.hidden,
                                products_per_row, l2_bytes);
-  // NOTES: at R > 1 the rows come from other ranks; a token-major gather would be a push from each
-  // source, which the passes do not have: the rows are pulled row-major there.
-  if (token_major && shape.num_ranks == 1) return GatherPlace::kTokenKernel;
+  // NOTES: at R > 1 the rows come from other ranks, pulled by the row-major kernel. A token-major
+  // gather would be a push from each source, which the passes do not have; the GEMM's own gather
+  // reading rows through a table of ranks cost its one-rank launches 4-6% (2026-12-04, 16b7862 against
+  // 4bd4f76: ptxas no longer kept the consumers' wgmma waits where they were), so it reads local rows only.
+  if (shape.num_ranks > 1) return GatherPlace::kRowKernel;
+  if (token_major) return GatherPlace::kTokenKernel;
   return f.gemm_gather != 0 ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
 }
 

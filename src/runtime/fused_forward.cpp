@@ -30,7 +30,6 @@ RowSources row_sources(const Workspace::Impl& w) {
 
 void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows) {
   a.gather_src = data_of<const bf16_t>(rows);
-  a.gather_sources = row_sources(w);
   a.row_token_slot = w.schedule.row_token_slot;
   a.top_k = w.shape.top_k;
   a.gather_sync = w.gather_sync;

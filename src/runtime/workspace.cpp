@@ -166,6 +166,11 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
 void Workspace::Impl::release() {
   for (char* base : opened) comm::close_region(base);
   opened.clear();
+  if (rank_stream) cudaStreamDestroy(rank_stream);
+  if (fork_event) cudaEventDestroy(fork_event);
+  if (join_event) cudaEventDestroy(join_event);
+  rank_stream = nullptr;
+  fork_event = join_event = nullptr;
   grouped.reset();
   if (cublas) cublasDestroy(cublas);
   if (counts_ready) cudaEventDestroy(counts_ready);

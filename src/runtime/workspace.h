@@ -79,6 +79,10 @@ struct Workspace::Impl {
   std::vector<char*> peer_bases;  // [R]: every rank's region as this process addresses it; empty until connected
   std::vector<char*> opened;      // regions of other processes opened through CUDA IPC (closed by release)
   void** peer_tables = nullptr;   // device [comm::kTables * R] (comm::peer_tables)
+  // Virtual ranks (connect_ranks on one device): the stream this rank's compute step runs on, forked
+  // from the caller's stream and joined back (api/ranks.cpp), and the events of the fork and join.
+  cudaStream_t rank_stream = nullptr;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
   sched::Problem problem;
   sched::DeviceBuffers schedule;
   int32_t* counts_host = nullptr;       // pinned: expert_offset [E_loc+1], then expert_rows [E_loc]

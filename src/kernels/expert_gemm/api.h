@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "common/bf16.h"
-#include "common/peers.h"
 #include "common/status.h"
 
 namespace lynx::gemm {
@@ -60,7 +59,6 @@ struct ExpertGemmArgs {
   // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
   // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.
   const bf16_t* gather_src = nullptr;     // [tokens, K]
-  RowSources gather_sources;              // R > 1: each row from its source rank's copy (gather_src ignored)
   const int32_t* row_token_slot = nullptr;// [capacity] device
   int64_t top_k = 0;
   int32_t* gather_sync = nullptr;         // [gather_sync_ints(capacity)] device: zero before the launch,

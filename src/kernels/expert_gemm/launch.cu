@@ -142,7 +142,6 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.src = reinterpret_cast<const uint4*>(args.gather_src);
     p.gather.dst = reinterpret_cast<uint4*>(const_cast<bf16_t*>(args.a));
     p.gather.row_token_slot = args.row_token_slot;
-    p.gather.sources = args.gather_sources;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
     p.gather.vecs = static_cast<int32_t>(args.k / 8);
     p.gather.lookahead = l.gather_lookahead;

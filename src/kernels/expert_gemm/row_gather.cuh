@@ -13,7 +13,6 @@
 
 #include <cstdint>
 
-#include "common/peers.h"
 #include "common/status.h"
 #include "device/last_block.cuh"
 #include "device/sm90.cuh"
@@ -27,7 +26,6 @@ struct RowGather {
   const uint4* src;               // [tokens, vecs] the token rows (null: no gather, A is in place)
   uint4* dst;                     // [capacity, vecs] A
   const int32_t* row_token_slot;  // [capacity] t·k + j of each schedule row, -1 for padding
-  RowSources sources;             // R > 1: row r from sources.base[row_src_rank[r]] instead of src
   int32_t top_k;
   int32_t vecs;                   // 16-byte vectors per row (K / 8)
   int32_t lookahead;              // row blocks it may run ahead (plan/gather.h)
@@ -83,12 +81,9 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
     // A half without rows (sched::core::in_rowless_half): its rows are counted, not written.
     const bool dead_half = sched::core::in_rowless_half(g.row_token_slot, first);
     const int32_t lane_slot = lane < kGatherRowsPerClaim ? g.row_token_slot[first + lane] : -1;
-    const int32_t lane_src = lane_slot >= 0 && g.sources.remote() ? g.sources.row_src_rank[first + lane] : -1;
     for (int32_t i = 0; i < (dead_half ? 0 : kGatherRowsPerClaim); ++i) {
       const int32_t slot = __shfl_sync(0xffffffffu, lane_slot, i);
-      const int32_t src_rank = __shfl_sync(0xffffffffu, lane_src, i);
-      const uint4* base = src_rank >= 0 ? static_cast<const uint4*>(g.sources.base[src_rank]) : g.src;
-      const uint4* from = slot >= 0 ? base + int64_t(slot / g.top_k) * g.vecs : nullptr;
+      const uint4* from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
       uint4* to = g.dst + int64_t(first + i) * g.vecs;
       for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kGatherVecsPerLane) {
         uint4 val[kGatherVecsPerLane];

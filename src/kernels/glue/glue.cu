@@ -64,6 +64,10 @@ int blocks_for(int64_t threads, int block) {
 // with a division per element ran twice as long again.
 constexpr int kGatherRows = 4;
 
+// kRemote (R > 1): each row from its source rank's copy (sources), not from src.
+// NOTES: a template parameter, not a branch: with the remote path in the one-rank kernel the row
+// loads lose their read-only path and the kernels slowed (2026-12-04, lynx-bench A/B).
+template <bool kRemote>
 __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restrict__ src,
                                    const int32_t* __restrict__ row_token_slot, const int32_t* total_rows,
                                    int64_t capacity, int64_t top_k, int64_t vecs_per_row, RowSources sources) {
@@ -77,7 +81,9 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
     for (int u = 0; u < kGatherRows; ++u) {
       const int32_t slot = r0 + u < total ? row_token_slot[r0 + u] : -1;
       const Vec8* base = src;
-      if (slot >= 0 && sources.remote()) base = static_cast<const Vec8*>(sources.base[sources.row_src_rank[r0 + u]]);
+      if constexpr (kRemote) {
+        if (slot >= 0) base = static_cast<const Vec8*>(sources.base[sources.row_src_rank[r0 + u]]);
+      }
       from[u] = slot >= 0 ? base + (slot / top_k) * vecs_per_row : nullptr;
     }
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
@@ -186,7 +192,10 @@ constexpr int kSwigluWarps = 4;
 constexpr int kSwigluVecs = 3;
 constexpr int kSwigluBlocksPerSm = 5;
 
-__global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_backward_kernel(
+// kRemote (R > 1): each row's weight from its source rank's copy, d_topk_weights per row (at 5
+// blocks per SM its table lookups spilled).
+template <bool kRemote>
+__global__ void __launch_bounds__(kSwigluWarps * 32, kRemote ? 4 : kSwigluBlocksPerSm) swiglu_backward_kernel(
     Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
     float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
@@ -208,10 +217,12 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
       }
       continue;
     }
-    const float* weights = weight_sources.remote()
-                               ? static_cast<const float*>(weight_sources.base[weight_sources.row_src_rank[row]])
-                               : topk_weights;
-    const float w = weights ? weights[slot] : 1.0f;
+    float w;
+    if constexpr (kRemote) {
+      w = static_cast<const float*>(weight_sources.base[weight_sources.row_src_rank[row]])[slot];
+    } else {
+      w = topk_weights ? topk_weights[slot] : 1.0f;
+    }
     float dot = 0.0f;
     for (int64_t v0 = lane; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
       Vec8 dav[kSwigluVecs], gv[kSwigluVecs], uv[kSwigluVecs];
@@ -245,7 +256,7 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
       // At R > 1 the sum stays with the row (its source pulls it in the combine).
-      if (lane == 0) d_topk_weights[weight_sources.remote() ? row : slot] = dot;
+      if (lane == 0) d_topk_weights[kRemote ? row : slot] = dot;
     }
   }
 }
@@ -255,6 +266,8 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kSwigluBlocksPerSm) swiglu_
 // summed: with one slot and one row per step, each row's load sat behind its slot's load and a branch.
 constexpr int kCombineBatch = 8;
 
+// kRemote (R > 1): the row of (t, j) from the rank owning its expert (peers), not from rows.
+template <bool kRemote>
 __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ rows,
                                const int32_t* __restrict__ slot_row, const float* __restrict__ topk_weights,
                                const float4* __restrict__ base, int64_t tokens, int64_t top_k, int64_t vecs_per_row,
@@ -266,7 +279,7 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
       const int32_t id = peers.ids32[slot];
       return id >= 0 ? id / peers.local_experts : -1;
     };
-    if (peers.d_topk_weights) {
+    if (kRemote && peers.d_topk_weights) {
       for (int64_t j = threadIdx.x; j < top_k; j += blockDim.x) {
         const int32_t q = owner(t * top_k + j);
         peers.d_topk_weights[t * top_k + j] = q >= 0 ? peers.d_topk_rows[q][slot_row[t * top_k + j]] : 0.0f;
@@ -285,23 +298,26 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
       for (int64_t j0 = 0; j0 < top_k; j0 += kCombineBatch) {
         int32_t row[kCombineBatch];
         float w[kCombineBatch];
-        const Vec8* from[kCombineBatch];
         Vec8 r[kCombineBatch];
 #pragma unroll
         for (int u = 0; u < kCombineBatch; ++u) {
           const int64_t j = j0 + u;
           row[u] = j < top_k ? slot_row[t * top_k + j] : -1;
           w[u] = j < top_k && topk_weights ? topk_weights[t * top_k + j] : 1.0f;
-          from[u] = rows;
-          if (peers.rows && j < top_k) {
-            const int32_t q = owner(t * top_k + j);
-            if (q < 0) row[u] = -1;
-            else from[u] = static_cast<const Vec8*>(peers.rows[q]);
-          }
         }
+        if constexpr (kRemote) {
 #pragma unroll
-        for (int u = 0; u < kCombineBatch; ++u) {
-          r[u] = row[u] >= 0 ? from[u][int64_t(row[u]) * vecs_per_row + v] : Vec8{};
+          for (int u = 0; u < kCombineBatch; ++u) {
+            const int32_t q = j0 + u < top_k ? owner(t * top_k + j0 + u) : -1;
+            r[u] = row[u] >= 0 && q >= 0 ? static_cast<const Vec8*>(peers.rows[q])[int64_t(row[u]) * vecs_per_row + v]
+                                         : Vec8{};
+            if (q < 0) row[u] = -1;
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < kCombineBatch; ++u) {
+            r[u] = row[u] >= 0 ? rows[int64_t(row[u]) * vecs_per_row + v] : Vec8{};
+          }
         }
 #pragma unroll
         for (int u = 0; u < kCombineBatch; ++u) {
@@ -325,11 +341,14 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 }  // namespace
 
 void prepare_glue_kernels() {
-  for (const void* kernel : {reinterpret_cast<const void*>(gather_rows_kernel),
+  for (const void* kernel : {reinterpret_cast<const void*>(gather_rows_kernel<false>),
+                             reinterpret_cast<const void*>(gather_rows_kernel<true>),
                              reinterpret_cast<const void*>(scatter_token_rows_kernel),
                              reinterpret_cast<const void*>(swiglu_forward_kernel),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel),
-                             reinterpret_cast<const void*>(combine_kernel)}) {
+                             reinterpret_cast<const void*>(swiglu_backward_kernel<false>),
+                             reinterpret_cast<const void*>(swiglu_backward_kernel<true>),
+                             reinterpret_cast<const void*>(combine_kernel<false>),
+                             reinterpret_cast<const void*>(combine_kernel<true>)}) {
     cudaFuncAttributes attr{};
     LYNX_CUDA(cudaFuncGetAttributes(&attr, kernel));
   }
@@ -338,7 +357,7 @@ void prepare_glue_kernels() {
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream, const RowSources& sources) {
   const int grid = static_cast<int>(std::min<int64_t>((capacity + kGatherRows - 1) / kGatherRows, 132 * 16));
-  gather_rows_kernel<<<grid, 256, 0, stream>>>(
+  (sources.remote() ? gather_rows_kernel<true> : gather_rows_kernel<false>)<<<grid, 256, 0, stream>>>(
       reinterpret_cast<Vec8*>(dst), reinterpret_cast<const Vec8*>(src), row_token_slot, total_rows, capacity, top_k,
       width / 8, sources);
   LYNX_CHECK_LAUNCH();
@@ -375,8 +394,9 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, floa
   static detail::PerDeviceCache resident;
   const int grid = static_cast<int>(
       std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps),
-                        resident_blocks(swiglu_backward_kernel, kSwigluWarps * 32, resident)));
-  swiglu_backward_kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
+                        resident_blocks(swiglu_backward_kernel<false>, kSwigluWarps * 32, resident)));
+  // (the remote variant holds fewer blocks per SM: its grid strides over the rest)
+  (weight_sources.remote() ? swiglu_backward_kernel<true> : swiglu_backward_kernel<false>)<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
       topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources);
@@ -387,7 +407,7 @@ void combine(bf16_t* out, const bf16_t* rows, const int32_t* slot_row, const flo
              int64_t tokens, int64_t top_k, int64_t width, const DeviceStatus* status, cudaStream_t stream,
              const CombineSources& peers) {
   const int grid = static_cast<int>(tokens < 65535 * 8 ? tokens : 65535 * 8);
-  combine_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<Vec8*>(out), reinterpret_cast<const Vec8*>(rows),
+  (peers.rows ? combine_kernel<true> : combine_kernel<false>)<<<grid, 256, 0, stream>>>(reinterpret_cast<Vec8*>(out), reinterpret_cast<const Vec8*>(rows),
                                            slot_row, topk_weights, reinterpret_cast<const float4*>(base), tokens,
                                            top_k, width / 8, status, peers);
   LYNX_CHECK_LAUNCH();
