@@ -109,7 +109,8 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
     Workspace::Impl& w = ws->impl();
     LYNX_CUDA(cudaSetDevice(w.device));
     w.connect(bases);
-    if (one_device) {  // the virtual-rank driver's streams and events
+    if (one_device) {  // the virtual-rank driver's streams and events, and the schedule's grid
+      w.plan_as_virtual_rank();
       LYNX_CUDA(cudaStreamCreateWithFlags(&w.rank_stream, cudaStreamNonBlocking));
       LYNX_CUDA(cudaEventCreateWithFlags(&w.fork_event, cudaEventDisableTiming));
       LYNX_CUDA(cudaEventCreateWithFlags(&w.join_event, cudaEventDisableTiming));

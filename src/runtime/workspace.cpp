@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <string>
 
 #include "comm/transport.h"
@@ -87,7 +88,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     schedule.expert_rows = alloc<int32_t>(E_loc);
     schedule.block_offset = alloc<int32_t>(E_loc + 1);
     schedule.slot_row = in_region<int32_t>(layout.slot_row);
-    schedule.scratch = alloc<int32_t>(plan.schedule.scratch_ints());
+    scratch_ints = plan.schedule.scratch_ints();
+    schedule.scratch = alloc<int32_t>(scratch_ints);
     schedule.status = status;
     schedule.stall_report = stall_report_device;
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
@@ -161,6 +163,19 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
   const std::vector<void*> tables = comm::peer_tables(layout, bases);
   LYNX_CUDA(cudaMemcpy(peer_tables, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
   peer_bases = bases;
+}
+
+void Workspace::Impl::plan_as_virtual_rank() {
+  device_props.schedule.sm_count = std::max(shape.num_ranks, device_props.schedule.sm_count / shape.num_ranks);
+#if LYNX_EXPERIMENTS
+  plan = plan::make_layer_plan(shape, device_props, overrides);
+#else
+  plan = plan::make_layer_plan(shape, device_props);
+#endif
+  // The schedule's scratch was sized for the first plan: more chunks need more.
+  if (plan.schedule.scratch_ints() > scratch_ints) {
+    throw Error("ranks", "internal: the virtual-rank schedule plan needs more scratch than the workspace holds");
+  }
 }
 
 void Workspace::Impl::release() {

@@ -79,6 +79,7 @@ struct Workspace::Impl {
   std::vector<char*> peer_bases;  // [R]: every rank's region as this process addresses it; empty until connected
   std::vector<char*> opened;      // regions of other processes opened through CUDA IPC (closed by release)
   void** peer_tables = nullptr;   // device [comm::kTables * R] (comm::peer_tables)
+  int64_t scratch_ints = 0;       // the schedule's scratch, as allocated
   // Virtual ranks (connect_ranks on one device): the stream this rank's compute step runs on, forked
   // from the caller's stream and joined back (api/ranks.cpp), and the events of the fork and join.
   cudaStream_t rank_stream = nullptr;
@@ -138,6 +139,9 @@ struct Workspace::Impl {
   peer::BarrierArgs barrier_args() const;
   // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
   void connect(const std::vector<char*>& bases);
+  // Virtual ranks: the R ranks' schedule kernels run at once on one GPU, so each is planned for 1/R
+  // of its SMs (the cooperative grids must fit together).
+  void plan_as_virtual_rank();
 
   const int32_t* host_expert_offset() const { return counts_host; }
   const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }

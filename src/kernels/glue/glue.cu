@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "device/activation.cuh"
+#include "device/remote.cuh"
 #include "common/cuda_check.h"
 #include "common/per_device.h"
 #include "kernels/schedule/core.h"
@@ -90,8 +91,9 @@ __global__ void gather_rows_kernel(Vec8* __restrict__ dst, const Vec8* __restric
       Vec8 val[kGatherRows];
 #pragma unroll
       for (int u = 0; u < kGatherRows; ++u) {
-        if (from[u]) val[u] = from[u][v];
-        else val[u] = Vec8{};
+        if (!from[u]) val[u] = Vec8{};
+        else if constexpr (kRemote) val[u] = remote::load(from[u] + v);
+        else val[u] = from[u][v];
       }
 #pragma unroll
       for (int u = 0; u < kGatherRows; ++u) {
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote ? 4 : kSwigluBlocks
     }
     float w;
     if constexpr (kRemote) {
-      w = static_cast<const float*>(weight_sources.base[weight_sources.row_src_rank[row]])[slot];
+      w = remote::load(static_cast<const float*>(weight_sources.base[weight_sources.row_src_rank[row]]) + slot);
     } else {
       w = topk_weights ? topk_weights[slot] : 1.0f;
     }
@@ -282,7 +284,7 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
     if (kRemote && peers.d_topk_weights) {
       for (int64_t j = threadIdx.x; j < top_k; j += blockDim.x) {
         const int32_t q = owner(t * top_k + j);
-        peers.d_topk_weights[t * top_k + j] = q >= 0 ? peers.d_topk_rows[q][slot_row[t * top_k + j]] : 0.0f;
+        peers.d_topk_weights[t * top_k + j] = q >= 0 ? remote::load(peers.d_topk_rows[q] + slot_row[t * top_k + j]) : 0.0f;
       }
     }
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
@@ -309,8 +311,9 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 #pragma unroll
           for (int u = 0; u < kCombineBatch; ++u) {
             const int32_t q = j0 + u < top_k ? owner(t * top_k + j0 + u) : -1;
-            r[u] = row[u] >= 0 && q >= 0 ? static_cast<const Vec8*>(peers.rows[q])[int64_t(row[u]) * vecs_per_row + v]
-                                         : Vec8{};
+            r[u] = row[u] >= 0 && q >= 0
+                       ? remote::load(static_cast<const Vec8*>(peers.rows[q]) + int64_t(row[u]) * vecs_per_row + v)
+                       : Vec8{};
             if (q < 0) row[u] = -1;
           }
         } else {

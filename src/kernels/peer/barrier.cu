@@ -1,26 +1,17 @@
 #include "common/cuda_check.h"
+#include "device/remote.cuh"
 #include "device/sm90.cuh"
 #include "kernels/peer/api.h"
 
 namespace lynx::peer {
 namespace {
 
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void red_release_sys_add(uint32_t* p, uint32_t v) {
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // One thread per rank.
 __global__ void arrive_kernel(const BarrierArgs a) {
   const int32_t p = threadIdx.x;
   if (p >= a.ranks) return;
   __threadfence_system();
-  red_release_sys_add(&a.signals[p]->arrivals[a.rank], 1u);
+  remote::signal_add(&a.signals[p]->arrivals[a.rank], 1u);
 }
 
 // One thread per rank: thread p waits for rank p (thread 0 also counts the barrier as passed).
@@ -30,12 +21,12 @@ __global__ void wait_kernel(const BarrierArgs a, bool collect_errors) {
   const uint32_t target = own->passed + 1;
   if (p < a.ranks) {
     const uint32_t* counter = &own->arrivals[p];
-    uint32_t seen = ld_acquire_sys(counter);
+    uint32_t seen = remote::signal_load(counter);
     if (int32_t(seen - target) < 0) {
       const uint64_t start = sm90::globaltimer_ns();
       for (;;) {
         __nanosleep(256);
-        seen = ld_acquire_sys(counter);
+        seen = remote::signal_load(counter);
         if (int32_t(seen - target) >= 0) break;
         if (sm90::globaltimer_ns() - start > a.timeout_ns) {
           sm90::report_stall(a.stall_report, sm90::Wait::kPeerArrival, p, int64_t(seen) - int64_t(target));
@@ -44,7 +35,7 @@ __global__ void wait_kernel(const BarrierArgs a, bool collect_errors) {
     }
     if (collect_errors && p != a.rank) {
       const DeviceStatus* theirs = a.statuses[p];
-      const int32_t code = *reinterpret_cast<const volatile int32_t*>(&theirs->code);
+      const int32_t code = remote::load(reinterpret_cast<const volatile int32_t*>(&theirs->code));
       DeviceStatus* mine = a.statuses[a.rank];
       if (code != int32_t(StatusCode::kOk) && code != int32_t(StatusCode::kPeerFailed) &&
           atomicCAS(&mine->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kPeerFailed)) == int32_t(StatusCode::kOk)) {

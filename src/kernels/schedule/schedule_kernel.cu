@@ -27,6 +27,7 @@
 #include "common/cuda_check.h"
 #include "common/per_device.h"
 #include "device/last_block.cuh"
+#include "device/remote.cuh"
 #include "device/sm90.cuh"
 #include "kernels/schedule/api.h"
 #include "kernels/schedule/core.h"
@@ -325,7 +326,7 @@ __device__ void place_chunk(const Args& a, const int32_t* ids, int32_t* q0, int3
       // At R > 1 the rank that computes (t, j) tells its source where the row is (the combine pulls
       // it from there); every entry has one such rank, so no other writes the slot.
       if (a.peer_slot_row) {
-        if (row >= 0) a.peer_slot_row[s][i] = row;
+        if (row >= 0) remote::store(a.peer_slot_row[s] + i, row);
       } else if (s == a.rank) {
         a.slot_row[i] = row;
       }
