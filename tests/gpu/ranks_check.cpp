@@ -107,32 +107,32 @@ std::vector<Workspace*> pointers(const std::vector<std::unique_ptr<Workspace>>& 
   return p;
 }
 
-Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config,
-                          bool recompute) {
-  const Case& c = L.c;
-  auto ranks = make_virtual_ranks(L.shape, R, config);
-  OutputBuffers global(c);
+VirtualGroup::VirtualGroup(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy_host, const Config& config)
+    : owned(make_virtual_ranks(L.shape, R, config)), ws(pointers(owned)), global(L.c), d_dy(to_device(dy_host)) {
   global.poison();
-  DeviceBuffer d_dy = to_device(dy);
-  std::vector<RankSlice> slices;
   slices.reserve(R);
-  for (int32_t r = 0; r < R; ++r) slices.emplace_back(L, global, R, r);
-  std::vector<LayerInputs> in;
-  std::vector<TensorView> y, dys;
-  std::vector<Gradients> grads;
-  const int64_t T = c.T / R;
+  const int64_t T = L.c.T / R;
   for (int32_t r = 0; r < R; ++r) {
+    slices.emplace_back(L, global, R, r);
     in.push_back(slices[r].in);
     y.push_back(slices[r].y);
-    dys.push_back(make_view(at(d_dy, 2 * r * T * c.H), DType::kBF16, {T, c.H}));
+    dy.push_back(make_view(at(d_dy, 2 * r * T * L.c.H), DType::kBF16, {T, L.c.H}));
     grads.push_back(slices[r].grads);
   }
-  const std::vector<Workspace*> ws = pointers(ranks);
-  forward_ranks(ws, in, y, nullptr);
-  if (recompute) recompute_forward_context_ranks(ws, in, nullptr);
-  backward_ranks(ws, in, dys, grads, nullptr);
-  for (Workspace* w : ws) w->check(nullptr);
-  return gather_outputs(L, global, slices);
+}
+
+void VirtualGroup::check(cudaStream_t s) const {
+  for (Workspace* w : ws) w->check(s);
+}
+
+Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config,
+                          bool recompute) {
+  VirtualGroup g(L, R, dy, config);
+  g.forward(nullptr);
+  if (recompute) recompute_forward_context_ranks(g.ws, g.in, nullptr);
+  g.backward(nullptr);
+  g.check(nullptr);
+  return gather_outputs(L, g.global, g.slices);
 }
 
 }  // namespace lynx::test

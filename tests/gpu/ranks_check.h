@@ -36,6 +36,25 @@ std::string first_routed_difference(const Outputs& a, const Outputs& b);
 std::vector<std::unique_ptr<Workspace>> make_virtual_ranks(const LayerShape& global, int32_t R, const Config& config = {});
 std::vector<Workspace*> pointers(const std::vector<std::unique_ptr<Workspace>>& ranks);
 
+// R connected virtual ranks of global layer L with their shares: poisoned outputs in `global`, dy from
+// the global `dy`.
+struct VirtualGroup {
+  std::vector<std::unique_ptr<Workspace>> owned;
+  std::vector<Workspace*> ws;
+  OutputBuffers global;
+  DeviceBuffer d_dy;
+  std::vector<RankSlice> slices;
+  std::vector<LayerInputs> in;
+  std::vector<TensorView> y, dy;
+  std::vector<Gradients> grads;
+
+  VirtualGroup(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config = {});
+  void forward(cudaStream_t s) { forward_ranks(ws, in, y, s); }
+  void backward(cudaStream_t s) { backward_ranks(ws, in, dy, grads, s); }
+  // Waits and throws as Workspace::check, rank by rank.
+  void check(cudaStream_t s) const;
+};
+
 // Forward, then backward with `dy`, on R virtual ranks (poisoned outputs), outputs gathered.
 Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config = {},
                           bool recompute = false);

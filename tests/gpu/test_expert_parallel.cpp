@@ -85,32 +85,16 @@ TEST_F(Ranks, GraphReplayWithNewRouting) {
   const Outputs want = run_layer(one, B, dy);
   one.check(nullptr);
 
-  auto ranks = make_virtual_ranks(A.shape, R);
-  const std::vector<Workspace*> ws = pointers(ranks);
-  OutputBuffers global(c);
-  DeviceBuffer d_dy = to_device(dy);
-  std::vector<RankSlice> slices;
-  slices.reserve(R);
-  for (int32_t r = 0; r < R; ++r) slices.emplace_back(A, global, R, r);
-  std::vector<LayerInputs> in;
-  std::vector<TensorView> y, dys;
-  std::vector<Gradients> grads;
-  const int64_t T = c.T / R;
-  for (int32_t r = 0; r < R; ++r) {
-    in.push_back(slices[r].in);
-    y.push_back(slices[r].y);
-    dys.push_back(make_view(static_cast<char*>(d_dy.get()) + 2 * r * T * c.H, DType::kBF16, {T, c.H}));
-    grads.push_back(slices[r].grads);
-  }
+  VirtualGroup g(A, R, dy);
   cudaStream_t stream;
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  forward_ranks(ws, in, y, stream);  // eager first: A's routing
-  backward_ranks(ws, in, dys, grads, stream);
+  g.forward(stream);  // eager first: A's routing
+  g.backward(stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  forward_ranks(ws, in, y, stream);
-  backward_ranks(ws, in, dys, grads, stream);
+  g.forward(stream);
+  g.backward(stream);
   LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   // B's inputs into A's buffers.
@@ -119,18 +103,19 @@ TEST_F(Ranks, GraphReplayWithNewRouting) {
   };
   copy(A.d_x, B.d_x), copy(A.d_wg, B.d_wg), copy(A.d_wu, B.d_wu), copy(A.d_wd, B.d_wd);
   copy(A.d_wsg, B.d_wsg), copy(A.d_wsu, B.d_wsu), copy(A.d_wsd, B.d_wsd);
+  const int64_t T = c.T / R;
   for (int32_t r = 0; r < R; ++r) {
     const std::vector<int32_t> ids(B.ids.begin() + r * T * c.k, B.ids.begin() + (r + 1) * T * c.k);
     const std::vector<float> w(B.weights.begin() + r * T * c.k, B.weights.begin() + (r + 1) * T * c.k);
-    LYNX_TEST_CUDA(cudaMemcpy(slices[r].ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    LYNX_TEST_CUDA(cudaMemcpy(slices[r].weights.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-    slices[r].d_topk.fill_bytes(0xFF);
+    LYNX_TEST_CUDA(cudaMemcpy(g.slices[r].ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    LYNX_TEST_CUDA(cudaMemcpy(g.slices[r].weights.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    g.slices[r].d_topk.fill_bytes(0xFF);
   }
-  global.poison();
+  g.global.poison();
   LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
   LYNX_TEST_CUDA(cudaStreamSynchronize(stream));
-  for (Workspace* w : ws) w->check(stream);
-  const Outputs got = gather_outputs(B, global, slices);
+  g.check(stream);
+  const Outputs got = gather_outputs(B, g.global, g.slices);
   EXPECT_EQ(first_routed_difference(got, want), "") << "the replay differs from R = 1";
   LYNX_TEST_CUDA(cudaGraphExecDestroy(exec));
   LYNX_TEST_CUDA(cudaGraphDestroy(graph));
@@ -140,19 +125,11 @@ TEST_F(Ranks, GraphReplayWithNewRouting) {
 // One rank's bad route or schedule overflow: that rank reports it, every other rank reports that rank.
 void expect_reported_by_every_rank(const HostLayer& L, int32_t R, const Config& config, int32_t bad_rank,
                                    const std::string& own_error) {
-  auto ranks = make_virtual_ranks(L.shape, R, config);
-  OutputBuffers global(L.c);
-  global.poison();
-  std::vector<RankSlice> slices;
-  slices.reserve(R);
-  for (int32_t r = 0; r < R; ++r) slices.emplace_back(L, global, R, r);
-  std::vector<LayerInputs> in;
-  std::vector<TensorView> y;
-  for (auto& s : slices) in.push_back(s.in), y.push_back(s.y);
-  forward_ranks(pointers(ranks), in, y, nullptr);
+  VirtualGroup g(L, R, random_dy(L.c), config);
+  g.forward(nullptr);
   for (int32_t r = 0; r < R; ++r) {
     try {
-      ranks[r]->check(nullptr);
+      g.ws[r]->check(nullptr);
       ADD_FAILURE() << "rank " << r << " reported nothing";
     } catch (const Error& e) {
       const std::string want = r == bad_rank ? own_error : "rank " + std::to_string(bad_rank) + " reported an error";
@@ -160,7 +137,7 @@ void expect_reported_by_every_rank(const HostLayer& L, int32_t R, const Config& 
     }
   }
   // Nothing written to y on any rank.
-  const std::vector<HostBf16> yh = to_host<HostBf16>(global.y, L.c.T * L.c.H);
+  const std::vector<HostBf16> yh = to_host<HostBf16>(g.global.y, L.c.T * L.c.H);
   for (size_t i = 0; i < yh.size(); ++i) ASSERT_TRUE(std::isnan(to_double(yh[i]))) << "y[" << i << "] written";
 }
 
