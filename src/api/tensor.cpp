@@ -16,13 +16,17 @@ const char* dtype_name(DType t) {
   return "unknown";
 }
 
+// NOTES: a caller's view may hold any rank (an uninitialised one, say): outside [0, kMaxTensorRank] it
+// has no elements and is not contiguous, and the shape arrays are never read past their end.
 int64_t TensorView::numel() const {
+  if (rank < 0 || rank > kMaxTensorRank) return 0;
   int64_t n = 1;
   for (int d = 0; d < rank; ++d) n *= shape[d];
   return n;
 }
 
 bool TensorView::is_contiguous() const {
+  if (rank < 0 || rank > kMaxTensorRank) return false;
   int64_t expected = 1;
   for (int d = rank - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != expected) return false;

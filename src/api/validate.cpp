@@ -40,6 +40,9 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
     expected_dtypes += (expected_dtypes.empty() ? "" : " or ") + std::string(dtype_name(t));
   }
   if (!dtype_ok) throw Error(name, "dtype must be " + expected_dtypes + ", got " + dtype_name(v.dtype));
+  if (v.rank != static_cast<int32_t>(shape.size())) {
+    throw Error(name, "shape must be " + shape_str(shape) + ", got a view of rank " + std::to_string(v.rank));
+  }
   bool shape_ok = v.rank == static_cast<int32_t>(shape.size());
   int d = 0;
   for (int64_t s : shape) shape_ok = shape_ok && v.shape[d++] == s;

@@ -99,6 +99,19 @@ TEST(Validation, WrongShapeNamesTheArgument) {
   expect_error([&] { validate_inputs(s, in); }, "topk_weights", "shape");
 }
 
+// A view whose rank lies outside [0, kMaxTensorRank] (an uninitialised one, say) is rejected by name,
+// and its shape is never read past the end (found by the fuzz target under UBSan).
+TEST(Validation, RankOutOfRangeIsRejected) {
+  const LayerShape s = small_shape();
+  for (const int32_t rank : {5, 1000, -1}) {
+    LayerInputs in = good_inputs(s);
+    in.topk_ids.rank = rank;
+    expect_error([&] { validate_inputs(s, in); }, "topk_ids", "rank " + std::to_string(rank));
+    EXPECT_EQ(in.topk_ids.numel(), 0);
+    EXPECT_FALSE(in.topk_ids.is_contiguous());
+  }
+}
+
 TEST(Validation, WrongDtypeNamesTheArgument) {
   const LayerShape s = small_shape();
   LayerInputs in = good_inputs(s);
