@@ -43,12 +43,13 @@ void check_group(const std::vector<Workspace*>& ranks) {
   }
 }
 
-// One pass of every rank on `stream`: every rank's open step, then their compute steps, each on its
-// rank's own stream forked from `stream` (so that one rank's kernels fill the GPU beside another's
-// tails and launch gaps), joined back, then every rank's close step.
-// NOTES: no compute step waits on the device for another rank's: the barrier a compute step opens
-// with was passed by every open step before the fork, and each ends with an arrival only. The close
-// steps' waits are passed once every compute step has ended, which the join orders before them.
+// One pass of every rank, each on its rank's own stream forked from `stream` and joined back, so that
+// one rank's kernels fill the GPU beside another's tails and launch gaps: the ranks run at once, as
+// ranks on their own GPUs or in their own processes do.
+// NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
+// block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
+// blocks resident at once, are planned for 1/R of the SMs (plan_as_virtual_rank), so R of them and the
+// spinning blocks fit the GPU together.
 template <class Validate, class Step>
 void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
                Step&& step) {
@@ -79,16 +80,14 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     for (fused::Step s : fused::kSteps) each(s, caller);
     return;
   }
-  each(fused::Step::kOpen, caller);
   Workspace::Impl& first = ranks[0]->impl();
   LYNX_CUDA(cudaEventRecord(first.fork_event, stream));
   for (Workspace* ws : ranks) LYNX_CUDA(cudaStreamWaitEvent(ws->impl().rank_stream, first.fork_event, 0));
-  each(fused::Step::kCompute, [](const Workspace::Impl& w) { return w.rank_stream; });
+  for (fused::Step s : fused::kSteps) each(s, [](const Workspace::Impl& w) { return w.rank_stream; });
   for (Workspace* ws : ranks) {
     LYNX_CUDA(cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream));
     LYNX_CUDA(cudaStreamWaitEvent(stream, ws->impl().join_event, 0));
   }
-  each(fused::Step::kClose, caller);
 }
 
 }  // namespace
