@@ -39,10 +39,8 @@ void connect_process_group(Workspace& ws, const AllGather& all_gather);
 
 // Virtual ranks: every rank's pass (all ranks' workspaces on the current device, connected by
 // connect_ranks), ordered after the work already on `stream`, and the work queued on `stream` later
-// after it: every rank's opening step on `stream`, then their compute steps at once on the ranks' own
-// streams, then every rank's closing step on `stream`. No rank's kernel waits on the device for a
-// rank queued after it; capturable in a CUDA graph. Argument i belongs to ranks[i]; each is validated
-// as by the one-rank call.
+// after it. The ranks run at once, each on a stream of its own forked from `stream`; capturable in a
+// CUDA graph. Argument i belongs to ranks[i]; each is validated as by the one-rank call.
 void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
                    const std::vector<TensorView>& y, cudaStream_t stream);
 void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
