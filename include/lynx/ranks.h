@@ -14,7 +14,10 @@
 // host synchronisation. Every rank must run the same sequence of passes. A rank that does not come
 // within Config::peer_timeout_ms is reported by the others (the rank and the barrier), whose kernels
 // then trap. Virtual ranks on one device are run with the *_ranks calls below instead, which queue
-// every rank's pass from one stream.
+// every rank's pass from one stream. Other ranks read and write a rank's buffers during their passes:
+// keep every rank's workspace alive until every rank's last pass has ended. By default each rank's
+// schedule_capacity is the worst case over all ranks' tokens (R times the one-rank size): set it to
+// what the routing needs.
 #pragma once
 
 #include <cuda_runtime_api.h>
