@@ -13,8 +13,11 @@
 // stream, device or process: the passes meet at two cross-rank barriers each, on the device, with no
 // host synchronisation. Every rank must run the same sequence of passes. A rank that does not come
 // within Config::peer_timeout_ms is reported by the others (the rank and the barrier), whose kernels
-// then trap. Virtual ranks on one device are run with the *_ranks calls below instead, which queue
-// every rank's pass from one stream. Other ranks read and write a rank's buffers during their passes:
+// then trap. Virtual ranks on one device are run with the *_ranks calls below, or each with the
+// one-rank calls on a stream of its own; never two ranks' one-rank calls on one stream (the first
+// waits on the device for the second, queued behind it, until the timeout). The default timeout is
+// 30 s: raise it where a rank may fall further behind the others (a checkpoint written between
+// passes, say). Other ranks read and write a rank's buffers during their passes:
 // keep every rank's workspace alive until every rank's last pass has ended. By default each rank's
 // schedule_capacity is the worst case over all ranks' tokens (R times the one-rank size): set it to
 // what the routing needs.

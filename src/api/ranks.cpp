@@ -8,6 +8,7 @@
 #include "common/cuda_check.h"
 #include "lynx/error.h"
 #include "runtime/fused_passes.h"
+#include "runtime/steps.h"
 #include "runtime/workspace.h"
 
 namespace lynx {
@@ -18,13 +19,15 @@ std::string str(int64_t v) { return std::to_string(v); }
 // Every rank's shape and config must be the group's; rank r at position r.
 void check_group(const std::vector<Workspace*>& ranks) {
   if (ranks.empty()) throw Error("ranks", "is empty");
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
+  }
   const Workspace::Impl& first = ranks[0]->impl();
   const int64_t R = first.shape.num_ranks;
   if (int64_t(ranks.size()) != R) {
     throw Error("ranks", "holds " + str(ranks.size()) + " workspaces for shape.num_ranks = " + str(R));
   }
   for (size_t r = 0; r < ranks.size(); ++r) {
-    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
     const Workspace::Impl& w = ranks[r]->impl();
     LayerShape want = first.shape;
     want.rank = int32_t(r);
@@ -48,7 +51,7 @@ void check_group(const std::vector<Workspace*>& ranks) {
 // ranks on their own GPUs or in their own processes do.
 // NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
 // block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
-// blocks resident at once, are planned for 1/R of the SMs (plan_as_virtual_rank), so R of them and the
+// blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
 // spinning blocks fit the GPU together.
 template <class Validate, class Step>
 void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
@@ -57,6 +60,7 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
   }
   for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
     Workspace::Impl& w = ranks[r]->impl();
     if (w.shape.rank != int32_t(r) || int64_t(ranks.size()) != w.shape.num_ranks) {
       throw Error("ranks", "[" + str(r) + "] is rank " + str(w.shape.rank) + " of " + str(w.shape.num_ranks) +
@@ -66,6 +70,11 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     api::require_connected(w);
     if (ranks.size() > 1 && !w.rank_stream) {
       throw Error("ranks", "[" + str(r) + "] was not connected by connect_ranks on one device (virtual ranks)");
+    }
+    for (size_t s = 0; s < ranks.size() && ranks.size() > 1; ++s) {
+      if (!ranks[s] || w.peer_bases[s] != ranks[s]->impl().region) {
+        throw Error("ranks", "[" + str(r) + "] and [" + str(s) + "] were not connected to each other: give one group");
+      }
     }
     validate(w, r);
   }
@@ -104,16 +113,38 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
   for (Workspace* ws : ranks) one_device = one_device && ws->impl().device == ranks[0]->impl().device;
   int current = 0;
   LYNX_CUDA(cudaGetDevice(&current));
-  for (Workspace* ws : ranks) {
-    Workspace::Impl& w = ws->impl();
-    LYNX_CUDA(cudaSetDevice(w.device));
-    w.connect(bases);
-    if (one_device) {  // the virtual-rank driver's streams and events, and the schedule's grid
-      w.plan_as_virtual_rank();
-      LYNX_CUDA(cudaStreamCreateWithFlags(&w.rank_stream, cudaStreamNonBlocking));
-      LYNX_CUDA(cudaEventCreateWithFlags(&w.fork_event, cudaEventDisableTiming));
-      LYNX_CUDA(cudaEventCreateWithFlags(&w.join_event, cudaEventDisableTiming));
+  // NOTES: everything that can fail comes first, into locals; only then is any workspace changed, so
+  // that a failure leaves every rank as it was (unconnected).
+  struct Driver {
+    plan::LayerPlan plan;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+  };
+  std::vector<Driver> drivers(one_device ? ranks.size() : 0);
+  try {
+    for (size_t r = 0; r < drivers.size(); ++r) {
+      drivers[r].plan = ranks[r]->impl().virtual_rank_plan();
+      LYNX_CUDA(cudaStreamCreateWithFlags(&drivers[r].stream, cudaStreamNonBlocking));
+      LYNX_CUDA(cudaEventCreateWithFlags(&drivers[r].fork, cudaEventDisableTiming));
+      LYNX_CUDA(cudaEventCreateWithFlags(&drivers[r].join, cudaEventDisableTiming));
     }
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      Workspace::Impl& w = ranks[r]->impl();
+      LYNX_CUDA(cudaSetDevice(w.device));
+      w.connect(bases);
+    }
+  } catch (...) {
+    for (Driver& d : drivers) {
+      if (d.stream) cudaStreamDestroy(d.stream);
+      if (d.fork) cudaEventDestroy(d.fork);
+      if (d.join) cudaEventDestroy(d.join);
+    }
+    for (Workspace* ws : ranks) ws->impl().peer_bases.clear();
+    cudaSetDevice(current);
+    throw;
+  }
+  for (size_t r = 0; r < drivers.size(); ++r) {
+    ranks[r]->impl().become_virtual_rank(drivers[r].plan, drivers[r].stream, drivers[r].fork, drivers[r].join);
   }
   LYNX_CUDA(cudaSetDevice(current));
 }
@@ -125,7 +156,7 @@ void connect_process_group(Workspace& ws, const AllGather& all_gather) {
   if (w.connected()) throw Error("ws", "is connected already");
   if (!all_gather) throw Error("all_gather", "is empty");
   const std::vector<std::vector<uint8_t>> all =
-      all_gather(comm::export_region(w.region, w.device, w.shape.rank, R, w.layout.bytes));
+      all_gather(comm::export_region(w.region, w.device, w.shape, w.config));
   if (int64_t(all.size()) != R) {
     throw Error("all_gather", "returned " + str(all.size()) + " ranks' bytes for a group of " + str(R));
   }
@@ -136,7 +167,7 @@ void connect_process_group(Workspace& ws, const AllGather& all_gather) {
         bases[r] = w.region;
         continue;
       }
-      bases[r] = comm::open_region(all[r], w.device, r, R, w.layout.bytes);
+      bases[r] = comm::open_region(all[r], w.device, r, w.shape, w.config);
       w.opened.push_back(bases[r]);
     }
     w.connect(bases);
@@ -181,6 +212,7 @@ void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Laye
         validate_inputs(w.shape, in[r]);
         validate_gradients(w.shape, dy[r], grads[r]);
         if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
+        require_context(w, in[r]);  // before any rank queues anything: a pass begun must be ended
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         fused::backward(w, in[r], dy[r], grads[r], st, s);

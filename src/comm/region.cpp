@@ -49,7 +49,6 @@ std::vector<void*> peer_tables(const RegionLayout& l, const std::vector<char*>& 
     t[kRowsA * R + s] = b + l.rows_a;
     t[kRowsB * R + s] = b + l.rows_b;
     t[kDTopkRows * R + s] = b + l.d_topk_rows;
-    t[kStatus * R + s] = b + l.status;
     t[kSignals * R + s] = b + l.signals;
   }
   return t;

@@ -13,7 +13,7 @@ namespace lynx::comm {
 
 // Byte offsets from the region's base.
 struct RegionLayout {
-  int64_t status;       // DeviceStatus: peers read it at the closing barrier
+  int64_t status;       // DeviceStatus (this rank's; peers read the copy in the signals)
   int64_t signals;      // peer::Signals: the barriers' counters
   int64_t ids32;        // [T*k] int32: this rank's checked ids (the schedule builds read every rank's)
   int64_t slot_row;     // [T*k] int32: row of (t, j) on the rank that computes it (that rank writes it)
@@ -30,7 +30,7 @@ struct RegionLayout {
 RegionLayout region_layout(const LayerShape& shape, int64_t capacity);
 
 // The device tables, each R pointers: table t of rank s at [t * R + s].
-enum Table : int32_t { kTokenRows, kWeights, kSlotRow, kRowsA, kRowsB, kDTopkRows, kStatus, kSignals, kTables };
+enum Table : int32_t { kTokenRows, kWeights, kSlotRow, kRowsA, kRowsB, kDTopkRows, kSignals, kTables };
 
 // The tables for regions at `bases` (every rank's, as this rank addresses them), as host values.
 std::vector<void*> peer_tables(const RegionLayout& layout, const std::vector<char*>& bases);

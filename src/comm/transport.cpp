@@ -15,11 +15,26 @@ namespace {
 struct Exported {
   uint32_t magic;
   int32_t rank, ranks;
-  int64_t bytes;
+  int64_t tokens, hidden, intermediate, num_experts, top_k, shared_intermediate;
+  int64_t capacity, peer_timeout_ms;
+  int32_t save_forward_context, backend;
   cudaUUID_t device_uuid;
   cudaIpcMemHandle_t handle;
 };
 constexpr uint32_t kMagic = 0x6c796e78;  // "lynx"
+
+// The fields every rank of a group must share, with their names, as exported.
+Exported group_fields(const LayerShape& s, const ResolvedConfig& c) {
+  Exported e{};
+  e.magic = kMagic;
+  e.rank = s.rank;
+  e.ranks = s.num_ranks;
+  e.tokens = s.tokens, e.hidden = s.hidden, e.intermediate = s.intermediate, e.num_experts = s.num_experts;
+  e.top_k = s.top_k, e.shared_intermediate = s.shared_intermediate;
+  e.capacity = c.schedule_capacity, e.peer_timeout_ms = c.peer_timeout_ms;
+  e.save_forward_context = c.save_forward_context, e.backend = int32_t(c.backend);
+  return e;
+}
 
 }  // namespace
 
@@ -40,12 +55,8 @@ void enable_peer_access(int device, int peer) {
   LYNX_CUDA(cudaSetDevice(current));
 }
 
-std::vector<uint8_t> export_region(void* base, int device, int32_t rank, int32_t ranks, int64_t bytes) {
-  Exported e{};
-  e.magic = kMagic;
-  e.rank = rank;
-  e.ranks = ranks;
-  e.bytes = bytes;
+std::vector<uint8_t> export_region(void* base, int device, const LayerShape& shape, const ResolvedConfig& config) {
+  Exported e = group_fields(shape, config);
   cudaDeviceProp prop{};
   LYNX_CUDA(cudaGetDeviceProperties(&prop, device));
   e.device_uuid = prop.uuid;
@@ -55,7 +66,8 @@ std::vector<uint8_t> export_region(void* base, int device, int32_t rank, int32_t
   return out;
 }
 
-char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expect_rank, int32_t ranks, int64_t bytes) {
+char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expect_rank, const LayerShape& shape,
+                  const ResolvedConfig& config) {
   const std::string who = "rank " + std::to_string(expect_rank) + "'s exchanged bytes";
   if (exported.size() != sizeof(Exported)) {
     throw Error("all_gather", who + ": " + std::to_string(exported.size()) + " bytes, expected " +
@@ -68,14 +80,33 @@ char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expe
     throw Error("all_gather", who + " come from rank " + std::to_string(e.rank) +
                                   ": the exchange must return every rank's bytes in rank order");
   }
-  if (e.ranks != ranks || e.bytes != bytes) {
-    throw Error("all_gather", who + ": a group of " + std::to_string(e.ranks) + " ranks with a " +
-                                  std::to_string(e.bytes) + "-byte region, this rank has " + std::to_string(ranks) +
-                                  " and " + std::to_string(bytes) + " (every rank needs the same shape and config)");
+  const Exported mine = group_fields(shape, config);
+  const struct {
+    const char* name;
+    int64_t theirs, ours;
+  } fields[] = {{"num_ranks", e.ranks, mine.ranks},
+                {"tokens", e.tokens, mine.tokens},
+                {"hidden", e.hidden, mine.hidden},
+                {"intermediate", e.intermediate, mine.intermediate},
+                {"num_experts", e.num_experts, mine.num_experts},
+                {"top_k", e.top_k, mine.top_k},
+                {"shared_intermediate", e.shared_intermediate, mine.shared_intermediate},
+                {"schedule_capacity", e.capacity, mine.capacity},
+                {"peer_timeout_ms", e.peer_timeout_ms, mine.peer_timeout_ms},
+                {"save_forward_context", e.save_forward_context, mine.save_forward_context},
+                {"backend", e.backend, mine.backend}};
+  for (const auto& f : fields) {
+    if (f.theirs != f.ours) {
+      throw Error("all_gather", who + ": " + f.name + " = " + std::to_string(f.theirs) + ", this rank has " +
+                                    std::to_string(f.ours) + " (every rank needs the group's shape and config)");
+    }
   }
-  (void)device;
+  int current = 0;
+  LYNX_CUDA(cudaGetDevice(&current));
+  LYNX_CUDA(cudaSetDevice(device));
   void* base = nullptr;
   const cudaError_t err = cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess);
+  cudaSetDevice(current);
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw Error("all_gather", "cannot open " + who + " as CUDA IPC memory: " + cudaGetErrorString(err));

@@ -10,18 +10,23 @@
 #include <cstdint>
 #include <vector>
 
+#include "lynx/config.h"
+
 namespace lynx::comm {
 
 // Lets `device` read and write `peer`'s memory (no-op when they are the same device or access is
 // already enabled); throws lynx::Error when the two cannot reach each other.
 void enable_peer_access(int device, int peer);
 
-// What rank `rank` sends the others of a process group so that they can open its region.
-std::vector<uint8_t> export_region(void* base, int device, int32_t rank, int32_t ranks, int64_t bytes);
+// What a rank of a process group sends the others so that they can open its region: its IPC handle,
+// device, and its shape and config (every rank's must be the group's, but for the rank).
+std::vector<uint8_t> export_region(void* base, int device, const LayerShape& shape, const ResolvedConfig& config);
 
-// Opens another process's region from what it exported (checked: its rank, the group's size, the
-// region's size); returns its base as this process addresses it. Throws lynx::Error naming what differs.
-char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expect_rank, int32_t ranks, int64_t bytes);
+// Opens on `device` another process's region from what it exported; returns its base as this process
+// addresses it. Throws lynx::Error naming what differs: not rank `expect_rank`, or another shape or
+// config than `shape` / `config` (this rank's).
+char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expect_rank, const LayerShape& shape,
+                  const ResolvedConfig& config);
 
 void close_region(char* base);
 

@@ -125,12 +125,12 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
       if (!ranks) break;
       LYNX_CUDA(cudaMemcpyAsync(w.in_region<void>(w.layout.token_rows), dy.data,
                                 size_t(2 * w.shape.tokens * w.shape.hidden), cudaMemcpyDeviceToDevice, s));
-      peer::arrive(w.barrier_args(), s);
+      peer::arrive(w.barrier_args(), false, s);
       break;
     case Step::kCompute:
       if (ranks) peer::wait(w.barrier_args(), false, s);
       backward_compute(w, in, dy, grads, s);
-      if (ranks) peer::arrive(w.barrier_args(), s);
+      if (ranks) peer::arrive(w.barrier_args(), true, s);
       break;
     case Step::kClose:
       if (!ranks) break;

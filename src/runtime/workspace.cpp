@@ -151,7 +151,7 @@ Workspace::Impl::~Impl() {
 peer::BarrierArgs Workspace::Impl::barrier_args() const {
   peer::BarrierArgs b;
   b.signals = table<peer::Signals>(comm::kSignals);
-  b.statuses = table<DeviceStatus>(comm::kStatus);
+  b.status = status;
   b.rank = shape.rank;
   b.ranks = shape.num_ranks;
   b.stall_report = stall_report_device;
@@ -165,17 +165,28 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
   peer_bases = bases;
 }
 
-void Workspace::Impl::plan_as_virtual_rank() {
-  device_props.schedule.sm_count = std::max(shape.num_ranks, device_props.schedule.sm_count / shape.num_ranks);
+plan::LayerPlan Workspace::Impl::virtual_rank_plan() const {
+  plan::DeviceProps props = device_props;
+  props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
 #if LYNX_EXPERIMENTS
-  plan = plan::make_layer_plan(shape, device_props, overrides);
+  plan::LayerPlan p = plan::make_layer_plan(shape, props, overrides);
 #else
-  plan = plan::make_layer_plan(shape, device_props);
+  plan::LayerPlan p = plan::make_layer_plan(shape, props);
 #endif
-  // The schedule's scratch was sized for the first plan: more chunks need more.
-  if (plan.schedule.scratch_ints() > scratch_ints) {
+  // NOTES: fewer schedule blocks need less scratch than the workspace holds (chunks · pairs + pairs).
+  if (p.schedule.scratch_ints() > scratch_ints) {
     throw Error("ranks", "internal: the virtual-rank schedule plan needs more scratch than the workspace holds");
   }
+  return p;
+}
+
+void Workspace::Impl::become_virtual_rank(const plan::LayerPlan& p, cudaStream_t stream, cudaEvent_t fork,
+                                          cudaEvent_t join) {
+  device_props.schedule.sm_count = std::max(shape.num_ranks, device_props.schedule.sm_count / shape.num_ranks);
+  plan = p;
+  rank_stream = stream;
+  fork_event = fork;
+  join_event = join;
 }
 
 void Workspace::Impl::release() {

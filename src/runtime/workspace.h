@@ -140,8 +140,11 @@ struct Workspace::Impl {
   // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
   void connect(const std::vector<char*>& bases);
   // Virtual ranks: the R ranks' schedule kernels run at once on one GPU, so each is planned for 1/R
-  // of its SMs (the cooperative grids must fit together).
-  void plan_as_virtual_rank();
+  // of its SMs (the cooperative grids must fit together). virtual_rank_plan makes that plan and
+  // changes nothing; become_virtual_rank takes it, with the driver's stream and events (owned from
+  // then on).
+  plan::LayerPlan virtual_rank_plan() const;
+  void become_virtual_rank(const plan::LayerPlan& p, cudaStream_t stream, cudaEvent_t fork, cudaEvent_t join);
 
   const int32_t* host_expert_offset() const { return counts_host; }
   const int32_t* host_expert_rows() const { return counts_host + problem.local_experts() + 1; }

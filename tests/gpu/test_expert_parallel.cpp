@@ -156,6 +156,26 @@ TEST_F(Ranks, CapacityOverflowOnOneRankIsReportedByEvery) {
   expect_reported_by_every_rank(L, 4, config, 2, "needs 256 schedule rows");
 }
 
+// A backward_ranks call that one rank rejects (no context for its inputs) queues nothing on any rank:
+// the next, correct, call still gives R = 1's bits (a rank that had arrived alone would leave the
+// barrier counters out of step for good).
+TEST_F(Ranks, RejectedCallQueuesNothing) {
+  const Case c{256, 128, 64, 8, 2, 64};
+  const HostLayer L(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace one(L.shape);
+  const Outputs want = run_layer(one, L, dy);
+  one.check(nullptr);
+  VirtualGroup g(L, 4, dy);
+  g.forward(nullptr);
+  std::vector<LayerInputs> other = g.in;
+  other[2].x = g.in[1].x;  // rank 2's x is not what its forward read
+  EXPECT_THROW(backward_ranks(g.ws, other, g.dy, g.grads, nullptr), Error);
+  g.backward(nullptr);
+  g.check(nullptr);
+  EXPECT_EQ(first_routed_difference(gather_outputs(L, g.global, g.slices), want), "");
+}
+
 [[noreturn]] void run_without_rank_one() {
   const Case c{64, 64, 64, 4, 2, 0};
   const HostLayer L(c, 7);

@@ -7,9 +7,13 @@ namespace lynx::peer {
 namespace {
 
 // One thread per rank.
-__global__ void arrive_kernel(const BarrierArgs a) {
+__global__ void arrive_kernel(const BarrierArgs a, bool publish_status) {
   const int32_t p = threadIdx.x;
   if (p >= a.ranks) return;
+  if (publish_status) {
+    const int32_t code = *reinterpret_cast<const volatile int32_t*>(&a.status->code);
+    remote::store(&a.signals[p]->errors[a.rank], code);
+  }
   __threadfence_system();
   remote::signal_add(&a.signals[p]->arrivals[a.rank], 1u);
 }
@@ -34,9 +38,8 @@ __global__ void wait_kernel(const BarrierArgs a, bool collect_errors) {
       }
     }
     if (collect_errors && p != a.rank) {
-      const DeviceStatus* theirs = a.statuses[p];
-      const int32_t code = remote::load(reinterpret_cast<const volatile int32_t*>(&theirs->code));
-      DeviceStatus* mine = a.statuses[a.rank];
+      const int32_t code = own->errors[p];
+      DeviceStatus* mine = a.status;
       if (code != int32_t(StatusCode::kOk) && code != int32_t(StatusCode::kPeerFailed) &&
           atomicCAS(&mine->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kPeerFailed)) == int32_t(StatusCode::kOk)) {
         mine->rank = a.rank;
@@ -52,8 +55,8 @@ __global__ void wait_kernel(const BarrierArgs a, bool collect_errors) {
 
 }  // namespace
 
-void arrive(const BarrierArgs& args, cudaStream_t stream) {
-  arrive_kernel<<<1, 32 * ((args.ranks + 31) / 32), 0, stream>>>(args);
+void arrive(const BarrierArgs& args, bool publish_status, cudaStream_t stream) {
+  arrive_kernel<<<1, 32 * ((args.ranks + 31) / 32), 0, stream>>>(args, publish_status);
   LYNX_CHECK_LAUNCH();
 }
 
