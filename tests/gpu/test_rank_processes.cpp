@@ -86,7 +86,7 @@ TEST_F(Processes, FourOnOneGpu) { check_processes(4); }
 TEST_F(Processes, RankThatNeverArrivesIsReported) {
   const fs::path dir = fresh_dir("missing");
   const std::vector<int> codes =
-      run_processes(dir, 2, 5, {{"--timeout-ms", "1000"}, {"--no-pass"}});
+      run_processes(dir, 2, 5, {{"--timeout-ms", "1000"}, {"--timeout-ms", "1000", "--no-pass"}});
   EXPECT_EQ(codes[0], 3);
   EXPECT_EQ(codes[1], 0);
   const std::string msg = read_text(dir / "error0");
