@@ -1,0 +1,153 @@
+// The FP8 recipe's CPU reference (src/reference/fp8.h): the E4M3 conversion against a brute-force
+// nearest-code oracle, the power-of-two scales, tile and block quantisation, and the GEMM with per-128
+// promotion against the exact product.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "reference/fp8.h"
+
+namespace lynx::ref::fp8 {
+namespace {
+
+// The code nearest to x among the finite ones, ties to the even mantissa; ±448 beyond the range.
+uint8_t nearest_code(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  if (a > kE4M3Max) return sign | 0x7E;
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c <= 0x7E; ++c) {
+    const double d = std::fabs(double(from_e4m3(uint8_t(c))) - a);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  }
+  return sign | uint8_t(best);
+}
+
+TEST(Fp8Reference, EveryCodeRoundTrips) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = from_e4m3(uint8_t(c));
+    if ((c & 0x7F) == 0x7F) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      EXPECT_EQ(to_e4m3(v) & 0x7F, 0x7F) << c;
+      continue;
+    }
+    EXPECT_EQ(to_e4m3(v), c) << "code " << c << " = " << v;
+  }
+  EXPECT_EQ(from_e4m3(0x7E), 448.0f);
+  EXPECT_EQ(from_e4m3(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(from_e4m3(0x08), std::ldexp(1.0f, -6));
+}
+
+TEST(Fp8Reference, RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(from_e4m3(to_e4m3(1.0625f)), 1.0f);    // tie: mantissa 0 over 1
+  EXPECT_EQ(from_e4m3(to_e4m3(1.1875f)), 1.25f);   // tie: mantissa 2 over 1
+  EXPECT_EQ(from_e4m3(to_e4m3(std::ldexp(1.0f, -10))), 0.0f);          // tie between 0 and 2^-9
+  EXPECT_EQ(from_e4m3(to_e4m3(3 * std::ldexp(1.0f, -10))), std::ldexp(1.0f, -8));
+  EXPECT_EQ(from_e4m3(to_e4m3(460.0f)), 448.0f);
+  EXPECT_EQ(from_e4m3(to_e4m3(-1e30f)), -448.0f);
+  EXPECT_EQ(to_e4m3(-0.0f), 0x80);
+  EXPECT_TRUE(std::isnan(from_e4m3(to_e4m3(INFINITY))));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-14, 10);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = (rng() % 2 ? -1.0f : 1.0f) * std::ldexp(mant(rng), expo(rng));
+    ASSERT_EQ(to_e4m3(x), nearest_code(x)) << "x = " << x;
+  }
+}
+
+TEST(Fp8Reference, ScalesArePowersOfTwoThatFitTheLargestValue) {
+  EXPECT_EQ(pow2_scale(448.0f), 1.0f);
+  EXPECT_EQ(pow2_scale(std::nextafter(448.0f, 1e9f)), 2.0f);
+  EXPECT_EQ(pow2_scale(224.0f), 0.5f);
+  EXPECT_EQ(pow2_scale(224.5f), 1.0f);
+  EXPECT_EQ(pow2_scale(0.0f), 1.0f);
+  EXPECT_EQ(pow2_scale(1e-45f), std::ldexp(1.0f, -126));
+  std::mt19937 rng(5);
+  for (int i = 0; i < 10000; ++i) {
+    const float amax = std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 80) - 40);
+    const float s = pow2_scale(amax);
+    int e = 0;
+    EXPECT_EQ(std::frexp(s, &e), 0.5f) << amax;  // a power of two
+    EXPECT_LE(amax / s, kE4M3Max) << amax;
+    EXPECT_GT(amax / s, kE4M3Max / 2) << amax;
+  }
+}
+
+std::vector<float> random_matrix(std::mt19937& rng, int64_t rows, int64_t cols) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> v(size_t(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = n(rng) * std::ldexp(1.0f, int(i / 97 % 9) - 4);  // mixed magnitudes
+  return v;
+}
+
+// Each tile's largest |q| lies in [224, 448] (its value in (224, 448], rounded); every element is
+// within E4M3's rounding of its value (half a spacing: 2^-4 relative in the normal range, 2^-10 of the
+// scale below it).
+void expect_within_rounding(const std::vector<float>& x, const Quantized& q, bool blocks) {
+  ASSERT_TRUE(q.finite);
+  for (int64_t r = 0; r < q.rows; ++r) {
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const float v = x[r * q.cols + c], d = q.dequant(r, c, blocks);
+      const int64_t kb = (q.cols + kBlock - 1) / kBlock;
+      const float s = blocks ? q.scales[(r / kBlock) * kb + c / kBlock] : q.scales[r * kb + c / kBlock];
+      ASSERT_LE(std::fabs(d - v), std::max(std::fabs(v) / 16.0f, s * std::ldexp(1.0f, -10)))
+          << "[" << r << ", " << c << "] " << v << " -> " << d;
+    }
+  }
+}
+
+TEST(Fp8Reference, TilesAndBlocksQuantiseWithinRounding) {
+  std::mt19937 rng(7);
+  const int64_t rows = 130, cols = 2880;  // a partial last tile (2880 = 22.5 · 128) and block
+  const std::vector<float> x = random_matrix(rng, rows, cols);
+  const Quantized t = quantize_tiles(x.data(), rows, cols);
+  EXPECT_EQ(t.scales.size(), size_t(rows * 23));
+  expect_within_rounding(x, t, false);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < 23; ++b) {
+      float qmax = 0.0f;
+      for (int64_t c = b * kBlock; c < std::min<int64_t>(cols, (b + 1) * kBlock); ++c) {
+        qmax = std::max(qmax, std::fabs(from_e4m3(t.q[r * cols + c])));
+      }
+      ASSERT_TRUE(qmax >= 224.0f && qmax <= 448.0f) << "tile [" << r << ", " << b << "]: " << qmax;
+    }
+  }
+  const Quantized w = quantize_blocks(x.data(), rows, cols);
+  EXPECT_EQ(w.scales.size(), size_t(2 * 23));
+  expect_within_rounding(x, w, true);
+}
+
+TEST(Fp8Reference, NonFiniteInputIsReported) {
+  std::vector<float> x(256, 1.0f);
+  EXPECT_TRUE(quantize_tiles(x.data(), 2, 128).finite);
+  x[200] = NAN;
+  EXPECT_FALSE(quantize_tiles(x.data(), 2, 128).finite);
+  x[200] = -INFINITY;
+  EXPECT_FALSE(quantize_blocks(x.data(), 2, 128).finite);
+}
+
+TEST(Fp8Reference, GemmWithPromotionIsCloseToTheExactProduct) {
+  std::mt19937 rng(11);
+  const int64_t M = 64, N = 160, K = 2880;
+  const std::vector<float> a = random_matrix(rng, M, K), b = random_matrix(rng, N, K);
+  const std::vector<double> got = fp8_gemm(quantize_tiles(a.data(), M, K), quantize_blocks(b.data(), N, K));
+  std::vector<double> exact(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) exact[m * N + n] += double(a[m * K + k]) * double(b[n * K + k]);
+    }
+  }
+  const double d = dissimilarity(got, exact);
+  RecordProperty("dissimilarity", std::to_string(d));
+  EXPECT_LT(d, 1e-3);
+  EXPECT_GT(d, 0.0);  // it is FP8: not exact
+  EXPECT_EQ(dissimilarity(exact, exact), 0.0);
+}
+
+}  // namespace
+}  // namespace lynx::ref::fp8
