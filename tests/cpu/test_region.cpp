@@ -1,0 +1,70 @@
+// The shared region's layout (src/comm/region.h): every buffer inside it, aligned, apart from the
+// others, sized for the shape, and the peer tables pointing at each rank's copy.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "comm/region.h"
+#include "common/status.h"
+#include "kernels/peer/api.h"
+
+namespace lynx::comm {
+namespace {
+
+struct Span {
+  const char* name;
+  int64_t at, bytes;
+};
+
+std::vector<Span> spans(const RegionLayout& l, const LayerShape& s, int64_t cap) {
+  const bool shared = s.num_ranks > 1;
+  const int64_t entries = s.tokens * s.top_k;
+  return {{"status", l.status, int64_t(sizeof(DeviceStatus))},
+          {"signals", l.signals, int64_t(sizeof(peer::Signals))},
+          {"ids32", l.ids32, 4 * entries},
+          {"slot_row", l.slot_row, 4 * entries},
+          {"weights", l.weights, shared ? 4 * entries : 0},
+          {"d_topk_rows", l.d_topk_rows, shared ? 4 * cap : 0},
+          {"token_rows", l.token_rows, shared ? 2 * s.tokens * s.hidden : 0},
+          {"rows_a", l.rows_a, 2 * cap * s.hidden},
+          {"rows_b", l.rows_b, 2 * cap * s.hidden}};
+}
+
+TEST(Region, BuffersAreAlignedDisjointAndInside) {
+  for (const int32_t R : {1, 2, 3, 8, 64}) {
+    LayerShape s{.tokens = 37, .hidden = 192, .intermediate = 64, .num_experts = 64 * 2, .top_k = 3, .num_ranks = R};
+    const int64_t cap = worst_case_schedule_rows(s);
+    const RegionLayout l = region_layout(s, cap);
+    std::vector<Span> v = spans(l, s, cap);
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.at < b.at; });
+    for (size_t i = 0; i < v.size(); ++i) {
+      EXPECT_EQ(v[i].at % 1024, 0) << v[i].name << " at R = " << R;
+      EXPECT_LE(v[i].at + v[i].bytes, l.bytes) << v[i].name << " at R = " << R;
+      if (i + 1 < v.size()) {
+        EXPECT_LE(v[i].at + v[i].bytes, v[i + 1].at) << v[i].name << " overlaps at R = " << R;
+      }
+    }
+  }
+}
+
+TEST(Region, TablesPointAtEveryRanksCopy) {
+  LayerShape s{.tokens = 8, .hidden = 64, .intermediate = 64, .num_experts = 4, .top_k = 2, .num_ranks = 4};
+  const RegionLayout l = region_layout(s, 1024);
+  std::vector<char> memory(size_t(4 * l.bytes));
+  std::vector<char*> bases;
+  for (int r = 0; r < 4; ++r) bases.push_back(memory.data() + r * l.bytes);
+  const std::vector<void*> t = peer_tables(l, bases);
+  ASSERT_EQ(t.size(), size_t(kTables * 4));
+  const std::pair<Table, int64_t> offsets[] = {{kTokenRows, l.token_rows}, {kWeights, l.weights},
+                                               {kSlotRow, l.slot_row},     {kRowsA, l.rows_a},
+                                               {kRowsB, l.rows_b},         {kDTopkRows, l.d_topk_rows},
+                                               {kSignals, l.signals}};
+  for (const auto& [table, offset] : offsets) {
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(t[table * 4 + r], bases[r] + offset) << "table " << table << " rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace lynx::comm
