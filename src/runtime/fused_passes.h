@@ -4,15 +4,15 @@
 // combines. No host synchronisation anywhere: capturable in a CUDA graph. Errors found on the device
 // (routing, schedule capacity) leave y and dx unwritten and are reported by Workspace::check().
 //
-// At R > 1 a pass has two cross-rank barriers, which cut it into three steps (Step); a caller running
-// one rank per stream, device or process queues the three in order, and the virtual-rank driver
-// queues every rank's first step, then every rank's second, then every rank's third on one stream.
+// At R > 1 a pass has two cross-rank barriers, which cut it into three steps (Step); each rank queues
+// its three in order on its own stream (one per device or process; the virtual-rank driver gives each
+// virtual rank one, api/ranks.cpp).
 //   open:    what the other ranks read is staged in this rank's shared region; arrive.
 //   compute: wait for every rank; the schedule over every rank's routing; the experts, pulling the
 //            rows they need from their source ranks; arrive.
 //   close:   wait for every rank (and take over a rank's error); combine, pulling each (t, j)'s row
 //            from the rank that computed it.
-// At R = 1 open and close queue nothing that compute does not, and the launches are those of one rank.
+// At R = 1 there are no barriers: the three steps queue the one-rank launches, in their order.
 #pragma once
 
 #include "runtime/workspace.h"
