@@ -8,12 +8,14 @@
 // What a pass is, per rank r, in the model (the steps of src/runtime/fused_passes.h):
 //   forward  open:    write TOK[r] (x) and W[r] (ids, weights); arrive (one counter addition per rank)
 //            compute: wait; read TOK[s] and W[s] of every rank s; write SLOT[s][r] into every rank s
-//                     (slot_row); write RA[r] (rows_a); arrive
-//            close:   wait; read RA[q] and SLOT[r][q] of every rank q
+//                     (slot_row); write RA[r] (rows_a); write ERR[s][r] into every rank s (its
+//                     status code, published with the arrival); arrive
+//            close:   wait; read ERR[r][q], RA[q] and SLOT[r][q] of every rank q
 //   backward open:    write TOK[r] (dy); arrive
 //            compute: wait; read TOK[s] and W[s] (the forward's weights) of every rank s; write RA[r]
-//                     (the gathered dy rows) and RB[r] (rows_b, the per-row d_topk_weights); arrive
-//            close:   wait; read RB[q] and SLOT[r][q] (the forward's) of every rank q
+//                     (the gathered dy rows) and RB[r] (rows_b, the per-row d_topk_weights); write
+//                     ERR[s][r] into every rank s; arrive
+//            close:   wait; read ERR[r][q], RB[q] and SLOT[r][q] (the forward's) of every rank q
 // A read must see the value written in the pass it belongs to: its own pass, or for W and SLOT in
 // backward, the forward's before it.
 // Arrive adds 1 to arrivals[s][r] in every rank s's signals; wait blocks until arrivals[r][p] >=
@@ -60,6 +62,7 @@ class Model {
     s0.ra.assign(R_, 0);
     s0.rb.assign(R_, 0);
     s0.slot.assign(R_ * R_, 0);
+    s0.err.assign(R_ * R_, 0);
     Result res;
     std::unordered_set<std::string> seen;
     std::vector<State> stack{s0};
@@ -93,8 +96,8 @@ class Model {
   }
 
  private:
-  enum class Op { kWriteTok, kWriteW, kArrive, kWait, kReadTok, kReadW, kWriteSlot, kWriteRa, kWriteRb, kReadRa,
-                  kReadRb, kReadSlot };
+  enum class Op { kWriteTok, kWriteW, kArrive, kWait, kReadTok, kReadW, kWriteSlot, kWriteRa, kWriteRb, kWriteErr,
+                  kReadRa, kReadRb, kReadSlot, kReadErr };
   struct Instr {
     Op op;
     int32_t peer;    // the rank a per-rank step addresses (-1: none)
@@ -102,7 +105,7 @@ class Model {
     int32_t expect;  // reads: the pass whose value they must see
   };
   struct State {
-    std::vector<int32_t> pc, arrivals, passed, tok, w, ra, rb, slot;  // arrivals[s * R + r], slot[s * R + r]
+    std::vector<int32_t> pc, arrivals, passed, tok, w, ra, rb, slot, err;  // arrivals, slot, err: [s * R + r]
   };
 
   void build_program() {
@@ -121,8 +124,10 @@ class Model {
       if (forward) each(Op::kWriteSlot, 0);
       program_.push_back({Op::kWriteRa, -1, p, 0});
       if (!forward) program_.push_back({Op::kWriteRb, -1, p, 0});
+      each(Op::kWriteErr, 0);
       if (bug_ != Bug::kNoComputeArrival) each(Op::kArrive, 0);
       if (bug_ != Bug::kCloseWithoutWait) program_.push_back({Op::kWait, -1, p, 0});
+      each(Op::kReadErr, p);
       each(forward ? Op::kReadRa : Op::kReadRb, p);
       each(Op::kReadSlot, fwd);
     }
@@ -166,6 +171,12 @@ class Model {
       case Op::kWriteRb:
         s.rb[r] = in.pass;
         break;
+      case Op::kWriteErr:
+        s.err[in.peer * R_ + r] = in.pass;
+        break;
+      case Op::kReadErr:
+        check_read(s.err[r * R_ + in.peer], in, r, "ERR (the status code it published)", violation);
+        break;
       case Op::kReadTok:
         check_read(s.tok[in.peer], in, r, "TOK (token rows)", violation);
         break;
@@ -188,7 +199,7 @@ class Model {
 
   static std::string key(const State& s) {
     std::string k;
-    for (const auto* v : {&s.pc, &s.arrivals, &s.passed, &s.tok, &s.w, &s.ra, &s.rb, &s.slot}) {
+    for (const auto* v : {&s.pc, &s.arrivals, &s.passed, &s.tok, &s.w, &s.ra, &s.rb, &s.slot, &s.err}) {
       for (int32_t x : *v) k.push_back(char(x));
       k.push_back('|');
     }
