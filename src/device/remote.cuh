@@ -14,6 +14,13 @@ __device__ __forceinline__ T load(const T* p) {
   return *p;
 }
 
+// The same, through the read-only data cache: for a buffer no rank writes while the kernel runs (the
+// token rows the GEMM's gather pulls, written before the barrier that precedes the kernel).
+template <class T>
+__device__ __forceinline__ T load_nc(const T* p) {
+  return __ldg(p);
+}
+
 template <class T>
 __device__ __forceinline__ void store(T* p, const T& v) {
   *p = v;

@@ -47,17 +47,21 @@ gemm::RowLaunch row_launch(const LayerShape& shape, int64_t k, bool gathers, con
 }
 
 // `products_per_row`: the output columns each gathered row feeds in the launch that reads it.
-GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, int64_t l2_bytes, const Overrides& f) {
+// `gemm_may_pull`: the launch has a GEMM kernel that gathers from other ranks.
+GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, bool gemm_may_pull, int64_t l2_bytes,
+                         const Overrides& f) {
   const bool token_major =
       f.gather_token_major >= 0
           ? f.gather_token_major == 1
           : gather_token_major(shape.tokens * shape.top_k, shape.local_experts(), shape.tokens, shape.hidden,
                                products_per_row, l2_bytes);
-  // NOTES: at R > 1 the rows come from other ranks, pulled by the row-major kernel. A token-major
-  // gather would be a push from each source, which the passes do not have; the GEMM's own gather
-  // reading rows through a table of ranks cost its one-rank launches 4-6% (2026-12-04, 16b7862 against
-  // 4bd4f76: ptxas no longer kept the consumers' wgmma waits where they were), so it reads local rows only.
-  if (shape.num_ranks > 1) return GatherPlace::kRowKernel;
+  // NOTES: at R > 1 the rows come from other ranks: gate/up pulls them in its own gather (a kernel
+  // variant reading through the table of ranks), `da` with the row-major kernel (the GEMM has no such
+  // variant: kernels/expert_gemm/launch.cu says why). A token-major gather would be a push from each
+  // source, which the passes do not have.
+  if (shape.num_ranks > 1) {
+    return f.gemm_gather != 0 && gemm_may_pull ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
+  }
   if (token_major) return GatherPlace::kTokenKernel;
   return f.gemm_gather != 0 ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
 }
@@ -69,8 +73,8 @@ LayerPlan make_layer_plan(const LayerShape& shape, const DeviceProps& device, co
   const int64_t H = shape.hidden, I = shape.intermediate;
   LayerPlan p;
   p.gemm_sm_count = forced.gemm_sm_count > 0 ? forced.gemm_sm_count : device.sm_count;
-  p.gate_up_gather = gather_place(shape, 2 * I, device.l2_bytes, forced);  // gate and up: 2I columns
-  p.da_gather = gather_place(shape, I, device.l2_bytes, forced);           // da: I columns
+  p.gate_up_gather = gather_place(shape, 2 * I, true, device.l2_bytes, forced);  // gate and up: 2I columns
+  p.da_gather = gather_place(shape, I, false, device.l2_bytes, forced);          // da: I columns
   p.gate_up = row_launch(shape, H, p.gate_up_gather == GatherPlace::kInGemm, forced);
   p.down = row_launch(shape, I, false, forced);
   p.da = row_launch(shape, H, p.da_gather == GatherPlace::kInGemm, forced);

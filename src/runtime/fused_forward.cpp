@@ -33,6 +33,7 @@ void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const Ten
   a.row_token_slot = w.schedule.row_token_slot;
   a.top_k = w.shape.top_k;
   a.gather_sync = w.gather_sync;
+  a.gather_sources = row_sources(w);
 }
 
 void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,

@@ -129,6 +129,23 @@ TEST(LayerPlan, OverridesReplaceTheirChoice) {
   EXPECT_EQ(make_layer_plan(kQwen3, h200(), g).gate_up_gather, GatherPlace::kTokenKernel);
 }
 
+// At R > 1 the rows come from other ranks: gate/up's own gather pulls them (no token-major push, even
+// where one rank would scatter by token), or the row-major kernel when the override says so; `da`
+// always pulls with the row-major kernel.
+TEST(LayerPlan, RanksPullRowsInGateUp) {
+  for (LayerShape s : {kQwen3, kDeepseekV3}) {
+    s.num_ranks = 8;
+    s.tokens /= 8;
+    const LayerPlan p = make_layer_plan(s, h200());
+    EXPECT_EQ(p.gate_up_gather, GatherPlace::kInGemm);
+    EXPECT_EQ(p.da_gather, GatherPlace::kRowKernel);
+    Overrides g;
+    g.gemm_gather = 0;
+    EXPECT_EQ(make_layer_plan(s, h200(), g).gate_up_gather, GatherPlace::kRowKernel);
+  }
+  EXPECT_EQ(make_layer_plan(kDeepseekV3, h200()).gate_up_gather, GatherPlace::kTokenKernel);
+}
+
 TEST(LayerPlan, OverridesOutOfRangeAreErrors) {
   const auto expect_error = [](Overrides o, const std::string& name) {
     try {

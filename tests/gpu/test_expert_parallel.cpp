@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/test_hooks.h"
 #include "gpu/ranks_check.h"
 
 namespace lynx::test {
@@ -57,6 +58,33 @@ TEST_F(Ranks, DuplicateIdsAndZeroWeights) {
   c.routing = "subset";
   c.zero_weights = true;
   check_every_r(c, {2, 8});
+}
+
+// The two ways rows are pulled at R > 1 (the GEMM's own gather by default; the row-major kernel), and
+// the in-GEMM gather held one row block ahead of the tiles (its throttle, with rows from every rank).
+TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
+  const Case c{512, 128, 64, 8, 4, 64};
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace one(L.shape);
+  const Outputs want = run_layer(one, L, dy);
+  one.check(nullptr);
+  const auto run = [&](const char* what, auto hook) {
+    SCOPED_TRACE(what);
+    VirtualGroup g(L, 4, dy);
+    for (Workspace* w : g.ws) hook(*w);
+    g.forward(nullptr);
+    g.backward(nullptr);
+    g.check(nullptr);
+    EXPECT_EQ(first_routed_difference(gather_outputs(L, g.global, g.slices), want), "") << "differs from R = 1";
+  };
+  run("row-major gather kernel", [](Workspace& w) { test_hooks::set_gemm_gather(w, 0); });
+  run("in-GEMM gather, lookahead 1", [](Workspace& w) {
+    test_hooks::set_gemm_gather(w, 1);
+    test_hooks::set_gather_lookahead(w, 1);
+  });
 }
 
 TEST_F(Ranks, OneExpertPerRank) { check_every_r({256, 128, 128, 4, 2, 0}, {4}); }

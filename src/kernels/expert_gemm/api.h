@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/bf16.h"
+#include "common/peers.h"
 #include "common/status.h"
 
 namespace lynx::gemm {
@@ -59,6 +60,8 @@ struct ExpertGemmArgs {
   // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
   // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.
   const bf16_t* gather_src = nullptr;     // [tokens, K]
+  RowSources gather_sources;              // R > 1: row r from gather_sources.base[row_src_rank[r]] instead of
+                                          // gather_src (which must still be set)
   const int32_t* row_token_slot = nullptr;// [capacity] device
   int64_t top_k = 0;
   int32_t* gather_sync = nullptr;         // [gather_sync_ints(capacity)] device: zero before the launch,

@@ -12,7 +12,7 @@
 // goes on with the next tile's mainloop.
 // This file: the kernel, which gives each warpgroup its role (traits.cuh, producer.cuh,
 // consumer.cuh, epilogue.cuh; the in-kernel gather on the producer warpgroup's spare warps,
-// row_gather.cuh).
+// row_gather.cuh; kRemote: the gather reads each row from its source rank, R > 1).
 #pragma once
 
 #include <cuda.h>
@@ -27,7 +27,7 @@
 
 namespace lynx::gemm::impl {
 
-template <Mode kMode, bool kFold>
+template <Mode kMode, bool kFold, bool kRemote>
 __global__ void __launch_bounds__(kThreads, 1)
     expert_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
                        const __grid_constant__ CUtensorMap tma_a_quarter, const __grid_constant__ CUtensorMap tma_a_fold,
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                rank);
       sm90::mbarrier_wait(&smem.consumers_done, 0, p.status, sm90::Wait::kConsumersDone, kNoTile, kConsumersDoneNs);
     } else if (kMode != Mode::kWeightGrad && p.gather.src && threadIdx.x >= 32) {
-      gather_rows_warp(p.gather, p.grid);  // warps 1-3
+      gather_rows_warp<kRemote>(p.gather, p.grid, p.sources);  // warps 1-3
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();

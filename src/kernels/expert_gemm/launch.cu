@@ -46,19 +46,19 @@ cudaLaunchAttribute pair_attribute() {
 // modes that may pair, how many clusters can be resident at once (the GPCs may leave an SM without a
 // partner). Returns that count (0 for the weight gradient). prepare_expert_gemm_kernels runs it when a
 // fused workspace is made, so that no launch, captured in a graph or not, is the first to.
-template <Mode kMode, bool kFold>
+template <Mode kMode, bool kFold, bool kRemote = false>
 int prepare(int sm_count) {
   constexpr size_t kSmem = sizeof(SharedStorage<kMode, kFold>) + 1024;
   static detail::PerDeviceCache resident_clusters;  // -1: prepared, never pairs
   const int clusters = detail::per_device(resident_clusters, [&](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(kSmem)));
+    LYNX_CUDA(cudaFuncSetAttribute(expert_gemm_kernel<kMode, kFold, kRemote>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     int n = -1;
     if (Config<kMode>::kMayPair) {
       cudaLaunchAttribute pair = pair_attribute();
       const cudaLaunchConfig_t config =
           launch_config(std::max(sm_count / kClusterTiles, 1) * kClusterTiles, kSmem, nullptr, &pair);
-      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, expert_gemm_kernel<kMode, kFold>, &config));
+      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, expert_gemm_kernel<kMode, kFold, kRemote>, &config));
       if (n < 1) throw Error("", "internal: no cluster of two expert GEMM CTAs fits the GPU");
     }
     return n;
@@ -66,27 +66,42 @@ int prepare(int sm_count) {
   return std::max(clusters, 0);
 }
 
-template <Mode kMode, bool kFold>
+template <Mode kMode, bool kFold, bool kRemote>
 void launch_as(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
   constexpr size_t kSmem = sizeof(SharedStorage<kMode, kFold>) + 1024;
-  const int resident = prepare<kMode, kFold>(sm_count);
+  const int resident = prepare<kMode, kFold, kRemote>(sm_count);
   cudaLaunchAttribute pair = pair_attribute();
   const cudaLaunchConfig_t config =
       p.cluster > 1 ? launch_config(std::max(1, std::min(sm_count / kClusterTiles, resident)) * kClusterTiles, kSmem,
                                     stream, &pair)
                     : launch_config(sm_count, kSmem, stream, nullptr);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode, kFold>, m.a, m.a_half, m.a_quarter, m.a_fold, m.b0,
+  LYNX_CUDA(cudaLaunchKernelEx(&config, expert_gemm_kernel<kMode, kFold, kRemote>, m.a, m.a_half, m.a_quarter, m.a_fold, m.b0,
                                m.b1, m.b_half, m.c0, m.c1, m.c2, p));
   LYNX_CHECK_LAUNCH();
 }
 
-// The kernel that folds tails when the launch does (Params::grid.block_offset), else the one that does not.
+// The mode with kernels that gather from other ranks: gate/up. NOTES: not `da` (kRowsMnB): ptxas
+// serialised the wgmma of its remote kernel with 8 or 4 loads in flight per gather lane, in one build
+// or the other (2 kept it pipelined, too few for the ~0.8 TB/s of rows `da` reads at qwen3-30b-a3b);
+// at R > 1 the backward pulls its dy rows with the row-major kernel (plan/layer_plan.cpp).
+constexpr bool gathers_remote(Mode mode) { return mode == Mode::kRowsSwiGLU; }
+
+// The kernel that folds tails when the launch does (Params::grid.block_offset), else the one that does
+// not; of those, the one gathering from other ranks when the launch does (Params::sources).
 template <Mode kMode>
 void launch(const Maps& m, const Params& p, int sm_count, cudaStream_t stream) {
-  if constexpr (kMode != Mode::kWeightGrad) {
-    if (p.grid.block_offset) return launch_as<kMode, true>(m, p, sm_count, stream);
+  if (p.sources.remote()) {
+    if constexpr (gathers_remote(kMode)) {
+      if (p.grid.block_offset) return launch_as<kMode, true, true>(m, p, sm_count, stream);
+      return launch_as<kMode, false, true>(m, p, sm_count, stream);
+    } else {
+      throw Error("", "internal: only the gate/up GEMM gathers rows from other ranks");
+    }
   }
-  launch_as<kMode, false>(m, p, sm_count, stream);
+  if constexpr (kMode != Mode::kWeightGrad) {
+    if (p.grid.block_offset) return launch_as<kMode, true, false>(m, p, sm_count, stream);
+  }
+  launch_as<kMode, false, false>(m, p, sm_count, stream);
 }
 
 void check(bool ok, const char* what) {
@@ -135,6 +150,8 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
 #if LYNX_EXPERIMENTS
   p.stall_task = args.stall_task;
 #endif
+  check(!args.gather_sources.remote() || (args.gather_src && args.gather_sources.row_src_rank),
+        "gather from other ranks: gather_src set and the rows' source ranks");
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     check(l.gather_lookahead >= 1, "gather lookahead >= 1 row block");
@@ -146,6 +163,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.vecs = static_cast<int32_t>(args.k / 8);
     p.gather.lookahead = l.gather_lookahead;
     p.gather.sync = args.gather_sync;
+    p.sources = args.gather_sources;
 #if LYNX_EXPERIMENTS
     p.gather.stall_block = args.gather_stall_block;
 #endif
@@ -202,6 +220,8 @@ void prepare_expert_gemm_kernels(int sm_count) {
   prepare<Mode::kRows, true>(sm_count);
   prepare<Mode::kRowsMnB, true>(sm_count);
   prepare<Mode::kWeightGrad, false>(sm_count);
+  prepare<Mode::kRowsSwiGLU, false, true>(sm_count);
+  prepare<Mode::kRowsSwiGLU, true, true>(sm_count);
 }
 
 void expert_gemm(const ExpertGemmArgs& args, cudaStream_t stream) { launch_rows<Mode::kRows>(args, stream); }

@@ -13,8 +13,10 @@
 
 #include <cstdint>
 
+#include "common/peers.h"
 #include "common/status.h"
 #include "device/last_block.cuh"
+#include "device/remote.cuh"
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/expert_gemm/tile_scheduler.h"
@@ -45,6 +47,9 @@ constexpr uint64_t kGatherPauseNs = 1'000'000;
 // One gather warp: claims schedule rows kGatherRowsPerClaim at a time and copies them (zeros for a
 // padding row), then counts them in their row block's counter with a release. Rows past the
 // schedule's total are not claimed; a schedule over capacity (no rows placed) copies nothing.
+// kRemote (R > 1): row r is read from its source rank's token rows, sources.base[row_src_rank[r]],
+// instead of g.src. NOTES: a kernel of its own, not a branch: reading through the rank table in the
+// one-rank kernels cost them 4-6% (ptxas moved the consumers' wgmma waits; docs/expert-parallel.md).
 // NOTES: a claim of one row cost a claim, a slot lookup and a release fence per 4 KB (qwen3), about
 // 1.2 GB/s per warp: ~0.5 TB/s from the 396 gather warps, barely above what gate/up reads (~0.36 TB/s
 // at qwen3). Four rows per claim share those round trips. The total is a multiple of kBlockM (every
@@ -54,7 +59,8 @@ constexpr int kGatherVecsPerLane = 8;  // 16-byte loads in flight per lane
 static_assert(sched::core::kHalfRows % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32,
               "claims stay in one 64-row half");
 
-__device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid) {
+template <bool kRemote>
+__device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid, const RowSources& sources) {
   const int lane = threadIdx.x % 32;
   const int32_t total = grid.expert_offset[grid.experts];
   if (total > grid.capacity) return;
@@ -81,16 +87,34 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
     // A half without rows (sched::core::in_rowless_half): its rows are counted, not written.
     const bool dead_half = sched::core::in_rowless_half(g.row_token_slot, first);
     const int32_t lane_slot = lane < kGatherRowsPerClaim ? g.row_token_slot[first + lane] : -1;
+    // kRemote: lane i < kGatherRowsPerClaim finds row first + i in its source rank's token rows, and
+    // the warp takes each row's address from its lane (fewer live registers in the copy loop).
+    unsigned long long lane_from = 0;
+    if constexpr (kRemote) {
+      if (lane_slot >= 0) {
+        const uint4* base = static_cast<const uint4*>(sources.base[sources.row_src_rank[first + lane]]);
+        lane_from = reinterpret_cast<unsigned long long>(base + int64_t(lane_slot / g.top_k) * g.vecs);
+      }
+    }
     for (int32_t i = 0; i < (dead_half ? 0 : kGatherRowsPerClaim); ++i) {
-      const int32_t slot = __shfl_sync(0xffffffffu, lane_slot, i);
-      const uint4* from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
+      const uint4* from;
+      if constexpr (kRemote) {
+        from = reinterpret_cast<const uint4*>(__shfl_sync(0xffffffffu, lane_from, i));
+      } else {
+        const int32_t slot = __shfl_sync(0xffffffffu, lane_slot, i);
+        from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
+      }
       uint4* to = g.dst + int64_t(first + i) * g.vecs;
       for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kGatherVecsPerLane) {
         uint4 val[kGatherVecsPerLane];
 #pragma unroll
         for (int u = 0; u < kGatherVecsPerLane; ++u) {
           const int32_t v = v0 + u * 32 + lane;
-          val[u] = from && v < g.vecs ? __ldg(from + v) : make_uint4(0, 0, 0, 0);
+          if constexpr (kRemote) {
+            val[u] = from && v < g.vecs ? remote::load_nc(from + v) : make_uint4(0, 0, 0, 0);
+          } else {
+            val[u] = from && v < g.vecs ? __ldg(from + v) : make_uint4(0, 0, 0, 0);
+          }
         }
 #pragma unroll
         for (int u = 0; u < kGatherVecsPerLane; ++u) {

@@ -120,6 +120,9 @@ struct Params {
 #endif
   RowGather gather;    // row modes: A gathered by the kernel itself (gather.src set; row_gather.cuh)
   bool swapped;        // row modes: a warpgroup with 1-16 rows swaps the operands (swapped_products)
+  // kRemote kernels (R > 1): where the gather reads each row. Last, so that the one-rank kernels'
+  // parameters keep their offsets.
+  RowSources sources;
 };
 
 constexpr int32_t kNoTile = -1;   // stage_tile: the stage continues the tile before it
