@@ -165,9 +165,19 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
   peer_bases = bases;
 }
 
-plan::LayerPlan Workspace::Impl::virtual_rank_plan() const {
+plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
+  // NOTES: each of R virtual ranks gets 1/R of the SMs for its persistent grids, as a rank on a GPU of
+  // its own has the GPU: the schedule kernels' grids must all be resident together (cooperative), and
+  // R full-GPU expert GEMMs at once left their in-kernel gathers waiting for CTAs that other ranks'
+  // grids kept off the SMs (2026-12-04, 366ac75: R = 8 forward 1.62 ms, against 1.19 at R = 1).
   plan::DeviceProps props = device_props;
+  props.sm_count = std::max(1, props.sm_count / shape.num_ranks);
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
+  return props;
+}
+
+plan::LayerPlan Workspace::Impl::virtual_rank_plan() const {
+  const plan::DeviceProps props = virtual_rank_props();
 #if LYNX_EXPERIMENTS
   plan::LayerPlan p = plan::make_layer_plan(shape, props, overrides);
 #else
@@ -182,7 +192,7 @@ plan::LayerPlan Workspace::Impl::virtual_rank_plan() const {
 
 void Workspace::Impl::become_virtual_rank(const plan::LayerPlan& p, cudaStream_t stream, cudaEvent_t fork,
                                           cudaEvent_t join) {
-  device_props.schedule.sm_count = std::max(shape.num_ranks, device_props.schedule.sm_count / shape.num_ranks);
+  device_props = virtual_rank_props();
   plan = p;
   rank_stream = stream;
   fork_event = fork;

@@ -139,10 +139,11 @@ struct Workspace::Impl {
   peer::BarrierArgs barrier_args() const;
   // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
   void connect(const std::vector<char*>& bases);
-  // Virtual ranks: the R ranks' schedule kernels run at once on one GPU, so each is planned for 1/R
-  // of its SMs (the cooperative grids must fit together). virtual_rank_plan makes that plan and
-  // changes nothing; become_virtual_rank takes it, with the driver's stream and events (owned from
-  // then on).
+  // Virtual ranks: the R ranks' passes run at once on one GPU, so each rank's persistent grids (the
+  // schedule kernels, which must fit together, and the expert GEMMs) are planned for 1/R of its SMs.
+  // virtual_rank_plan makes that plan and changes nothing; become_virtual_rank takes it, with the
+  // driver's stream and events (owned from then on).
+  plan::DeviceProps virtual_rank_props() const;
   plan::LayerPlan virtual_rank_plan() const;
   void become_virtual_rank(const plan::LayerPlan& p, cudaStream_t stream, cudaEvent_t fork, cudaEvent_t join);
 
