@@ -23,12 +23,49 @@ void add_into(double* to, const std::vector<double>& from) {
   for (size_t i = 0; i < from.size(); ++i) to[i] += from[i];
 }
 
-void forward_all(const ref::Layer<HostBf16>& r, std::vector<double>& y) {
-  y.assign(r.T * r.H, 0.0);
-  const int64_t block = 16;
+// The layer made of expert e's terms `slots` alone: one row each (its token's x and dy), E = 1, k = 1,
+// the router weight kept.
+struct ExpertTerms {
+  std::vector<HostBf16> x;
+  std::vector<double> dy, weights;
+  std::vector<int32_t> ids;
+  ref::Layer<HostBf16> layer;
+
+  ExpertTerms(const ref::Layer<HostBf16>& r, const double* dy_all, int64_t e, const std::vector<int64_t>& slots)
+      : x(slots.size() * r.H), dy(slots.size() * r.H), weights(slots.size()), ids(slots.size(), 0) {
+    const int64_t H = r.H;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t t = slots[i] / r.k;
+      std::copy_n(r.x + t * H, H, x.data() + i * H);
+      std::copy_n(dy_all + t * H, H, dy.data() + i * H);
+      weights[i] = r.topk_weights[slots[i]];
+    }
+    layer.T = int64_t(slots.size()), layer.H = H, layer.I = r.I, layer.E = 1, layer.k = 1, layer.I_shared = 0;
+    layer.x = x.data();
+    layer.topk_ids = ids.data();
+    layer.topk_weights = weights.data();
+    layer.w_gate = r.w_gate + e * r.I * H;
+    layer.w_up = r.w_up + e * r.I * H;
+    layer.w_down = r.w_down + e * H * r.I;
+  }
+  ExpertTerms(const ExpertTerms&) = delete;
+  ExpertTerms& operator=(const ExpertTerms&) = delete;
+};
+
+// The shared expert's part of y, [T, H].
+std::vector<double> shared_forward(const ref::Layer<HostBf16>& r) {
+  std::vector<double> y(r.T * r.H, 0.0);
+  const int64_t block = 64;
   parallel_for((r.T + block - 1) / block, [&](int64_t b) {
-    for (int64_t t = b * block; t < std::min(r.T, (b + 1) * block); ++t) ref::forward_token(r, t, y.data() + t * r.H);
+    const int64_t t0 = b * block, t1 = std::min(r.T, t0 + block);
+    ref::Layer<HostBf16> sub;
+    sub.T = t1 - t0, sub.H = r.H, sub.I = 0, sub.E = 0, sub.k = 0, sub.I_shared = r.I_shared;
+    sub.x = r.x + t0 * r.H;
+    sub.ws_gate = r.ws_gate, sub.ws_up = r.ws_up, sub.ws_down = r.ws_down;
+    const std::vector<double> part = ref::forward(sub);
+    std::copy(part.begin(), part.end(), y.begin() + t0 * r.H);
   });
+  return y;
 }
 
 struct ExpertChunk {
@@ -45,21 +82,25 @@ std::vector<ExpertChunk> expert_chunks(const std::vector<std::vector<int64_t>>& 
   return chunks;
 }
 
-// The routed part of the backward into g: dw_* whole, d_topk_weights and its magnitude per slot, and
-// each slot's dx term into term_dx [T·k, H].
-void routed_backward(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradients& g,
-                     std::vector<double>& term_dx) {
+// The routed terms into g: dw_* whole, d_topk_weights and its magnitude per slot; each slot's term of
+// y and of dx into term_y and term_dx [T·k, H].
+void routed_terms(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradients& g, std::vector<double>& term_y,
+                  std::vector<double>& term_dx) {
   const int64_t H = r.H, I = r.I;
   const std::vector<std::vector<int64_t>> slots = slots_by_expert(r);
   const int64_t rows = std::max<int64_t>(64, (r.T * r.k + 4 * thread_count() - 1) / (4 * thread_count()));
   const std::vector<ExpertChunk> chunks = expert_chunks(slots, rows);
   std::vector<std::mutex> expert_lock(r.E);
+  term_y.assign(r.T * r.k * H, 0.0);
   term_dx.assign(r.T * r.k * H, 0.0);
   parallel_for(int64_t(chunks.size()), [&](int64_t i) {
     const ExpertChunk& ch = chunks[i];
     const std::vector<int64_t> mine(slots[ch.e].begin() + ch.begin, slots[ch.e].begin() + ch.end);
-    const ref::Gradients s = expert_terms_reference(r, dy, ch.e, mine);
+    const ExpertTerms terms(r, dy, ch.e, mine);
+    const std::vector<double> y = ref::forward(terms.layer);
+    const ref::Gradients s = ref::backward(terms.layer, terms.dy.data());
     for (size_t n = 0; n < mine.size(); ++n) {
+      std::copy_n(y.data() + n * H, H, term_y.data() + mine[n] * H);
       std::copy_n(s.dx.data() + n * H, H, term_dx.data() + mine[n] * H);
       g.d_topk_weights[mine[n]] = s.d_topk_weights[n];
       g.d_topk_magnitude[mine[n]] = s.d_topk_magnitude[n];
@@ -309,25 +350,8 @@ std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r)
 
 ref::Gradients expert_terms_reference(const ref::Layer<HostBf16>& r, const double* dy, int64_t e,
                                       const std::vector<int64_t>& slots) {
-  const int64_t n = int64_t(slots.size()), H = r.H;
-  std::vector<HostBf16> x(n * H);
-  std::vector<double> dy_rows(n * H), weights(n);
-  const std::vector<int32_t> ids(n, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = slots[i] / r.k;
-    std::copy_n(r.x + t * H, H, x.data() + i * H);
-    std::copy_n(dy + t * H, H, dy_rows.data() + i * H);
-    weights[i] = r.topk_weights[slots[i]];
-  }
-  ref::Layer<HostBf16> sub;
-  sub.T = n, sub.H = H, sub.I = r.I, sub.E = 1, sub.k = 1, sub.I_shared = 0;
-  sub.x = x.data();
-  sub.topk_ids = ids.data();
-  sub.topk_weights = weights.data();
-  sub.w_gate = r.w_gate + e * r.I * H;
-  sub.w_up = r.w_up + e * r.I * H;
-  sub.w_down = r.w_down + e * H * r.I;
-  return ref::backward(sub, dy_rows.data());
+  const ExpertTerms terms(r, dy, e, slots);
+  return ref::backward(terms.layer, terms.dy.data());
 }
 
 ref::Gradients shared_expert_reference(const ref::Layer<HostBf16>& r, const double* dy) {
@@ -356,12 +380,30 @@ ref::Gradients shared_expert_reference(const ref::Layer<HostBf16>& r, const doub
   return g;
 }
 
+// out = shared + Σ_j term[t·k + j] row by row, and scale[t] = the root-sum-square of those terms' norms.
+void sum_terms(const std::vector<double>& shared, const std::vector<double>& term, int64_t T, int64_t k, int64_t H,
+               std::vector<double>& out, std::vector<double>& scale) {
+  out = shared;
+  scale.assign(T, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    double* row = out.data() + t * H;
+    double sq = std::pow(row_norm(row, H), 2);
+    for (int64_t j = 0; j < k; ++j) {
+      const double* add = term.data() + (t * k + j) * H;
+      for (int64_t h = 0; h < H; ++h) row[h] += add[h];
+      sq += std::pow(row_norm(add, H), 2);
+    }
+    scale[t] = std::sqrt(sq);
+  }
+}
+
 Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<double>& dy) {
   const int64_t T = r.T, H = r.H, k = r.k;
   Reference out;
-  forward_all(r, out.y);
   ref::Gradients& g = out.g;
+  std::vector<double> shared_y(T * H, 0.0);
   if (r.I_shared > 0) {
+    shared_y = shared_forward(r);
     g = shared_expert_reference(r, dy.data());
   } else {
     g.dx.assign(T * H, 0.0);
@@ -371,13 +413,11 @@ Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<do
   g.dw_gate.assign(r.E * r.I * H, 0.0);
   g.dw_up.assign(r.E * r.I * H, 0.0);
   g.dw_down.assign(r.E * H * r.I, 0.0);
-  std::vector<double> term_dx;
-  routed_backward(r, dy.data(), g, term_dx);
-  // dx: the shared expert's part, then each token's terms j = 0..k-1.
-  for (int64_t s = 0; s < T * k; ++s) {
-    double* row = g.dx.data() + (s / k) * H;
-    for (int64_t h = 0; h < H; ++h) row[h] += term_dx[s * H + h];
-  }
+  std::vector<double> term_y, term_dx;
+  routed_terms(r, dy.data(), g, term_y, term_dx);
+  sum_terms(shared_y, term_y, T, k, H, out.y, out.y_term_scale);
+  const std::vector<double> shared_dx = g.dx;
+  sum_terms(shared_dx, term_dx, T, k, H, g.dx, out.dx_term_scale);
   return out;
 }
 
@@ -439,8 +479,8 @@ CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLay
   const Case& c = L.c;
   const ref::Gradients& g = want.g;
   CheckReport report;
-  judge(report, "y", tensor_error(o.y, want.y, c.H), true);
-  judge(report, "dx", tensor_error(o.dx, g.dx, c.H), true);
+  judge(report, "y", tensor_error(o.y, want.y, c.H, want.y_term_scale), true);
+  judge(report, "dx", tensor_error(o.dx, g.dx, c.H, want.dx_term_scale), true);
   check_d_topk(o, g, c, report);
   judge(report, "dw_gate", tensor_error(o.dw_gate, g.dw_gate, c.H), true);
   judge(report, "dw_up", tensor_error(o.dw_up, g.dw_up, c.H), true);

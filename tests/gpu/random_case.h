@@ -29,16 +29,22 @@ inline constexpr double kRowFloor = 0.1;
 // body(i) for i in [0, n) on every hardware thread; the first exception is rethrown.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
 
+// NOTES: a row of y or dx is the sum of the shared expert's term and k routed terms, and the GPU rounds
+// each term on its own (a bf16 row per term or per factor). Router weights of opposite signs on one
+// expert (duplicate ids) cancel the terms but not their rounding, so a row's per-row denominator is
+// also at least the root-sum-square of its terms' norms, which is ‖row‖ on average when the terms do
+// not cancel (the experts' outputs are uncorrelated).
 // The fp64 reference outputs of a whole layer.
 struct Reference {
   std::vector<double> y;
   ref::Gradients g;
+  std::vector<double> y_term_scale, dx_term_scale;  // [T]: √(Σ ‖term‖²) of each row of y and dx
 };
 
-// Every output of layer r for dy, on every hardware thread, from src/reference's entry points: y token
-// by token (forward_token), each expert's terms as a layer of its own (E = 1, k = 1, its routed rows)
-// and the shared expert over blocks of tokens (k = 0), summed. Equal to ref::forward and ref::backward
-// up to the order of double-precision sums.
+// Every output of layer r for dy, on every hardware thread, from src/reference's entry points: each
+// expert's terms as a layer of its own (E = 1, k = 1, its routed rows) and the shared expert over
+// blocks of tokens (k = 0), summed. Equal to ref::forward and ref::backward up to the order of
+// double-precision sums.
 Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<double>& dy);
 
 // The slots t·k + j routed to each expert, in slot order.
