@@ -1,0 +1,162 @@
+// The random cases (RandomCases.*) and the exactness tests (Exactness.*): a seeded case generator, a
+// threaded fp64 reference built from src/reference, and a check of every output against it with the
+// per-tensor bound and a per-row bound.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/layer_check.h"
+
+namespace lynx::test {
+
+// NOTES: bf16 operands and results (rounding error at most 2⁻⁹ relative, about 2⁻⁹/√3 rms) through a
+// few chained roundings (x·w → g, u → a → y) leave a row of n ≥ 64 values about 4e-3 off relative to
+// its norm, with little spread, since a row averages n values. A wrong row is far above that: one of
+// k = 8 equal-weight terms missing or doubled gives ~0.35, another expert's output ~1.4. 3e-2 is ~7
+// times the typical error, room for the worst of ~10⁶ rows in a batch. Set from this arithmetic, not
+// from measured errors.
+inline constexpr double kRowTolerance = 3e-2;
+// NOTES: a row's error is taken relative to max(‖want_row‖, kRowFloor × the tensor's RMS row norm):
+// a row whose reference is near zero (router weights that cancel, an expert's weight-gradient row
+// whose SwiGLU derivative crosses zero) still carries the absolute rounding error of its terms, and
+// would otherwise divide by ~0.
+inline constexpr double kRowFloor = 0.1;
+
+// body(i) for i in [0, n) on every hardware thread; the first exception is rethrown.
+void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
+
+// NOTES: a row of y or dx is the sum of the shared expert's term and k routed terms, and the GPU rounds
+// each term on its own (a bf16 row per term or per factor). Router weights of opposite signs on one
+// expert (duplicate ids) cancel the terms but not their rounding, so a row's per-row denominator is
+// also at least the root-sum-square of its terms' norms, which is ‖row‖ on average when the terms do
+// not cancel (the experts' outputs are uncorrelated).
+// The fp64 reference outputs of a whole layer.
+struct Reference {
+  std::vector<double> y;
+  ref::Gradients g;
+  std::vector<double> y_term_scale, dx_term_scale;  // [T]: √(Σ ‖term‖²) of each row of y and dx
+};
+
+// Every output of layer r for dy, on every hardware thread, from src/reference's entry points: each
+// expert's terms as a layer of its own (E = 1, k = 1, its routed rows) and the shared expert over
+// blocks of tokens (k = 0), summed. Equal to ref::forward and ref::backward up to the order of
+// double-precision sums.
+Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<double>& dy);
+
+// The slots t·k + j routed to each expert, in slot order.
+std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r);
+
+// ref::backward of the layer made of expert e's terms `slots` alone (one row each, router weight
+// kept): dx and d_topk_weights per term, and expert e's weight gradients over exactly those rows.
+ref::Gradients expert_terms_reference(const ref::Layer<HostBf16>& r, const double* dy, int64_t e,
+                                      const std::vector<int64_t>& slots);
+
+// The shared expert's part of the backward (dws_*, and dx from the shared expert alone), threaded.
+ref::Gradients shared_expert_reference(const ref::Layer<HostBf16>& r, const double* dy);
+
+// The error of `got` [rows, cols] against `want`.
+struct TensorError {
+  double frobenius = 0;           // ‖got − want‖ / ‖want‖ (‖got − want‖ when want is all zero)
+  double worst_row = 0;           // max over rows of ‖got_r − want_r‖ / max(‖want_r‖, floor, row_scale[r])
+  int64_t worst_row_index = -1;
+  int64_t first_non_finite = -1;  // -1 when every value is finite
+};
+
+// row_scale (empty, or one value per row): a further lower bound on a row's denominator.
+template <class T>
+TensorError tensor_error(const std::vector<T>& got, const std::vector<double>& want, int64_t cols,
+                         const std::vector<double>& row_scale = {});
+
+// What check_outputs found: each output's errors, and every bound missed.
+struct CheckReport {
+  struct Output {
+    std::string name;
+    TensorError error;
+  };
+  std::vector<Output> outputs;
+  std::vector<std::string> failures;
+
+  bool ok() const { return failures.empty(); }
+  // Each output's worst row error, "y 3.1e-03 dx 2.9e-03 ...".
+  std::string row_errors() const;
+  std::string failure_text() const;
+};
+
+// Every output of layer L (y, dx, d_topk_weights, dw_*, dws_*) against `want`: finite, within
+// kTolerance per tensor and kRowTolerance per row; d_topk_weights also per value against the
+// magnitude of its terms (as expect_matches_reference); the experts that received no row have weight
+// gradients of exact zeros.
+CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLayer& L);
+
+// Adds the failures of expert e's weight gradients against `want` (expert_terms_reference) to
+// `report`, each named "<name>[e]".
+void check_expert_gradients(const Outputs& o, const ref::Gradients& want, const Case& c, int64_t e,
+                            CheckReport& report);
+
+// Adds the failures of the shared expert's gradients against `want` (shared_expert_reference).
+void check_shared_gradients(const Outputs& o, const ref::Gradients& want, const Case& c, CheckReport& report);
+
+// Adds a failure naming the first non-finite value of `v`, if any.
+void check_finite(const std::vector<HostBf16>& v, const std::string& name, CheckReport& report);
+
+enum class Routing {
+  kUniform,     // k distinct experts, uniformly
+  kSkewed,      // k distinct experts, popularity ∝ 1/rank^s with s in [1, 2]
+  kFewExperts,  // every token on a set of k to k + 2 experts
+  kDuplicates,  // ids repeat within a token (at least j = 0 and j = 1)
+};
+enum class RouterWeights {
+  kPositive,       // uniform in [0.05, 1)
+  kWithZeros,      // a quarter exactly 0, and one token in ten with every weight 0
+  kWithNegatives,  // uniform in [-1, 1), one in eight exactly 0
+};
+
+// Replaces L's routing (ids and weights, host and device) with one drawn from rng.
+void apply_routing(HostLayer& L, Routing routing, RouterWeights weights, std::mt19937_64& rng);
+
+// Copies L's host ids and weights to its device buffers.
+void upload_routing(HostLayer& L);
+
+// One random case, a function of its seed alone.
+struct RandomCase {
+  uint64_t seed = 0;
+  Case c;
+  Routing routing = Routing::kUniform;
+  RouterWeights weights = RouterWeights::kPositive;
+  Backend backend = Backend::kFused;
+  bool recompute = false;  // context recomputed (save_forward_context off) instead of saved
+  int32_t R = 1;           // virtual ranks
+};
+
+// NOTES: the fp64 reference runs on the CPU. Each case's routed and shared multiply-adds per pass,
+// T·k·I·H + T·I_s·H, are held under this (the weight gradients' reference costs as many again), and
+// T is drawn last, so big T comes with small H and I and the other way round.
+inline constexpr double kMaxReferenceMacs = 1.5e9;
+// Expert weight elements E·I·H: bounds the host's random generation and its fp64 gradient arrays.
+inline constexpr int64_t kMaxExpertElements = int64_t(1) << 24;
+
+RandomCase draw_case(uint64_t seed);
+
+// "T=.. H=.. I=.. E=.. k=.. Is=.. routing=.. weights=.. ids=.. backend=.. R=.. context=..".
+std::string describe(const RandomCase& rc);
+
+struct CaseOutcome {
+  RandomCase rc;
+  CheckReport report;
+  std::string error;  // an exception the case threw, "" when none
+  bool ok() const { return error.empty() && report.ok(); }
+  // One line: seed, description, each output's worst row error, the verdict.
+  std::string line() const;
+};
+
+// Draws, runs (forward and backward on poisoned outputs) and checks case `seed`.
+CaseOutcome run_random_case(uint64_t seed);
+
+// The seed of case i of a batch drawn from `base` (splitmix64).
+uint64_t case_seed(uint64_t base, int64_t i);
+
+}  // namespace lynx::test
