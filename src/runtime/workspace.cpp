@@ -166,12 +166,10 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
 }
 
 plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
-  // NOTES: each of R virtual ranks gets 1/R of the SMs for its persistent grids, as a rank on a GPU of
-  // its own has the GPU: the schedule kernels' grids must all be resident together (cooperative), and
-  // R full-GPU expert GEMMs at once left their in-kernel gathers waiting for CTAs that other ranks'
-  // grids kept off the SMs (2026-12-04, 366ac75: R = 8 forward 1.62 ms, against 1.19 at R = 1).
+  // NOTES: the schedule kernels' grids of the R ranks must all be resident together (cooperative). The
+  // expert GEMMs keep every SM: planned for 1/R of them too, R = 8's forward took 1.81 ms against 1.62
+  // with full grids (2026-12-04, af72472 against 366ac75; R = 1 1.19).
   plan::DeviceProps props = device_props;
-  props.sm_count = std::max(1, props.sm_count / shape.num_ranks);
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
   return props;
 }

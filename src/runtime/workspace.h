@@ -139,8 +139,8 @@ struct Workspace::Impl {
   peer::BarrierArgs barrier_args() const;
   // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
   void connect(const std::vector<char*>& bases);
-  // Virtual ranks: the R ranks' passes run at once on one GPU, so each rank's persistent grids (the
-  // schedule kernels, which must fit together, and the expert GEMMs) are planned for 1/R of its SMs.
+  // Virtual ranks: the R ranks' passes run at once on one GPU, so each rank's schedule kernels (whose
+  // grids must all be resident together) are planned for 1/R of its SMs.
   // virtual_rank_plan makes that plan and changes nothing; become_virtual_rank takes it, with the
   // driver's stream and events (owned from then on).
   plan::DeviceProps virtual_rank_props() const;

@@ -445,7 +445,11 @@ TensorError tensor_error(const std::vector<T>& got, const std::vector<double>& w
   double num_all = 0, den_all = 0;
   for (int64_t r = 0; r < rows; ++r) num_all += num[r], den_all += den[r];
   err.frobenius = den_all > 0 ? std::sqrt(num_all / den_all) : std::sqrt(num_all);
-  const double floor = rows > 0 ? kRowFloor * std::sqrt(den_all / double(rows)) : 0.0;
+  // The RMS over the rows whose reference is not zero: the exact-zero rows of experts without rows
+  // (or, with dy on a few tokens, without gradient) are not typical rows and would dilute the floor.
+  int64_t nonzero_rows = 0;
+  for (int64_t r = 0; r < rows; ++r) nonzero_rows += den[r] > 0 ? 1 : 0;
+  const double floor = nonzero_rows > 0 ? kRowFloor * std::sqrt(den_all / double(nonzero_rows)) : 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     double d = std::max(std::sqrt(den[r]), floor);
     if (!row_scale.empty()) d = std::max(d, row_scale[r]);

@@ -20,7 +20,8 @@ namespace lynx::test {
 // times the typical error, room for the worst of ~10⁶ rows in a batch. Set from this arithmetic, not
 // from measured errors.
 inline constexpr double kRowTolerance = 3e-2;
-// NOTES: a row's error is taken relative to max(‖want_row‖, kRowFloor × the tensor's RMS row norm):
+// NOTES: a row's error is taken relative to max(‖want_row‖, kRowFloor × the RMS norm of the tensor's
+// rows whose reference is not zero):
 // a row whose reference is near zero (router weights that cancel, an expert's weight-gradient row
 // whose SwiGLU derivative crosses zero) still carries the absolute rounding error of its terms, and
 // would otherwise divide by ~0.
