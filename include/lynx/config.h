@@ -5,6 +5,8 @@
 
 namespace lynx {
 
+class ScratchAllocator;  // lynx/allocator.h
+
 // The sizes of one MoE layer as seen by one expert-parallel rank.
 struct LayerShape {
   int64_t tokens = 0;               // T: tokens on this rank
@@ -35,6 +37,10 @@ struct Config {
   // R > 1: how long a rank waits at a cross-rank barrier for the others before it reports the rank
   // that did not come and stops (its kernel traps, the CUDA context is lost); 0: 30 s.
   int64_t peer_timeout_ms = 0;
+  // Where each call takes the workspace's scratch (lynx/allocator.h); it must outlive the workspace.
+  // Null: the workspace owns its scratch for its whole life. One rank only (num_ranks == 1): other
+  // ranks read a rank's per-row results from its workspace.
+  ScratchAllocator* scratch_allocator = nullptr;
 };
 
 // Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
@@ -65,6 +71,7 @@ struct ResolvedConfig {
   bool save_forward_context;
   Backend backend;
   int64_t peer_timeout_ms;
+  ScratchAllocator* scratch_allocator;
 };
 
 // Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.

@@ -68,7 +68,8 @@ struct Schedule {
 
 class Workspace {
  public:
-  // Allocates every buffer the layer needs for `shape` on the current CUDA device.
+  // Allocates every buffer the layer needs for `shape` on the current CUDA device; with
+  // config.scratch_allocator, only those that live from call to call (lynx/allocator.h).
   Workspace(const LayerShape& shape, const Config& config = {});
   // Waits for the workspace's device to finish all queued work (earlier calls may still use the
   // buffers), then frees everything.
@@ -79,6 +80,7 @@ class Workspace {
   const LayerShape& shape() const;
   const ResolvedConfig& config() const;
   int64_t device_bytes() const;   // device memory this workspace owns
+  int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
   int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
   Schedule schedule() const;     // the schedule of the last forward / recompute call
   // Whether backward on `in` can use the context this workspace holds: the same x, topk_ids,

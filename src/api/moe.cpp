@@ -5,6 +5,7 @@
 #include "baseline/passes.h"
 #include "lynx/error.h"
 #include "runtime/fused_passes.h"
+#include "runtime/scratch.h"
 #include "runtime/workspace.h"
 
 namespace lynx {
@@ -20,6 +21,7 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   if (y.data == in.x.data) throw Error("y", "must not alias x");
   check_device(w);
   require_connected(w);
+  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::forward(w, in, y, stream, step);
@@ -35,6 +37,7 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
   validate_inputs(w.shape, in);
   check_device(w);
   require_connected(w);
+  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::recompute_forward_context(w, in, stream, step);
@@ -51,6 +54,7 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   check_device(w);
   require_connected(w);
+  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);

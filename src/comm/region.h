@@ -26,8 +26,9 @@ struct RegionLayout {
 };
 
 // At R = 1 nothing is shared, but the region holds the buffers all the same (token_rows, weights and
-// d_topk_rows take no space).
-RegionLayout region_layout(const LayerShape& shape, int64_t capacity);
+// d_topk_rows take no space), rows_a and rows_b too unless `rows` is false (they are then scratch a
+// call takes: Config::scratch_allocator).
+RegionLayout region_layout(const LayerShape& shape, int64_t capacity, bool rows = true);
 
 // The device tables, each R pointers: table t of rank s at [t * R + s].
 enum Table : int32_t { kTokenRows, kWeights, kSlotRow, kRowsA, kRowsB, kDTopkRows, kSignals, kTables };

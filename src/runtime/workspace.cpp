@@ -62,7 +62,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     const int64_t E_loc = s.local_experts(), cap = config.schedule_capacity;
 
     // NOTES: the region is one allocation of its own, so that cudaIpcGetMemHandle exports exactly it.
-    layout = comm::region_layout(s, cap);
+    const bool own_scratch = config.scratch_allocator == nullptr;
+    layout = comm::region_layout(s, cap, own_scratch);
     region = static_cast<char*>(alloc_bytes(layout.bytes));
     LYNX_CUDA(cudaMemset(region, 0, size_t(layout.bytes)));
     peer_tables = alloc<void*>(int64_t(comm::kTables) * s.num_ranks);
@@ -98,25 +99,30 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     un.xg = alloc<bf16_t>(cap * H);
     un.g = alloc<bf16_t>(cap * I);
     un.u = alloc<bf16_t>(cap * I);
-    un.h = alloc<bf16_t>(cap * I);
-    un.rows_a = in_region<bf16_t>(layout.rows_a);
-    un.rows_b = in_region<bf16_t>(layout.rows_b);
-    un.da = alloc<bf16_t>(cap * I);
+    scratch(un.h, cap * I);
+    if (own_scratch) {
+      un.rows_a = in_region<bf16_t>(layout.rows_a);
+      un.rows_b = in_region<bf16_t>(layout.rows_b);
+    } else {
+      scratch(un.rows_a, cap * H);
+      scratch(un.rows_b, cap * H);
+    }
+    scratch(un.da, cap * I);
     if (config.backend == Backend::kUnfused) {  // the fused backward keeps dg | du in fb.dgu
-      un.dg = alloc<bf16_t>(cap * I);
-      un.du = alloc<bf16_t>(cap * I);
+      scratch(un.dg, cap * I);
+      scratch(un.du, cap * I);
     }
     if (Is > 0) {
       un.gs = alloc<bf16_t>(T * Is);
       un.us = alloc<bf16_t>(T * Is);
-      un.hs = alloc<bf16_t>(T * Is);
-      un.ys = alloc<float>(T * H);
-      un.dhs = alloc<bf16_t>(T * Is);
-      un.dgs = alloc<bf16_t>(T * Is);
-      un.dus = alloc<bf16_t>(T * Is);
+      scratch(un.hs, T * Is);
+      scratch(un.ys, T * H);
+      scratch(un.dhs, T * Is);
+      scratch(un.dgs, T * Is);
+      scratch(un.dus, T * Is);
     }
     if (config.backend == Backend::kFused) {
-      fb.dgu = alloc<bf16_t>(cap * 2 * I);
+      scratch(fb.dgu, cap * 2 * I);
       gather_sync = alloc<int32_t>(gemm::gather_sync_ints(cap));
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
       gemm::prepare_expert_gemm_kernels(device_props.sm_count);
@@ -236,6 +242,7 @@ Workspace::~Workspace() = default;
 const LayerShape& Workspace::shape() const { return impl_->shape; }
 const ResolvedConfig& Workspace::config() const { return impl_->config; }
 int64_t Workspace::device_bytes() const { return impl_->bytes; }
+int64_t Workspace::scratch_bytes() const { return impl_->scratch_bytes; }
 
 bool Workspace::has_context_for(const LayerInputs& in) const {
   return impl_->context_valid && impl_->context == ContextKey::of(in);

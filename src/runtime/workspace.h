@@ -125,6 +125,27 @@ struct Workspace::Impl {
   }
   void* alloc_bytes(int64_t bytes);
 
+  // Scratch: the buffers a call needs only while it runs. Without config.scratch_allocator they are
+  // allocated with the workspace; with it, `field` stays null between calls and each call points it
+  // into the one block it takes (runtime/scratch.h), at the offset recorded here.
+  struct ScratchSlot {
+    void** field;
+    int64_t offset;
+  };
+  std::vector<ScratchSlot> scratch_slots;
+  int64_t scratch_bytes = 0;  // the block a call takes (0 without an allocator)
+  template <class T>
+  void scratch(T*& field, int64_t count) {
+    if (config.scratch_allocator == nullptr) {
+      field = alloc<T>(count);
+      return;
+    }
+    // NOTES: 1 KB steps keep every buffer on the TMA's and the 16-byte vector loads' boundaries.
+    field = nullptr;
+    scratch_slots.push_back({reinterpret_cast<void**>(&field), scratch_bytes});
+    scratch_bytes += (count * int64_t(sizeof(T)) + 1023) / 1024 * 1024;
+  }
+
   int32_t ranks() const { return shape.num_ranks; }
   bool connected() const { return ranks() == 1 || !peer_bases.empty(); }
   template <class T>

@@ -1,6 +1,7 @@
 // The config heuristics and their range checks (pure host functions).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "lynx/lynx.h"
@@ -96,6 +97,13 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   c.peer_timeout_ms = -1;
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.peer_timeout_ms");
   EXPECT_EQ(resolve_config(qwen3(), Config{}, DeviceInfo{}).peer_timeout_ms, 30'000);
+  // A scratch allocator is for one rank; the pointer passes through (never dereferenced here).
+  c = Config{};
+  c.scratch_allocator = reinterpret_cast<ScratchAllocator*>(uintptr_t(64));
+  EXPECT_EQ(resolve_config(qwen3(), c, DeviceInfo{}).scratch_allocator, c.scratch_allocator);
+  bad = qwen3();
+  bad.num_ranks = 2;
+  expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.scratch_allocator");
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

@@ -1,0 +1,27 @@
+// lynx: where a workspace takes the device memory it needs only while a call runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace lynx {
+
+// A workspace made with Config::scratch_allocator keeps only what lives from one call to the next (the
+// forward context, the schedule, the status word) and takes its scratch, the per-row intermediates of
+// a pass (Workspace::scratch_bytes()), from the allocator at every call: allocate(bytes, stream) once
+// before the call queues its first kernel on `stream`, deallocate(p, bytes, stream) once after it
+// queued its last. The allocator must be stream-ordered: memory given back on `stream` may go to other
+// work only once `stream` has run the call's kernels, or to later work on `stream` itself
+// (cudaMallocAsync / cudaFreeAsync, PyTorch's caching allocator). Layers that run one after another
+// on a stream then share one scratch, and the memory held between calls is the context alone.
+// allocate returns 256-byte-aligned memory, or throws (a null return is reported as an error);
+// deallocate does not throw.
+class ScratchAllocator {
+ public:
+  virtual ~ScratchAllocator() = default;
+  virtual void* allocate(size_t bytes, cudaStream_t stream) = 0;
+  virtual void deallocate(void* p, size_t bytes, cudaStream_t stream) = 0;
+};
+
+}  // namespace lynx

@@ -1,0 +1,48 @@
+// A call's scratch, when the workspace takes it from Config::scratch_allocator (lynx/allocator.h): one
+// block for the call's whole queue of work, given back on the call's stream when the call has queued it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "lynx/allocator.h"
+#include "lynx/error.h"
+#include "runtime/workspace.h"
+
+namespace lynx {
+
+class ScratchLease {
+ public:
+  // Points every scratch buffer of `w` into a block taken on `stream` (nothing without an allocator).
+  ScratchLease(Workspace::Impl& w, cudaStream_t stream) : w_(w), stream_(stream) {
+    ScratchAllocator* a = w.config.scratch_allocator;
+    if (a == nullptr || w.scratch_bytes == 0) return;
+    block_ = static_cast<char*>(a->allocate(size_t(w.scratch_bytes), stream));
+    if (block_ == nullptr) {
+      throw Error("config.scratch_allocator",
+                  "allocate(" + std::to_string(w.scratch_bytes) + " bytes) returned no memory");
+    }
+    for (const Workspace::Impl::ScratchSlot& s : w.scratch_slots) *s.field = block_ + s.offset;
+  }
+  // Gives the block back on the stream, after everything the call queued; the buffers are null again.
+  // NOTES: a destructor cannot report: an allocator whose deallocate throws loses that error here
+  // (lynx/allocator.h asks that it not throw).
+  ~ScratchLease() {
+    if (block_ == nullptr) return;
+    for (const Workspace::Impl::ScratchSlot& s : w_.scratch_slots) *s.field = nullptr;
+    try {
+      w_.config.scratch_allocator->deallocate(block_, size_t(w_.scratch_bytes), stream_);
+    } catch (...) {
+    }
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+
+ private:
+  Workspace::Impl& w_;
+  cudaStream_t stream_;
+  char* block_ = nullptr;
+};
+
+}  // namespace lynx

@@ -1,0 +1,171 @@
+// Scratch taken from a caller's allocator at every call (ScratchAllocator.*): layers sharing one
+// allocator give the bits of workspaces that own their scratch, with every forward queued before the
+// backwards as in a model's step; the scratch is given back by every call; graph capture works; an
+// allocator that returns no memory is an error that queues nothing.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/layer_check.h"
+#include "lynx/allocator.h"
+
+namespace lynx::test {
+namespace {
+
+class ScratchAllocatorTest : public GpuTest {};
+
+// Stream-ordered (cudaMallocAsync / cudaFreeAsync); every block poisoned when handed out (0xFF bytes:
+// NaN in bf16 and fp32), so that a read of scratch no kernel wrote cannot pass; counts what it lends.
+class CountingAllocator final : public ScratchAllocator {
+ public:
+  void* allocate(size_t bytes, cudaStream_t stream) override {
+    void* p = nullptr;
+    LYNX_TEST_CUDA(cudaMallocAsync(&p, bytes, stream));
+    LYNX_TEST_CUDA(cudaMemsetAsync(p, 0xFF, bytes, stream));
+    ++allocations;
+    ++outstanding;
+    last_bytes = bytes;
+    return p;
+  }
+  void deallocate(void* p, size_t, cudaStream_t stream) override {
+    cudaFreeAsync(p, stream);
+    --outstanding;
+  }
+  int allocations = 0;
+  int outstanding = 0;
+  size_t last_bytes = 0;
+};
+
+// An allocator that has no memory.
+class EmptyAllocator final : public ScratchAllocator {
+ public:
+  void* allocate(size_t, cudaStream_t) override { return nullptr; }
+  void deallocate(void*, size_t, cudaStream_t) override {}
+};
+
+Config config_of(Backend b, bool save_context, ScratchAllocator* a = nullptr) {
+  Config c;
+  c.backend = b;
+  c.save_forward_context = save_context;
+  c.scratch_allocator = a;
+  return c;
+}
+
+// kLayers layers on one allocator: every forward (and recompute, without a saved context), then every
+// backward in reverse order; each layer's outputs against a workspace that owns its scratch.
+void expect_layers_share_scratch(Backend b, bool save_context) {
+  constexpr int kLayers = 3;
+  const Case c{300, 128, 192, 8, 2, 64};
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<std::unique_ptr<HostLayer>> L;
+  std::vector<std::vector<HostBf16>> dy;
+  std::vector<Outputs> want;
+  for (int i = 0; i < kLayers; ++i) {
+    L.push_back(std::make_unique<HostLayer>(c, rng()));
+    dy.push_back(random_bf16(rng, c.T * c.H, 1.0));
+    Workspace owning(L[i]->shape, config_of(b, save_context));
+    want.push_back(run_layer(owning, *L[i], dy[i], !save_context));
+  }
+  CountingAllocator alloc;
+  std::vector<std::unique_ptr<Workspace>> ws;
+  std::vector<std::unique_ptr<OutputBuffers>> out;
+  std::vector<DeviceBuffer> d_dy;
+  for (int i = 0; i < kLayers; ++i) {
+    ws.push_back(std::make_unique<Workspace>(L[i]->shape, config_of(b, save_context, &alloc)));
+    out.push_back(std::make_unique<OutputBuffers>(c));
+    out[i]->poison();
+    d_dy.push_back(to_device(dy[i]));
+  }
+  for (int i = 0; i < kLayers; ++i) {
+    forward(*ws[i], L[i]->inputs(), out[i]->y_view(), nullptr);
+    EXPECT_EQ(alloc.outstanding, 0) << "forward " << i << " kept its scratch";
+  }
+  for (int i = kLayers - 1; i >= 0; --i) {
+    if (!save_context) recompute_forward_context(*ws[i], L[i]->inputs(), nullptr);
+    backward(*ws[i], L[i]->inputs(), make_view(d_dy[i].get(), DType::kBF16, {c.T, c.H}), out[i]->grads(), nullptr);
+    EXPECT_EQ(alloc.outstanding, 0) << "backward " << i << " kept its scratch";
+  }
+  for (int i = 0; i < kLayers; ++i) {
+    ws[i]->check(nullptr);
+    EXPECT_EQ(first_difference(out[i]->to_host_outputs(), want[i]), "") << "layer " << i;
+  }
+  EXPECT_EQ(alloc.allocations, kLayers * (save_context ? 2 : 3));
+  EXPECT_GT(ws[0]->scratch_bytes(), 0);
+  EXPECT_EQ(alloc.last_bytes, size_t(ws[0]->scratch_bytes()));
+  // The scratch is what the workspace no longer holds (up to the 1 KB steps of each buffer).
+  const Workspace owning(L[0]->shape, config_of(b, save_context));
+  EXPECT_EQ(owning.scratch_bytes(), 0);
+  EXPECT_GE(ws[0]->device_bytes() + ws[0]->scratch_bytes(), owning.device_bytes());
+  EXPECT_LE(ws[0]->device_bytes() + ws[0]->scratch_bytes(), owning.device_bytes() + 16 * 1024);
+  EXPECT_LT(2 * ws[0]->device_bytes(), owning.device_bytes());
+}
+
+TEST_F(ScratchAllocatorTest, LayersShareOneScratchFused) { expect_layers_share_scratch(Backend::kFused, true); }
+TEST_F(ScratchAllocatorTest, LayersShareOneScratchUnfused) { expect_layers_share_scratch(Backend::kUnfused, true); }
+TEST_F(ScratchAllocatorTest, LayersShareOneScratchRecomputed) { expect_layers_share_scratch(Backend::kFused, false); }
+
+// Forward and backward captured in a CUDA graph take and give back their scratch inside the graph
+// (memory nodes); replays with new routing match the reference.
+TEST_F(ScratchAllocatorTest, GraphReplay) {
+  const Case c{250, 128, 128, 8, 2, 64};
+  HostLayer L(c, fresh_seed());
+  CountingAllocator alloc;
+  Workspace ws(L.shape, config_of(Backend::kFused, true, &alloc));
+  OutputBuffers out(c);
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy_host = random_bf16(rng, c.T * c.H, 1.0);
+  DeviceBuffer dy = to_device(dy_host);
+  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
+  // NOTES: a blocking stream, so that the legacy-stream copies of new routing and poison are ordered
+  // before each replay (as in FusedForward.GraphReplayOfForwardAndBackward).
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  forward(ws, L.inputs(), out.y_view(), stream);
+  backward(ws, L.inputs(), dyv, out.grads(), stream);
+  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  EXPECT_EQ(alloc.outstanding, 0);
+  cudaGraphExec_t exec;
+  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    const HostLayer fresh(c, rng());
+    L.ids = fresh.ids;
+    L.weights = fresh.weights;
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
+    out.poison();
+    LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    ws.check(stream);
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    expect_matches_reference(out.to_host_outputs(), L, dy_host);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// No memory from the allocator: the call throws naming it, and writes nothing.
+TEST_F(ScratchAllocatorTest, NoMemoryIsAnErrorThatWritesNothing) {
+  const Case c{64, 64, 64, 4, 2, 0};
+  const HostLayer L(c, fresh_seed());
+  EmptyAllocator empty;
+  Workspace ws(L.shape, config_of(Backend::kFused, true, &empty));
+  OutputBuffers out(c);
+  out.poison();
+  try {
+    forward(ws, L.inputs(), out.y_view(), nullptr);
+    ADD_FAILURE() << "forward ran without scratch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.scratch_allocator"), std::string::npos) << e.what();
+  }
+  for (HostBf16 v : out.to_host_outputs().y) ASSERT_EQ(v.bits, 0xFFFF) << "y was written";
+}
+
+}  // namespace
+}  // namespace lynx::test
