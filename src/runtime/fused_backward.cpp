@@ -15,11 +15,8 @@ namespace {
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   if (omitted(Stage::kDxCombine, w.backward_calls)) return;
-  CombineSources peers;
+  CombineSources peers = w.combine_sources(comm::kRowsB);
   if (w.ranks() > 1) {
-    peers.rows = w.table<const void>(comm::kRowsB);
-    peers.ids32 = w.ids32;
-    peers.local_experts = static_cast<int32_t>(sh.local_experts());
     peers.d_topk_rows = w.table<const float>(comm::kDTopkRows);
     peers.d_topk_weights = data_of<float>(grads.d_topk_weights);
   }
@@ -62,12 +59,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights.
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
     // At R > 1 each row's router weight is its source rank's, and its d_topk_weights stays with the row.
-    RowSources weights;
+    const RowSources weights = w.row_sources(comm::kWeights);
     float* d_topk = data_of<float>(grads.d_topk_weights);
-    if (w.ranks() > 1) {
-      weights = {w.table<const void>(comm::kWeights), w.schedule.row_src_rank};
-      d_topk = w.in_region<float>(w.layout.d_topk_rows);
-    }
+    if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
     glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
                           data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights);
   }

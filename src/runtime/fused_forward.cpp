@@ -23,17 +23,12 @@ gemm::ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w, const gemm::RowL
   return a;
 }
 
-RowSources row_sources(const Workspace::Impl& w) {
-  if (w.ranks() == 1) return {};
-  return {w.table<const void>(comm::kTokenRows), w.schedule.row_src_rank};
-}
-
 void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows) {
   a.gather_src = data_of<const bf16_t>(rows);
   a.row_token_slot = w.schedule.row_token_slot;
   a.top_k = w.shape.top_k;
   a.gather_sync = w.gather_sync;
-  a.gather_sources = row_sources(w);
+  a.gather_sources = w.row_sources(comm::kTokenRows);
 }
 
 void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
@@ -44,7 +39,7 @@ void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, cons
                              w.device_total_rows(), w.problem.capacity, sh.tokens, sh.top_k, sh.hidden, s);
   } else if (place == plan::GatherPlace::kRowKernel) {
     glue::gather_rows(dst, data_of<const bf16_t>(rows), w.schedule.row_token_slot, w.device_total_rows(),
-                      w.problem.capacity, sh.top_k, sh.hidden, s, row_sources(w));
+                      w.problem.capacity, sh.top_k, sh.hidden, s, w.row_sources(comm::kTokenRows));
   }
 }
 

@@ -11,9 +11,6 @@ namespace lynx::fused {
 // with the launch choices `launch` of the plan.
 gemm::ExpertGemmArgs expert_gemm_args(const Workspace::Impl& w, const gemm::RowLaunch& launch);
 
-// Where a launch's gathered rows come from: at R > 1 every rank's token rows, by each row's source.
-RowSources row_sources(const Workspace::Impl& w);
-
 // Makes the launch of `a` gather its A rows (into a.a, schedule order) from `rows` ([T, K]) itself.
 void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const TensorView& rows);
 

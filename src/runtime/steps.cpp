@@ -65,14 +65,9 @@ void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t
 void enqueue_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   if (omitted(Stage::kCombine, w.forward_calls)) return;
-  CombineSources peers;
-  if (w.ranks() > 1) {
-    peers.rows = w.table<const void>(comm::kRowsA);
-    peers.ids32 = w.ids32;
-    peers.local_experts = static_cast<int32_t>(sh.local_experts());
-  }
   glue::combine(data_of<bf16_t>(y), w.un.rows_a, w.schedule.slot_row, data_of<const float>(in.topk_weights),
-                sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
+                sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s,
+                w.combine_sources(comm::kRowsA));
 }
 
 void enqueue_dispatch(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool gather_rows) {

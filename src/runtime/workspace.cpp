@@ -165,6 +165,20 @@ peer::BarrierArgs Workspace::Impl::barrier_args() const {
   return b;
 }
 
+RowSources Workspace::Impl::row_sources(comm::Table t) const {
+  if (ranks() == 1) return {};
+  return {table<const void>(t), schedule.row_src_rank};
+}
+
+CombineSources Workspace::Impl::combine_sources(comm::Table rows) const {
+  CombineSources c;
+  if (ranks() == 1) return c;
+  c.rows = table<const void>(rows);
+  c.ids32 = ids32;
+  c.local_experts = static_cast<int32_t>(shape.local_experts());
+  return c;
+}
+
 void Workspace::Impl::connect(const std::vector<char*>& bases) {
   const std::vector<void*> tables = comm::peer_tables(layout, bases);
   LYNX_CUDA(cudaMemcpy(peer_tables, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));

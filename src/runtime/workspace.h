@@ -9,6 +9,7 @@
 
 #include "comm/region.h"
 #include "common/bf16.h"
+#include "common/peers.h"
 #include "common/status.h"
 #include "kernels/peer/api.h"
 #include "kernels/cublas/api.h"
@@ -158,6 +159,10 @@ struct Workspace::Impl {
     return reinterpret_cast<T* const*>(peer_tables + int64_t(t) * ranks());
   }
   peer::BarrierArgs barrier_args() const;
+  // R > 1: where each schedule row's copy of buffer `t` lies (its source rank's), and where the
+  // combines pull each (t, j)'s row of `rows` (its expert's rank's); empty at R = 1.
+  RowSources row_sources(comm::Table t) const;
+  CombineSources combine_sources(comm::Table rows) const;
   // Points the tables at `bases` (every rank's region, rank order) and marks the workspace connected.
   void connect(const std::vector<char*>& bases);
   // Virtual ranks: the R ranks' passes run at once on one GPU, so each rank's schedule kernels (whose
