@@ -59,6 +59,10 @@ const char* kUsage =
     "  --routing  uniform (default): experts drawn at random; skewed: every fourth token's first pick to\n"
     "             one of 4 hot experts; balanced: every expert T*k/E rows (exactly when k | E and\n"
     "             (E/k) | T, as at every benchmark shape); all = uniform and skewed\n"
+    "  --check-tokens  before timing, each path (unfused, fused) runs once into outputs poisoned with NaN and\n"
+    "             is checked against the CPU reference: y, dx and d_topk_weights of N tokens spread over the\n"
+    "             batch (default 8; 0: no check), and the weight gradients of the first checked token's first\n"
+    "             3 experts and of the shared expert, over every row routed to them\n"
     "  --baseline time the unfused path beside the fused one (default), or not (sweeps)\n"
     "  --context  keep (default): forward saves what backward needs; drop: it does not (forward pass only;\n"
     "             the check recomputes the context before its backward; the unfused baseline stores g and u\n"
@@ -216,6 +220,7 @@ struct Row {
   std::string baseline_impl;  // empty: no baseline for this row
   double baseline_ms;
   std::string check;
+  std::string checked;  // what the check compared (CheckReference::describe)
   double forward_part_ms, backward_part_ms;  // forward+backward only: each part within the same runs
   double enqueue_ms;                         // median host time to enqueue one timed pass
 };
@@ -269,6 +274,7 @@ void write_json(const Options& o, const std::string& gpu, const std::vector<Row>
       << (r.baseline_impl.empty() ? "null" : json_string(r.baseline_impl)) << ", \"baseline_ms\": "
       << (r.baseline_impl.empty() ? "null" : std::to_string(r.baseline_ms))
       << ", \"dense_gemm_tflops\": " << r.dense_tflops << ", \"check\": " << json_string(r.check)
+      << ", \"checked\": " << json_string(r.checked)
       << ", \"enqueue_ms\": " << r.enqueue_ms;
     if (r.clocks.samples > 0) {
       f << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"memory_mhz\": " << r.clocks.median_mem_mhz
@@ -394,19 +400,22 @@ int run(const Options& o) {
       Workspace fused(p.shape(), fused_config), unfused(p.shape(), unfused_config);
       const LayerInputs in = p.inputs();
       const Gradients grads = p.gradients();
-      // Correctness first: each path's rows against the CPU reference, and the fused forward's whole
+      // Correctness first: each path's outputs against the CPU reference, and the fused forward's whole
       // output against the unfused one.
-      std::string check_text = "not checked";
+      std::string check_text = "not checked", checked_text;
       bool ok = true;
       if (o.check_tokens > 0) {
+        const CheckReference want = check_reference(p, o.check_tokens, true);
+        checked_text = want.describe();
         std::vector<std::string> parts;
         std::vector<uint16_t> y_unfused;
         for (Workspace* ws : {&unfused, &fused}) {
+          poison_outputs(p);
           forward(*ws, in, p.y(), nullptr);
           if (!o.keep_context) recompute_forward_context(*ws, in, nullptr);
           backward(*ws, in, p.dy(), grads, nullptr);
           ws->check(nullptr);
-          const CheckResult c = check_rows(p, o.check_tokens, true);
+          const CheckResult c = check_outputs(p, want);
           ok = ok && c.ok;
           parts.push_back((ws == &fused ? "fused " : "unfused ") + c.summary());
           if (ws == &unfused) y_unfused = copy_output(p.y());
@@ -418,8 +427,8 @@ int run(const Options& o) {
         check_text = parts[0] + "; " + parts[1] + buf;
       }
       if (!ok) {
-        std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED the correctness check: %s (tolerance %.0e); not timed\n",
-                     name.c_str(), routing_name(routing), check_text.c_str(), kCheckTolerance);
+        std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED the correctness check: %s (tolerance %.0e; checked: %s); not timed\n",
+                     name.c_str(), routing_name(routing), check_text.c_str(), kCheckTolerance, checked_text.c_str());
         all_ok = false;
         continue;
       }
@@ -470,7 +479,7 @@ int run(const Options& o) {
           const char* impl = o.graph ? "fused-graph" : "fused";
           rows.push_back({name, routing_name(routing), pass, impl, o.regimes[ri], t.total,
                           flops / (t.total * 1e-3) / 1e12, dense[ri], t.clocks, o.baseline ? "unfused" : "", base,
-                          check_text, t.first, t.second, t.enqueue});
+                          check_text, checked_text, t.first, t.second, t.enqueue});
         }
       }
     }
@@ -512,13 +521,14 @@ int run(const Options& o) {
     std::printf("  %-15s workspace %8.0f / %8.0f   context %8.0f\n", m.shape.c_str(), m.fused_ws, m.unfused_ws,
                 m.fused_context);
   }
-  std::printf("\nchecks (relative error vs the CPU reference on %d tokens, tolerance %.0e):\n", o.check_tokens,
-              kCheckTolerance);
+  std::printf("\nchecks (relative error vs the CPU reference, tolerance %.0e; each path into outputs poisoned with NaN;\n"
+              "dW: the worst of the checked weight gradients):\n", kCheckTolerance);
   std::string last;
   for (const Row& r : rows) {
     if (r.shape + r.routing == last) continue;
     last = r.shape + r.routing;
     std::printf("  %s %s: %s\n", r.shape.c_str(), r.routing.c_str(), r.check.c_str());
+    if (!r.checked.empty()) std::printf("    checked: %s\n", r.checked.c_str());
   }
   if (!o.json.empty()) {
     write_json(o, gpu, rows);

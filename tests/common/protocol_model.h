@@ -42,8 +42,9 @@ enum class Bug {
 
 struct Result {
   bool ok = true;
-  std::string error;     // the first violation found, with the path's last steps
-  int64_t states = 0;    // distinct states explored
+  std::string error;        // the first violation found, with the path's last steps
+  int64_t states = 0;       // distinct states explored
+  int64_t transitions = 0;  // steps taken from them (edges of the state graph; each taken once)
 };
 
 class Model {
@@ -78,6 +79,7 @@ class Model {
         std::string violation;
         if (!step(n, r, violation)) continue;  // blocked
         any = true;
+        ++res.transitions;
         if (!violation.empty()) {
           res.ok = false;
           res.error = violation;
