@@ -1,0 +1,34 @@
+// FP8 (E4M3) quantisation of the block-scaled recipe (docs/fp8.md): activations with one scale per
+// 1×128 tile of a row, weights with one per 128×128 block, scales powers of two. Each kernel equals
+// src/reference/fp8.h (quantize_tiles, quantize_blocks, Quantized::dequant) bit for bit.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/bf16.h"
+#include "common/hd.h"
+
+namespace lynx::fp8 {
+
+constexpr int64_t kBlock = 128;  // the tile width and the weight block's side
+
+LYNX_HD int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// q[r, c] = E4M3(x[r, c] / scale), scale = the smallest power of two 2^e >= amax / 448 (2^-126 at
+// least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
+// A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
+// or an infinity; q and scales are then unspecified.
+void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
+                    cudaStream_t stream);
+
+// The same with one scale per 128×128 block: scales [blocks_of(rows), blocks_of(cols)].
+void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
+                     cudaStream_t stream);
+
+// x[r, c] = value(q[r, c]) · scale of its tile (`blocks`: of its 128×128 block), in fp32 (exact).
+void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
+                cudaStream_t stream);
+
+}  // namespace lynx::fp8

@@ -1,0 +1,149 @@
+// FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane); a 128×128 block is one
+// CTA of 128 threads (a row a thread, in 16 column groups of 8).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "kernels/fp8/api.h"
+
+namespace lynx::fp8 {
+namespace {
+
+constexpr int kMinScaleExponent = -126;  // scales stay normal floats
+
+// 2^e as a float, for e in [-126, 127].
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }
+
+// The exponent e of the smallest power of two 2^e with amax <= 448 · 2^e, at least -126 (reference:
+// pow2_scale); 0 for amax = 0. With amax = m · 2^p, m in [0.5, 1) (frexp), 448 = 0.875 · 2^9: e = p - 9
+// when m <= 0.875, else p - 8. amax is finite here (a tile with a NaN or an infinity is reported).
+__device__ __forceinline__ int scale_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  const uint32_t bits = __float_as_uint(amax);
+  const int biased = int(bits >> 23) & 0xFF;
+  if (biased == 0) return kMinScaleExponent;  // subnormal: e far below -126
+  const int p = biased - 126;
+  const bool low = (bits & 0x7FFFFF) <= 0x600000;  // m <= 0.875, i.e. 1 + fraction <= 1.75
+  const int e = low ? p - 9 : p - 8;
+  return e < kMinScaleExponent ? kMinScaleExponent : e;
+}
+
+// Round to nearest even, saturating to ±448 (cvt.rn.satfinite.e4m3x2.f32).
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float from_e4m3(uint8_t q) {
+  __nv_fp8_e4m3 f;
+  f.__x = q;
+  return static_cast<float>(f);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+constexpr int kTileWarps = 8;  // tiles per CTA of quantize_tiles
+
+// One warp per tile (row r, columns [c0, c0 + 128)): lane l holds columns c0 + 4l .. c0 + 4l + 3.
+__global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
+                                      uint8_t* __restrict__ q, float* __restrict__ scales, int32_t* nonfinite) {
+  const int64_t kb = blocks_of(cols);
+  const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
+  if (tile >= rows * kb) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = tile / kb, c0 = (tile % kb) * kBlock + 4 * lane;
+  float v[4];
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = c0 + i < cols ? __bfloat162float(x[r * cols + c0 + i]) : 0.0f;
+    finite &= isfinite(v[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  if (__any_sync(0xffffffffu, !finite) && lane == 0) atomicOr(nonfinite, 1);
+  const int e = finite ? scale_exponent(warp_max(amax)) : 0;
+  const float scale = pow2(e), inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
+  }
+  if (lane == 0) scales[tile] = scale;
+}
+
+// One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)).
+__global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols,
+                                       uint8_t* __restrict__ q, float* __restrict__ scales, int32_t* nonfinite) {
+  __shared__ float warp_amax[kBlock / 32];
+  const int64_t kb = blocks_of(cols);
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
+  const int64_t r = r0 + threadIdx.x;
+  float amax = 0.0f;
+  bool finite = true;
+  if (r < rows) {
+    for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) {
+      const float v = __bfloat162float(w[r * cols + c]);
+      finite &= isfinite(v);
+      amax = fmaxf(amax, fabsf(v));
+    }
+  }
+  amax = warp_max(amax);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  const bool block_finite = !__syncthreads_or(!finite);  // also orders warp_amax's writes before the reads
+  if (threadIdx.x == 0 && !block_finite) atomicOr(nonfinite, 1);
+  float block_amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
+  const int e = block_finite ? scale_exponent(block_amax) : 0;
+  const float scale = pow2(e), inv = pow2(-e);
+  if (r < rows) {
+    for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) q[r * cols + c] = to_e4m3(__bfloat162float(w[r * cols + c]) * inv);
+  }
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+__global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t rows,
+                                  int64_t cols, bool blocks, float* __restrict__ x) {
+  const int64_t kb = blocks_of(cols);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const float s = blocks ? scales[(r / kBlock) * kb + c / kBlock] : scales[r * kb + c / kBlock];
+    x[i] = from_e4m3(q[i]) * s;
+  }
+}
+
+int grid_of(int64_t n) { return static_cast<int>(n); }
+
+}  // namespace
+
+void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
+                    cudaStream_t stream) {
+  const int64_t tiles = rows * blocks_of(cols);
+  if (tiles == 0) return;
+  quantize_tiles_kernel<<<grid_of((tiles + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, q, scales, nonfinite);
+  LYNX_CHECK_LAUNCH();
+}
+
+void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
+                     cudaStream_t stream) {
+  const int64_t blocks = blocks_of(rows) * blocks_of(cols);
+  if (blocks == 0) return;
+  quantize_blocks_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(w), rows,
+                                                                 cols, q, scales, nonfinite);
+  LYNX_CHECK_LAUNCH();
+}
+
+void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
+                cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  const int64_t threads = 256, grid = std::min<int64_t>((rows * cols + threads - 1) / threads, 65536);
+  dequantize_kernel<<<grid_of(grid), threads, 0, stream>>>(q, scales, rows, cols, blocks, x);
+  LYNX_CHECK_LAUNCH();
+}
+
+}  // namespace lynx::fp8
