@@ -103,6 +103,11 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>
 // Every output against the reference for these inputs and dy.
 void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);
 
+// Forward and backward of `ws` on L captured together in one CUDA graph (after an eager pair when
+// `eager_first`), replayed twice with new routing (L's ids and weights replaced): every output matches
+// the reference on every replay.
+void expect_graph_replays_match_reference(Workspace& ws, HostLayer& L, bool eager_first);
+
 // A case's sizes and routing, for test traces.
 std::string case_name(const Case& c);
 

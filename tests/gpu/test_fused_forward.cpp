@@ -182,47 +182,11 @@ TEST_F(FusedForward, CountersAreAtRestBetweenCalls) {
 // Forward and backward of the fused path captured together in one CUDA graph, replayed with new
 // routing: every gradient matches the reference on every replay.
 TEST_F(FusedForward, GraphReplayOfForwardAndBackward) {
-  const Case c{250, 128, 128, 8, 2, 64};
-  HostLayer L(c, fresh_seed());
+  HostLayer L({250, 128, 128, 8, 2, 64}, fresh_seed());
   Config config;
   config.backend = Backend::kFused;
   Workspace ws(L.shape, config);
-  OutputBuffers out(c);
-  std::mt19937_64 rng(fresh_seed());
-  const std::vector<HostBf16> dy_host = random_bf16(rng, c.T * c.H, 1.0);
-  DeviceBuffer dy = to_device(dy_host);
-  const Gradients g = out.grads();
-  const TensorView yv = out.y_view();
-  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
-  // NOTES: a blocking stream, so that the synchronous-looking cudaMemcpy / cudaMemset of new routing
-  // and poison (legacy default stream) are ordered before each replay.
-  cudaStream_t stream;
-  LYNX_TEST_CUDA(cudaStreamCreate(&stream));
-  forward(ws, L.inputs(), yv, stream);
-  backward(ws, L.inputs(), dyv, g, stream);
-  ws.check(stream);
-  cudaGraph_t graph;
-  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  forward(ws, L.inputs(), yv, stream);
-  backward(ws, L.inputs(), dyv, g, stream);
-  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
-    const HostLayer fresh(c, rng());
-    L.ids = fresh.ids;
-    L.weights = fresh.weights;
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
-    out.poison();
-    LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
-    ws.check(stream);
-    SCOPED_TRACE("replay " + std::to_string(replay));
-    expect_matches_reference(out.to_host_outputs(), L, dy_host);
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  expect_graph_replays_match_reference(ws, L, true);
 }
 
 // A forced stall (run_stalled_forward, layer_check.h): tile 0's loads are never issued.

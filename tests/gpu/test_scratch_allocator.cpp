@@ -112,42 +112,12 @@ TEST_F(ScratchAllocatorTest, LayersShareOneScratchRecomputed) { expect_layers_sh
 // Forward and backward captured in a CUDA graph take and give back their scratch inside the graph
 // (memory nodes); replays with new routing match the reference.
 TEST_F(ScratchAllocatorTest, GraphReplay) {
-  const Case c{250, 128, 128, 8, 2, 64};
-  HostLayer L(c, fresh_seed());
+  HostLayer L({250, 128, 128, 8, 2, 64}, fresh_seed());
   CountingAllocator alloc;
   Workspace ws(L.shape, config_of(Backend::kFused, true, &alloc));
-  OutputBuffers out(c);
-  std::mt19937_64 rng(fresh_seed());
-  const std::vector<HostBf16> dy_host = random_bf16(rng, c.T * c.H, 1.0);
-  DeviceBuffer dy = to_device(dy_host);
-  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
-  // NOTES: a blocking stream, so that the legacy-stream copies of new routing and poison are ordered
-  // before each replay (as in FusedForward.GraphReplayOfForwardAndBackward).
-  cudaStream_t stream;
-  LYNX_TEST_CUDA(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  forward(ws, L.inputs(), out.y_view(), stream);
-  backward(ws, L.inputs(), dyv, out.grads(), stream);
-  LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  expect_graph_replays_match_reference(ws, L, false);
+  EXPECT_EQ(alloc.allocations, 2);  // taken once by each captured call, not by the replays
   EXPECT_EQ(alloc.outstanding, 0);
-  cudaGraphExec_t exec;
-  LYNX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
-    const HostLayer fresh(c, rng());
-    L.ids = fresh.ids;
-    L.weights = fresh.weights;
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
-    out.poison();
-    LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
-    ws.check(stream);
-    SCOPED_TRACE("replay " + std::to_string(replay));
-    expect_matches_reference(out.to_host_outputs(), L, dy_host);
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // No memory from the allocator: the call throws naming it, and writes nothing.
