@@ -15,8 +15,11 @@ namespace lynx {
 // work only once `stream` has run the call's kernels, or to later work on `stream` itself
 // (cudaMallocAsync / cudaFreeAsync, PyTorch's caching allocator). Layers that run one after another
 // on a stream then share one scratch, and the memory held between calls is the context alone.
-// allocate returns 256-byte-aligned memory, or throws (a null return is reported as an error);
-// deallocate does not throw.
+// allocate returns 256-byte-aligned memory, or throws (a null return or a misaligned block is reported
+// as an error); deallocate does not throw. Under CUDA graph capture a call takes and gives back its
+// block once, while it is captured, and every replay uses that block: the allocator must keep it for
+// the graph alone for the graph's life (cudaMallocAsync's graph memory nodes, a caching allocator's
+// private pool for the capture, as PyTorch's graph capture uses).
 class ScratchAllocator {
  public:
   virtual ~ScratchAllocator() = default;

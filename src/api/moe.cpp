@@ -21,8 +21,8 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   if (y.data == in.x.data) throw Error("y", "must not alias x");
   check_device(w);
   require_connected(w);
-  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
+    const ScratchLease scratch(w, stream);
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::forward(w, in, y, stream, step);
     } else {
@@ -37,8 +37,8 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
   validate_inputs(w.shape, in);
   check_device(w);
   require_connected(w);
-  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
+    const ScratchLease scratch(w, stream);
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::recompute_forward_context(w, in, stream, step);
     } else {
@@ -54,8 +54,8 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   check_device(w);
   require_connected(w);
-  const ScratchLease scratch(w, stream);
   enqueue_pass(w, [&] {
+    const ScratchLease scratch(w, stream);
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);
     } else {

@@ -8,6 +8,7 @@
 #include "common/cuda_check.h"
 #include "lynx/error.h"
 #include "runtime/fused_passes.h"
+#include "runtime/scratch.h"
 #include "runtime/steps.h"
 #include "runtime/workspace.h"
 
@@ -76,6 +77,9 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
         throw Error("ranks", "[" + str(r) + "] and [" + str(s) + "] were not connected to each other: give one group");
       }
     }
+    if (w.config.backend != Backend::kFused) {
+      throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");
+    }
     validate(w, r);
   }
   const auto each = [&](fused::Step s, const auto& stream_of) {
@@ -84,9 +88,11 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
       api::enqueue_pass(w, [&] { step(w, r, s, stream_of(w)); });
     }
   };
-  const auto caller = [&](const Workspace::Impl&) { return stream; };
   if (ranks.size() == 1) {
-    for (fused::Step s : fused::kSteps) each(s, caller);
+    api::enqueue_pass(ranks[0]->impl(), [&] {
+      const ScratchLease scratch(ranks[0]->impl(), stream);  // one rank may take its scratch from an allocator
+      for (fused::Step s : fused::kSteps) step(ranks[0]->impl(), 0, s, stream);
+    });
     return;
   }
   Workspace::Impl& first = ranks[0]->impl();

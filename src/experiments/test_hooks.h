@@ -46,8 +46,8 @@ inline void set_gather_lookahead(Workspace& ws, int32_t v) { force(ws, &plan::Ov
 // fewer than 1024 columns).
 inline void set_gather_token_major(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gather_token_major, v); }
 
-// Gathers the rows of gate/up and `da` inside the GEMMs (1), in the row-major kernel before them (0),
-// or by the rule (-1).
+// Gathers the rows of gate/up and `da` inside the GEMMs (1; at R > 1 gate/up's only: `da` always uses
+// the row-major kernel there), in the row-major kernel before them (0), or by the rule (-1).
 inline void set_gemm_gather(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_gather, v); }
 
 // The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),

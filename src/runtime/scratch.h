@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
 #include "lynx/allocator.h"
@@ -22,6 +23,12 @@ class ScratchLease {
     if (block_ == nullptr) {
       throw Error("config.scratch_allocator",
                   "allocate(" + std::to_string(w.scratch_bytes) + " bytes) returned no memory");
+    }
+    if (reinterpret_cast<uintptr_t>(block_) % 256 != 0) {
+      char* misaligned = block_;
+      block_ = nullptr;
+      a->deallocate(misaligned, size_t(w.scratch_bytes), stream);
+      throw Error("config.scratch_allocator", "allocate returned memory that is not 256-byte aligned");
     }
     for (const Workspace::Impl::ScratchSlot& s : w.scratch_slots) *s.field = block_ + s.offset;
   }

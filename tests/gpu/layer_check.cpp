@@ -204,7 +204,13 @@ void expect_graph_replays_match_reference(Workspace& ws, HostLayer& L, bool eage
     const HostLayer fresh(c, rng());
     L.ids = fresh.ids;
     L.weights = fresh.weights;
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+    // Into the same buffers: the graph reads them where it was captured.
+    if (c.int64_ids) {
+      const std::vector<int64_t> ids(L.ids.begin(), L.ids.end());
+      LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), ids.data(), ids.size() * 8, cudaMemcpyHostToDevice));
+    } else {
+      LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+    }
     LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
     out.poison();
     LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));

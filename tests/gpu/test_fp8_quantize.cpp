@@ -24,7 +24,8 @@ namespace {
 class Fp8Quantize : public GpuTest {};
 
 // bf16 values: normal(0, 1) times 2^u with u uniform in [-spread, spread] per 8-column group (so tiles
-// mix magnitudes), a zero tile at (0, 0), and, when rows allow, a row of bf16 subnormals.
+// mix magnitudes); with a second row, a zero tile at (0, 0) and a tile at (1, 0) whose amax is exactly
+// 448 · 2^-3 (scale 2^-3 exactly at the boundary); with a third, a row of bf16 subnormals of both signs.
 std::vector<HostBf16> spread_values(int64_t rows, int64_t cols, int spread, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -37,9 +38,17 @@ std::vector<HostBf16> spread_values(int64_t rows, int64_t cols, int spread, uint
       v[r * cols + c] = float_to_bf16(std::ldexp(normal(rng), e));
     }
   }
-  for (int64_t c = 0; c < std::min<int64_t>(cols, fp8::kBlock); ++c) v[c] = float_to_bf16(0.0f);
+  if (rows > 1) {
+    for (int64_t c = 0; c < std::min<int64_t>(cols, fp8::kBlock); ++c) {
+      v[c] = float_to_bf16(0.0f);
+      v[cols + c] = float_to_bf16(std::ldexp(normal(rng), -2));
+    }
+    v[cols + std::min<int64_t>(cols, fp8::kBlock) / 2] = float_to_bf16(448.0f / 8);  // the others ~N(0, 1/16)
+  }
   if (rows > 2) {
-    for (int64_t c = 0; c < cols; ++c) v[2 * cols + c] = HostBf16{uint16_t((c * 37) % 0x7F + 1)};  // subnormals
+    for (int64_t c = 0; c < cols; ++c) {
+      v[2 * cols + c] = HostBf16{uint16_t(((c * 37) % 0x7F + 1) | (c % 2 ? 0x8000 : 0))};  // subnormals
+    }
   }
   return v;
 }
@@ -130,9 +139,9 @@ TEST_F(Fp8Quantize, TilesEqualTheReference) {
 }
 
 TEST_F(Fp8Quantize, BlocksEqualTheReference) {
-  expect_equal_to_reference(300, 2880, false, 8);
   expect_equal_to_reference(300, 2880, true, 8);  // edge blocks of 44 rows and 64 columns
   expect_equal_to_reference(128, 128, true, 40);
+  expect_equal_to_reference(3, 200, true, 4);     // one short block of bf16 subnormals among others
   expect_equal_to_reference(1, 1, true, 2);
 }
 

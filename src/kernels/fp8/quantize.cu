@@ -1,5 +1,5 @@
 // FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane); a 128×128 block is one
-// CTA of 128 threads (a row a thread, in 16 column groups of 8).
+// CTA of 128 threads (a row a thread, its 128 columns one after another).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -65,8 +65,11 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
     finite &= isfinite(v[i]);
     amax = fmaxf(amax, fabsf(v[i]));
   }
-  if (__any_sync(0xffffffffu, !finite) && lane == 0) atomicOr(nonfinite, 1);
-  const int e = finite ? scale_exponent(warp_max(amax)) : 0;
+  // NOTES: the whole warp takes one branch (tile_finite is the warp's), so warp_max's full-mask shuffles
+  // see every lane.
+  const bool tile_finite = !__any_sync(0xffffffffu, !finite);
+  if (!tile_finite && lane == 0) atomicOr(nonfinite, 1);
+  const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
   const float scale = pow2(e), inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
