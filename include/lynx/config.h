@@ -41,6 +41,9 @@ struct Config {
   // Null: the workspace owns its scratch for its whole life. One rank only (num_ranks == 1): other
   // ranks read a rank's per-row results from its workspace.
   ScratchAllocator* scratch_allocator = nullptr;
+  // The caller holds each forward's context (lynx::ForwardContext, moe.h): the workspace keeps none, and
+  // any number of forwards may be in flight before their backwards. Needs save_forward_context; one rank.
+  bool caller_context = false;
 };
 
 // Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
@@ -72,6 +75,7 @@ struct ResolvedConfig {
   Backend backend;
   int64_t peer_timeout_ms;
   ScratchAllocator* scratch_allocator;
+  bool caller_context;
 };
 
 // Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.

@@ -66,6 +66,17 @@ struct Schedule {
   int64_t local_experts = 0;
 };
 
+// One forward's context held by the caller (Config::caller_context): device memory of
+// Workspace::forward_context_bytes() bytes, 256-byte aligned, that forward or recompute_forward_context
+// fills and the backward given it reads. `inputs` and `valid` are set on the host by the call that
+// filled it: what it was computed from (pointer identity, as has_context_for compares).
+struct ForwardContext {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  const void* inputs[7] = {};
+  bool valid = false;
+};
+
 class Workspace {
  public:
   // Allocates every buffer the layer needs for `shape` on the current CUDA device; with
@@ -81,6 +92,7 @@ class Workspace {
   const ResolvedConfig& config() const;
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
+  int64_t forward_context_bytes() const;  // the size of a ForwardContext (0 unless Config::caller_context)
   int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
   Schedule schedule() const;     // the schedule of the last forward / recompute call
   // Whether backward on `in` can use the context this workspace holds: the same x, topk_ids,
@@ -117,6 +129,14 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
 // inputs.
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
               cudaStream_t stream);
+
+// The same three calls with the context in `ctx` (Config::caller_context; the calls above are then
+// errors): forward and recompute fill it, backward reads it and throws unless it was filled from these
+// inputs. Each call's kernels use ctx.data; keep it alive until they have run.
+void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext& ctx, cudaStream_t stream);
+void recompute_forward_context(Workspace& ws, const LayerInputs& in, ForwardContext& ctx, cudaStream_t stream);
+void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+              const ForwardContext& ctx, cudaStream_t stream);
 
 // Host-side argument checks (used by the calls above; public so bindings can check early).
 void validate_inputs(const LayerShape& shape, const LayerInputs& in);

@@ -1,9 +1,13 @@
 // The public entry points: validate everything on the host, then hand over to the chosen path.
 #include "lynx/moe.h"
 
+#include <cstdint>
+#include <string>
+
 #include "api/call.h"
 #include "baseline/passes.h"
 #include "lynx/error.h"
+#include "runtime/context.h"
 #include "runtime/fused_passes.h"
 #include "runtime/scratch.h"
 #include "runtime/workspace.h"
@@ -14,15 +18,54 @@ using api::check_device;
 using api::enqueue_pass;
 using api::require_connected;
 
-void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
+namespace {
+
+// Whether the call's form (with a ForwardContext or without) is the workspace's.
+void require_context_form(const Workspace::Impl& w, bool given) {
+  if (w.config.caller_context && !given) {
+    throw Error("ctx", "this workspace keeps no forward context (Config::caller_context): pass a ForwardContext");
+  }
+  if (!w.config.caller_context && given) {
+    throw Error("ctx", "this workspace keeps its own forward context: make it with Config::caller_context to pass one");
+  }
+}
+
+void validate_context(const Workspace::Impl& w, const ForwardContext& ctx) {
+  if (ctx.data == nullptr) throw Error("ctx.data", "is null");
+  if (ctx.bytes < w.context_block.bytes) {
+    throw Error("ctx.bytes", "is " + std::to_string(ctx.bytes) + "; the workspace's context needs " +
+                                 std::to_string(w.context_block.bytes) + " (Workspace::forward_context_bytes)");
+  }
+  if (reinterpret_cast<uintptr_t>(ctx.data) % 256 != 0) throw Error("ctx.data", "must be 256-byte aligned");
+}
+
+// Queues one call: its scratch (and, with a caller's context, that context) lent for the call; a
+// forward or recompute gives `filled` the key of what it computed the context from.
+template <class Pass>
+void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, cudaStream_t stream, Pass&& pass) {
+  enqueue_pass(w, [&] {
+    const ScratchLease scratch(w, stream);
+    if (ctx == nullptr) return pass();
+    const ContextLease lease(w, *ctx);
+    pass();
+    if (filled) lease.keep(*filled);
+  });
+}
+
+void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext* ctx,
+                  cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   validate_output(w.shape, y);
   if (y.data == in.x.data) throw Error("y", "must not alias x");
   check_device(w);
   require_connected(w);
-  enqueue_pass(w, [&] {
-    const ScratchLease scratch(w, stream);
+  require_context_form(w, ctx != nullptr);
+  if (ctx) {
+    validate_context(w, *ctx);
+    ctx->valid = false;  // until this call has queued its work
+  }
+  run(w, ctx, ctx, stream, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::forward(w, in, y, stream, step);
     } else {
@@ -32,13 +75,17 @@ void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStre
   ++w.forward_calls;
 }
 
-void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream) {
+void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   check_device(w);
   require_connected(w);
-  enqueue_pass(w, [&] {
-    const ScratchLease scratch(w, stream);
+  require_context_form(w, ctx != nullptr);
+  if (ctx) {
+    validate_context(w, *ctx);
+    ctx->valid = false;
+  }
+  run(w, ctx, ctx, stream, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::recompute_forward_context(w, in, stream, step);
     } else {
@@ -47,15 +94,25 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
   });
 }
 
-void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t stream) {
+void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                   const ForwardContext* ctx, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   validate_gradients(w.shape, dy, grads);
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   check_device(w);
   require_connected(w);
-  enqueue_pass(w, [&] {
-    const ScratchLease scratch(w, stream);
+  require_context_form(w, ctx != nullptr);
+  if (ctx) {
+    validate_context(w, *ctx);
+    if (!ctx->valid) {
+      throw Error("ctx", "holds no forward context: fill it with forward or recompute_forward_context first");
+    }
+    if (!(context_key(*ctx) == ContextKey::of(in))) {
+      throw Error("ctx", "was filled from other x / topk_ids / topk_weights / gate / up tensors");
+    }
+  }
+  run(w, ctx, nullptr, stream, [&] {
     if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);
     } else {
@@ -63,6 +120,30 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
     }
   });
   ++w.backward_calls;
+}
+
+}  // namespace
+
+void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
+  forward_call(ws, in, y, nullptr, stream);
+}
+void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext& ctx, cudaStream_t stream) {
+  forward_call(ws, in, y, &ctx, stream);
+}
+
+void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_t stream) {
+  recompute_call(ws, in, nullptr, stream);
+}
+void recompute_forward_context(Workspace& ws, const LayerInputs& in, ForwardContext& ctx, cudaStream_t stream) {
+  recompute_call(ws, in, &ctx, stream);
+}
+
+void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t stream) {
+  backward_call(ws, in, dy, grads, nullptr, stream);
+}
+void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+              const ForwardContext& ctx, cudaStream_t stream) {
+  backward_call(ws, in, dy, grads, &ctx, stream);
 }
 
 }  // namespace lynx

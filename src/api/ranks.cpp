@@ -77,6 +77,10 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
         throw Error("ranks", "[" + str(r) + "] and [" + str(s) + "] were not connected to each other: give one group");
       }
     }
+    if (w.config.caller_context) {
+      throw Error("ranks", "[" + str(r) + "] keeps no forward context (Config::caller_context): call forward and "
+                           "backward with a ForwardContext");
+    }
     if (w.config.backend != Backend::kFused) {
       throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");
     }

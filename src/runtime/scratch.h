@@ -18,28 +18,28 @@ class ScratchLease {
   // Points every scratch buffer of `w` into a block taken on `stream` (nothing without an allocator).
   ScratchLease(Workspace::Impl& w, cudaStream_t stream) : w_(w), stream_(stream) {
     ScratchAllocator* a = w.config.scratch_allocator;
-    if (a == nullptr || w.scratch_bytes == 0) return;
-    block_ = static_cast<char*>(a->allocate(size_t(w.scratch_bytes), stream));
+    const int64_t bytes = w.scratch_block.bytes;
+    if (a == nullptr || bytes == 0) return;
+    block_ = static_cast<char*>(a->allocate(size_t(bytes), stream));
     if (block_ == nullptr) {
-      throw Error("config.scratch_allocator",
-                  "allocate(" + std::to_string(w.scratch_bytes) + " bytes) returned no memory");
+      throw Error("config.scratch_allocator", "allocate(" + std::to_string(bytes) + " bytes) returned no memory");
     }
     if (reinterpret_cast<uintptr_t>(block_) % 256 != 0) {
       char* misaligned = block_;
       block_ = nullptr;
-      a->deallocate(misaligned, size_t(w.scratch_bytes), stream);
+      a->deallocate(misaligned, size_t(bytes), stream);
       throw Error("config.scratch_allocator", "allocate returned memory that is not 256-byte aligned");
     }
-    for (const Workspace::Impl::ScratchSlot& s : w.scratch_slots) *s.field = block_ + s.offset;
+    w.scratch_block.bind(block_);
   }
   // Gives the block back on the stream, after everything the call queued; the buffers are null again.
   // NOTES: a destructor cannot report: an allocator whose deallocate throws loses that error here
   // (lynx/allocator.h asks that it not throw).
   ~ScratchLease() {
     if (block_ == nullptr) return;
-    for (const Workspace::Impl::ScratchSlot& s : w_.scratch_slots) *s.field = nullptr;
+    w_.scratch_block.unbind();
     try {
-      w_.config.scratch_allocator->deallocate(block_, size_t(w_.scratch_bytes), stream_);
+      w_.config.scratch_allocator->deallocate(block_, size_t(w_.scratch_block.bytes), stream_);
     } catch (...) {
     }
   }

@@ -83,12 +83,16 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     problem.top_k = k;
     problem.num_experts = s.num_experts;
     problem.capacity = cap;
-    schedule.row_token_slot = alloc<int32_t>(cap);
-    schedule.row_src_rank = alloc<int32_t>(cap);
-    schedule.expert_offset = alloc<int32_t>(E_loc + 1);
-    schedule.expert_rows = alloc<int32_t>(E_loc);
-    schedule.block_offset = alloc<int32_t>(E_loc + 1);
-    schedule.slot_row = in_region<int32_t>(layout.slot_row);
+    context_buffer(schedule.row_token_slot, cap);
+    context_buffer(schedule.row_src_rank, cap);
+    context_buffer(schedule.expert_offset, E_loc + 1);
+    context_buffer(schedule.expert_rows, E_loc);
+    context_buffer(schedule.block_offset, E_loc + 1);
+    if (config.caller_context) {
+      context_buffer(schedule.slot_row, T * k);  // one rank: no other rank writes it
+    } else {
+      schedule.slot_row = in_region<int32_t>(layout.slot_row);
+    }
     scratch_ints = plan.schedule.scratch_ints();
     schedule.scratch = alloc<int32_t>(scratch_ints);
     schedule.status = status;
@@ -96,9 +100,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
-    un.xg = alloc<bf16_t>(cap * H);
-    un.g = alloc<bf16_t>(cap * I);
-    un.u = alloc<bf16_t>(cap * I);
+    context_buffer(un.xg, cap * H);
+    context_buffer(un.g, cap * I);
+    context_buffer(un.u, cap * I);
     scratch(un.h, cap * I);
     if (own_scratch) {
       un.rows_a = in_region<bf16_t>(layout.rows_a);
@@ -113,8 +117,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       scratch(un.du, cap * I);
     }
     if (Is > 0) {
-      un.gs = alloc<bf16_t>(T * Is);
-      un.us = alloc<bf16_t>(T * Is);
+      context_buffer(un.gs, T * Is);
+      context_buffer(un.us, T * Is);
       scratch(un.hs, T * Is);
       scratch(un.ys, T * H);
       scratch(un.dhs, T * Is);
@@ -256,7 +260,8 @@ Workspace::~Workspace() = default;
 const LayerShape& Workspace::shape() const { return impl_->shape; }
 const ResolvedConfig& Workspace::config() const { return impl_->config; }
 int64_t Workspace::device_bytes() const { return impl_->bytes; }
-int64_t Workspace::scratch_bytes() const { return impl_->scratch_bytes; }
+int64_t Workspace::scratch_bytes() const { return impl_->scratch_block.bytes; }
+int64_t Workspace::forward_context_bytes() const { return impl_->context_block.bytes; }
 
 bool Workspace::has_context_for(const LayerInputs& in) const {
   return impl_->context_valid && impl_->context == ContextKey::of(in);

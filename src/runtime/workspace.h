@@ -126,25 +126,50 @@ struct Workspace::Impl {
   }
   void* alloc_bytes(int64_t bytes);
 
-  // Scratch: the buffers a call needs only while it runs. Without config.scratch_allocator they are
-  // allocated with the workspace; with it, `field` stays null between calls and each call points it
-  // into the one block it takes (runtime/scratch.h), at the offset recorded here.
-  struct ScratchSlot {
-    void** field;
-    int64_t offset;
+  // Buffers a call points into a block it is lent (the scratch from config.scratch_allocator, the
+  // context from the caller's ForwardContext): each field stays null between calls, and a call points
+  // it at its offset in the block (runtime/scratch.h, runtime/context.h).
+  struct LentBlock {
+    struct Slot {
+      void** field;
+      int64_t offset;
+    };
+    std::vector<Slot> slots;
+    int64_t bytes = 0;
+    void place(void** field, int64_t n) {
+      // NOTES: 1 KB steps keep every buffer on the TMA's and the 16-byte vector loads' boundaries.
+      *field = nullptr;
+      slots.push_back({field, bytes});
+      bytes += (n + 1023) / 1024 * 1024;
+    }
+    void bind(char* base) const {
+      for (const Slot& s : slots) *s.field = base + s.offset;
+    }
+    void unbind() const {
+      for (const Slot& s : slots) *s.field = nullptr;
+    }
   };
-  std::vector<ScratchSlot> scratch_slots;
-  int64_t scratch_bytes = 0;  // the block a call takes (0 without an allocator)
+  LentBlock scratch_block;  // empty without an allocator
+  LentBlock context_block;  // empty unless config.caller_context
+  // Scratch: the buffers a call needs only while it runs; allocated with the workspace unless
+  // config.scratch_allocator lends them.
   template <class T>
   void scratch(T*& field, int64_t count) {
     if (config.scratch_allocator == nullptr) {
       field = alloc<T>(count);
-      return;
+    } else {
+      scratch_block.place(reinterpret_cast<void**>(&field), count * int64_t(sizeof(T)));
     }
-    // NOTES: 1 KB steps keep every buffer on the TMA's and the 16-byte vector loads' boundaries.
-    field = nullptr;
-    scratch_slots.push_back({reinterpret_cast<void**>(&field), scratch_bytes});
-    scratch_bytes += (count * int64_t(sizeof(T)) + 1023) / 1024 * 1024;
+  }
+  // The forward context: what backward reads of its forward; allocated with the workspace unless
+  // config.caller_context (the caller's ForwardContext holds it).
+  template <class T>
+  void context_buffer(T*& field, int64_t count) {
+    if (!config.caller_context) {
+      field = alloc<T>(count);
+    } else {
+      context_block.place(reinterpret_cast<void**>(&field), count * int64_t(sizeof(T)));
+    }
   }
 
   int32_t ranks() const { return shape.num_ranks; }

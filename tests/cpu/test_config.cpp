@@ -104,6 +104,13 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   bad = qwen3();
   bad.num_ranks = 2;
   expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.scratch_allocator");
+  // A caller's context: one rank, and a context to save.
+  c = Config{};
+  c.caller_context = true;
+  EXPECT_TRUE(resolve_config(qwen3(), c, DeviceInfo{}).caller_context);
+  expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.caller_context");
+  c.save_forward_context = false;
+  expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.caller_context");
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

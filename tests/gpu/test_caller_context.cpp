@@ -1,0 +1,137 @@
+// Forward contexts held by the caller (CallerContext.*, Config::caller_context): several forwards in
+// flight before their backwards give the bits of one forward and its backward at a time; a context
+// is rejected for other inputs, unfilled, too small, or on a workspace that keeps its own.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/layer_check.h"
+
+namespace lynx::test {
+namespace {
+
+class CallerContext : public GpuTest {};
+
+Config config_of(Backend b, bool caller_context) {
+  Config c;
+  c.backend = b;
+  c.caller_context = caller_context;
+  return c;
+}
+
+// A context's block, poisoned (0xFF) so that a buffer forward leaves unwritten cannot pass.
+struct ContextBlock {
+  DeviceBuffer buf;
+  ForwardContext ctx;
+  explicit ContextBlock(const Workspace& ws) : buf(size_t(ws.forward_context_bytes())) {
+    buf.fill_bytes(0xFF);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    ctx.data = buf.get();
+    ctx.bytes = ws.forward_context_bytes();
+  }
+};
+
+template <class F>
+void expect_error(F&& f, const std::string& argument) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+  }
+}
+
+// kLayers forwards of one workspace (different inputs of one shape), each into its own context, then
+// the backwards in reverse order; each layer's outputs against a workspace that keeps its own context.
+void expect_forwards_in_flight(Backend b) {
+  constexpr int kLayers = 3;
+  const Case c{300, 128, 1024, 8, 2, 64};
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<std::unique_ptr<HostLayer>> L;
+  std::vector<std::vector<HostBf16>> dy;
+  std::vector<Outputs> want;
+  for (int i = 0; i < kLayers; ++i) {
+    L.push_back(std::make_unique<HostLayer>(c, rng()));
+    dy.push_back(random_bf16(rng, c.T * c.H, 1.0));
+    Workspace own(L[i]->shape, config_of(b, false));
+    want.push_back(run_layer(own, *L[i], dy[i]));
+  }
+  Workspace ws(L[0]->shape, config_of(b, true));
+  const Workspace own(L[0]->shape, config_of(b, false));
+  EXPECT_GT(ws.forward_context_bytes(), 0);
+  EXPECT_EQ(own.forward_context_bytes(), 0);
+  EXPECT_LE(ws.device_bytes() + ws.forward_context_bytes(), own.device_bytes() + 16 * 1024);
+  std::vector<std::unique_ptr<ContextBlock>> ctx;
+  std::vector<std::unique_ptr<OutputBuffers>> out;
+  std::vector<DeviceBuffer> d_dy;
+  for (int i = 0; i < kLayers; ++i) {
+    ctx.push_back(std::make_unique<ContextBlock>(ws));
+    out.push_back(std::make_unique<OutputBuffers>(c));
+    out[i]->poison();
+    d_dy.push_back(to_device(dy[i]));
+  }
+  for (int i = 0; i < kLayers; ++i) {
+    forward(ws, L[i]->inputs(), out[i]->y_view(), ctx[i]->ctx, nullptr);
+    EXPECT_TRUE(ctx[i]->ctx.valid);
+  }
+  for (int i = kLayers - 1; i >= 0; --i) {
+    backward(ws, L[i]->inputs(), make_view(d_dy[i].get(), DType::kBF16, {c.T, c.H}), out[i]->grads(), ctx[i]->ctx,
+             nullptr);
+  }
+  ws.check(nullptr);
+  for (int i = 0; i < kLayers; ++i) {
+    EXPECT_EQ(first_difference(out[i]->to_host_outputs(), want[i]), "") << "layer " << i;
+  }
+}
+
+TEST_F(CallerContext, ForwardsInFlightFused) { expect_forwards_in_flight(Backend::kFused); }
+TEST_F(CallerContext, ForwardsInFlightUnfused) { expect_forwards_in_flight(Backend::kUnfused); }
+
+// A context recomputed into a fresh block serves the backward as the forward's would.
+TEST_F(CallerContext, RecomputedContext) {
+  const Case c{200, 128, 128, 8, 2, 64};
+  HostLayer L(c, fresh_seed());
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace own(L.shape, config_of(Backend::kFused, false));
+  const Outputs want = run_layer(own, L, dy);
+  Workspace ws(L.shape, config_of(Backend::kFused, true));
+  ContextBlock first(ws), second(ws);
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer d_dy = to_device(dy);
+  forward(ws, L.inputs(), out.y_view(), first.ctx, nullptr);
+  recompute_forward_context(ws, L.inputs(), second.ctx, nullptr);
+  backward(ws, L.inputs(), make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), second.ctx, nullptr);
+  ws.check(nullptr);
+  EXPECT_EQ(first_difference(out.to_host_outputs(), want), "");
+}
+
+TEST_F(CallerContext, MisuseIsReportedByName) {
+  const Case c{64, 64, 64, 4, 2, 0};
+  HostLayer L(c, fresh_seed()), other(c, fresh_seed());
+  Workspace ws(L.shape, config_of(Backend::kFused, true));
+  Workspace own(L.shape, config_of(Backend::kFused, false));
+  OutputBuffers out(c);
+  DeviceBuffer d_dy = to_device(std::vector<HostBf16>(c.T * c.H, float_to_bf16(1.0f)));
+  const TensorView dyv = make_view(d_dy.get(), DType::kBF16, {c.T, c.H});
+  ContextBlock ctx(ws);
+  expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr); }, "ctx");  // not filled
+  expect_error([&] { forward(ws, L.inputs(), out.y_view(), nullptr); }, "ctx");
+  expect_error([&] { forward(own, L.inputs(), out.y_view(), ctx.ctx, nullptr); }, "ctx");
+  ForwardContext small = ctx.ctx;
+  small.bytes -= 1;
+  expect_error([&] { forward(ws, L.inputs(), out.y_view(), small, nullptr); }, "ctx.bytes");
+  forward(ws, other.inputs(), out.y_view(), ctx.ctx, nullptr);
+  expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr); }, "ctx");  // other inputs
+  backward(ws, other.inputs(), dyv, out.grads(), ctx.ctx, nullptr);
+  ws.check(nullptr);
+}
+
+}  // namespace
+}  // namespace lynx::test
