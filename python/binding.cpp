@@ -1,5 +1,6 @@
 // lynx._C: the C++ API for Python, as thin as possible. Tensors cross as (data_ptr, dtype code, shape,
 // strides) tuples built by lynx/_views.py; streams as integers (torch's cuda_stream).
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -66,15 +67,46 @@ lynx::Gradients to_gradients(const py::tuple& t) {
 
 cudaStream_t to_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// Scratch from two Python callables, alloc(nbytes, stream) -> pointer and free(pointer, nbytes, stream)
+// (lynx/_workspaces.py passes torch's caching allocator). A call reaches them with the GIL released
+// (forward, backward): each takes it back.
+class PyScratchAllocator final : public lynx::ScratchAllocator {
+ public:
+  PyScratchAllocator(py::function alloc, py::function free) : alloc_(std::move(alloc)), free_(std::move(free)) {}
+  void* allocate(size_t bytes, cudaStream_t stream) override {
+    py::gil_scoped_acquire gil;
+    return reinterpret_cast<void*>(alloc_(bytes, reinterpret_cast<uintptr_t>(stream)).cast<uintptr_t>());
+  }
+  void deallocate(void* p, size_t bytes, cudaStream_t stream) override {
+    py::gil_scoped_acquire gil;
+    try {
+      free_(reinterpret_cast<uintptr_t>(p), bytes, reinterpret_cast<uintptr_t>(stream));
+    } catch (const py::error_already_set&) {
+    }
+  }
+
+ private:
+  py::function alloc_, free_;
+};
+
+// NOTES: never destroyed: workspaces hold a pointer to it until the interpreter exits, after which a
+// py::function may no longer be released.
+PyScratchAllocator* scratch_allocator = nullptr;
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lynx C++ API (use lynx.functional / lynx.nn instead)";
   py::register_exception<lynx::Error>(m, "LynxError", PyExc_ValueError);
+  m.def("set_scratch_allocator", [](py::function alloc, py::function free) {
+    if (scratch_allocator != nullptr) throw lynx::Error("scratch_allocator", "internal: set once per process");
+    scratch_allocator = new PyScratchAllocator(std::move(alloc), std::move(free));
+  });
 
   py::class_<lynx::Workspace>(m, "Workspace")
       .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
-                       int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context) {
+                       int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
+                       bool scratch_from_allocator) {
              lynx::LayerShape s;
              s.tokens = tokens;
              s.hidden = hidden;
@@ -86,12 +118,17 @@ PYBIND11_MODULE(_C, m) {
              c.backend = static_cast<lynx::Backend>(backend);
              c.schedule_capacity = schedule_capacity;
              c.save_forward_context = save_forward_context;
+             if (scratch_from_allocator) {
+               if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
+               c.scratch_allocator = scratch_allocator;
+             }
              return new lynx::Workspace(s, c);
            }),
            py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
            py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
-           py::arg("save_forward_context"))
+           py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false)
       .def("device_bytes", &lynx::Workspace::device_bytes)
+      .def("scratch_bytes", &lynx::Workspace::scratch_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)
       .def("schedule_arrays",
            [](const lynx::Workspace& ws) {

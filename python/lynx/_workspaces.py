@@ -17,6 +17,22 @@ _RELEASED: set = set()
 _PENDING: list = []
 
 
+# NOTES: every workspace takes its scratch (the per-row intermediates of a call) from PyTorch's caching
+# allocator at each call and gives it back on the call's stream when the call is queued: layers that
+# run one after another share it, torch.cuda.memory_allocated() counts it while a call runs, and a
+# CUDA graph capture takes it from the graph's pool. What a workspace holds between calls is its
+# forward context and the schedule.
+def _scratch_alloc(nbytes: int, stream: int) -> int:
+    return torch.cuda.caching_allocator_alloc(nbytes, torch.cuda.current_device(), stream)
+
+
+def _scratch_free(ptr: int, nbytes: int, stream: int) -> None:
+    torch.cuda.caching_allocator_delete(ptr)
+
+
+_C.set_scratch_allocator(_scratch_alloc, _scratch_free)
+
+
 def new_tag() -> int:
     return next(_TAGS)
 
@@ -50,7 +66,8 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
-                              schedule_capacity=config[1], save_forward_context=config[2])
+                              schedule_capacity=config[1], save_forward_context=config[2],
+                              scratch_from_allocator=True)
         if config[3] not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws

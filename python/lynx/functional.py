@@ -96,6 +96,11 @@ class Workspace:
         return self._impl().device_bytes()
 
     @property
+    def scratch_bytes(self) -> int:
+        """Device memory each call takes from PyTorch's caching allocator and gives back."""
+        return self._impl().scratch_bytes()
+
+    @property
     def context_bytes(self) -> int:
         return self._impl().context_bytes()
 

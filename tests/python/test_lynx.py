@@ -178,6 +178,21 @@ def test_explicit_backward_recomputes_a_stale_context():
         assert rel(getattr(g, name), ref_grads[g._fields.index(name)]) < TOL, name
 
 
+def test_scratch_comes_from_the_caching_allocator_and_goes_back():
+    T, H, I, E, k = 256, 128, 64, 8, 2
+    x, ids, tw, w, s = make(T=T, H=H, I=I, E=E, k=k)
+    ws = lynx.Workspace(T, H, I, E, k)
+    assert ws.scratch_bytes > 0
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = lynx.functional.forward(ws, x, ids, tw, *w)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before >= ws.scratch_bytes  # taken from PyTorch during the call
+    assert torch.cuda.memory_allocated() - before < ws.scratch_bytes  # and given back (y stays)
+    assert rel(y, reference_moe(x.float(), ids, tw, *[t.float() for t in w])) < TOL
+
+
 def test_workspace_lifetime_and_tags():
     ws = lynx.Workspace(64, 64, 64, 4, 2)
     assert ws.tag < 0 and ws.device_bytes > 0
