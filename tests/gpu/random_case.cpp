@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -579,15 +580,20 @@ std::string describe(const RandomCase& rc) {
 
 std::string CaseOutcome::line() const {
   std::string verdict = ok() ? "ok" : "FAIL: " + (error.empty() ? report.failure_text() : "threw: " + error);
+  char times[96];
+  std::snprintf(times, sizeof times, " | ms: inputs %.0f gpu %.0f reference %.0f", inputs_ms, gpu_ms, reference_ms);
   return "random case seed=" + std::to_string(rc.seed) + " " + describe(rc) + " | worst row: " +
-         report.row_errors() + " | " + verdict;
+         report.row_errors() + times + " | " + verdict;
 }
 
 CaseOutcome run_random_case(uint64_t seed) {
   CaseOutcome out;
   out.rc = draw_case(seed);
   const RandomCase& rc = out.rc;
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   try {
+    auto t = Clock::now();
     HostLayer L(rc.c, seed);
     std::mt19937_64 rng(splitmix64(seed));
     apply_routing(L, rc.routing, rc.weights, rng);
@@ -595,6 +601,8 @@ CaseOutcome run_random_case(uint64_t seed) {
     Config config;
     config.backend = rc.backend;
     config.save_forward_context = !rc.recompute;
+    out.inputs_ms = ms_since(t);
+    t = Clock::now();
     Outputs o;
     if (rc.R == 1) {
       Workspace ws(L.shape, config);
@@ -604,8 +612,11 @@ CaseOutcome run_random_case(uint64_t seed) {
     } else {
       o = run_virtual_ranks(L, rc.R, dy, config, rc.recompute);
     }
+    out.gpu_ms = ms_since(t);
+    t = Clock::now();
     const std::vector<double> w = L.weights_double();
     out.report = check_outputs(o, parallel_reference(L.reference(w), to_double_vec(dy)), L);
+    out.reference_ms = ms_since(t);
   } catch (const std::exception& e) {
     out.error = e.what();
   }

@@ -166,8 +166,11 @@ struct CaseOutcome {
   RandomCase rc;
   CheckReport report;
   std::string error;  // an exception the case threw, "" when none
+  // Where the case's time went, ms of wall time: the host's inputs, the GPU calls (workspaces made,
+  // forward and backward, results copied back), the reference and the checks.
+  double inputs_ms = 0, gpu_ms = 0, reference_ms = 0;
   bool ok() const { return error.empty() && report.ok(); }
-  // One line: seed, description, each output's worst row error, the verdict.
+  // One line: seed, description, each output's worst row error, the times, the verdict.
   std::string line() const;
 };
 
