@@ -106,7 +106,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<lynx::Workspace>(m, "Workspace")
       .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
                        int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
-                       bool scratch_from_allocator) {
+                       bool scratch_from_allocator, bool caller_context) {
              lynx::LayerShape s;
              s.tokens = tokens;
              s.hidden = hidden;
@@ -118,6 +118,7 @@ PYBIND11_MODULE(_C, m) {
              c.backend = static_cast<lynx::Backend>(backend);
              c.schedule_capacity = schedule_capacity;
              c.save_forward_context = save_forward_context;
+             c.caller_context = caller_context;
              if (scratch_from_allocator) {
                if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
                c.scratch_allocator = scratch_allocator;
@@ -126,7 +127,8 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
            py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
-           py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false)
+           py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false,
+           py::arg("caller_context") = false)
       .def("device_bytes", &lynx::Workspace::device_bytes)
       .def("scratch_bytes", &lynx::Workspace::scratch_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)
@@ -149,6 +151,50 @@ PYBIND11_MODULE(_C, m) {
         ws.check(to_stream(stream));
       });
 
+  m.def("forward_context_bytes", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                                    int64_t top_k, int64_t shared_intermediate, int backend, int64_t schedule_capacity) {
+    lynx::LayerShape s;
+    s.tokens = tokens;
+    s.hidden = hidden;
+    s.intermediate = intermediate;
+    s.num_experts = num_experts;
+    s.top_k = top_k;
+    s.shared_intermediate = shared_intermediate;
+    lynx::Config c;
+    c.backend = static_cast<lynx::Backend>(backend);
+    c.schedule_capacity = schedule_capacity;
+    return lynx::forward_context_bytes(s, c);
+  });
+  // forward and backward with the context in a caller's block (a tensor autograd saves).
+  m.def("forward_into", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& y, uintptr_t context,
+                           int64_t context_bytes, uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    const lynx::TensorView out = to_view(y, "y");
+    lynx::ForwardContext ctx;
+    ctx.data = reinterpret_cast<void*>(context);
+    ctx.bytes = context_bytes;
+    py::gil_scoped_release release;
+    lynx::forward(ws, inputs, out, ctx, to_stream(stream));
+  });
+  m.def("backward_from", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& dy, const py::tuple& grads,
+                            uintptr_t context, int64_t context_bytes, uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    const lynx::TensorView d = to_view(dy, "dy");
+    const lynx::Gradients g = to_gradients(grads);
+    // NOTES: the context was filled by forward_into from these inputs: autograd saved them with it and
+    // checks their version counters, so the host key is theirs (a tensor offloaded and brought back
+    // has a new address, and the context itself holds no address).
+    lynx::ForwardContext ctx;
+    ctx.data = reinterpret_cast<void*>(context);
+    ctx.bytes = context_bytes;
+    const void* key[7] = {inputs.x.data,              inputs.topk_ids.data,      inputs.topk_weights.data,
+                          inputs.weights.w_gate.data, inputs.weights.w_up.data,  inputs.weights.ws_gate.data,
+                          inputs.weights.ws_up.data};
+    for (int i = 0; i < 7; ++i) ctx.inputs[i] = key[i];
+    ctx.valid = true;
+    py::gil_scoped_release release;
+    lynx::backward(ws, inputs, d, g, ctx, to_stream(stream));
+  });
   m.def("forward", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& y, uintptr_t stream) {
     const lynx::LayerInputs inputs = to_inputs(in);
     const lynx::TensorView out = to_view(y, "y");

@@ -130,6 +130,10 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
               cudaStream_t stream);
 
+// Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and
+// config.caller_context (its value is ignored here): what a ForwardContext needs, with no device.
+int64_t forward_context_bytes(const LayerShape& shape, const Config& config);
+
 // The same three calls with the context in `ctx` (Config::caller_context; the calls above are then
 // errors): forward and recompute fill it, backward reads it and throws unless it was filled from these
 // inputs. Each call's kernels use ctx.data; keep it alive until they have run.

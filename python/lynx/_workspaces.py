@@ -52,7 +52,8 @@ def release(tag: int) -> None:
 
 def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device):
     """The workspace for this shape, config (backend code, schedule capacity, save context, tag: calls
-    with different tags never share one) and CUDA device, created on first use. A released tag (its
+    with different tags never share one; caller context: the caller holds each forward's context) and
+    CUDA device, created on first use. A released tag (its
     layer or Workspace is gone, e.g. before a pending backward) gets a new workspace that is not cached:
     it lives as long as the caller holds it."""
     if _PENDING and not _capturing():
@@ -67,7 +68,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
                               schedule_capacity=config[1], save_forward_context=config[2],
-                              scratch_from_allocator=True)
+                              scratch_from_allocator=True, caller_context=config[4])
         if config[3] not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws

@@ -228,6 +228,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
         if workspace_tag < 0:
             raise ValueError(f"lynx: workspace_tag: must be >= 0 (negative tags are lynx's own), got {workspace_tag}")
         op_config = _op_config(config, workspace_tag)
+        return ops.moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
     return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
 
 

@@ -79,6 +79,6 @@ class MoE(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_ids, topk_weights = self.route(tokens)
-        y = ops.moe_forward(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
-                            self.shared_w3, self.shared_w2, *functional._op_config(self.config, self.workspace_tag))
+        y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
+                             self.shared_w3, self.shared_w2, *functional._op_config(self.config, self.workspace_tag))
         return y.reshape(shape)

@@ -1,6 +1,8 @@
-"""torch.library custom ops over the C++ API: lynx::moe_forward, lynx::moe_backward and
-lynx::moe_recompute_forward_context, with fake (meta) kernels for torch.compile and the autograd
-formula tying forward and backward together.
+"""torch.library custom ops over the C++ API, with fake (meta) kernels for torch.compile:
+lynx::moe_forward_saving and lynx::moe_backward_from (the autograd pair: forward returns its context as
+a tensor that autograd saves, backward reads it), and lynx::moe_forward, lynx::moe_backward and
+lynx::moe_recompute_forward_context (the context kept in the workspace; the explicit API and
+save_forward_context=False).
 
 Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
 capacity, save_forward_context, workspace tag), so that a traced graph holds no Python objects."""
@@ -23,8 +25,87 @@ def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_fo
     T, H = x.shape
     E, I, _ = w_gate.shape
     shared = 0 if ws_gate is None else ws_gate.shape[0]
-    config = (backend, schedule_capacity, save_forward_context, tag)
+    config = (backend, schedule_capacity, save_forward_context, tag, False)
     return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
+
+
+def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag):
+    """The workspace of the autograd pair: it keeps no context (Config::caller_context)."""
+    T, H = x.shape
+    E, I, _ = w_gate.shape
+    shared = 0 if ws_gate is None else ws_gate.shape[0]
+    config = (backend, schedule_capacity, True, tag, True)
+    return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
+
+
+def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity) -> int:
+    T, H = x.shape
+    E, I, _ = w_gate.shape
+    shared = 0 if ws_gate is None else ws_gate.shape[0]
+    return _C.forward_context_bytes(T, H, I, E, topk_ids.shape[1], shared, backend, schedule_capacity)
+
+
+def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+    """Empty gradients (a shared expert's are [0] without one) and their views for the binding."""
+    shared = ws_gate is not None
+    grads = (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
+             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
+             torch.empty_like(ws_gate) if shared else x.new_empty(0),
+             torch.empty_like(ws_up) if shared else x.new_empty(0),
+             torch.empty_like(ws_down) if shared else x.new_empty(0))
+    names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
+    views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
+    return grads, views
+
+
+@torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
+def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
+                       w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
+                       backend: int, schedule_capacity: int, tag: int) -> tuple[Tensor, Tensor]:
+    """y, and the forward context backward needs (uint8 [forward_context_bytes]): a tensor like any
+    other that autograd saves, so that any number of forwards may be in flight before their backwards,
+    under checkpointing or saved-tensor hooks too."""
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity),
+                          dtype=torch.uint8, device=x.device)
+    inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
+    return y, context
+
+
+@moe_forward_saving.register_fake
+def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity, tag):
+    context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity)
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(context_bytes, dtype=torch.uint8, device=x.device))
+
+
+@torch.library.custom_op("lynx::moe_backward_from", mutates_args=())
+def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor,
+                      w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
+                      ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
+                      tag: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag)
+    inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _C.backward_from(ws, inputs, _views.view(dy, "dy"), views, context.data_ptr(), context.numel(), _stream(x))
+    return grads
+
+
+@moe_backward_from.register_fake
+def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
+      schedule_capacity, tag):
+    return _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+
+
+def _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+    shared = ws_gate is not None
+    return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
+            torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
+            torch.empty_like(ws_gate) if shared else x.new_empty(0),
+            torch.empty_like(ws_up) if shared else x.new_empty(0),
+            torch.empty_like(ws_down) if shared else x.new_empty(0))
 
 
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
@@ -55,14 +136,7 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     # Another call may have replaced the workspace's forward context (or it was never kept).
     if not ws.has_context_for(inputs):
         _C.recompute_forward_context(ws, inputs, stream)
-    shared = ws_gate is not None
-    grads = (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
-             torch.empty_like(ws_gate) if shared else x.new_empty(0),
-             torch.empty_like(ws_up) if shared else x.new_empty(0),
-             torch.empty_like(ws_down) if shared else x.new_empty(0))
-    names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
-    views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
+    grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
     return grads
 
@@ -91,12 +165,7 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
       save_forward_context, tag):
-    shared = ws_gate is not None
-    return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-            torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
-            torch.empty_like(ws_gate) if shared else x.new_empty(0),
-            torch.empty_like(ws_up) if shared else x.new_empty(0),
-            torch.empty_like(ws_down) if shared else x.new_empty(0))
+    return _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
 def _setup_context(ctx, inputs, output):
@@ -115,3 +184,33 @@ def _backward(ctx, dy):
 
 
 torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)
+
+
+def _setup_saving(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:9], output[1])
+    ctx.config = inputs[9:]
+
+
+def _backward_saving(ctx, dy, _dcontext):
+    x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, context = ctx.saved_tensors
+    dy = dy.to(torch.bfloat16).contiguous()
+    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward_from(dy, context, x, topk_ids, topk_weights, w_gate, w_up,
+                                                                  w_down, ws_gate, ws_up, ws_down, *ctx.config)
+    shared = ws_gate is not None
+    return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
+            dwsd if shared else None, None, None, None)
+
+
+torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, setup_context=_setup_saving)
+
+
+def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
+                 schedule_capacity, save_forward_context, tag):
+    """y with autograd: with a saved context, the pair that hands autograd the context; without, the
+    forward that keeps none (its backward recomputes it)."""
+    if save_forward_context:
+        y, _ = moe_forward_saving(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
+                                  schedule_capacity, tag)
+        return y
+    return moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
+                       schedule_capacity, save_forward_context, tag)

@@ -4,6 +4,8 @@
 
 #include "lynx/config.h"
 #include "lynx/error.h"
+#include "lynx/moe.h"
+#include "plan/context_layout.h"
 
 namespace lynx {
 namespace {
@@ -91,6 +93,13 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
   r.caller_context = c.caller_context;
   r.save_forward_context = c.save_forward_context;
   return r;
+}
+
+int64_t forward_context_bytes(const LayerShape& shape, const Config& config) {
+  Config c = config;
+  c.caller_context = false;
+  const ResolvedConfig r = resolve_config(shape, c, DeviceInfo{});
+  return plan::context_block_bytes(plan::context_sizes(shape, r.schedule_capacity));
 }
 
 }  // namespace lynx

@@ -125,6 +125,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       scratch(un.dgs, T * Is);
       scratch(un.dus, T * Is);
     }
+    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap))) {
+      throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");
+    }
     if (config.backend == Backend::kFused) {
       scratch(fb.dgu, cap * 2 * I);
       gather_sync = alloc<int32_t>(gemm::gather_sync_ints(cap));

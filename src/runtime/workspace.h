@@ -15,6 +15,7 @@
 #include "kernels/cublas/api.h"
 #include "kernels/schedule/api.h"
 #include "lynx/moe.h"
+#include "plan/context_layout.h"
 #include "plan/layer_plan.h"
 
 namespace lynx {
@@ -140,7 +141,7 @@ struct Workspace::Impl {
       // NOTES: 1 KB steps keep every buffer on the TMA's and the 16-byte vector loads' boundaries.
       *field = nullptr;
       slots.push_back({field, bytes});
-      bytes += (n + 1023) / 1024 * 1024;
+      bytes += plan::lent_bytes(n);
     }
     void bind(char* base) const {
       for (const Slot& s : slots) *s.field = base + s.offset;

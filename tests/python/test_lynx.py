@@ -193,6 +193,58 @@ def test_scratch_comes_from_the_caching_allocator_and_goes_back():
     assert rel(y, reference_moe(x.float(), ids, tw, *[t.float() for t in w])) < TOL
 
 
+def _grads_of(layer, xs, dys):
+    """Every forward of `layer` first (their contexts in flight together), then the backwards."""
+    layer.zero_grad(set_to_none=True)
+    ys = [layer(x) for x in xs]
+    torch.autograd.backward(ys, dys)
+    return [p.grad.clone() for p in layer.parameters() if p.grad is not None], [x.grad.clone() for x in xs]
+
+
+def _one_at_a_time(layer, xs, dys):
+    layer.zero_grad(set_to_none=True)
+    for x, dy in zip(xs, dys):
+        torch.autograd.backward(layer(x), dy)
+    return [p.grad.clone() for p in layer.parameters() if p.grad is not None], [x.grad.clone() for x in xs]
+
+
+def _inputs(n, T, H):
+    xs = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(n)]
+    dys = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+    return xs, dys
+
+
+def _fresh(xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_forwards_in_flight_give_one_at_a_time_gradients(n):
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    xs, dys = _inputs(n, 100, 128)
+    want_p, want_x = _one_at_a_time(layer, _fresh(xs), dys)
+    got_p, got_x = _grads_of(layer, _fresh(xs), dys)
+    for a, b in zip(got_p + got_x, want_p + want_x):
+        assert torch.equal(a, b)  # the same kernels on the same rows: the same bits
+
+
+def test_context_offloaded_to_the_cpu_and_checkpointing():
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    xs, dys = _inputs(2, 100, 128)
+    want_p, want_x = _one_at_a_time(layer, _fresh(xs), dys)
+    with torch.autograd.graph.save_on_cpu():
+        got_p, got_x = _grads_of(layer, _fresh(xs), dys)
+    for a, b in zip(got_p + got_x, want_p + want_x):
+        assert torch.equal(a, b)
+    layer.zero_grad(set_to_none=True)
+    fresh = _fresh(xs)
+    for x, dy in zip(fresh, dys):
+        torch.autograd.backward(torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False), dy)
+    for a, b in zip([p.grad for p in layer.parameters() if p.grad is not None] + [x.grad for x in fresh],
+                    want_p + want_x):
+        assert torch.equal(a, b)
+
+
 def test_workspace_lifetime_and_tags():
     ws = lynx.Workspace(64, 64, 64, 4, 2)
     assert ws.tag < 0 and ws.device_bytes > 0

@@ -1,0 +1,23 @@
+#include "plan/context_layout.h"
+
+#include <initializer_list>
+
+namespace lynx::plan {
+
+ContextSizes context_sizes(const LayerShape& s, int64_t cap) {
+  const int64_t E = s.local_experts(), Is = s.shared_intermediate;
+  return {4 * cap,          4 * cap, 4 * (E + 1), 4 * E, 4 * (E + 1), 4 * s.tokens * s.top_k,
+          2 * cap * s.hidden, 2 * cap * s.intermediate, 2 * cap * s.intermediate,
+          2 * s.tokens * Is,  2 * s.tokens * Is};
+}
+
+int64_t context_block_bytes(const ContextSizes& s) {
+  int64_t total = 0;
+  for (const int64_t b : {s.row_token_slot, s.row_src_rank, s.expert_offset, s.expert_rows, s.block_offset, s.slot_row,
+                          s.xg, s.g, s.u, s.gs, s.us}) {
+    if (b > 0) total += lent_bytes(b);
+  }
+  return total;
+}
+
+}  // namespace lynx::plan

@@ -1,0 +1,26 @@
+// The forward context's buffers (what backward reads of its forward) and the block a caller's
+// lynx::ForwardContext needs for them: a workspace places them in this order, each rounded up to 1 KB
+// (runtime/workspace.h, LentBlock), and checks that its block is this size.
+#pragma once
+
+#include <cstdint>
+
+#include "lynx/config.h"
+
+namespace lynx::plan {
+
+// Bytes of each buffer, in placement order.
+struct ContextSizes {
+  int64_t row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, slot_row;  // the schedule
+  int64_t xg, g, u;  // gathered x rows, gate and up products
+  int64_t gs, us;    // the shared expert's (0 without one)
+};
+
+ContextSizes context_sizes(const LayerShape& shape, int64_t capacity);
+
+// One buffer's share of a lent block.
+constexpr int64_t lent_bytes(int64_t bytes) { return (bytes + 1023) / 1024 * 1024; }
+
+int64_t context_block_bytes(const ContextSizes& s);
+
+}  // namespace lynx::plan
