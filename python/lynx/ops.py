@@ -76,7 +76,11 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
 
 @moe_forward_saving.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity, tag):
-    context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity)
+    dims = (*x.shape, *w_gate.shape, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
+    if all(isinstance(d, int) for d in dims):
+        context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity)
+    else:  # symbolic shapes (torch.compile's dynamic shapes): a size the op's output will tell
+        context_bytes = torch.library.get_ctx().new_dynamic_size()
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
             torch.empty(context_bytes, dtype=torch.uint8, device=x.device))
 
