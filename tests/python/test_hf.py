@@ -1,0 +1,42 @@
+"""lynx as a Hugging Face experts implementation (lynx.hf): a small randomly initialised Qwen3-MoE
+model (nothing downloaded) gives the unmodified model's logits and every parameter's gradient."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def test_qwen3_moe_matches_the_eager_experts():
+    import lynx.hf  # noqa: F401  registers "lynx"
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    # NOTES: one decoder layer: its router sees the same inputs on both paths, so both route alike (with a
+    # second layer, the first's bf16 differences could flip a near-tie in the second's top-k).
+    config = Qwen3MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+    torch.manual_seed(0)
+    eager = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    eager.set_experts_implementation("eager")
+    model = copy.deepcopy(eager)
+    model.set_experts_implementation("lynx")
+    ids = torch.randint(0, config.vocab_size, (2, 96), device="cuda")
+    want = eager(ids, labels=ids)
+    want.loss.backward()
+    got = model(ids, labels=ids)
+    got.loss.backward()
+    assert rel(got.logits, want.logits) < TOL
+    for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+        assert q.grad is not None and torch.isfinite(q.grad).all(), name
+        assert rel(q.grad, p.grad) < TOL, name
