@@ -130,8 +130,11 @@ void VirtualGroup::check(cudaStream_t s) const {
 }
 
 Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config,
-                          bool recompute) {
+                          bool recompute, const std::function<void(Workspace&)>& hook) {
   VirtualGroup g(L, R, dy, config);
+  if (hook) {
+    for (Workspace* w : g.ws) hook(*w);
+  }
   g.forward(nullptr);
   if (recompute) recompute_forward_context_ranks(g.ws, g.in, nullptr);
   g.backward(nullptr);

@@ -4,6 +4,7 @@
 // one rank.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -55,8 +56,9 @@ struct VirtualGroup {
   void check(cudaStream_t s) const;
 };
 
-// Forward, then backward with `dy`, on R virtual ranks (poisoned outputs), outputs gathered.
+// Forward, then backward with `dy`, on R virtual ranks (poisoned outputs), outputs gathered; `hook`, if
+// given, is applied to every rank's workspace first (a test hook).
 Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config = {},
-                          bool recompute = false);
+                          bool recompute = false, const std::function<void(Workspace&)>& hook = {});
 
 }  // namespace lynx::test

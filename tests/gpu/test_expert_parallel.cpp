@@ -71,14 +71,9 @@ TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
   Workspace one(L.shape);
   const Outputs want = run_layer(one, L, dy);
   one.check(nullptr);
-  const auto run = [&](const char* what, auto hook) {
+  const auto run = [&](const char* what, const std::function<void(Workspace&)>& hook) {
     SCOPED_TRACE(what);
-    VirtualGroup g(L, 4, dy);
-    for (Workspace* w : g.ws) hook(*w);
-    g.forward(nullptr);
-    g.backward(nullptr);
-    g.check(nullptr);
-    EXPECT_EQ(first_routed_difference(gather_outputs(L, g.global, g.slices), want), "") << "differs from R = 1";
+    EXPECT_EQ(first_routed_difference(run_virtual_ranks(L, 4, dy, {}, false, hook), want), "") << "differs from R = 1";
   };
   run("row-major gather kernel", [](Workspace& w) { test_hooks::set_gemm_gather(w, 0); });
   run("in-GEMM gather, lookahead 1", [](Workspace& w) {
