@@ -106,7 +106,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<lynx::Workspace>(m, "Workspace")
       .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
                        int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
-                       bool scratch_from_allocator, bool caller_context) {
+                       bool scratch_from_allocator, bool caller_context, int num_ranks, int rank,
+                       int64_t peer_timeout_ms) {
              lynx::LayerShape s;
              s.tokens = tokens;
              s.hidden = hidden;
@@ -114,11 +115,14 @@ PYBIND11_MODULE(_C, m) {
              s.num_experts = num_experts;
              s.top_k = top_k;
              s.shared_intermediate = shared_intermediate;
+             s.num_ranks = num_ranks;
+             s.rank = rank;
              lynx::Config c;
              c.backend = static_cast<lynx::Backend>(backend);
              c.schedule_capacity = schedule_capacity;
              c.save_forward_context = save_forward_context;
              c.caller_context = caller_context;
+             c.peer_timeout_ms = peer_timeout_ms;
              if (scratch_from_allocator) {
                if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
                c.scratch_allocator = scratch_allocator;
@@ -128,7 +132,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
            py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
            py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false,
-           py::arg("caller_context") = false)
+           py::arg("caller_context") = false, py::arg("num_ranks") = 1, py::arg("rank") = 0,
+           py::arg("peer_timeout_ms") = 0)
       .def("device_bytes", &lynx::Workspace::device_bytes)
       .def("scratch_bytes", &lynx::Workspace::scratch_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)
@@ -151,6 +156,19 @@ PYBIND11_MODULE(_C, m) {
         ws.check(to_stream(stream));
       });
 
+  // Expert parallelism, one process per rank: all_gather(bytes) -> [bytes of every rank] (lynx/_groups.py
+  // passes torch.distributed's all_gather_object over the caller's group). Called with the GIL held.
+  m.def("connect_process_group", [](lynx::Workspace& ws, py::function all_gather) {
+    lynx::connect_process_group(ws, [&](const std::vector<uint8_t>& mine) {
+      const py::list all = all_gather(py::bytes(reinterpret_cast<const char*>(mine.data()), mine.size()));
+      std::vector<std::vector<uint8_t>> out;
+      for (const py::handle& b : all) {
+        const std::string bytes = b.cast<std::string>();
+        out.emplace_back(bytes.begin(), bytes.end());
+      }
+      return out;
+    });
+  });
   m.def("forward_context_bytes", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
                                     int64_t top_k, int64_t shared_intermediate, int backend, int64_t schedule_capacity) {
     lynx::LayerShape s;

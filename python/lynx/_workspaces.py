@@ -4,7 +4,7 @@ import itertools
 
 import torch
 
-from lynx import _C
+from lynx import _C, _groups
 
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
 _BY_SPEC: dict = {}  # spec -> _C.Workspace
@@ -51,11 +51,16 @@ def release(tag: int) -> None:
 
 
 def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device):
-    """The workspace for this shape, config (backend code, schedule capacity, save context, tag: calls
-    with different tags never share one; caller context: the caller holds each forward's context) and
-    CUDA device, created on first use. A released tag (its
-    layer or Workspace is gone, e.g. before a pending backward) gets a new workspace that is not cached:
-    it lives as long as the caller holds it."""
+    """The workspace for this shape (num_experts: over every rank), config (backend code, schedule
+    capacity, save context, tag: calls with different tags never share one; caller context: the caller
+    holds each forward's context; expert-parallel group id, lynx/_groups.py) and CUDA device, created
+    on first use. A released tag (its layer or Workspace is gone, e.g. before a pending backward) gets
+    a new workspace that is not cached: it lives as long as the caller holds it.
+
+    In an expert-parallel group, creating a workspace is collective: every rank of the group creates
+    its own in the same order (as it does when every rank runs the same sequence of calls), and they
+    are connected through the group before their first pass. Their scratch is their own (other ranks
+    read it), not PyTorch's."""
     if _PENDING and not _capturing():
         _PENDING.clear()
     index = torch.device(device).index
@@ -64,11 +69,14 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     spec = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, index)
     ws = _BY_SPEC.get(spec)
     if ws is None:
+        R, rank = _groups.ranks(config[5])
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
                               schedule_capacity=config[1], save_forward_context=config[2],
-                              scratch_from_allocator=True, caller_context=config[4])
+                              scratch_from_allocator=R == 1, caller_context=config[4], num_ranks=R, rank=rank)
+            if R > 1:
+                _C.connect_process_group(ws, _groups.all_gather(config[5]))
         if config[3] not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws

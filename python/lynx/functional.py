@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from lynx import _views, _workspaces, ops
+from lynx import _groups, _views, _workspaces, ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,9 @@ class Workspace:
         if d.type != "cuda":
             raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
         self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
-        self._ws = _workspaces.workspace_for(*self.shape, self._op_config(), self.device)
+        # The key the custom ops look it up by (ops._workspace): this workspace keeps its own context.
+        backend, capacity, save, tag, ep = self._op_config()
+        self._ws = _workspaces.workspace_for(*self.shape, (backend, capacity, save, tag, False, ep), self.device)
         self._context = None  # what the kept context was built from: [(weakref, version)], or None
         self._closed = False
         weakref.finalize(self, _workspaces.release, self.tag)
@@ -205,7 +207,8 @@ def check(device=None):
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate: torch.Tensor,
         w_up: torch.Tensor, w_down: torch.Tensor, ws_gate: Optional[torch.Tensor] = None,
         ws_up: Optional[torch.Tensor] = None, ws_down: Optional[torch.Tensor] = None,
-        config: Config = Config(), workspace_tag: int = 0, workspace: Optional[Workspace] = None) -> torch.Tensor:
+        config: Config = Config(), workspace_tag: int = 0, workspace: Optional[Workspace] = None,
+        ep_group=None) -> torch.Tensor:
     """y[t] = shared(x[t]) + sum_j topk_weights[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]).
 
     x [T, H] bf16; topk_ids [T, k] int32/int64; topk_weights [T, k] fp32; w_gate, w_up [E, I, H],
@@ -217,9 +220,22 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     Calls of the same shape share one workspace (its buffers, and the forward context it keeps for
     backward) unless their `workspace_tag`s differ; a backward whose context was replaced by another
     call recomputes it. lynx.nn.MoE gives every layer its own tag. A `workspace` given explicitly
-    replaces `config` and `workspace_tag`."""
+    replaces `config` and `workspace_tag`.
+
+    Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks (one process
+    each; several may share a GPU), this process is rank r of the group and holds the experts
+    r·E/R … (r+1)·E/R − 1: w_gate, w_up [E/R, I, H], w_down [E/R, H, I], while topk_ids name experts
+    of all ranks (0 … E − 1). Its tokens travel to their experts' ranks and back inside the fused
+    passes. y, dx and d_topk_weights are this rank's tokens'; the experts' weight gradients are summed
+    over every rank's tokens (no further reduction); the shared expert's are over this rank's tokens
+    (reduce them across ranks as for any replicated parameter). All bitwise those of one rank holding
+    every token (rank-major) and every expert. Every rank of the group must make the same sequence of
+    lynx calls with the same shapes; see docs/python.md."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
+    ep = _groups.group_id(ep_group)
+    if workspace is not None and ep != 0:
+        raise ValueError("lynx: workspace: an explicit Workspace is one rank's; pass ep_group without it")
     if workspace is not None:
         op_config = workspace._args(x, topk_ids, w_gate, ws_gate, (x, topk_ids, topk_weights, w_gate, w_up, w_down,
                                                                    ws_gate, ws_up, ws_down))
@@ -227,12 +243,14 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     else:
         if workspace_tag < 0:
             raise ValueError(f"lynx: workspace_tag: must be >= 0 (negative tags are lynx's own), got {workspace_tag}")
-        op_config = _op_config(config, workspace_tag)
+        op_config = _op_config(config, workspace_tag, ep)
         return ops.moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
     return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
 
 
-def _op_config(config: Config, tag: int):
-    """The trailing arguments of the custom ops: backend code, schedule capacity, save context, tag."""
-    return (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context, tag)
+def _op_config(config: Config, tag: int, ep_group: int = 0):
+    """The trailing arguments of the custom ops: backend code, schedule capacity, save context, tag,
+    expert-parallel group id (lynx/_groups.py; 0: none)."""
+    return (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context, tag,
+            ep_group)
 

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lynx import _workspaces, functional, ops
+from lynx import _groups, _workspaces, functional, ops
 
 
 class MoE(nn.Module):
@@ -17,14 +17,27 @@ class MoE(nn.Module):
 
     Weights, TorchTitan layout ("out x in" per expert, bf16): w1 (gate) and w3 (up) [E, I, H], w2
     (down) [E, H, I]; shared expert shared_w1, shared_w3 [I_s, H], shared_w2 [H, I_s]; router
-    weight [E, H]. Input [..., H] bf16, output the same shape."""
+    weight [E, H]. Input [..., H] bf16, output the same shape.
+
+    Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks, this layer is
+    this process's rank r of the group: it holds the experts r·E/R … (r+1)·E/R − 1 (w1, w3, w2 have
+    E/R experts; `expert_offset` is the first one's global id), while the router and the shared expert
+    are replicated: their gradients cover this rank's tokens, to be reduced across the group like any
+    replicated parameter's (e.g. by DistributedDataParallel). See lynx.functional.moe."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
                  *, renormalize: bool = True, config: functional.Config = functional.Config(),
-                 device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16):
+                 device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16, ep_group=None):
         super().__init__()
         if dtype != torch.bfloat16:
             raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
+        self._ep = _groups.group_id(ep_group)
+        ranks, rank = _groups.ranks(self._ep)
+        if num_experts % ranks != 0:
+            raise ValueError(f"lynx.nn.MoE: num_experts ({num_experts}) must be a multiple of the ep_group's size "
+                             f"({ranks})")
+        local_experts = num_experts // ranks
+        self.expert_offset = rank * local_experts
         self.hidden, self.intermediate = hidden, intermediate
         self.num_experts, self.top_k = num_experts, top_k
         self.shared_intermediate = shared_intermediate
@@ -35,9 +48,9 @@ class MoE(nn.Module):
         self._take_workspace_tag()
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
-        self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
-        self.w3 = nn.Parameter(torch.empty(num_experts, intermediate, hidden, **factory))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate, **factory))
+        self.w1 = nn.Parameter(torch.empty(local_experts, intermediate, hidden, **factory))
+        self.w3 = nn.Parameter(torch.empty(local_experts, intermediate, hidden, **factory))
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden, intermediate, **factory))
         if shared_intermediate > 0:
             self.shared_w1 = nn.Parameter(torch.empty(shared_intermediate, hidden, **factory))
             self.shared_w3 = nn.Parameter(torch.empty(shared_intermediate, hidden, **factory))
@@ -80,5 +93,6 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_ids, topk_weights = self.route(tokens)
         y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
-                             self.shared_w3, self.shared_w2, *functional._op_config(self.config, self.workspace_tag))
+                             self.shared_w3, self.shared_w2,
+                             *functional._op_config(self.config, self.workspace_tag, self._ep))
         return y.reshape(shape)

@@ -5,28 +5,30 @@ lynx::moe_recompute_forward_context (the context kept in the workspace; the expl
 save_forward_context=False).
 
 Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
-capacity, save_forward_context, workspace tag), so that a traced graph holds no Python objects."""
+capacity, save_forward_context, workspace tag, expert-parallel group id), so that a traced graph holds no
+Python objects."""
 
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from lynx import _C, _views, _workspaces
+from lynx import _C, _groups, _views, _workspaces
 
 
 def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag):
+def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
     # torch.compile sees only plain arguments.
     T, H = x.shape
-    E, I, _ = w_gate.shape
+    E_local, I, _ = w_gate.shape
     shared = 0 if ws_gate is None else ws_gate.shape[0]
-    config = (backend, schedule_capacity, save_forward_context, tag, False)
-    return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
+    config = (backend, schedule_capacity, save_forward_context, tag, False, ep_group)
+    R, _ = _groups.ranks(ep_group)
+    return _workspaces.workspace_for(T, H, I, E_local * R, topk_ids.shape[1], shared, config, x.device)
 
 
 def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag):
@@ -34,7 +36,7 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     T, H = x.shape
     E, I, _ = w_gate.shape
     shared = 0 if ws_gate is None else ws_gate.shape[0]
-    config = (backend, schedule_capacity, True, tag, True)
+    config = (backend, schedule_capacity, True, tag, True, 0)
     return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
 
 
@@ -115,8 +117,8 @@ def _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
-                schedule_capacity: int, save_forward_context: bool, tag: int) -> Tensor:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
+                schedule_capacity: int, save_forward_context: bool, tag: int, ep_group: int) -> Tensor:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
@@ -125,7 +127,7 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
 
 @moe_forward.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag):
+      save_forward_context, tag, ep_group):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -133,8 +135,8 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
                  backend: int, schedule_capacity: int, save_forward_context: bool,
-                 tag: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
+                 tag: int, ep_group: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     stream = _stream(x)
     # Another call may have replaced the workspace's forward context (or it was never kept).
@@ -149,12 +151,12 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
 def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                                   w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
                                   ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
-                                  save_forward_context: bool, tag: int) -> Tensor:
+                                  save_forward_context: bool, tag: int, ep_group: int) -> Tensor:
     """Rebuilds in the workspace what backward needs, without producing y; returns the rows each
-    expert received (int32 [E]). NOTES: the workspace is state that torch.library cannot name, so
+    local expert received (int32 [E / R]). NOTES: the workspace is state that torch.library cannot name, so
     the per-expert counts are the op's output; an unused call may be dropped by a compiler, which is
     safe because moe_backward recomputes whatever context it lacks."""
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag)
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.recompute_forward_context(ws, inputs, _stream(x))
     return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
@@ -162,13 +164,13 @@ def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Ten
 
 @moe_recompute_forward_context.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag):
+      save_forward_context, tag, ep_group):
     return torch.empty(w_gate.shape[0], dtype=torch.int32, device=x.device)
 
 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag):
+      save_forward_context, tag, ep_group):
     return _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
@@ -184,7 +186,7 @@ def _backward(ctx, dy):
                                                              ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
     return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None, None)
+            dwsd if shared else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)
@@ -209,12 +211,15 @@ torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, se
 
 
 def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                 schedule_capacity, save_forward_context, tag):
-    """y with autograd: with a saved context, the pair that hands autograd the context; without, the
-    forward that keeps none (its backward recomputes it)."""
-    if save_forward_context:
+                 schedule_capacity, save_forward_context, tag, ep_group):
+    """y with autograd: with a saved context on one rank, the pair that hands autograd the context;
+    without one, the forward that keeps none (its backward recomputes it); in an expert-parallel group,
+    the forward that keeps its context in the workspace (other ranks read it), which a backward whose
+    context another forward of the layer has replaced recomputes, on every rank alike (each runs the
+    same sequence of calls)."""
+    if save_forward_context and ep_group == 0:
         y, _ = moe_forward_saving(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
                                   schedule_capacity, tag)
         return y
     return moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                       schedule_capacity, save_forward_context, tag)
+                       schedule_capacity, save_forward_context, tag, ep_group)

@@ -2,18 +2,53 @@
 #include "gpu/layer_check.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "experiments/test_hooks.h"
 #include "runtime/workspace.h"
 
 namespace lynx::test {
 
+void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
+  const int64_t threads = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<int64_t> next{0};
+  std::mutex mutex;
+  std::exception_ptr error;
+  const auto work = [&] {
+    for (int64_t i; (i = next++) < n;) {
+      try {
+        body(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
+  // NOTES: in chunks of 64 Ki values, each from a generator of its own seeded by one draw of rng and
+  // the chunk's index, filled in parallel: drawing a large case's weights one value at a time took
+  // most of a random case's time.
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const uint64_t base = rng();
   std::vector<HostBf16> v(n);
-  for (auto& e : v) e = float_to_bf16(static_cast<float>(scale) * dist(rng));
+  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
+    std::mt19937_64 chunk_rng(base ^ (0x9e3779b97f4a7c15ull * uint64_t(c + 1)));
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) v[i] = float_to_bf16(static_cast<float>(scale) * dist(chunk_rng));
+  });
   return v;
 }
 

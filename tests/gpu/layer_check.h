@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -29,6 +30,10 @@ struct Case {
   bool zero_weights = false;       // every third router weight is exactly 0
 };
 
+// body(i) for i in [0, n) on every hardware thread; the first exception is rethrown.
+void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
+
+// n values scale·N(0, 1) rounded to bf16, from one draw of rng: the same values at any thread count.
 std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale);
 
 std::vector<double> to_double_vec(const std::vector<HostBf16>& v);

@@ -323,29 +323,6 @@ void route_weights(HostLayer& L, RouterWeights weights, std::mt19937_64& rng) {
 
 }  // namespace
 
-void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
-  const int64_t threads = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::mutex mutex;
-  std::exception_ptr error;
-  const auto work = [&] {
-    for (int64_t i; (i = next++) < n;) {
-      try {
-        body(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r) {
   std::vector<std::vector<int64_t>> slots(r.E);
   for (int64_t s = 0; s < r.T * r.k; ++s) slots[r.topk_ids[s]].push_back(s);

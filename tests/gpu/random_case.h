@@ -42,9 +42,6 @@ inline constexpr double kDTopkRowTolerance = 6e-2;
 // An expert's whole gradient averages over its I·H values, so an error confined to one expert is
 // still not diluted below the bound.
 
-// body(i) for i in [0, n) on every hardware thread; the first exception is rethrown.
-void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
-
 // NOTES: a row of y or dx is the sum of the shared expert's term and k routed terms, and the GPU rounds
 // each term on its own (a bf16 row per term or per factor). Router weights of opposite signs on one
 // expert (duplicate ids) cancel the terms but not their rounding, so a row's per-row denominator is

@@ -2,6 +2,8 @@
 // from a seed, forward and backward against the fp64 reference, every output per tensor and per row.
 //   LYNX_RANDOM_CASES=N        cases in a batch (default 200)
 //   LYNX_RANDOM_BATCH_SEED=S   the batch's seed (default: a fresh one, printed)
+//   LYNX_RANDOM_FIRST=F        runs the batch's cases F … F+N−1 (default 0): a long batch in pieces,
+//                              each case the same as in one run
 //   LYNX_RANDOM_SEED=S         replays the one case of seed S (printed on every case's line)
 #include <gtest/gtest.h>
 
@@ -29,7 +31,7 @@ std::optional<uint64_t> env_u64(const char* name) {
   return uint64_t(v);
 }
 
-// NOTES: a batch runs as kParts tests, each its own share of the cases: a case takes ~1.3 s on the
+// NOTES: a batch runs as kParts tests, each its own share of the cases: a case took ~0.8 s on the
 // H200 (2026-12-04), so 200 in one test would near the 300 s a GPU test may take under CTest.
 constexpr int kParts = 4;
 
@@ -45,10 +47,11 @@ std::vector<uint64_t> seeds_to_run(int part) {
   static const uint64_t fresh = uint64_t(fresh_seed()) << 32 | fresh_seed();  // one batch per process
   const uint64_t base = env_u64("LYNX_RANDOM_BATCH_SEED").value_or(fresh);
   const int64_t n = int64_t(env_u64("LYNX_RANDOM_CASES").value_or(200));
-  const int64_t begin = n * part / kParts, end = n * (part + 1) / kParts;
-  std::printf("random cases: cases %lld-%lld of %lld of batch seed %llu (LYNX_RANDOM_BATCH_SEED=%llu replays the batch)\n",
-              static_cast<long long>(begin), static_cast<long long>(end - 1), static_cast<long long>(n),
-              static_cast<unsigned long long>(base), static_cast<unsigned long long>(base));
+  const int64_t first = int64_t(env_u64("LYNX_RANDOM_FIRST").value_or(0));
+  const int64_t begin = first + n * part / kParts, end = first + n * (part + 1) / kParts;
+  std::printf("random cases: cases %lld-%lld of batch seed %llu (LYNX_RANDOM_BATCH_SEED=%llu replays the batch)\n",
+              static_cast<long long>(begin), static_cast<long long>(end - 1), static_cast<unsigned long long>(base),
+              static_cast<unsigned long long>(base));
   std::vector<uint64_t> seeds;
   for (int64_t i = begin; i < end; ++i) seeds.push_back(case_seed(base, i));
   return seeds;

@@ -1,0 +1,125 @@
+"""One rank of an expert-parallel group, started by test_expert_parallel.py through torchrun (every rank
+on GPU 0 of one machine; their workspaces connected through CUDA IPC, bootstrapped over a gloo group).
+Each rank also runs the whole problem on one rank, in its own process, and checks that its share of
+every result has the same bits."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import lynx
+
+TOL = 1e-2
+
+
+def rel(a, b):
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def problem(N, H, I, E, k, Is, routing, seed):
+    """The global problem (every rank draws the same): N = R·T tokens, rank-major."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(N, H, generator=g, **bf)
+    if routing == "rank0":  # every token on rank 0's experts, none on the others'
+        E0 = max(k, E // int(os.environ["WORLD_SIZE"]))
+        ids = torch.rand(N, E0, device="cuda", generator=g).argsort(dim=1)[:, :k]
+    else:
+        ids = torch.rand(N, E, device="cuda", generator=g).argsort(dim=1)[:, :k]
+    tw = torch.rand(N, k, device="cuda", generator=g) + 0.05
+    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
+         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
+    s = [None, None, None]
+    if Is:
+        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
+             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    dy = torch.randn(N, H, generator=g, **bf)
+    return x, ids.int().contiguous(), tw, w, s, dy
+
+
+def run(x, ids, tw, w, s, dy, group, forwards=1):
+    """y and every gradient (x, topk_weights, experts, shared expert) of `forwards` forwards, of x, 2x, …,
+    all made before their backwards (at R > 1 a backward whose context a later forward replaced
+    recomputes it)."""
+    leaves = [t.clone().requires_grad_() for t in (x, tw, *w)] + [t.clone().requires_grad_() if t is not None else None
+                                                                  for t in s]
+    ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], ep_group=group)
+          for i in range(forwards)]
+    grads = torch.autograd.grad(ys, [t for t in leaves if t is not None], [dy] * forwards)
+    return ys[0].detach(), list(grads)
+
+
+def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1):
+    R, r = dist.get_world_size(group), dist.get_rank(group)
+    x, ids, tw, w, s, dy = problem(R * T, H, I, E, k, Is, routing, seed)
+    y1, g1 = run(x, ids, tw, w, s, dy, None, forwards)
+    mine, experts = slice(r * T, (r + 1) * T), slice(r * E // R, (r + 1) * E // R)
+    yR, gR = run(x[mine], ids[mine], tw[mine], [t[experts] for t in w], s, dy[mine], group, forwards)
+    torch.cuda.synchronize()
+    lynx.check()
+    assert torch.isfinite(yR).all(), f"{name}: non-finite y"
+    assert torch.equal(yR, y1[mine]), f"{name}: y differs from one rank's"
+    for what, got, want in (("dx", gR[0], g1[0][mine]), ("d_topk_weights", gR[1], g1[1][mine]),
+                            ("dw_gate", gR[2], g1[2][experts]), ("dw_up", gR[3], g1[3][experts]),
+                            ("dw_down", gR[4], g1[4][experts])):
+        assert torch.equal(got, want), f"{name}: {what} differs from one rank's"
+    if Is:  # this rank's tokens' share: summed over the ranks, within bf16 rounding of one rank's sum
+        for what, got, want in zip(("dws_gate", "dws_up", "dws_down"), gR[5:], g1[5:]):
+            total = got.float().cpu()
+            dist.all_reduce(total, group=group)
+            assert rel(total, want) < TOL, f"{name}: {what} summed over ranks"
+    print(f"rank {r}/{R} {name}: bitwise equal to one rank", flush=True)
+
+
+def check_module(group):
+    """lynx.nn.MoE(ep_group=...): forward and backward run, within bf16 rounding of one rank's layer with
+    the same weights (the router runs on this rank's tokens only, so its bits may differ)."""
+    R, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, Is = 128, 256, 128, 4 * R, 2, 128
+    torch.manual_seed(3)
+    full = lynx.nn.MoE(H, I, E, k, Is, device="cuda")
+    layer = lynx.nn.MoE(H, I, E, k, Is, device="cuda", ep_group=group)
+    assert layer.w1.shape[0] == E // R and layer.expert_offset == r * E // R
+    experts = slice(layer.expert_offset, layer.expert_offset + E // R)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            q = dict(full.named_parameters())[name]
+            p.copy_(q[experts] if name in ("w1", "w2", "w3") else q)
+    x = torch.randn(R * T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(5))
+    y1 = full(x)
+    y1.float().square().sum().backward()
+    mine = slice(r * T, (r + 1) * T)
+    yR = layer(x[mine])
+    yR.float().square().sum().backward()
+    torch.cuda.synchronize()
+    lynx.check()
+    assert rel(yR, y1[mine]) < TOL
+    for name in ("w1", "w2", "w3"):
+        got = getattr(layer, name).grad
+        assert rel(got, getattr(full, name).grad[experts]) < TOL, name
+    print(f"rank {r}/{R} nn.MoE: within {TOL} of one rank", flush=True)
+
+
+def main():
+    dist.init_process_group("gloo")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    group = dist.group.WORLD
+    R = dist.get_world_size()
+    E = 4 * R
+    check_case("uniform, shared expert", 96, 256, 128, E, 2, 128, "random", 1, group)
+    check_case("new routing, same workspace", 96, 256, 128, E, 2, 128, "random", 2, group)
+    check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
+    check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
+    check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
+    check_module(group)
+    dist.barrier()  # no rank frees its workspaces while another may still read them
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
