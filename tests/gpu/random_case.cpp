@@ -56,7 +56,7 @@ struct ExpertTerms {
 // The shared expert's part of y, [T, H].
 std::vector<double> shared_forward(const ref::Layer<HostBf16>& r) {
   std::vector<double> y(r.T * r.H, 0.0);
-  const int64_t block = 64;
+  const int64_t block = std::max<int64_t>(1, (r.T + 4 * thread_count() - 1) / (4 * thread_count()));
   parallel_for((r.T + block - 1) / block, [&](int64_t b) {
     const int64_t t0 = b * block, t1 = std::min(r.T, t0 + block);
     ref::Layer<HostBf16> sub;
@@ -89,7 +89,9 @@ void routed_terms(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradient
                   std::vector<double>& term_dx) {
   const int64_t H = r.H, I = r.I;
   const std::vector<std::vector<int64_t>> slots = slots_by_expert(r);
-  const int64_t rows = std::max<int64_t>(64, (r.T * r.k + 4 * thread_count() - 1) / (4 * thread_count()));
+  // NOTES: small chunks where the slots are few: a case of one wide expert and ~100 tokens took ~9 s
+  // in 2 chunks of 64 (2026-12-04). Each chunk copies its expert's weights, the cost of about one row.
+  const int64_t rows = std::max<int64_t>(4, (r.T * r.k + 4 * thread_count() - 1) / (4 * thread_count()));
   const std::vector<ExpertChunk> chunks = expert_chunks(slots, rows);
   std::vector<std::mutex> expert_lock(r.E);
   term_y.assign(r.T * r.k * H, 0.0);

@@ -70,7 +70,7 @@ def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1):
         for what, got, want in zip(("dws_gate", "dws_up", "dws_down"), gR[5:], g1[5:]):
             total = got.float().cpu()
             dist.all_reduce(total, group=group)
-            assert rel(total, want) < TOL, f"{name}: {what} summed over ranks"
+            assert rel(total.to(want.device), want) < TOL, f"{name}: {what} summed over ranks"
     print(f"rank {r}/{R} {name}: bitwise equal to one rank", flush=True)
 
 
