@@ -57,7 +57,10 @@ def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1):
     x, ids, tw, w, s, dy = problem(R * T, H, I, E, k, Is, routing, seed)
     y1, g1 = run(x, ids, tw, w, s, dy, None, forwards)
     mine, experts = slice(r * T, (r + 1) * T), slice(r * E // R, (r + 1) * E // R)
-    yR, gR = run(x[mine], ids[mine], tw[mine], [t[experts] for t in w], s, dy[mine], group, forwards)
+    # Copies, not views: lynx takes 16-byte aligned tensors, and a view of rank r's rows of topk_ids
+    # starts at r·T·k·4 bytes.
+    yR, gR = run(x[mine].clone(), ids[mine].clone(), tw[mine].clone(), [t[experts].clone() for t in w], s,
+                 dy[mine].clone(), group, forwards)
     torch.cuda.synchronize()
     lynx.check()
     assert torch.isfinite(yR).all(), f"{name}: non-finite y"
