@@ -1,5 +1,6 @@
-"""One rank of an expert-parallel group, started by test_expert_parallel.py through torchrun (every rank
-on GPU 0 of one machine; their workspaces connected through CUDA IPC, bootstrapped over a gloo group).
+"""One rank of an expert-parallel group, started by test_expert_parallel.py through torchrun (rank r on
+GPU r mod the GPUs there are, so all on one GPU where there is one; their workspaces connected through
+CUDA IPC, bootstrapped over a gloo group).
 Each rank also runs the whole problem on one rank, in its own process, and checks that its share of
 every result has the same bits."""
 
@@ -84,13 +85,13 @@ def check_module(group):
     T, H, I, E, k, Is = 128, 256, 128, 4 * R, 2, 128
     torch.manual_seed(3)
     full = lynx.nn.MoE(H, I, E, k, Is, device="cuda")
+    torch.manual_seed(3)
     layer = lynx.nn.MoE(H, I, E, k, Is, device="cuda", ep_group=group)
     assert layer.w1.shape[0] == E // R and layer.expert_offset == r * E // R
     experts = slice(layer.expert_offset, layer.expert_offset + E // R)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            q = dict(full.named_parameters())[name]
-            p.copy_(q[experts] if name in ("w1", "w2", "w3") else q)
+    for name, p in layer.named_parameters():  # the same random state: this rank's share of one rank's layer
+        q = dict(full.named_parameters())[name]
+        assert torch.equal(p, q[experts] if name in ("w1", "w2", "w3") else q), name
     x = torch.randn(R * T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(5))
     y1 = full(x)
     y1.float().square().sum().backward()
@@ -104,6 +105,7 @@ def check_module(group):
         got = getattr(layer, name).grad
         assert rel(got, getattr(full, name).grad[experts]) < TOL, name
     print(f"rank {r}/{R} nn.MoE: within {TOL} of one rank", flush=True)
+    return layer  # kept by the caller until every rank is past the barrier (its workspace is read by them)
 
 
 def main():
@@ -117,9 +119,10 @@ def main():
     check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
     check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
     check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
-    check_module(group)
-    dist.barrier()  # no rank frees its workspaces while another may still read them
+    layer = check_module(group)
     torch.cuda.synchronize()
+    dist.barrier()  # no rank frees its workspaces while another may still read them
+    del layer
     dist.destroy_process_group()
     return 0
 
