@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import lynx
+from moe_weights import expert_weights
 
 TOL = 1e-2
 
@@ -31,12 +32,7 @@ def problem(N, H, I, E, k, Is, routing, seed):
     else:
         ids = torch.rand(N, E, device="cuda", generator=g).argsort(dim=1)[:, :k]
     tw = torch.rand(N, k, device="cuda", generator=g) + 0.05
-    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
-         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
-    s = [None, None, None]
-    if Is:
-        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
-             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    w, s = expert_weights(g, E, I, H, Is)
     dy = torch.randn(N, H, generator=g, **bf)
     return x, ids.int().contiguous(), tw, w, s, dy
 

@@ -9,6 +9,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
 import lynx  # noqa: E402
+from moe_weights import expert_weights  # noqa: E402
 
 TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
 
@@ -73,12 +74,7 @@ def make(T, H, I, E, k, Is=0, routing="random", seed=None):
     else:  # two experts only: the others get no rows
         topk_ids = torch.tensor([0, E - 1], device="cuda").repeat(T, (k + 1) // 2)[:, :k]
     topk_weights = torch.rand(T, k, device="cuda", generator=g) + 0.05
-    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
-         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
-    s = [None, None, None]
-    if Is:
-        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
-             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    w, s = expert_weights(g, E, I, H, Is)
     return x, topk_ids.contiguous(), topk_weights, w, s
 
 
