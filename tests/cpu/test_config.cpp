@@ -1,6 +1,7 @@
 // The config heuristics and their range checks (pure host functions).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -111,6 +112,29 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.caller_context");
   c.save_forward_context = false;
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.caller_context");
+}
+
+// Capacities for a bounded load: the balanced share times max_load plus each local expert's padding,
+// in whole tiles, never above the worst case (which one rank always needs).
+TEST(Config, ScheduleCapacityForLoad) {
+  LayerShape s = qwen3();  // T = 8192, k = 8, E = 128
+  s.num_ranks = 8;
+  const int64_t Tk = s.tokens * s.top_k, E_loc = 16;
+  EXPECT_EQ(schedule_capacity_for_load(s, 1.0), (Tk + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 2.0), (2 * Tk + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 1.5), (3 * Tk / 2 + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 8.0), worst_case_schedule_rows(s));
+  EXPECT_EQ(schedule_capacity_for_load(s, 1e300), worst_case_schedule_rows(s));
+  EXPECT_EQ(schedule_capacity_for_load(qwen3(), 1.0), worst_case_schedule_rows(qwen3()));  // one rank
+  // A capacity resolve_config takes as it is.
+  Config c;
+  c.schedule_capacity = schedule_capacity_for_load(s, 2.0);
+  EXPECT_EQ(resolve_config(s, c, DeviceInfo{}).schedule_capacity, c.schedule_capacity);
+  for (const double bad : {0.5, 0.0, -1.0, std::nan("")}) {
+    expect_error([&] { schedule_capacity_for_load(s, bad); }, "max_load");
+  }
+  s.hidden = 100;
+  expect_error([&] { schedule_capacity_for_load(s, 2.0); }, "shape.hidden");
 }
 
 // The size of a caller's forward context: the saved buffers of docs/design.md (560 MiB at
