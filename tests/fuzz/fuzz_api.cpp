@@ -99,6 +99,13 @@ void fuzz_shape_and_config(Input& in) {
          "validate_shape accepted a shape outside its rules");
   const int64_t worst = worst_case_schedule_rows(s);
   expect(worst % kTileRows == 0 && worst >= s.tokens * s.top_k * s.num_ranks, "worst_case_schedule_rows");
+  // A capacity for a bounded load: whole tiles, at least the balanced rows, within the worst case, and
+  // never smaller for a larger load.
+  const double load = 1.0 + double(in.take<uint8_t>()) / 16.0;
+  const int64_t bounded = schedule_capacity_for_load(s, load);
+  expect(bounded % kTileRows == 0 && bounded >= s.tokens * s.top_k && bounded <= worst &&
+             bounded <= schedule_capacity_for_load(s, load + 1.0),
+         "schedule_capacity_for_load");
   Config c;
   c.schedule_capacity = in.take<uint8_t>() % 4 == 0 ? in.in(-200, 1 << 20) : 0;
   c.backend = Backend(in.in(0, 2));
