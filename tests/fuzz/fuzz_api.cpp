@@ -70,7 +70,11 @@ TensorView view(Input& in, DType dtype, std::initializer_list<int64_t> shape) {
     case 0: v.dtype = DType(in.take<uint8_t>() % 4); break;
     case 1: v.shape[in.take<uint8_t>() % kMaxTensorRank] = in.in(-2, 70000); break;
     case 2: v.data = reinterpret_cast<void*>(uintptr_t(0x100000) + in.take<uint8_t>()); break;
-    case 3: v.strides[in.take<uint8_t>() % kMaxTensorRank] += in.in(-1, 3); break;
+    case 3: {  // wrapping: in() is sometimes any value, and the sum must not overflow
+      int64_t& stride = v.strides[in.take<uint8_t>() % kMaxTensorRank];
+      stride = int64_t(uint64_t(stride) + uint64_t(in.in(-1, 3)));
+      break;
+    }
     case 4: v.data = nullptr; break;
     case 5: v.rank = int32_t(in.in(-1, 5)); break;
     default: break;
