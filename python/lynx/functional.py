@@ -255,7 +255,8 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
 def schedule_capacity(tokens: int, hidden: int, intermediate: int, num_experts: int, top_k: int,
                       shared_intermediate: int = 0, ep_group=None, max_load: float = 2.0) -> int:
     """A Config.schedule_capacity for routings that bring a rank at most `max_load` times its balanced
-    share of the rows (tokens · top_k), each expert padded (lynx::schedule_capacity_for_load). With an
+    share of the rows (tokens · top_k: this rank's tokens), each expert padded
+    (lynx::schedule_capacity_for_load). num_experts counts the experts of every rank, not this rank's. With an
     ep_group the default capacity is the worst case, every rank's rows on one rank: R times the balanced
     rows in every per-row buffer of the workspace. A call whose routing needs more than the capacity
     computes nothing and is reported by lynx.check(). One rank always needs its worst case."""
