@@ -24,12 +24,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 CUtensorMap encode(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
-                   const cuuint32_t* box, L2Fetch fetch) {
+                   const cuuint32_t* box, L2Fetch fetch,
+                   CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   CUtensorMap map{};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapL2promotion promotion =
       fetch == L2Fetch::k256B ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
+  const CUresult r = encode_fn()(&map, type, rank, const_cast<void*>(base), dims,
                                  strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
@@ -53,6 +54,13 @@ CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_ro
   const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
   const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
   return encode(base, 2, dims, strides, box, L2Fetch::k256B);
+}
+
+CUtensorMap make_tma_2d_bytes(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols)};
+  const cuuint32_t box[2] = {128, cuuint32_t(box_rows)};
+  return encode(base, 2, dims, strides, box, L2Fetch::k256B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
 }
 
 CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks) {

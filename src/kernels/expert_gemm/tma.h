@@ -1,4 +1,4 @@
-// Host-side creation of TMA tensor maps (bf16, 128-byte swizzle) through the driver entry point, so
+// Host-side creation of TMA tensor maps (bf16, or bytes for FP8; 128-byte swizzle) through the driver entry point, so
 // the library does not link libcuda directly.
 #pragma once
 
@@ -16,6 +16,11 @@ enum class L2Fetch { kLine, k256B };
 // A row-major [rows, cols] bf16 matrix (row stride = cols), loaded in [box_rows, box_cols] boxes.
 // box_cols * 2 bytes must be 128 (one swizzle atom row).
 CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols);
+
+// A row-major [rows, cols] matrix of bytes (FP8; cols % 16 == 0, the row stride's alignment), loaded in
+// [box_rows, 128] boxes: one 128-byte swizzle row per box row. Columns and rows past the matrix read as
+// zero.
+CUtensorMap make_tma_2d_bytes(const void* base, int64_t rows, int64_t cols, int box_rows);
 
 // A row-major [rows, cols] bf16 matrix (cols % 64 == 0) loaded `chunks` column blocks at a time: one
 // load at coordinates (0, row, c) brings columns [64c, 64(c + chunks)) of rows [row, row + box_rows)

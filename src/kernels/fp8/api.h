@@ -9,6 +9,7 @@
 
 #include "common/bf16.h"
 #include "common/hd.h"
+#include "common/status.h"
 
 namespace lynx::fp8 {
 
@@ -30,5 +31,13 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 // x[r, c] = value(q[r, c]) · scale of its tile (`blocks`: of its 128×128 block), in fp32 (exact).
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
                 cudaStream_t stream);
+
+// out[m, n] = Σ_kb (Σ_{k in block kb} a[m, k] · b[n, k]) · a_scales[m, kb] · b_scales[n / 128, kb], fp32
+// [M, N]: a [M, K] E4M3 in 1×128 tiles (quantize_tiles), b [N, K] E4M3 in 128×128 blocks
+// (quantize_blocks: the nn.Linear "out × in" layout), the per-block sums promoted into fp32 with both
+// scales. K % 16 == 0 (a K past a multiple of 128 ends in a shorter, zero-filled block). A wait that
+// never completes is reported in *status (host-mapped) before the kernel traps.
+void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
+                       const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream);
 
 }  // namespace lynx::fp8

@@ -1,0 +1,140 @@
+// The block-scaled FP8 GEMM (api.h, gemm_block_scaled): the first piece of the FP8 path, its mainloop
+// checked on its own before it becomes a mode of the expert GEMM (docs/fp8.md). Correct first: one
+// [128, 128] output tile per CTA, no overlap of the promotion with the next K block's products.
+//
+// Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
+// ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
+// m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
+// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe).
+#include <cuda.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/status.h"
+#include "device/sm90.cuh"
+#include "kernels/expert_gemm/tma.h"
+#include "kernels/fp8/api.h"
+#include "lynx/error.h"
+
+namespace lynx::fp8 {
+namespace {
+
+constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
+constexpr int kTileN = 128;  // output columns per CTA: one B scale block
+constexpr int kStages = 4;
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+
+struct SharedStorage {
+  alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
+  alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
+  uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
+  uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
+};
+static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stages stay 1024-byte aligned");
+static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
+constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                const float* __restrict__ a_scales, const float* __restrict__ b_scales, float* __restrict__ out,
+                int32_t M, int32_t N, int32_t K, DeviceStatus* status) {
+  extern __shared__ uint8_t raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const int warpgroup = int(threadIdx.x) / 128;
+  const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kTileN;
+  const int32_t k_blocks = int32_t(blocks_of(K));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(&smem.full[s], 1);
+      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tma_descriptor(&tma_a);
+    sm90::prefetch_tma_descriptor(&tma_b);
+    for (int32_t kb = 0; kb < k_blocks; ++kb) {
+      const int stage = kb % kStages;
+      // The stage's previous use (K block kb - kStages) must be released by every consumer thread.
+      if (kb >= kStages) {
+        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(kb / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, kb);
+      }
+      // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
+      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
+      sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), m0);
+      sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+    }
+    return;
+  }
+
+  // Consumers. Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row
+  // 64c + 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+  const int c = warpgroup - 1;
+  const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
+  const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+  float acc[64];
+  float part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
+  for (int32_t kb = 0; kb < k_blocks; ++kb) {
+    const int stage = kb % kStages;
+    // Scales first: their global loads overlap the wait and the products.
+    const float sb = b_scales[int64_t(n0 / kTileN) * k_blocks + kb];
+    const float s0 = (row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f) * sb;
+    const float s1 = (row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f) * sb;
+    sm90::mbarrier_wait(&smem.full[stage], uint32_t(kb / kStages) & 1, status, sm90::Wait::kFullStage, kb);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
+      const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
+      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
+      sm90::wgmma_m64n128k32_e4m3(part, da, db, kk > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::mbarrier_arrive(&smem.empty[stage]);
+    // Promotion: the K block's sums, exact products of E4M3 values, times both scales.
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i % 4) < 2 ? s0 : s1, acc[i]);
+  }
+
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int32_t row = r < 2 ? row0 : row1;
+      if (row < M && col + r % 2 < N) out[int64_t(row) * N + col + r % 2] = acc[4 * j + r];
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
+                       const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
+  if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
+  if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
+  if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
+  const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
+  constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
+  static const bool configured = [] {
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
+  gemm_kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M), int32_t(N),
+                                                 int32_t(K), status);
+  LYNX_CUDA(cudaGetLastError());
+}
+
+}  // namespace lynx::fp8
