@@ -1,11 +1,12 @@
 // The block-scaled FP8 GEMM (Fp8Gemm.*, kernels/fp8/gemm.cu) against the CPU reference's fp8_gemm
 // (src/reference/fp8.h), on operands quantised by the reference: square tiles, M, N and K past a
 // multiple of 128 (K = 2880, its last block 64 wide), one row, K below one block. Outputs poisoned with
-// NaN first; no wait may stall.
+// NaN first; no wait may stall; a second call gives the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,6 +76,13 @@ void expect_matches_reference(int64_t M, int64_t N, int64_t K) {
   }
   EXPECT_EQ(nonfinite, 0);
   EXPECT_LT(std::sqrt(err / norm), kTolerance);
+  // Deterministic: a second call gives the same bits.
+  d_out.fill_bytes(0xFF);
+  fp8::gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), M, K, d_b.as<uint8_t>(), d_bs.as<float>(), N,
+                         d_out.as<float>(), nullptr, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> again = to_host<float>(d_out, size_t(M * N));
+  EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0) << "two calls, different bits";
 }
 
 TEST_F(Fp8Gemm, OneTile) { expect_matches_reference(128, 128, 128); }
