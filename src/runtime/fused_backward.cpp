@@ -88,6 +88,13 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   wg.tickets = g.tickets;
   wg.sm_count = g.sm_count;
   wg.in_order = w.plan.weight_grad_in_order;
+  // One rank keeps no x rows from its forward: gathered again here, by the forward's kernel where it
+  // has one (its padding rows are zeros wherever a tile reads them), else row by row.
+  if (w.ranks() == 1 && !omitted(Stage::kXGather, w.backward_calls)) {
+    const plan::GatherPlace forward = w.plan.gate_up_gather;
+    queue_gather_kernel(forward == plan::GatherPlace::kInGemm ? plan::GatherPlace::kRowKernel : forward, w, in.x,
+                        w.un.xg, s);
+  }
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   wg.a = dgu;
   wg.m = 2 * I;

@@ -100,7 +100,12 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
-    context_buffer(un.xg, cap * H);
+    // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why).
+    if (s.num_ranks == 1) {
+      scratch(un.xg, cap * H);
+    } else {
+      context_buffer(un.xg, cap * H);
+    }
     context_buffer(un.g, cap * I);
     context_buffer(un.u, cap * I);
     scratch(un.h, cap * I);

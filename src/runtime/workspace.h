@@ -23,7 +23,8 @@ namespace lynx {
 // Buffers of the passes (both backends). cap = schedule capacity rows. Comments give [rows, cols] and what each
 // holds in forward / backward (buffers are reused between the two passes where lifetimes allow).
 struct UnfusedBuffers {
-  bf16_t* xg;       // [cap, H]  gathered x rows (saved context)
+  bf16_t* xg;       // [cap, H]  gathered x rows (scratch at R = 1, gathered again by backward; saved
+                    //            context at R > 1)
   bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
   bf16_t* u;        // [cap, I]  up projection (saved context)
   bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
