@@ -11,7 +11,7 @@ whole batch on every rank, from gathered per-token values: a reduction split acr
 another order. Adam then updates each rank's experts and the router element by element.
 
     torchrun --nproc-per-node 1 examples/train_ep.py --out r1.json      # or plain python3: R = 1
-    torchrun --nproc-per-node 2 examples/train_ep.py --out r2.json      # R = 2 (one GPU or two)
+    torchrun --nproc-per-node 2 examples/train_ep.py --out r2.json      # R = 2 (both on GPU 0 of one)
     python3 examples/train_ep.py --compare r1.json r2.json --plot train_ep.png
 """
 
@@ -22,7 +22,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import lynx
 
@@ -40,7 +39,8 @@ def train(args):
     group = None
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())  # one GPU each where
+        # there are enough; several ranks on one GPU otherwise (verified so: two ranks on one H200)
         group = dist.group.WORLD
     R, r = (dist.get_world_size(), dist.get_rank()) if group is not None else (1, 0)
     N, H, I, E, k = args.tokens, args.hidden, args.intermediate, args.experts, args.top_k
@@ -65,8 +65,9 @@ def train(args):
         scores = torch.softmax((x @ router.t()).float(), dim=-1)  # the whole batch: the same bits at every R
         topk_weights, topk_ids = scores.topk(k, dim=-1)
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        tw = topk_weights[mine].detach().requires_grad_()
-        y = lynx.moe(x[mine], topk_ids[mine], tw, *w, ep_group=group)
+        # Copies of this rank's rows: lynx takes 16-byte aligned tensors, which a view of rows may not be.
+        tw = topk_weights[mine].detach().clone().requires_grad_()
+        y = lynx.moe(x[mine].clone(), topk_ids[mine].clone(), tw, *w, ep_group=group)
         loss = (gather(y, group).float() - target).square().mean()
         # d loss / d y, element by element (as autograd would give it at R = 1).
         dy = ((y.float() - target[mine]) * (2.0 / target.numel())).to(torch.bfloat16)
@@ -79,8 +80,8 @@ def train(args):
             print(f"R={R} step {step:4d} loss {losses[-1]:.6f}", flush=True)
     lynx.check()
     if group is not None:
-        dist.barrier()  # no rank frees its workspace while another may still read it
         torch.cuda.synchronize()
+        dist.barrier()  # no rank frees its workspace while another may still read it
         dist.destroy_process_group()
     if r == 0 and args.out:
         with open(args.out, "w") as f:

@@ -67,6 +67,20 @@ lynx::Gradients to_gradients(const py::tuple& t) {
 
 cudaStream_t to_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+lynx::LayerShape layer_shape(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
+                             int64_t shared_intermediate, int num_ranks, int rank) {
+  lynx::LayerShape s;
+  s.tokens = tokens;
+  s.hidden = hidden;
+  s.intermediate = intermediate;
+  s.num_experts = num_experts;
+  s.top_k = top_k;
+  s.shared_intermediate = shared_intermediate;
+  s.num_ranks = num_ranks;
+  s.rank = rank;
+  return s;
+}
+
 // Scratch from two Python callables, alloc(nbytes, stream) -> pointer and free(pointer, nbytes, stream)
 // (lynx/_workspaces.py passes torch's caching allocator). A call reaches them with the GIL released
 // (forward, backward): each takes it back.
@@ -108,15 +122,8 @@ PYBIND11_MODULE(_C, m) {
                        int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
                        bool scratch_from_allocator, bool caller_context, int num_ranks, int rank,
                        int64_t peer_timeout_ms) {
-             lynx::LayerShape s;
-             s.tokens = tokens;
-             s.hidden = hidden;
-             s.intermediate = intermediate;
-             s.num_experts = num_experts;
-             s.top_k = top_k;
-             s.shared_intermediate = shared_intermediate;
-             s.num_ranks = num_ranks;
-             s.rank = rank;
+             const lynx::LayerShape s =
+                 layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, rank);
              lynx::Config c;
              c.backend = static_cast<lynx::Backend>(backend);
              c.schedule_capacity = schedule_capacity;
@@ -171,17 +178,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("forward_context_bytes", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
                                     int64_t top_k, int64_t shared_intermediate, int backend, int64_t schedule_capacity) {
-    lynx::LayerShape s;
-    s.tokens = tokens;
-    s.hidden = hidden;
-    s.intermediate = intermediate;
-    s.num_experts = num_experts;
-    s.top_k = top_k;
-    s.shared_intermediate = shared_intermediate;
     lynx::Config c;
     c.backend = static_cast<lynx::Backend>(backend);
     c.schedule_capacity = schedule_capacity;
-    return lynx::forward_context_bytes(s, c);
+    return lynx::forward_context_bytes(
+        layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, 1, 0), c);
   });
   // forward and backward with the context in a caller's block (a tensor autograd saves).
   m.def("forward_into", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& y, uintptr_t context,

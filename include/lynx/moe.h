@@ -94,7 +94,9 @@ class Workspace {
   int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
   int64_t forward_context_bytes() const;  // the size of a ForwardContext (0 unless Config::caller_context)
   int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
-  Schedule schedule() const;     // the schedule of the last forward / recompute call
+  // The schedule of the last forward / recompute call. With Config::caller_context the schedule is
+  // part of the caller's ForwardContext, which the workspace does not hold between calls: null arrays.
+  Schedule schedule() const;
   // Whether backward on `in` can use the context this workspace holds: the same x, topk_ids,
   // topk_weights, w_gate, w_up (and shared ws_gate, ws_up) pointers as the forward or recompute that built it. Pointers are all
   // it can compare: a caller that frees and reuses that memory, or changes those tensors in place,

@@ -1,40 +1,59 @@
 """Expert-parallel groups: the torch.distributed process groups lynx calls run over, named by small
-integers so that the custom ops take plain arguments (a traced graph holds no Python objects)."""
+integers so that the custom ops take plain arguments (a traced graph holds no Python objects).
 
+Lifetime: other ranks read a rank's workspace during their passes, and a rank cannot tell from its
+own calls when they are done, so a workspace of a group is never freed while the process runs
+(_workspaces.release parks it). At exit, each process waits for its device and meets the group's
+other ranks at a barrier before its buffers go, so that none is freed while another rank's kernel
+may still read it."""
+
+import atexit
+
+import torch
 import torch.distributed as dist
 
-_BY_ID: dict = {0: None}  # id -> group (0: no expert parallelism)
-_IDS: dict = {}  # id(group) -> id
+_BY_ID: dict = {0: None}  # id -> (group, peer_timeout_ms); 0: no expert parallelism
+_IDS: dict = {}  # (id(group), peer_timeout_ms) -> id
 
 
-def group_id(group) -> int:
-    """The id of `group` (None, or a group of one rank: 0). The group is kept alive by the registry."""
+def group_id(group, peer_timeout_ms: int = 0) -> int:
+    """The id of `group` with this cross-rank timeout (None, or a group of one rank: 0). The registry
+    keeps the group alive."""
     if group is None:
         return 0
     if not dist.is_initialized():
         raise ValueError("lynx: ep_group: torch.distributed is not initialised")
+    if dist.get_rank(group) < 0:
+        raise ValueError("lynx: ep_group: this process is not a member of the group")
     if dist.get_world_size(group) == 1:
         return 0
-    gid = _IDS.get(id(group))
+    if peer_timeout_ms < 0:
+        raise ValueError(f"lynx: config.peer_timeout_ms: must be >= 0, got {peer_timeout_ms}")
+    key = (id(group), peer_timeout_ms)
+    gid = _IDS.get(key)
     if gid is None:
         gid = len(_BY_ID)
-        _BY_ID[gid] = group
-        _IDS[id(group)] = gid
+        _BY_ID[gid] = (group, peer_timeout_ms)
+        _IDS[key] = gid
     return gid
 
 
 def ranks(gid: int) -> tuple[int, int]:
     """(R, this process's rank in the group)."""
-    group = _BY_ID[gid]
-    if group is None:
+    if gid == 0:
         return 1, 0
+    group = _BY_ID[gid][0]
     return dist.get_world_size(group), dist.get_rank(group)
+
+
+def peer_timeout_ms(gid: int) -> int:
+    return 0 if gid == 0 else _BY_ID[gid][1]
 
 
 def all_gather(gid: int):
     """bytes -> [every rank's bytes, in rank order] over the group (how lynx::connect_process_group
     exchanges the CUDA IPC handles of the ranks' workspaces)."""
-    group = _BY_ID[gid]
+    group = _BY_ID[gid][0]
 
     def gather(mine: bytes) -> list:
         out = [None] * dist.get_world_size(group)
@@ -42,3 +61,24 @@ def all_gather(gid: int):
         return out
 
     return gather
+
+
+_CONNECTED: set = set()  # ids of groups with a connected workspace in this process
+
+
+def connected(gid: int) -> None:
+    _CONNECTED.add(gid)
+
+
+@atexit.register
+def _meet_before_exit():
+    # NOTES: a process that destroyed its process group first (dist.destroy_process_group, after its
+    # own barrier) has nothing left to meet here.
+    if not _CONNECTED or not dist.is_initialized():
+        return
+    try:
+        torch.cuda.synchronize()
+        for group in {id(_BY_ID[g][0]): _BY_ID[g][0] for g in _CONNECTED}.values():
+            dist.barrier(group=group)
+    except Exception:  # a rank that is already gone: nothing left to wait for
+        pass

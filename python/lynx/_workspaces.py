@@ -15,6 +15,9 @@ _RELEASED: set = set()
 # Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
 # the capture, so they wait here until the next lookup outside a capture.
 _PENDING: list = []
+# Workspaces of expert-parallel groups whose tag was released: never freed while the process runs
+# (lynx/_groups.py says why).
+_PARKED: list = []
 
 
 # NOTES: every workspace takes its scratch (the per-row intermediates of a call) from PyTorch's caching
@@ -45,7 +48,9 @@ def release(tag: int) -> None:
     """Drops every workspace with this tag; later lookups with it get a fresh workspace that is not
     kept. The C++ destructor waits for the device before freeing."""
     _RELEASED.add(tag)
-    dropped = [_BY_SPEC.pop(s) for s in [s for s in _BY_SPEC if s[6][3] == tag]]
+    specs = [s for s in _BY_SPEC if s[6][3] == tag]
+    _PARKED.extend(_BY_SPEC.pop(s) for s in specs if s[6][5] != 0)
+    dropped = [_BY_SPEC.pop(s) for s in specs if s in _BY_SPEC]
     if _capturing():
         _PENDING.extend(dropped)
 
@@ -70,13 +75,20 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     ws = _BY_SPEC.get(spec)
     if ws is None:
         R, rank = _groups.ranks(config[5])
+        if R > 1 and config[3] in _RELEASED:
+            # NOTES: creating it would be collective, and only the ranks whose layer has been collected
+            # would come.
+            raise ValueError("lynx: a call of an expert-parallel layer (or workspace tag) that has been released; "
+                             "keep the layer alive until its last backward")
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
                               schedule_capacity=config[1], save_forward_context=config[2],
-                              scratch_from_allocator=R == 1, caller_context=config[4], num_ranks=R, rank=rank)
+                              scratch_from_allocator=R == 1, caller_context=config[4], num_ranks=R, rank=rank,
+                              peer_timeout_ms=_groups.peer_timeout_ms(config[5]))
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config[5]))
+                _groups.connected(config[5])
         if config[3] not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws

@@ -22,6 +22,10 @@ class Config:
     backend: str = "auto"  # "auto" (= "fused"), "fused" or "unfused"
     schedule_capacity: int = 0
     save_forward_context: bool = True
+    # With an ep_group: how long a rank waits for the others at a cross-rank barrier before it reports
+    # the rank that did not come and stops (its kernel traps; the CUDA context is lost); 0: 30 s.
+    # Raise it where one rank may fall behind (a checkpoint or an evaluation on one rank).
+    peer_timeout_ms: int = 0
 
     def __post_init__(self):
         if self.backend not in _workspaces._BACKENDS:
@@ -233,7 +237,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     lynx calls with the same shapes; see docs/python.md."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
-    ep = _groups.group_id(ep_group)
+    ep = _groups.group_id(ep_group, config.peer_timeout_ms)
     if workspace is not None and ep != 0:
         raise ValueError("lynx: workspace: an explicit Workspace is one rank's; pass ep_group without it")
     if workspace is not None:

@@ -4,11 +4,44 @@ whose MoE experts use Transformers' experts interface with concatenated gate and
 them on lynx with `experts_implementation="lynx"` (at `from_pretrained` / `from_config`, or
 `model.set_experts_implementation("lynx")`). The router stays the model's."""
 
+import weakref
+
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lynx import _workspaces, ops
 from lynx.functional import Config, _op_config
+
+
+class _Experts(torch.autograd.Function):
+    """lynx's experts over gate_up_proj [E, 2I, H] (gate first). NOTES: lynx takes gate and up as
+    contiguous [E, I, H] tensors, so the two halves are copied for the forward and again for the
+    backward: what autograd keeps until the backward is the parameter itself, not the copies (2/3 of
+    the experts' weight bytes per layer, 768 MiB at qwen3-30b-a3b)."""
+
+    @staticmethod
+    def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag):
+        backend, capacity, _, _, _ = _op_config(Config(), tag)
+        gate, up = _halves(gate_up)
+        y, context = ops.moe_forward_saving(x, topk_ids, topk_weights, gate, up, down, None, None, None, backend,
+                                            capacity, tag)
+        ctx.save_for_backward(x, topk_ids, topk_weights, gate_up, down, context)
+        ctx.config = (backend, capacity, tag)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, topk_ids, topk_weights, gate_up, down, context = ctx.saved_tensors
+        gate, up = _halves(gate_up)
+        dx, d_topk, d_gate, d_up, d_down = ops.moe_backward_from(
+            dy.to(torch.bfloat16).contiguous(), context, x, topk_ids, topk_weights, gate, up, down, None, None, None,
+            *ctx.config)[:5]
+        return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None
+
+
+def _halves(gate_up):
+    I = gate_up.shape[1] // 2
+    return gate_up[:, :I].contiguous(), gate_up[:, I:].contiguous()
 
 
 def lynx_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -18,16 +51,11 @@ def lynx_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.T
                                   "weights are not supported")
     if self.gate_up_proj.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
         raise ValueError("lynx: the experts' weights and hidden states must be bf16")
-    I = self.gate_up_proj.shape[1] // 2
-    # NOTES: lynx takes gate and up as contiguous [E, I, H] tensors: the two halves of gate_up_proj are
-    # copied at each call (autograd carries their gradients back), 2/3 of the experts' weight bytes.
-    w_gate = self.gate_up_proj[:, :I].contiguous()
-    w_up = self.gate_up_proj[:, I:].contiguous()
     if not hasattr(self, "_lynx_tag"):
         self._lynx_tag = _workspaces.new_tag()  # a workspace of its own, as a lynx.nn.MoE layer has
-    y = ops.moe_autograd(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
-                         w_gate, w_up, self.down_proj.contiguous(), None, None, None,
-                         *_op_config(Config(), self._lynx_tag))
+        weakref.finalize(self, _workspaces.release, self._lynx_tag)
+    y = _Experts.apply(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
+                       self.gate_up_proj, self.down_proj.contiguous(), self._lynx_tag)
     return y.to(hidden_states.dtype)
 
 

@@ -22,8 +22,12 @@ class MoE(nn.Module):
     Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks, this layer is
     this process's rank r of the group: it holds the experts r·E/R … (r+1)·E/R − 1 (w1, w3, w2 have
     E/R experts; `expert_offset` is the first one's global id), while the router and the shared expert
-    are replicated: their gradients cover this rank's tokens, to be reduced across the group like any
-    replicated parameter's (e.g. by DistributedDataParallel). See lynx.functional.moe."""
+    are replicated. The experts' gradients are already summed over every rank's tokens: reduce only the
+    router's and the shared expert's across the group (sum them, to match; DistributedDataParallel
+    would average them, and would overwrite every rank's experts with rank 0's at construction unless
+    told to ignore w1, w2 and w3). Initialised with the same random state on every rank, each rank's
+    experts are its share of the experts one rank's layer would draw. See lynx.functional.moe and
+    docs/python.md."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
                  *, renormalize: bool = True, config: functional.Config = functional.Config(),
@@ -31,7 +35,7 @@ class MoE(nn.Module):
         super().__init__()
         if dtype != torch.bfloat16:
             raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
-        self._ep = _groups.group_id(ep_group)
+        self._ep = _groups.group_id(ep_group, config.peer_timeout_ms)
         ranks, rank = _groups.ranks(self._ep)
         if num_experts % ranks != 0:
             raise ValueError(f"lynx.nn.MoE: num_experts ({num_experts}) must be a multiple of the ep_group's size "
@@ -74,11 +78,20 @@ class MoE(nn.Module):
     def reset_parameters(self):
         for w in (self.w1, self.w3, self.shared_w1, self.shared_w3):
             if w is not None:
-                nn.init.normal_(w, std=1.0 / math.sqrt(self.hidden))
-        nn.init.normal_(self.w2, std=1.0 / math.sqrt(self.intermediate))
+                self._normal(w, 1.0 / math.sqrt(self.hidden))
+        self._normal(self.w2, 1.0 / math.sqrt(self.intermediate))
         if self.shared_w2 is not None:
             nn.init.normal_(self.shared_w2, std=1.0 / math.sqrt(self.shared_intermediate))
         nn.init.normal_(self.router.weight, std=1.0 / math.sqrt(self.hidden))
+
+    def _normal(self, w, std):
+        """N(0, std²) into w; an expert weight of an expert-parallel layer gets its rows of the draw for
+        all the experts, so that the layer starts as its share of one rank's layer."""
+        if w.shape[0] == self.num_experts or w.dim() != 3:
+            nn.init.normal_(w, std=std)
+            return
+        every = torch.empty((self.num_experts, *w.shape[1:]), device=w.device, dtype=w.dtype).normal_(std=std)
+        w.copy_(every[self.expert_offset:self.expert_offset + w.shape[0]])
 
     def route(self, x: torch.Tensor):
         """topk_ids [T, k] and fp32 topk_weights [T, k] for tokens x [T, H]."""

@@ -92,6 +92,11 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
                       w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
                       ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
                       tag: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # A saved-tensor hook may have handed the context back elsewhere or in another form.
+    if context.device != x.device or context.dtype != torch.uint8 or not context.is_contiguous():
+        raise ValueError(f"lynx: the saved forward context came back as a {context.dtype} tensor on {context.device}"
+                         f"{'' if context.is_contiguous() else ', not contiguous'}; backward needs it as saved: uint8, "
+                         f"contiguous, on {x.device}")
     ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)

@@ -36,6 +36,17 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
   if (error) std::rethrow_exception(error);
 }
 
+LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute) {
+  LayerStack s;
+  for (int i = 0; i < n; ++i) {
+    s.layers.push_back(std::make_unique<HostLayer>(c, rng()));
+    s.dy.push_back(random_bf16(rng, c.T * c.H, 1.0));
+    Workspace owning(s.layers.back()->shape, config);
+    s.want.push_back(run_layer(owning, *s.layers.back(), s.dy.back(), recompute));
+  }
+  return s;
+}
+
 std::vector<HostBf16> random_bf16(std::mt19937_64& rng, int64_t n, double scale) {
   // NOTES: in chunks of 64 Ki values, each from a generator of its own seeded by one draw of rng and
   // the chunk's index, filled in parallel: drawing a large case's weights one value at a time took

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -104,6 +105,15 @@ struct OutputBuffers {
 
 // Runs forward and backward on poisoned outputs and copies everything back.
 Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute = false);
+
+// n layers of case c, each with its inputs and dy drawn from rng, and its outputs as a workspace of
+// `config` that owns its buffers gives them (what tests of lent scratch or contexts compare with).
+struct LayerStack {
+  std::vector<std::unique_ptr<HostLayer>> layers;
+  std::vector<std::vector<HostBf16>> dy;
+  std::vector<Outputs> want;
+};
+LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute);
 
 // Every output against the reference for these inputs and dy.
 void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);

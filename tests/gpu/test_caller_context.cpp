@@ -52,15 +52,8 @@ void expect_forwards_in_flight(Backend b) {
   const auto seed = fresh_seed();
   SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  std::vector<std::unique_ptr<HostLayer>> L;
-  std::vector<std::vector<HostBf16>> dy;
-  std::vector<Outputs> want;
-  for (int i = 0; i < kLayers; ++i) {
-    L.push_back(std::make_unique<HostLayer>(c, rng()));
-    dy.push_back(random_bf16(rng, c.T * c.H, 1.0));
-    Workspace own(L[i]->shape, config_of(b, false));
-    want.push_back(run_layer(own, *L[i], dy[i]));
-  }
+  const LayerStack stack = layers_with_outputs(c, kLayers, rng, config_of(b, false), false);
+  const auto& [L, dy, want] = stack;
   Workspace ws(L[0]->shape, config_of(b, true));
   const Workspace own(L[0]->shape, config_of(b, false));
   EXPECT_EQ(ws.forward_context_bytes(), forward_context_bytes(L[0]->shape, config_of(b, true)));

@@ -31,8 +31,9 @@ std::optional<uint64_t> env_u64(const char* name) {
   return uint64_t(v);
 }
 
-// NOTES: a batch runs as kParts tests, each its own share of the cases: a case took ~0.8 s on the
-// H200 (2026-12-04), so 200 in one test would near the 300 s a GPU test may take under CTest.
+// NOTES: a batch runs as kParts tests, each its own share of the cases: a case took ~0.6 s on the
+// H200 (2026-12-04; 1.3 s before the inputs and the reference were spread over threads), so 200 in
+// one test would near the 300 s a GPU test may take under CTest.
 constexpr int kParts = 4;
 
 class RandomCases : public GpuTest, public ::testing::WithParamInterface<int> {};

@@ -64,15 +64,8 @@ void expect_layers_share_scratch(Backend b, bool save_context) {
   const auto seed = fresh_seed();
   SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  std::vector<std::unique_ptr<HostLayer>> L;
-  std::vector<std::vector<HostBf16>> dy;
-  std::vector<Outputs> want;
-  for (int i = 0; i < kLayers; ++i) {
-    L.push_back(std::make_unique<HostLayer>(c, rng()));
-    dy.push_back(random_bf16(rng, c.T * c.H, 1.0));
-    Workspace owning(L[i]->shape, config_of(b, save_context));
-    want.push_back(run_layer(owning, *L[i], dy[i], !save_context));
-  }
+  const LayerStack stack = layers_with_outputs(c, kLayers, rng, config_of(b, save_context), !save_context);
+  const auto& [L, dy, want] = stack;
   CountingAllocator alloc;
   std::vector<std::unique_ptr<Workspace>> ws;
   std::vector<std::unique_ptr<OutputBuffers>> out;

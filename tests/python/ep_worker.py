@@ -1,5 +1,6 @@
-"""One rank of an expert-parallel group, started by test_expert_parallel.py through torchrun (every rank
-on GPU 0 of one machine; their workspaces connected through CUDA IPC, bootstrapped over a gloo group).
+"""One rank of an expert-parallel group, started by test_expert_parallel.py through torchrun (rank r on
+GPU r mod the GPUs there are, so all on one GPU where there is one; their workspaces connected through
+CUDA IPC, bootstrapped over a gloo group).
 Each rank also runs the whole problem on one rank, in its own process, and checks that its share of
 every result has the same bits."""
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import lynx
+from moe_weights import expert_weights
 
 TOL = 1e-2
 
@@ -30,12 +32,7 @@ def problem(N, H, I, E, k, Is, routing, seed):
     else:
         ids = torch.rand(N, E, device="cuda", generator=g).argsort(dim=1)[:, :k]
     tw = torch.rand(N, k, device="cuda", generator=g) + 0.05
-    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
-         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
-    s = [None, None, None]
-    if Is:
-        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
-             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    w, s = expert_weights(g, E, I, H, Is)
     dy = torch.randn(N, H, generator=g, **bf)
     return x, ids.int().contiguous(), tw, w, s, dy
 
@@ -84,13 +81,13 @@ def check_module(group):
     T, H, I, E, k, Is = 128, 256, 128, 4 * R, 2, 128
     torch.manual_seed(3)
     full = lynx.nn.MoE(H, I, E, k, Is, device="cuda")
+    torch.manual_seed(3)
     layer = lynx.nn.MoE(H, I, E, k, Is, device="cuda", ep_group=group)
     assert layer.w1.shape[0] == E // R and layer.expert_offset == r * E // R
     experts = slice(layer.expert_offset, layer.expert_offset + E // R)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            q = dict(full.named_parameters())[name]
-            p.copy_(q[experts] if name in ("w1", "w2", "w3") else q)
+    for name, p in layer.named_parameters():  # the same random state: this rank's share of one rank's layer
+        q = dict(full.named_parameters())[name]
+        assert torch.equal(p, q[experts] if name in ("w1", "w2", "w3") else q), name
     x = torch.randn(R * T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(5))
     y1 = full(x)
     y1.float().square().sum().backward()
@@ -104,6 +101,7 @@ def check_module(group):
         got = getattr(layer, name).grad
         assert rel(got, getattr(full, name).grad[experts]) < TOL, name
     print(f"rank {r}/{R} nn.MoE: within {TOL} of one rank", flush=True)
+    return layer  # kept by the caller until every rank is past the barrier (its workspace is read by them)
 
 
 def main():
@@ -117,9 +115,10 @@ def main():
     check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
     check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
     check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
-    check_module(group)
-    dist.barrier()  # no rank frees its workspaces while another may still read them
+    layer = check_module(group)
     torch.cuda.synchronize()
+    dist.barrier()  # no rank frees its workspaces while another may still read them
+    del layer
     dist.destroy_process_group()
     return 0
 

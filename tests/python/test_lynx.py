@@ -9,6 +9,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
 import lynx  # noqa: E402
+from moe_weights import expert_weights  # noqa: E402
 
 TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
 
@@ -73,12 +74,7 @@ def make(T, H, I, E, k, Is=0, routing="random", seed=None):
     else:  # two experts only: the others get no rows
         topk_ids = torch.tensor([0, E - 1], device="cuda").repeat(T, (k + 1) // 2)[:, :k]
     topk_weights = torch.rand(T, k, device="cuda", generator=g) + 0.05
-    w = [torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5), torch.randn(E, I, H, generator=g, **bf) * (2 / H**0.5),
-         torch.randn(E, H, I, generator=g, **bf) * (1 / I**0.5)]
-    s = [None, None, None]
-    if Is:
-        s = [torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5), torch.randn(Is, H, generator=g, **bf) * (2 / H**0.5),
-             torch.randn(H, Is, generator=g, **bf) * (1 / Is**0.5)]
+    w, s = expert_weights(g, E, I, H, Is)
     return x, topk_ids.contiguous(), topk_weights, w, s
 
 
@@ -91,14 +87,27 @@ CASES = [
 ]
 
 
+# How the autograd path keeps the forward's context: as a tensor autograd saves (the default), in the
+# workspace (save_forward_context=False: backward recomputes it), in an explicit Workspace.
+CONTEXTS = ["saved", "recomputed", "workspace"]
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("backend", ["fused", "unfused"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_forward_and_gradients_match_plain_pytorch(case, backend):
+def test_forward_and_gradients_match_plain_pytorch(case, backend, context):
     x, ids, tw, w, s = make(**case)
     leaves = [x, tw, *w] + ([t for t in s] if case["Is"] else [])
     for t in leaves:
         t.requires_grad_()
-    y = lynx.moe(x, ids, tw, *w, *s, config=lynx.Config(backend=backend))
+    config = lynx.Config(backend=backend, save_forward_context=context != "recomputed")
+    if context == "workspace":
+        T, H = x.shape
+        E, I, _ = w[0].shape
+        ws = lynx.Workspace(T, H, I, E, ids.shape[1], case["Is"], config=config)
+        y = lynx.moe(x, ids, tw, *w, *s, workspace=ws)
+    else:
+        y = lynx.moe(x, ids, tw, *w, *s, config=config)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     lynx.check()
@@ -319,6 +328,27 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(f, fullgraph=True)
     assert rel(compiled(x, ids, tw, *w), f(x, ids, tw, *w)) < 1e-6
+
+
+def test_torch_compile_dynamic_shapes_with_backward():
+    """Symbolic token counts: the saving op's fake kernel gives its context a size the op will tell."""
+    def f(x, ids, tw, wg, wu, wd):
+        return lynx.moe(x, ids, tw, wg, wu, wd)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for T in (256, 320):
+        x, ids, tw, w, s = make(T=T, H=128, I=128, E=8, k=2, seed=T)
+        leaves = [x, tw, *w]
+        for t in leaves:
+            t.requires_grad_()
+        dy = torch.randn(T, 128, device="cuda", dtype=torch.bfloat16)
+        y = compiled(x, ids, tw, *w)
+        got = torch.autograd.grad(y, leaves, dy)
+        y_eager = f(x, ids, tw, *w)
+        want = torch.autograd.grad(y_eager, leaves, dy)
+        assert torch.equal(y, y_eager)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 def test_cuda_graph_capture_replays_with_new_routing():

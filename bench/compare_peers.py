@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""lynx beside its peers in one process, same inputs, interleaved rounds (lynx, SonicMoE, PyTorch path,
+lynx, ...): per shape (compare_torch.py's four plus gpt-oss-like), the forward and forward+backward
+times (CUDA events, median over --iters after --warmup, then median over --rounds), the memory kept
+between forward and backward (memory_allocated() after a forward, y and its graph alive, minus before)
+and the peak of forward+backward (max_memory_allocated() minus the start), measured the same way for
+all three from a clean state (gradients None, cache emptied). lynx's scratch and forward context come
+from PyTorch's caching allocator, so memory_allocated() sees them; what its workspaces allocate
+themselves (Workspace.device_bytes) is added to lynx's numbers and shown on its own. The forward is
+the training forward (autograd on, its graph dropped); before every forward+backward each gradient
+is None, as after zero_grad(set_to_none=True), and dy is one fixed random tensor. topk_weights is
+trained too (all three differentiate it). Before timing, each implementation's y and dx are checked
+against the PyTorch path's (relative Frobenius error, at most 2e-2, else exit 1). The SM clock is read
+before and after each shape's timed rounds.
+
+SonicMoE (optional; --no-sonic leaves it out) is called with the given routing through
+sonicmoe.moe_general_routing_inputs, gate and up interleaved into one [E, 2I, H] parameter built from
+the same values; its first call at a shape JIT-compiles (~60 s) and is the untimed warm-up. To bring
+it where no package registry is reachable: the peers' wheels packed by ../shared/peers/fetch-peers;
+unpack with `mkdir -p /tmp/peers && tar xJf peers.tar.xz -C /tmp/peers` and
+`export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH`."""
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from compare_torch import SHAPES as BENCH_SHAPES, _commit, make_inputs, median_ms, moe_forward  # noqa: E402
+
+import lynx  # noqa: E402
+from lynx import _workspaces  # noqa: E402
+
+SHAPES = dict(BENCH_SHAPES, **{"gpt-oss-like": (8192, 2880, 2880, 32, 4)})  # name: (T, H, I, E, k)
+TOLERANCE = 2e-2
+MIB = 2**20
+
+
+def load_sonic(skip):
+    """(the sonicmoe module or None, why it is missing or None)."""
+    if skip:
+        return None, "left out (--no-sonic)"
+    try:
+        import sonicmoe
+        import sonicmoe.enums  # noqa: F401
+    except Exception as e:  # anything from a missing package to the CuTe DSL failing to load
+        return None, f"not importable ({type(e).__name__}: {e})"
+    return sonicmoe, None
+
+
+def sonic_version():
+    try:
+        from importlib.metadata import version
+        return version("sonic-moe")
+    except Exception:
+        return None
+
+
+def sm_clock_mhz():
+    """The SM clock now (MHz), through torch.cuda.clock_rate() (NVML) or nvidia-smi; None if neither answers."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,clocks.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True, timeout=20).stdout.splitlines()
+        uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")).lower()
+        ours = [line for line in out if uuid and uuid in line.lower()] or out[:1]
+        return int(ours[0].split(",")[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def sonic_impl(sonic, topk_ids, w_gate, w_up):
+    """SonicMoE as (x, topk_ids, topk_weights, w_gate, w_up, w_down) -> y, and the leaf it trains in place of
+    w_gate and w_up: [E, 2I, H], row 2i gate row i, row 2i+1 up row i. Its routing indices (tokens sorted,
+    each repeated k times) and w1 are prepared here once, from these topk_ids, w_gate and w_up."""
+    T, k = topk_ids.shape
+    E, I, H = w_gate.shape
+    w1 = torch.stack([w_gate.detach(), w_up.detach()], dim=2).reshape(E, 2 * I, H).contiguous().requires_grad_()
+    tokens = torch.arange(T, device=topk_ids.device, dtype=torch.int32).repeat_interleave(k)
+    experts = topk_ids.reshape(-1).to(torch.int32)
+    swiglu = sonic.enums.ActivationType.SWIGLU
+
+    def run(x, topk_ids, topk_weights, w_gate, w_up, w_down):
+        y, _ = sonic.moe_general_routing_inputs(x, topk_weights.reshape(-1), tokens, experts, w1.permute(1, 2, 0),
+                                                None, w_down.permute(1, 2, 0), None, E,
+                                                torch.cuda.current_stream().cuda_stream, swiglu)
+        return y
+    return run, w1
+
+
+def clear_grads(leaves):
+    for t in leaves:
+        t.grad = None
+
+
+def workspace_own_bytes():
+    return sum(ws.device_bytes() for ws in _workspaces.all_workspaces())
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b|| (Frobenius, fp32); nan or inf when either is not finite."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def forward_backward(fn, inputs, leaves, dy):
+    """One forward+backward from gradients None; returns (y, dx)."""
+    clear_grads(leaves)
+    y = fn(*inputs)
+    y.backward(dy)
+    dx = inputs[0].grad
+    clear_grads(leaves)
+    return y.detach(), dx
+
+
+def measure_memory(name, fn, inputs, leaves, dy):
+    """(held, peak, workspace-own) MiB, read the same way for every implementation; lynx's workspace-own
+    bytes are added to its held and peak."""
+    clear_grads(leaves)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = fn(*inputs)
+    torch.cuda.synchronize()
+    own = workspace_own_bytes() if name == "lynx" else 0
+    held = torch.cuda.memory_allocated() - start + own
+    y.backward(dy)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start + own
+    del y
+    clear_grads(leaves)
+    return held / MIB, peak / MIB, own / MIB
+
+
+def time_round(fn, inputs, leaves, dy, args):
+    """(forward ms, forward+backward ms) of one round: each a median over args.iters after args.warmup."""
+    def fwd():
+        fn(*inputs)
+
+    def fwd_bwd():
+        clear_grads(leaves)
+        fn(*inputs).backward(dy)
+    ms = median_ms(fwd, args.warmup, args.iters), median_ms(fwd_bwd, args.warmup, args.iters)
+    clear_grads(leaves)
+    return ms
+
+
+def run_shape(name, tag, sonic, args, failures):
+    """Checks, measures and times every implementation at one shape; returns (rows, clock readings)."""
+    T, H, I, E, k = SHAPES[name]
+    inputs = make_inputs(T, H, I, E, k, seed=2026)
+    x, topk_ids, topk_weights, w_gate, w_up, w_down = inputs
+    leaves = [t.requires_grad_() for t in (x, topk_weights, w_gate, w_up, w_down)]
+    dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(7))
+    impls = {"lynx": lambda *a: lynx.moe(*a, workspace_tag=tag)}
+    if sonic is not None:
+        impls["sonicmoe"], w1 = sonic_impl(sonic, topk_ids, w_gate, w_up)
+        leaves.append(w1)
+    impls["torch"] = moe_forward
+    print(f"{name} (T, H, I, E, k) = {SHAPES[name]}", flush=True)
+
+    # Correctness first (each implementation's first call here is its warm-up: SonicMoE compiles now).
+    ref_y, ref_dx = forward_backward(moe_forward, inputs, leaves, dy)
+    errors = {"torch": (0.0, 0.0)}
+    for impl in [n for n in impls if n != "torch"]:
+        if impl == "sonicmoe":
+            print("  sonicmoe: warm-up, JIT-compiling this shape (~60 s) ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            y, dx = forward_backward(impls[impl], inputs, leaves, dy)
+            torch.cuda.synchronize()
+        except Exception as e:
+            if impl != "sonicmoe":
+                raise
+            failures.append(f"sonicmoe at {name}: {type(e).__name__}: {e}")
+            print(f"  sonicmoe: FAILED at this shape ({type(e).__name__}: {e}); left out of it", flush=True)
+            del impls[impl]
+            leaves.pop()
+            continue
+        if impl == "lynx":
+            lynx.check()
+        err_y, err_dx = rel_err(y, ref_y), rel_err(dx, ref_dx)
+        print(f"  {impl}: first forward+backward {time.perf_counter() - t0:.1f} s; relative error vs torch "
+              f"y {err_y:.2e}, dx {err_dx:.2e}", flush=True)
+        if not (err_y <= TOLERANCE and err_dx <= TOLERANCE):
+            sys.exit(f"compare_peers: {impl} at {name} is wrong against the PyTorch path: relative error "
+                     f"y {err_y:.3e}, dx {err_dx:.3e} (limit {TOLERANCE:g}, non-finite fails)")
+        errors[impl] = (err_y, err_dx)
+        del y, dx
+    del ref_y, ref_dx
+
+    memory = {impl: measure_memory(impl, fn, inputs, leaves, dy) for impl, fn in impls.items()}
+
+    times = {impl: ([], []) for impl in impls}
+    clocks = {"sm_mhz_before": sm_clock_mhz()}
+    for _ in range(args.rounds):
+        for impl, fn in impls.items():
+            fwd_ms, fwd_bwd_ms = time_round(fn, inputs, leaves, dy, args)
+            times[impl][0].append(fwd_ms)
+            times[impl][1].append(fwd_bwd_ms)
+            if impl == "lynx":
+                lynx.check()
+    clocks["sm_mhz_after"] = sm_clock_mhz()
+    print(f"  SM clock before/after the timed rounds: {clocks['sm_mhz_before']} / {clocks['sm_mhz_after']} MHz")
+
+    rows = []
+    for impl in impls:
+        held, peak, own = memory[impl]
+        rows.append({"shape": name, "T": T, "H": H, "I": I, "E": E, "k": k, "impl": impl,
+                     "fwd_ms": statistics.median(times[impl][0]), "fwd_bwd_ms": statistics.median(times[impl][1]),
+                     "fwd_ms_rounds": times[impl][0], "fwd_bwd_ms_rounds": times[impl][1],
+                     "held_mib": held, "peak_mib": peak, "workspace_own_mib": own,
+                     "rel_err_y": errors[impl][0], "rel_err_dx": errors[impl][1]})
+    return rows, clocks
+
+
+def print_table(rows):
+    cols = ("fwd_ms", "fwd_bwd_ms", "held_mib", "peak_mib")
+    print(f"\n{'shape':15} {'impl':18} {'fwd ms':>8} {'fwd+bwd ms':>10} {'held MiB':>9} {'peak MiB':>9} "
+          f"{'ws own MiB':>10}")
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        by_impl = {r["impl"]: r for r in rows if r["shape"] == shape}
+        for r in by_impl.values():
+            own = f"{r['workspace_own_mib']:10.0f}" if r["impl"] == "lynx" else f"{'-':>10}"
+            print(f"{shape:15} {r['impl']:18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:10.3f} {r['held_mib']:9.0f} "
+                  f"{r['peak_mib']:9.0f} {own}")
+        mine = by_impl["lynx"]
+        for peer in (p for p in ("sonicmoe", "torch") if p in by_impl):
+            ratios = [by_impl[peer][c] / mine[c] if mine[c] else float("nan") for c in cols]
+            print(f"{shape:15} {peer + '/lynx':18} {ratios[0]:7.2f}x {ratios[1]:9.2f}x {ratios[2]:8.2f}x "
+                  f"{ratios[3]:8.2f}x")
+    print("(peer/lynx above 1: lynx faster, or lynx holding less memory)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="all", choices=["all", *SHAPES], help="a shape name or 'all'")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, C, A, B, C, ...)")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per pass per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each pass's timing")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-sonic", action="store_true", help="leave SonicMoE out")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("compare_peers: no CUDA GPU available", file=sys.stderr)
+        return 2
+    sonic, missing = load_sonic(args.no_sonic)
+    if missing:
+        print(f"SonicMoE: {missing}; comparing lynx and the PyTorch path only")
+    else:
+        print(f"SonicMoE {sonic_version() or '(version unknown)'}: its first call at each shape JIT-compiles "
+              f"(~60 s), untimed")
+    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    rows, clocks, failures = [], {}, []
+    for i, name in enumerate(names):
+        shape_rows, clocks[name] = run_shape(name, 1000 + i, sonic, args, failures)
+        rows += shape_rows
+        _workspaces.release(1000 + i)  # this shape's tensors went with run_shape; its workspace goes now
+        gc.collect()
+        torch.cuda.empty_cache()
+    print_table(rows)
+    if args.json:
+        out = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": _commit(),
+               "command": " ".join(sys.argv), "torch": torch.__version__,
+               "sonicmoe": None if sonic is None else sonic_version(), "sonicmoe_missing": missing,
+               "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "clocks": clocks,
+               "failures": failures, "results": rows}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if failures:
+        print("compare_peers: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
