@@ -163,6 +163,11 @@ PYBIND11_MODULE(_C, m) {
         ws.check(to_stream(stream));
       });
 
+  m.def("schedule_capacity_for_load", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                                          int64_t top_k, int64_t shared_intermediate, int num_ranks, double max_load) {
+    return lynx::schedule_capacity_for_load(
+        layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, 0), max_load);
+  });
   // Expert parallelism, one process per rank: all_gather(bytes) -> [bytes of every rank] (lynx/_groups.py
   // passes torch.distributed's all_gather_object over the caller's group). Called with the GIL held.
   m.def("connect_process_group", [](lynx::Workspace& ws, py::function all_gather) {

@@ -85,6 +85,14 @@ void validate_shape(const LayerShape& shape);
 // expert that receives any row is padded up to kTileRows.
 int64_t worst_case_schedule_rows(const LayerShape& shape);
 
+// A schedule capacity for routings that bring this rank at most `max_load` times its balanced share of
+// the rows (T·k: every rank's T·k rows spread evenly over the R ranks): max_load·T·k rows with each
+// local expert padded, rounded up to kTileRows, never above the worst case. At R > 1 the worst case
+// (every rank's rows on this one) sizes the workspace for R times the balanced rows; a call whose
+// routing needs more than this capacity computes nothing and reports a capacity overflow
+// (Workspace::check). Pure host function; throws lynx::Error ("max_load") unless max_load >= 1.
+int64_t schedule_capacity_for_load(const LayerShape& shape, double max_load);
+
 // Pure host function: fills the zeros of `config` for `shape` on `device`, and throws lynx::Error
 // naming the field ("config.schedule_capacity", ...) for values that are out of range.
 ResolvedConfig resolve_config(const LayerShape& shape, const Config& config, const DeviceInfo& device);

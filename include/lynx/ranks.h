@@ -20,7 +20,7 @@
 // passes, say). Other ranks read and write a rank's buffers during their passes:
 // keep every rank's workspace alive until every rank's last pass has ended. By default each rank's
 // schedule_capacity is the worst case over all ranks' tokens (R times the one-rank size): set it to
-// what the routing needs.
+// what the routing needs (schedule_capacity_for_load, config.h).
 #pragma once
 
 #include <cuda_runtime_api.h>

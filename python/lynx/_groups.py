@@ -8,6 +8,8 @@ other ranks at a barrier before its buffers go, so that none is freed while anot
 may still read it."""
 
 import atexit
+import datetime
+import sys
 
 import torch
 import torch.distributed as dist
@@ -70,15 +72,23 @@ def connected(gid: int) -> None:
     _CONNECTED.add(gid)
 
 
+_EXIT_BARRIER = datetime.timedelta(seconds=60)
+
+
 @atexit.register
 def _meet_before_exit():
     # NOTES: a process that destroyed its process group first (dist.destroy_process_group, after its
-    # own barrier) has nothing left to meet here.
+    # own barrier) has nothing left to meet here, and one leaving on an unhandled exception must not
+    # wait for ranks that are in another collective: it leaves at once, as it would without lynx. The
+    # barriers are bounded, and met in the same order on every rank (by the groups' member lists).
     if not _CONNECTED or not dist.is_initialized():
         return
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
+    groups = {id(_BY_ID[g][0]): _BY_ID[g][0] for g in _CONNECTED}.values()
     try:
         torch.cuda.synchronize()
-        for group in {id(_BY_ID[g][0]): _BY_ID[g][0] for g in _CONNECTED}.values():
-            dist.barrier(group=group)
-    except Exception:  # a rank that is already gone: nothing left to wait for
+        for group in sorted(groups, key=dist.get_process_group_ranks):
+            dist.barrier(group=group, async_op=True).wait(timeout=_EXIT_BARRIER)
+    except Exception:  # a rank that is already gone, or one that did not come in time
         pass

@@ -15,9 +15,10 @@ _RELEASED: set = set()
 # Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
 # the capture, so they wait here until the next lookup outside a capture.
 _PENDING: list = []
-# Workspaces of expert-parallel groups whose tag was released: never freed while the process runs
-# (lynx/_groups.py says why).
-_PARKED: list = []
+# Workspaces of expert-parallel groups whose tag was released, by spec: never freed while the process
+# runs (lynx/_groups.py says why), and still used by a call with that tag (a backward after its layer
+# was collected: garbage collection may come at different times on different ranks).
+_PARKED: dict = {}
 
 
 # NOTES: every workspace takes its scratch (the per-row intermediates of a call) from PyTorch's caching
@@ -49,7 +50,7 @@ def release(tag: int) -> None:
     kept. The C++ destructor waits for the device before freeing."""
     _RELEASED.add(tag)
     specs = [s for s in _BY_SPEC if s[6][3] == tag]
-    _PARKED.extend(_BY_SPEC.pop(s) for s in specs if s[6][5] != 0)
+    _PARKED.update((s, _BY_SPEC.pop(s)) for s in specs if s[6][5] != 0)
     dropped = [_BY_SPEC.pop(s) for s in specs if s in _BY_SPEC]
     if _capturing():
         _PENDING.extend(dropped)
@@ -74,12 +75,14 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     spec = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, index)
     ws = _BY_SPEC.get(spec)
     if ws is None:
+        ws = _PARKED.get(spec)
+    if ws is None:
         R, rank = _groups.ranks(config[5])
         if R > 1 and config[3] in _RELEASED:
             # NOTES: creating it would be collective, and only the ranks whose layer has been collected
             # would come.
-            raise ValueError("lynx: a call of an expert-parallel layer (or workspace tag) that has been released; "
-                             "keep the layer alive until its last backward")
+            raise ValueError("lynx: a new shape for an expert-parallel layer (or workspace tag) that has been "
+                             "released; keep the layer alive while it is called")
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
@@ -95,4 +98,4 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
 
 
 def all_workspaces():
-    return list(_BY_SPEC.values())
+    return list(_BY_SPEC.values()) + list(_PARKED.values())

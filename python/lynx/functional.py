@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from lynx import _groups, _views, _workspaces, ops
+from lynx import _C, _groups, _views, _workspaces, ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +250,19 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
         op_config = _op_config(config, workspace_tag, ep)
         return ops.moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
     return ops.moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *op_config)
+
+
+def schedule_capacity(tokens: int, hidden: int, intermediate: int, num_experts: int, top_k: int,
+                      shared_intermediate: int = 0, ep_group=None, max_load: float = 2.0) -> int:
+    """A Config.schedule_capacity for routings that bring a rank at most `max_load` times its balanced
+    share of the rows (tokens · top_k: this rank's tokens), each expert padded
+    (lynx::schedule_capacity_for_load). num_experts counts the experts of every rank, not this rank's. With an
+    ep_group the default capacity is the worst case, every rank's rows on one rank: R times the balanced
+    rows in every per-row buffer of the workspace. A call whose routing needs more than the capacity
+    computes nothing and is reported by lynx.check(). One rank always needs its worst case."""
+    R, _ = _groups.ranks(_groups.group_id(ep_group))
+    return _C.schedule_capacity_for_load(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, R,
+                                         float(max_load))
 
 
 def _op_config(config: Config, tag: int, ep_group: int = 0):

@@ -39,6 +39,21 @@ class _Experts(torch.autograd.Function):
         return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None
 
 
+# Each experts module's workspace tag, released with the module. NOTES: kept here, not as an attribute
+# of the module, so that a copy of a model (copy.deepcopy) gets tags of its own.
+_TAGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def workspace_tag(module) -> int:
+    """The workspace tag of a model's experts module (a workspace of its own, as a lynx.nn.MoE layer
+    has), made at its first call."""
+    tag = _TAGS.get(module)
+    if tag is None:
+        tag = _TAGS[module] = _workspaces.new_tag()
+        weakref.finalize(module, _workspaces.release, tag)
+    return tag
+
+
 def _halves(gate_up):
     I = gate_up.shape[1] // 2
     return gate_up[:, :I].contiguous(), gate_up[:, I:].contiguous()
@@ -51,11 +66,8 @@ def lynx_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.T
                                   "weights are not supported")
     if self.gate_up_proj.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
         raise ValueError("lynx: the experts' weights and hidden states must be bf16")
-    if not hasattr(self, "_lynx_tag"):
-        self._lynx_tag = _workspaces.new_tag()  # a workspace of its own, as a lynx.nn.MoE layer has
-        weakref.finalize(self, _workspaces.release, self._lynx_tag)
     y = _Experts.apply(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
-                       self.gate_up_proj, self.down_proj.contiguous(), self._lynx_tag)
+                       self.gate_up_proj, self.down_proj.contiguous(), workspace_tag(self))
     return y.to(hidden_states.dtype)
 
 

@@ -85,13 +85,17 @@ class MoE(nn.Module):
         nn.init.normal_(self.router.weight, std=1.0 / math.sqrt(self.hidden))
 
     def _normal(self, w, std):
-        """N(0, std²) into w; an expert weight of an expert-parallel layer gets its rows of the draw for
-        all the experts, so that the layer starts as its share of one rank's layer."""
-        if w.shape[0] == self.num_experts or w.dim() != 3:
+        """N(0, std²) into w. Expert weights are drawn expert by expert, every expert's at every R, each
+        rank keeping its own: an expert-parallel layer starts as its share of one rank's layer, and no
+        rank holds more than one expert's draw at a time."""
+        if w.dim() != 3:
             nn.init.normal_(w, std=std)
             return
-        every = torch.empty((self.num_experts, *w.shape[1:]), device=w.device, dtype=w.dtype).normal_(std=std)
-        w.copy_(every[self.expert_offset:self.expert_offset + w.shape[0]])
+        draw = torch.empty(w.shape[1:], device=w.device, dtype=w.dtype)
+        for e in range(self.num_experts):
+            draw.normal_(std=std)
+            if self.expert_offset <= e < self.expert_offset + w.shape[0]:
+                w[e - self.expert_offset].copy_(draw)
 
     def route(self, x: torch.Tensor):
         """topk_ids [T, k] and fp32 topk_weights [T, k] for tokens x [T, H]."""

@@ -1,5 +1,6 @@
 // Shape limits and the config heuristics: pure host functions, tested on the CPU.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "lynx/config.h"
@@ -56,6 +57,17 @@ int64_t worst_case_schedule_rows(const LayerShape& s) {
   const int64_t routed = s.tokens * s.top_k * s.num_ranks;
   const int64_t padded_experts = std::min(s.local_experts(), routed);
   return round_up(routed + padded_experts * (kTileRows - 1), kTileRows);
+}
+
+int64_t schedule_capacity_for_load(const LayerShape& s, double max_load) {
+  validate_shape(s);
+  require(std::isfinite(max_load) && max_load >= 1.0, "max_load",
+          "must be a finite number >= 1 (times the balanced share of rows), got " + std::to_string(max_load));
+  const int64_t routed = s.tokens * s.top_k * s.num_ranks;
+  // NOTES: clamped in floating point first: a huge max_load must not overflow the conversion.
+  const int64_t rows = int64_t(std::ceil(std::min(max_load * double(s.tokens * s.top_k), double(routed))));
+  const int64_t padded_experts = std::min(s.local_experts(), rows);
+  return std::min(worst_case_schedule_rows(s), round_up(rows + padded_experts * (kTileRows - 1), kTileRows));
 }
 
 ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const DeviceInfo& device) {

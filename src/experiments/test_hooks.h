@@ -103,4 +103,13 @@ inline void poison_row_buffers(Workspace& ws) {
   LYNX_CUDA(cudaDeviceSynchronize());
 }
 
+// Fills the gathered x rows with bf16 NaN (one rank: scratch, which backward must gather again, not
+// read from its forward). Nothing when they are lent (Config::scratch_allocator). Synchronous.
+inline void poison_gathered_x(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  if (w.un.xg == nullptr) return;
+  LYNX_CUDA(cudaMemset(w.un.xg, 0xFF, size_t(w.problem.capacity * w.shape.hidden) * sizeof(uint16_t)));
+  LYNX_CUDA(cudaDeviceSynchronize());
+}
+
 }  // namespace lynx::test_hooks

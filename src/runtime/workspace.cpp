@@ -280,8 +280,10 @@ int64_t Workspace::context_bytes() const {
   if (!w.context_valid) return 0;
   const LayerShape& s = w.shape;
   const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
-  // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
-  const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
+  // Gate and up pre-activations (bf16), the shared expert's gate and up, at R > 1 the gathered x rows
+  // (plan/context_layout.cpp), the schedule.
+  const int64_t x_rows = s.num_ranks > 1 ? cap * s.hidden : 0;
+  const int64_t activations = 2 * (x_rows + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
   const int64_t schedule = 4 * (2 * cap + 3 * E_loc + 2 + s.tokens * s.top_k);
   return activations + schedule;
 }

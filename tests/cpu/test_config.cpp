@@ -1,6 +1,7 @@
 // The config heuristics and their range checks (pure host functions).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -113,8 +114,31 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.caller_context");
 }
 
+// Capacities for a bounded load: the balanced share times max_load plus each local expert's padding,
+// in whole tiles, never above the worst case (which one rank always needs).
+TEST(Config, ScheduleCapacityForLoad) {
+  LayerShape s = qwen3();  // T = 8192, k = 8, E = 128
+  s.num_ranks = 8;
+  const int64_t Tk = s.tokens * s.top_k, E_loc = 16;
+  EXPECT_EQ(schedule_capacity_for_load(s, 1.0), (Tk + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 2.0), (2 * Tk + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 1.5), (3 * Tk / 2 + E_loc * 127 + 127) / 128 * 128);
+  EXPECT_EQ(schedule_capacity_for_load(s, 8.0), worst_case_schedule_rows(s));
+  EXPECT_EQ(schedule_capacity_for_load(s, 1e300), worst_case_schedule_rows(s));
+  EXPECT_EQ(schedule_capacity_for_load(qwen3(), 1.0), worst_case_schedule_rows(qwen3()));  // one rank
+  // A capacity resolve_config takes as it is.
+  Config c;
+  c.schedule_capacity = schedule_capacity_for_load(s, 2.0);
+  EXPECT_EQ(resolve_config(s, c, DeviceInfo{}).schedule_capacity, c.schedule_capacity);
+  for (const double bad : {0.5, 0.0, -1.0, std::nan("")}) {
+    expect_error([&] { schedule_capacity_for_load(s, bad); }, "max_load");
+  }
+  s.hidden = 100;
+  expect_error([&] { schedule_capacity_for_load(s, 2.0); }, "shape.hidden");
+}
+
 // The size of a caller's forward context: the saved buffers of docs/design.md (one rank: the
-// schedule, g and u, no x rows; 244 MiB at qwen3-30b-a3b), each rounded up to 1 KB; a shared expert
+// schedule, g and u, no x rows; 240.5 MiB at qwen3-30b-a3b), each rounded up to 1 KB; a shared expert
 // adds its gate and up products.
 TEST(Config, ForwardContextBytes) {
   const int64_t q = forward_context_bytes(qwen3(), Config{});
@@ -122,7 +146,7 @@ TEST(Config, ForwardContextBytes) {
   const LayerShape s = qwen3();
   EXPECT_GE(q, 2 * cap * (2 * s.intermediate) + 4 * (2 * cap + s.tokens * s.top_k));
   EXPECT_LT(q, 2 * cap * (2 * s.intermediate) + 4 * (2 * cap + s.tokens * s.top_k) + 16 * 1024);
-  EXPECT_NEAR(double(q) / (1 << 20), 244.0, 5.0);
+  EXPECT_NEAR(double(q) / (1 << 20), 240.5, 0.5);
   LayerShape shared = qwen3();
   shared.shared_intermediate = 512;
   EXPECT_EQ(forward_context_bytes(shared, Config{}) - q, 2 * 2 * s.tokens * 512);

@@ -70,7 +70,11 @@ TensorView view(Input& in, DType dtype, std::initializer_list<int64_t> shape) {
     case 0: v.dtype = DType(in.take<uint8_t>() % 4); break;
     case 1: v.shape[in.take<uint8_t>() % kMaxTensorRank] = in.in(-2, 70000); break;
     case 2: v.data = reinterpret_cast<void*>(uintptr_t(0x100000) + in.take<uint8_t>()); break;
-    case 3: v.strides[in.take<uint8_t>() % kMaxTensorRank] += in.in(-1, 3); break;
+    case 3: {  // wrapping: in() is sometimes any value, and the sum must not overflow
+      int64_t& stride = v.strides[in.take<uint8_t>() % kMaxTensorRank];
+      stride = int64_t(uint64_t(stride) + uint64_t(in.in(-1, 3)));
+      break;
+    }
     case 4: v.data = nullptr; break;
     case 5: v.rank = int32_t(in.in(-1, 5)); break;
     default: break;
@@ -99,6 +103,13 @@ void fuzz_shape_and_config(Input& in) {
          "validate_shape accepted a shape outside its rules");
   const int64_t worst = worst_case_schedule_rows(s);
   expect(worst % kTileRows == 0 && worst >= s.tokens * s.top_k * s.num_ranks, "worst_case_schedule_rows");
+  // A capacity for a bounded load: whole tiles, at least the balanced rows, within the worst case, and
+  // never smaller for a larger load.
+  const double load = 1.0 + double(in.take<uint8_t>()) / 16.0;
+  const int64_t bounded = schedule_capacity_for_load(s, load);
+  expect(bounded % kTileRows == 0 && bounded >= s.tokens * s.top_k && bounded <= worst &&
+             bounded <= schedule_capacity_for_load(s, load + 1.0),
+         "schedule_capacity_for_load");
   Config c;
   c.schedule_capacity = in.take<uint8_t>() % 4 == 0 ? in.in(-200, 1 << 20) : 0;
   c.backend = Backend(in.in(0, 2));
