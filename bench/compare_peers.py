@@ -25,14 +25,14 @@ import datetime
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from compare_torch import SHAPES as BENCH_SHAPES, _commit, make_inputs, median_ms, moe_forward  # noqa: E402
+from compare_torch import (SHAPES as BENCH_SHAPES, _commit, clear_grads, make_inputs, median_ms,  # noqa: E402
+                           moe_forward, rel_err, sm_clock_mhz)
 
 import lynx  # noqa: E402
 from lynx import _workspaces  # noqa: E402
@@ -62,22 +62,6 @@ def sonic_version():
         return None
 
 
-def sm_clock_mhz():
-    """The SM clock now (MHz), through torch.cuda.clock_rate() (NVML) or nvidia-smi; None if neither answers."""
-    try:
-        return int(torch.cuda.clock_rate())
-    except Exception:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,clocks.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=True, timeout=20).stdout.splitlines()
-        uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")).lower()
-        ours = [line for line in out if uuid and uuid in line.lower()] or out[:1]
-        return int(ours[0].split(",")[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
 def sonic_impl(sonic, topk_ids, w_gate, w_up):
     """SonicMoE as (x, topk_ids, topk_weights, w_gate, w_up, w_down) -> y, and the leaf it trains in place of
     w_gate and w_up: [E, 2I, H], row 2i gate row i, row 2i+1 up row i. Its routing indices (tokens sorted,
@@ -97,18 +81,8 @@ def sonic_impl(sonic, topk_ids, w_gate, w_up):
     return run, w1
 
 
-def clear_grads(leaves):
-    for t in leaves:
-        t.grad = None
-
-
 def workspace_own_bytes():
     return sum(ws.device_bytes() for ws in _workspaces.all_workspaces())
-
-
-def rel_err(a, b):
-    """||a - b|| / ||b|| (Frobenius, fp32); nan or inf when either is not finite."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def forward_backward(fn, inputs, leaves, dy):
