@@ -60,6 +60,10 @@ struct ExpertGemmArgs {
   // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
   // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.
   const bf16_t* gather_src = nullptr;     // [tokens, K]
+  // Set: the gather copies the rows here instead of into A, and no tile waits for them: a copy for a
+  // later launch, beside this one's work (one rank's backward: x rows for the weight gradients during
+  // the dgrad of down). A is then read as it is. The rows are K wide either way.
+  bf16_t* gather_dst = nullptr;           // [capacity, K]
   RowSources gather_sources;              // R > 1: row r from gather_sources.base[row_src_rank[r]] instead of
                                           // gather_src (which must still be set)
   const int32_t* row_token_slot = nullptr;// [capacity] device

@@ -155,13 +155,16 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     check(l.gather_lookahead >= 1, "gather lookahead >= 1 row block");
-    // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
+    check(!args.gather_dst || !args.gather_sources.remote(), "a gather beside the GEMM reads this rank's rows");
+    // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers into A.
     p.gather.src = reinterpret_cast<const uint4*>(args.gather_src);
-    p.gather.dst = reinterpret_cast<uint4*>(const_cast<bf16_t*>(args.a));
+    p.gather.dst = reinterpret_cast<uint4*>(args.gather_dst ? args.gather_dst : const_cast<bf16_t*>(args.a));
+    p.gather.awaited = args.gather_dst == nullptr;
     p.gather.row_token_slot = args.row_token_slot;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
     p.gather.vecs = static_cast<int32_t>(args.k / 8);
-    p.gather.lookahead = l.gather_lookahead;
+    // Rows no tile reads need not stay in L2 for it: no throttle.
+    p.gather.lookahead = p.gather.awaited ? l.gather_lookahead : INT32_MAX;
     p.gather.sync = args.gather_sync;
     p.sources = args.gather_sources;
 #if LYNX_EXPERIMENTS
