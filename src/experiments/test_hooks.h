@@ -93,8 +93,9 @@ inline std::string counters_not_at_rest(Workspace& ws) {
 inline void poison_row_buffers(Workspace& ws) {
   Workspace::Impl& w = ws.impl();
   const int64_t cap = w.problem.capacity, H = w.shape.hidden, I = w.shape.intermediate;
+  const int64_t gate_up = (w.gate_up_by_slot ? w.shape.tokens * w.shape.top_k : cap) * I;
   const std::pair<void*, int64_t> buffers[] = {
-      {w.un.xg, cap * H}, {w.un.g, cap * I},      {w.un.u, cap * I},      {w.un.h, cap * I},
+      {w.un.xg, cap * H}, {w.un.g, gate_up},      {w.un.u, gate_up},      {w.un.h, cap * I},
       {w.un.rows_a, cap * H}, {w.un.rows_b, cap * H}, {w.un.da, cap * I}, {w.un.dg, cap * I},
       {w.un.du, cap * I},     {w.fb.dgu, cap * 2 * I}};
   for (const auto& [ptr, count] : buffers) {

@@ -76,7 +76,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     float* d_topk = data_of<float>(grads.d_topk_weights);
     if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
     glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
-                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights);
+                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights, w.gate_up_by_slot);
   }
 
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.

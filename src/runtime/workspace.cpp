@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "comm/transport.h"
 #include "common/cuda_check.h"
@@ -84,7 +86,11 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     problem.num_experts = s.num_experts;
     problem.capacity = cap;
     context_buffer(schedule.row_token_slot, cap);
-    context_buffer(schedule.row_src_rank, cap);
+    if (s.num_ranks == 1) {
+      scratch(schedule.row_src_rank, cap);  // all -1 or 0 (plan/context_layout.cpp)
+    } else {
+      context_buffer(schedule.row_src_rank, cap);
+    }
     context_buffer(schedule.expert_offset, E_loc + 1);
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
@@ -106,8 +112,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     } else {
       context_buffer(un.xg, cap * H);
     }
-    context_buffer(un.g, cap * I);
-    context_buffer(un.u, cap * I);
+    gate_up_by_slot = plan::gate_up_by_slot(s, config.backend);
+    const int64_t gate_up_rows = gate_up_by_slot ? T * k : cap;
+    context_buffer(un.g, gate_up_rows * I);
+    context_buffer(un.u, gate_up_rows * I);
     scratch(un.h, cap * I);
     if (own_scratch) {
       un.rows_a = in_region<bf16_t>(layout.rows_a);
@@ -130,11 +138,17 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       scratch(un.dgs, T * Is);
       scratch(un.dus, T * Is);
     }
-    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap))) {
+    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
       throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");
     }
     if (config.backend == Backend::kFused) {
       scratch(fb.dgu, cap * 2 * I);
+      if (!gate_up_by_slot) {
+        std::vector<int32_t> numbers(static_cast<size_t>(cap));
+        std::iota(numbers.begin(), numbers.end(), 0);
+        row_numbers = alloc<int32_t>(cap);
+        LYNX_CUDA(cudaMemcpy(row_numbers, numbers.data(), sizeof(int32_t) * numbers.size(), cudaMemcpyHostToDevice));
+      }
       gather_sync = alloc<int32_t>(gemm::gather_sync_ints(cap));
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
       gemm::prepare_expert_gemm_kernels(device_props.sm_count);

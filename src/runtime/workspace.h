@@ -98,6 +98,8 @@ struct Workspace::Impl {
   std::unique_ptr<blas::GroupedGemm> grouped;
 
   bool context_valid = false;
+  bool gate_up_by_slot = false;         // un.g, un.u are [T·k, I] by slot (plan/context_layout.h)
+  int32_t* row_numbers = nullptr;       // fused, g and u by row: [capacity] 0, 1, ... (gemm::ExpertGemmArgs::gate_up_slot)
   ContextKey context;
   bool counts_on_host = false;          // counts_host holds the current schedule's counts
 

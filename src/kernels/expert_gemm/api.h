@@ -49,8 +49,12 @@ struct ExpertGemmArgs {
   const int32_t* expert_rows = nullptr;   // [experts] device: rows before padding (needed by half tiles)
   const int32_t* block_offset = nullptr;  // [experts + 1] device: the schedule's block_offset (needed to fold tails)
   bf16_t* out = nullptr;                  // [capacity, n]
-  bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
-  bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
+  bf16_t* out_gate = nullptr;             // [rows, n]  SwiGLU only, may be null
+  bf16_t* out_up = nullptr;               // [rows, n]  SwiGLU only, may be null
+  // With out_gate: row r's products go to row gate_up_slot[r] of out_gate and out_up (nowhere where it
+  // is -1): their t·k + j (no padding rows kept), or r itself (an array 0, 1, ...).
+  // NOTES: an array either way: a null pointer meaning "r itself" made ptxas serialise the kernel's wgmma.
+  const int32_t* gate_up_slot = nullptr;  // [capacity] device
   DeviceStatus* status = nullptr;         // where a stalled wait is reported
   int32_t* tickets = nullptr;             // [2] device, zero between launches: the dynamic tile scheduler's
                                           // counters (launches sharing them must be stream-ordered)

@@ -40,12 +40,41 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
   }
 }
 
+// Stores the boxes of warpgroup `wg`'s epilogue piece at schedule rows row .. row + 63 row by row, once
+// all of its threads have written them: piece row r to row slot[row + r] of to.dst (nowhere where it is
+// -1), from column col; columns at or past n are not stored.
+// NOTES: each thread copies 16-byte chunks out of the swizzled piece with plain loads and stores; the
+// next piece's barrier (store_piece*) comes after every thread's last read of this one. A piece goes
+// out this way or with TMA by its kernel's code, not by a run-time choice: a branch between the two
+// made ptxas serialise the gate/up kernels' wgmma (tools/sass-check).
+template <bool k3d, int kPieceBoxes>
+__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const SlotRows& to,
+                                                  int wg, int32_t col, int32_t row, int32_t, int32_t n) {
+  sm90::named_barrier_sync(1 + wg, 128);
+  const int thread = threadIdx.x % 128;
+  // 512 chunks of 16 bytes per [64, 64] box: chunk c of piece row r sits at chunk c ^ (r % 8).
+  // NOTES: a loop, not unrolled: unrolled, its addresses beside the live accumulators made ptxas
+  // serialise the gate/up kernel's wgmma ("insufficient register resources", C7511).
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q) {
+    const int chunk = thread + 128 * q, r = chunk / 8, c = chunk % 8;
+    const int32_t slot = to.slot[row + r];
+    if (slot < 0) continue;
+    uint4* out = reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + col + 8 * c);
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
+    }
+  }
+}
+
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
-// (col, row[, batch]) of `map`. Columns at or past n are not stored.
-template <bool k3d, int kPieceBoxes, class Value>
-__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
-                                            int wg, int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
+// (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored.
+template <bool k3d, int kPieceBoxes, class Dst, class Value>
+__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
+                                            int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   // The previous piece's store must be done reading the buffer before it is overwritten.
   if (thread == 0) sm90::bulk_wait_group_read<0>();
@@ -69,11 +98,11 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
 // One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
 // boxes b get rows 0-15 from value(b, i), the two fp32 values of fragment registers i, i + 1 (i = 4j +
 // 2h) of the box's [64 columns, 16 rows] product, and zeros in rows 16-63 (padding rows, which every
-// piece stores as zeros). Stored at (col, row) of `map`; columns at or past n are not stored.
-template <int kPieceBoxes, class Value>
-__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64],
-                                                    const CUtensorMap* map, int wg, int32_t col, int32_t row,
-                                                    int32_t n, Value value) {
+// piece stores as zeros). Stored at (col, row) of `map` (as store_piece); columns at or past n are not
+// stored.
+template <int kPieceBoxes, class Dst, class Value>
+__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
+                                                    int32_t col, int32_t row, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);
@@ -104,10 +133,10 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
 // one weight slice, transposed into rows 0 .. kFoldRows - 1 of a [64, 64] box, and zeros in rows
 // kFoldRows .. 63 (padding rows, which every piece stores as zeros). value(i): the two fp32 values of
 // fragment registers i, i + 1, i = 4j + 2h: product row 16w + l/4 + 8h, columns 8j + 2(l%4) + {0, 1}.
-// Stored at (col, row) of `map`; columns at or past n are not stored.
-template <class Value>
-__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const CUtensorMap* map, int wg,
-                                               int32_t col, int32_t row, int32_t n, Value value) {
+// Stored at (col, row) of `map` (as store_piece); columns at or past n are not stored.
+template <class Dst, class Value>
+__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const Dst& map, int wg, int32_t col,
+                                               int32_t row, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);

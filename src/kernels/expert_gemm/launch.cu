@@ -179,6 +179,7 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<kMode>::kBlockN;
   Params p = rows_params(args, kBlockN);
   check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
+  check(args.out_gate == nullptr || args.gate_up_slot != nullptr, "gate and up products: where each row goes");
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
@@ -190,8 +191,11 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK, fb);
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
-  m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
-  m.c2 = p.out_gate_up ? make_tma_2d(args.out_up, args.capacity, args.n, 64, 64) : m.c0;
+  m.c1 = m.c2 = m.c0;
+  if (p.out_gate_up) {  // row by row (epilogue.cuh)
+    p.gate_rows = SlotRows{args.out_gate, args.gate_up_slot, static_cast<int32_t>(args.n)};
+    p.up_rows = SlotRows{args.out_up, args.gate_up_slot, static_cast<int32_t>(args.n)};
+  }
   launch<kMode>(m, p, args.sm_count, stream);
 }
 
