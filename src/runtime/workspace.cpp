@@ -86,11 +86,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     problem.num_experts = s.num_experts;
     problem.capacity = cap;
     context_buffer(schedule.row_token_slot, cap);
-    if (s.num_ranks == 1) {
-      scratch(schedule.row_src_rank, cap);  // all -1 or 0 (plan/context_layout.cpp)
-    } else {
-      context_buffer(schedule.row_src_rank, cap);
-    }
+    context_buffer(schedule.row_src_rank, cap);
     context_buffer(schedule.expert_offset, E_loc + 1);
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
@@ -292,14 +288,7 @@ bool Workspace::has_context_for(const LayerInputs& in) const {
 int64_t Workspace::context_bytes() const {
   const Impl& w = *impl_;
   if (!w.context_valid) return 0;
-  const LayerShape& s = w.shape;
-  const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
-  // Gate and up pre-activations (bf16), the shared expert's gate and up, at R > 1 the gathered x rows
-  // (plan/context_layout.cpp), the schedule.
-  const int64_t x_rows = s.num_ranks > 1 ? cap * s.hidden : 0;
-  const int64_t activations = 2 * (x_rows + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
-  const int64_t schedule = 4 * (2 * cap + 3 * E_loc + 2 + s.tokens * s.top_k);
-  return activations + schedule;
+  return plan::context_block_bytes(plan::context_sizes(w.shape, w.problem.capacity, w.config.backend));
 }
 
 Schedule Workspace::schedule() const {
