@@ -41,10 +41,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from compare_torch import _commit  # noqa: E402
+from compare_torch import _commit, clear_grads, grouped_experts, median_ms, rel_err, sm_clock_mhz  # noqa: E402
 
 import lynx  # noqa: E402
 
@@ -102,10 +101,7 @@ def a2a_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, group=None):
     local = ids - r * E_local
     lorder = torch.argsort(local, stable=True)  # the received rows by local expert
     offs = torch.cumsum(torch.bincount(local, minlength=E_local), 0).to(torch.int32)
-    xe = xr[lorder]
-    gate = torch._grouped_mm(xe, w_gate.transpose(-2, -1), offs=offs)
-    up = torch._grouped_mm(xe, w_up.transpose(-2, -1), offs=offs)
-    ye = torch._grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    ye = grouped_experts(xr[lorder], offs, w_gate, w_up, w_down)
     inverse = torch.empty_like(lorder)
     inverse[lorder] = torch.arange(lorder.numel(), device=lorder.device)
     yb = _AllToAll.apply(ye[inverse], recv, send, group)  # back in this rank's destination order
@@ -138,23 +134,6 @@ def make_rank_inputs(T, H, I, E, k, R, r, seed):
     return (x, topk_ids, topk_weights, *weights)
 
 
-def sm_clock_mhz():
-    try:
-        return int(torch.cuda.clock_rate())
-    except Exception:
-        return None
-
-
-def rel_err(a, b):
-    """||a - b|| / ||b|| (Frobenius, fp32); nan or inf when either is not finite."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def clear_grads(leaves):
-    for t in leaves:
-        t.grad = None
-
-
 def max_over_ranks(values):
     """Each value's maximum over the ranks (every rank calls it)."""
     t = torch.tensor(values, device="cuda", dtype=torch.float64)
@@ -169,15 +148,7 @@ def timed_ms(fn, args):
     torch.cuda.synchronize()
     dist.barrier()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(args.iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return median_ms(fn, 0, args.iters)
 
 
 def run_shape(name, group, args):

@@ -10,29 +10,38 @@ themselves (Workspace.device_bytes) is added to lynx's numbers and shown on its 
 the training forward (autograd on, its graph dropped); before every forward+backward each gradient
 is None, as after zero_grad(set_to_none=True), and dy is one fixed random tensor. topk_weights is
 trained too (all three differentiate it). Before timing, each implementation's y and dx are checked
-against the PyTorch path's (relative Frobenius error, at most 2e-2, else exit 1). The SM clock is read
-before and after each shape's timed rounds.
+against the PyTorch path's (relative Frobenius error, at most 2e-2): lynx off stops the run (exit 1);
+SonicMoE off, or raising, is left out of that shape and reported (exit 1 at the end). The SM clock is
+read before and after each shape's timed rounds.
 
 SonicMoE (optional; --no-sonic leaves it out) is called with the given routing through
 sonicmoe.moe_general_routing_inputs, gate and up interleaved into one [E, 2I, H] parameter built from
 the same values; its first call at a shape JIT-compiles (~60 s) and is the untimed warm-up. To bring
-it where no package registry is reachable: the peers' wheels packed by ../shared/peers/fetch-peers;
+it where no package registry is reachable: the peers' wheels packed by ../shared/peers/fetch-peers
+(run where PyPI is reachable; the archive travels in an ignored, carried folder of the checkout);
 unpack with `mkdir -p /tmp/peers && tar xJf peers.tar.xz -C /tmp/peers` and
-`export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH`."""
+`export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH` (exported:
+SonicMoE's autotuner compiles in subprocesses that must import it too).
+
+Weight gradients (the first CHECK_EXPERTS experts) and topk_weights' gradient are compared too; a
+mismatch there is reported and fails the run (exit 1) but does not stop it. Each shape's rows are
+printed, and the JSON rewritten, as soon as that shape is done, so that a run stopped by a time limit
+keeps the shapes it finished; --budget-s starts no new shape after that many seconds."""
 
 import argparse
 import datetime
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from compare_torch import SHAPES as BENCH_SHAPES, _commit, make_inputs, median_ms, moe_forward  # noqa: E402
+from compare_torch import (SHAPES as BENCH_SHAPES, _commit, clear_grads, make_inputs, median_ms,  # noqa: E402
+                           moe_forward, rel_err, sm_clock_mhz)
 
 import lynx  # noqa: E402
 from lynx import _workspaces  # noqa: E402
@@ -40,6 +49,7 @@ from lynx import _workspaces  # noqa: E402
 SHAPES = dict(BENCH_SHAPES, **{"gpt-oss-like": (8192, 2880, 2880, 32, 4)})  # name: (T, H, I, E, k)
 TOLERANCE = 2e-2
 MIB = 2**20
+CHECK_EXPERTS = 8  # weight gradients compared on this many experts (all of them would need GiBs in fp32)
 
 
 def load_sonic(skip):
@@ -62,34 +72,21 @@ def sonic_version():
         return None
 
 
-def sm_clock_mhz():
-    """The SM clock now (MHz), through torch.cuda.clock_rate() (NVML) or nvidia-smi; None if neither answers."""
-    try:
-        return int(torch.cuda.clock_rate())
-    except Exception:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,clocks.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=True, timeout=20).stdout.splitlines()
-        uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")).lower()
-        ours = [line for line in out if uuid and uuid in line.lower()] or out[:1]
-        return int(ours[0].split(",")[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
 def sonic_impl(sonic, topk_ids, w_gate, w_up):
     """SonicMoE as (x, topk_ids, topk_weights, w_gate, w_up, w_down) -> y, and the leaf it trains in place of
-    w_gate and w_up: [E, 2I, H], row 2i gate row i, row 2i+1 up row i. Its routing indices (tokens sorted,
-    each repeated k times) and w1 are prepared here once, from these topk_ids, w_gate and w_up."""
+    w_gate and w_up: [E, 2I, H], row 2i gate row i, row 2i+1 up row i, built here once from w_gate and w_up.
+    Routing as the peers' README gives it: router_scores = topk_weights flattened (fp32), token_indices =
+    each token's index repeated k times (int32, sorted), expert_indices = topk_ids flattened (int32)."""
     T, k = topk_ids.shape
     E, I, H = w_gate.shape
     w1 = torch.stack([w_gate.detach(), w_up.detach()], dim=2).reshape(E, 2 * I, H).contiguous().requires_grad_()
+    # token_indices depend on (T, k) alone (a layer would keep them); expert_indices are converted from the
+    # topk_ids of each call, as lynx and the PyTorch path take theirs.
     tokens = torch.arange(T, device=topk_ids.device, dtype=torch.int32).repeat_interleave(k)
-    experts = topk_ids.reshape(-1).to(torch.int32)
     swiglu = sonic.enums.ActivationType.SWIGLU
 
     def run(x, topk_ids, topk_weights, w_gate, w_up, w_down):
+        experts = topk_ids.reshape(-1).to(torch.int32)
         y, _ = sonic.moe_general_routing_inputs(x, topk_weights.reshape(-1), tokens, experts, w1.permute(1, 2, 0),
                                                 None, w_down.permute(1, 2, 0), None, E,
                                                 torch.cuda.current_stream().cuda_stream, swiglu)
@@ -97,33 +94,44 @@ def sonic_impl(sonic, topk_ids, w_gate, w_up):
     return run, w1
 
 
-def clear_grads(leaves):
-    for t in leaves:
-        t.grad = None
-
-
 def workspace_own_bytes():
     return sum(ws.device_bytes() for ws in _workspaces.all_workspaces())
 
 
-def rel_err(a, b):
-    """||a - b|| / ||b|| (Frobenius, fp32); nan or inf when either is not finite."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def forward_backward(fn, inputs, leaves, dy):
-    """One forward+backward from gradients None; returns (y, dx)."""
+def forward_backward(fn, inputs, leaves, dy, w1=None):
+    """One forward+backward from gradients None; returns (y, {gradient name: tensor or None}): dx,
+    d_topk_weights, and dw_gate, dw_up, dw_down of the first CHECK_EXPERTS experts (copies). With w1
+    (SonicMoE's interleaved gate/up leaf) dw_gate and dw_up are read from w1.grad."""
     clear_grads(leaves)
     y = fn(*inputs)
     y.backward(dy)
-    dx = inputs[0].grad
+    x, _, topk_weights, w_gate, w_up, w_down = inputs
+    n = min(CHECK_EXPERTS, w_gate.shape[0])
+
+    def first(g):
+        return None if g is None else g[:n].clone()
+    if w1 is not None:
+        E, I, H = w_gate.shape
+        g = None if w1.grad is None else w1.grad.reshape(E, I, 2, H)
+        dw_gate, dw_up = (None, None) if g is None else (g[:n, :, 0].clone(), g[:n, :, 1].clone())
+    else:
+        dw_gate, dw_up = first(w_gate.grad), first(w_up.grad)
+    grads = {"dx": x.grad, "d_topk_weights": topk_weights.grad, "dw_gate": dw_gate, "dw_up": dw_up,
+             "dw_down": first(w_down.grad)}
     clear_grads(leaves)
-    return y.detach(), dx
+    return y.detach(), grads
+
+
+def grad_err(a, b):
+    """rel_err, nan when an implementation gave no gradient."""
+    return float("nan") if a is None or b is None else rel_err(a, b)
 
 
 def measure_memory(name, fn, inputs, leaves, dy):
-    """(held, peak, workspace-own) MiB, read the same way for every implementation; lynx's workspace-own
-    bytes are added to its held and peak."""
+    """(held, peak, workspace-own, gradients) MiB, read the same way for every implementation; lynx's
+    workspace-own bytes are added to its held and peak. The peak counts the gradients that the backward
+    allocates (every one is None before it, as after zero_grad(set_to_none=True)): the same bytes for all
+    three, given as the fourth number."""
     clear_grads(leaves)
     gc.collect()
     torch.cuda.synchronize()
@@ -137,9 +145,10 @@ def measure_memory(name, fn, inputs, leaves, dy):
     y.backward(dy)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - start + own
+    grads = sum(t.grad.numel() * t.grad.element_size() for t in leaves if t.grad is not None)
     del y
     clear_grads(leaves)
-    return held / MIB, peak / MIB, own / MIB
+    return held / MIB, peak / MIB, own / MIB, grads / MIB
 
 
 def time_round(fn, inputs, leaves, dy, args):
@@ -163,21 +172,30 @@ def run_shape(name, tag, sonic, args, failures):
     leaves = [t.requires_grad_() for t in (x, topk_weights, w_gate, w_up, w_down)]
     dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(7))
     impls = {"lynx": lambda *a: lynx.moe(*a, workspace_tag=tag)}
+    w1 = None
     if sonic is not None:
         impls["sonicmoe"], w1 = sonic_impl(sonic, topk_ids, w_gate, w_up)
         leaves.append(w1)
     impls["torch"] = moe_forward
     print(f"{name} (T, H, I, E, k) = {SHAPES[name]}", flush=True)
 
-    # Correctness first (each implementation's first call here is its warm-up: SonicMoE compiles now).
-    ref_y, ref_dx = forward_backward(moe_forward, inputs, leaves, dy)
-    errors = {"torch": (0.0, 0.0)}
+    # Correctness first. Each implementation's first call is its warm-up (SonicMoE compiles and autotunes
+    # then, running its kernels many times over); its second call, as the timed ones run, is checked.
+    t0 = time.perf_counter()
+    forward_backward(moe_forward, inputs, leaves, dy)
+    torch.cuda.synchronize()
+    print(f"  torch: first forward+backward {time.perf_counter() - t0:.1f} s", flush=True)
+    ref_y, ref_grads = forward_backward(moe_forward, inputs, leaves, dy)
+    errors = {"torch": {"y": 0.0, **{g: 0.0 for g in ref_grads}}}
     for impl in [n for n in impls if n != "torch"]:
         if impl == "sonicmoe":
-            print("  sonicmoe: warm-up, JIT-compiling this shape (~60 s) ...", flush=True)
+            print("  sonicmoe: warm-up, JIT-compiling and autotuning this shape (~60 s) ...", flush=True)
         t0 = time.perf_counter()
         try:
-            y, dx = forward_backward(impls[impl], inputs, leaves, dy)
+            forward_backward(impls[impl], inputs, leaves, dy, w1 if impl == "sonicmoe" else None)
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            y, grads = forward_backward(impls[impl], inputs, leaves, dy, w1 if impl == "sonicmoe" else None)
             torch.cuda.synchronize()
         except Exception as e:
             if impl != "sonicmoe":
@@ -185,19 +203,33 @@ def run_shape(name, tag, sonic, args, failures):
             failures.append(f"sonicmoe at {name}: {type(e).__name__}: {e}")
             print(f"  sonicmoe: FAILED at this shape ({type(e).__name__}: {e}); left out of it", flush=True)
             del impls[impl]
-            leaves.pop()
+            leaves = [t for t in leaves if t is not w1]  # not list.remove: it compares tensors with ==
+            w1 = None
             continue
         if impl == "lynx":
             lynx.check()
-        err_y, err_dx = rel_err(y, ref_y), rel_err(dx, ref_dx)
-        print(f"  {impl}: first forward+backward {time.perf_counter() - t0:.1f} s; relative error vs torch "
-              f"y {err_y:.2e}, dx {err_dx:.2e}", flush=True)
-        if not (err_y <= TOLERANCE and err_dx <= TOLERANCE):
-            sys.exit(f"compare_peers: {impl} at {name} is wrong against the PyTorch path: relative error "
-                     f"y {err_y:.3e}, dx {err_dx:.3e} (limit {TOLERANCE:g}, non-finite fails)")
-        errors[impl] = (err_y, err_dx)
-        del y, dx
-    del ref_y, ref_dx
+        err = {"y": rel_err(y, ref_y), **{g: grad_err(grads[g], ref_grads[g]) for g in ref_grads}}
+        print(f"  {impl}: first forward+backward {first_s:.1f} s; second's relative error vs torch "
+              + ", ".join(f"{g} {e:.2e}" for g, e in err.items()), flush=True)
+        del y, grads
+        if not (err["y"] <= TOLERANCE and err["dx"] <= TOLERANCE):
+            why = (f"{impl} at {name} is wrong against the PyTorch path: relative error y {err['y']:.3e}, "
+                   f"dx {err['dx']:.3e} (limit {TOLERANCE:g}, non-finite fails)")
+            if impl != "sonicmoe":
+                sys.exit(f"compare_peers: {why}")
+            failures.append(why)
+            print("  sonicmoe: WRONG at this shape; left out of it", flush=True)
+            del impls[impl]
+            leaves = [t for t in leaves if t is not w1]  # not list.remove: it compares tensors with ==
+            w1 = None
+            continue
+        bad = [g for g in ref_grads if g != "dx" and not err[g] <= TOLERANCE]
+        if bad:  # reported, and the run fails at its end, but the timing goes on
+            failures.append(f"{impl} at {name}: gradients off against the PyTorch path (limit {TOLERANCE:g}): "
+                            + ", ".join(f"{g} {err[g]:.3e}" for g in bad))
+            print(f"  {impl}: WARNING gradients off: {', '.join(bad)}", flush=True)
+        errors[impl] = err
+    del ref_y, ref_grads
 
     memory = {impl: measure_memory(impl, fn, inputs, leaves, dy) for impl, fn in impls.items()}
 
@@ -215,42 +247,52 @@ def run_shape(name, tag, sonic, args, failures):
 
     rows = []
     for impl in impls:
-        held, peak, own = memory[impl]
+        held, peak, own, grads_mib = memory[impl]
         rows.append({"shape": name, "T": T, "H": H, "I": I, "E": E, "k": k, "impl": impl,
                      "fwd_ms": statistics.median(times[impl][0]), "fwd_bwd_ms": statistics.median(times[impl][1]),
                      "fwd_ms_rounds": times[impl][0], "fwd_bwd_ms_rounds": times[impl][1],
-                     "held_mib": held, "peak_mib": peak, "workspace_own_mib": own,
-                     "rel_err_y": errors[impl][0], "rel_err_dx": errors[impl][1]})
+                     "held_mib": held, "peak_mib": peak, "workspace_own_mib": own, "grads_mib": grads_mib,
+                     **{f"rel_err_{g}": e for g, e in errors[impl].items()}})
     return rows, clocks
 
 
 def print_table(rows):
     cols = ("fwd_ms", "fwd_bwd_ms", "held_mib", "peak_mib")
     print(f"\n{'shape':15} {'impl':18} {'fwd ms':>8} {'fwd+bwd ms':>10} {'held MiB':>9} {'peak MiB':>9} "
-          f"{'ws own MiB':>10}")
+          f"{'ws own MiB':>10} {'grads MiB':>9}", flush=True)
     for shape in dict.fromkeys(r["shape"] for r in rows):
         by_impl = {r["impl"]: r for r in rows if r["shape"] == shape}
         for r in by_impl.values():
             own = f"{r['workspace_own_mib']:10.0f}" if r["impl"] == "lynx" else f"{'-':>10}"
             print(f"{shape:15} {r['impl']:18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:10.3f} {r['held_mib']:9.0f} "
-                  f"{r['peak_mib']:9.0f} {own}")
+                  f"{r['peak_mib']:9.0f} {own} {r['grads_mib']:9.0f}")
         mine = by_impl["lynx"]
         for peer in (p for p in ("sonicmoe", "torch") if p in by_impl):
             ratios = [by_impl[peer][c] / mine[c] if mine[c] else float("nan") for c in cols]
             print(f"{shape:15} {peer + '/lynx':18} {ratios[0]:7.2f}x {ratios[1]:9.2f}x {ratios[2]:8.2f}x "
                   f"{ratios[3]:8.2f}x")
-    print("(peer/lynx above 1: lynx faster, or lynx holding less memory)")
+    print("(peer/lynx above 1: lynx faster, or lynx holding less memory; the peak counts the gradients, "
+          "'grads MiB', the same for all)", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="all", choices=["all", *SHAPES], help="a shape name or 'all'")
+    parser.add_argument("--shape", default="all",
+                        help=f"'all' or shape names, comma-separated, run in the order given: {', '.join(SHAPES)}")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, C, A, B, C, ...)")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per pass per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each pass's timing")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-sonic", action="store_true", help="leave SonicMoE out")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new shape once this many seconds have passed (those left are listed as skipped)")
     args = parser.parse_args()
+    names = list(SHAPES) if args.shape == "all" else [n.strip() for n in args.shape.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names or len(set(names)) != len(names):
+        parser.error(f"--shape: 'all' or distinct names among {', '.join(SHAPES)}; got {args.shape!r}")
+    if min(args.rounds, args.iters) < 1 or args.warmup < 0:
+        parser.error("--rounds and --iters must be at least 1, --warmup at least 0")
     if not torch.cuda.is_available():
         print("compare_peers: no CUDA GPU available", file=sys.stderr)
         return 2
@@ -260,23 +302,43 @@ def main():
     else:
         print(f"SonicMoE {sonic_version() or '(version unknown)'}: its first call at each shape JIT-compiles "
               f"(~60 s), untimed")
-    names = list(SHAPES) if args.shape == "all" else [args.shape]
-    rows, clocks, failures = [], {}, []
-    for i, name in enumerate(names):
-        shape_rows, clocks[name] = run_shape(name, 1000 + i, sonic, args, failures)
-        rows += shape_rows
-        _workspaces.release(1000 + i)  # this shape's tensors went with run_shape; its workspace goes now
-        gc.collect()
-        torch.cuda.empty_cache()
-    print_table(rows)
-    if args.json:
+    rows, clocks, failures, skipped = [], {}, [], []
+    started = time.perf_counter()
+
+    def write_json():  # after every shape, so that a run stopped by a time limit keeps what it finished
+        if not args.json:
+            return
         out = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": _commit(),
                "command": " ".join(sys.argv), "torch": torch.__version__,
                "sonicmoe": None if sonic is None else sonic_version(), "sonicmoe_missing": missing,
                "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup, "clocks": clocks,
-               "failures": failures, "results": rows}
+               "failures": failures, "skipped": skipped, "results": rows}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+
+    for i, name in enumerate(names):
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            skipped += names[i:]
+            print(f"compare_peers: --budget-s {args.budget_s:g} spent; skipped {', '.join(skipped)}", flush=True)
+            break
+        t0 = time.perf_counter()
+        try:
+            shape_rows, clocks[name] = run_shape(name, 1000 + i, sonic, args, failures)
+        except Exception as e:  # e.g. out of memory at one shape: the others still run (SystemExit is not caught)
+            traceback.print_exc()
+            failures.append(f"{name}: {type(e).__name__}: {e}")
+            shape_rows = []
+        rows += shape_rows
+        _workspaces.release(1000 + i)  # this shape's tensors went with run_shape; its workspace goes now
+        gc.collect()
+        torch.cuda.empty_cache()
+        if shape_rows:
+            print_table(shape_rows)
+        print(f"  {name}: {time.perf_counter() - t0:.0f} s, {time.perf_counter() - started:.0f} s so far", flush=True)
+        write_json()
+    if len({r["shape"] for r in rows}) > 1:
+        print_table(rows)
+    write_json()
     if failures:
         print("compare_peers: " + "; ".join(failures), file=sys.stderr)
         return 1

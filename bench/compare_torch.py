@@ -50,12 +50,43 @@ def moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down):
     order = torch.argsort(flat, stable=True)
     token = order // k
     offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
-    xs = x[token]
-    gate = torch._grouped_mm(xs, w_gate.transpose(-2, -1), offs=offs)
-    up = torch._grouped_mm(xs, w_up.transpose(-2, -1), offs=offs)
-    ye = torch._grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    ye = grouped_experts(x[token], offs, w_gate, w_up, w_down)
     ye = ye * topk_weights.reshape(-1)[order].unsqueeze(1).to(ye.dtype)
     return torch.zeros_like(x).index_add_(0, token, ye)
+
+
+def grouped_experts(xs, offs, w_gate, w_up, w_down):
+    """Each expert's SwiGLU FFN on its rows of xs (rows in expert order, offs the int32 ends of each
+    expert's rows), as three grouped GEMMs."""
+    gate = torch._grouped_mm(xs, w_gate.transpose(-2, -1), offs=offs)
+    up = torch._grouped_mm(xs, w_up.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b|| (Frobenius, fp32); nan or inf when either is not finite."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def clear_grads(leaves):
+    for t in leaves:
+        t.grad = None
+
+
+def sm_clock_mhz():
+    """The SM clock now (MHz), through torch.cuda.clock_rate() (NVML) or nvidia-smi; None if neither answers."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,clocks.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True, timeout=20).stdout.splitlines()
+        uuid = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", "")).lower()
+        ours = [line for line in out if uuid and uuid in line.lower()] or out[:1]
+        return int(ours[0].split(",")[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def gemms_alone(x, topk_ids, w_gate, w_up, w_down):

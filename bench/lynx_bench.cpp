@@ -69,7 +69,7 @@ const char* kUsage =
     "             either way)\n"
     "  --launch   eager (default): each timed pass is launched call by call; graph: each fused pass is\n"
     "             captured once into a CUDA graph and timed as replays (impl fused-graph; the unfused\n"
-    "             baseline stays eager)\n"
+    "             baseline stays eager); the last replays' y and dx must equal an eager call's bits\n"
     "  --regime   the clock the passes are timed at (an H200 holds 700 W: within tens of ms of work its SM\n"
     "             clock falls from 1980 MHz to ~1200-1500). as-found (default): --warmup passes, then --iters timed\n"
     "             back to back, at whatever clock that gives; burst: before each timed pass the GPU idles\n"
@@ -454,15 +454,31 @@ int run(const Options& o) {
         return time_split(run_forward, run_backward, pr, s, &clock);
       };
       // Graph mode: the fused passes captured on their own stream and replayed there (backward only
-      // for the passes that time it: with --context drop it has no context to run on).
+      // for the passes that time it: with --context drop it has no context to run on). The last
+      // replays' y (and dx) must be the bits of an eager call of the same pass, which the check above
+      // compared with the reference: a graph that replayed stale work would fail here.
+      std::string graph_mismatch;
       auto time_graph = [&](Workspace& ws, const std::string& pass, const Protocol& pr) -> SplitMs {
         const OwnedStream stream;
         const cudaStream_t s = stream.get();
+        const bool backward_too = pass != "forward";
+        forward(ws, in, p.y(), s);
+        if (backward_too) backward(ws, in, p.dy(), grads, s);
+        LYNX_CUDA(cudaStreamSynchronize(s));
+        ws.check(s);
+        const std::vector<uint16_t> y_eager = copy_output(p.y());
+        const std::vector<uint16_t> dx_eager = backward_too ? copy_output(grads.dx) : std::vector<uint16_t>{};
+        poison_outputs(p);
         const CapturedGraph fwd(s, [&] { forward(ws, in, p.y(), s); });
         std::optional<CapturedGraph> bwd;
-        if (pass != "forward") bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
+        if (backward_too) bwd.emplace(s, [&] { backward(ws, in, p.dy(), grads, s); });
         const SplitMs t = time_runs([&] { fwd.launch(s); }, [&] { bwd->launch(s); }, pass, pr, s);
         LYNX_CUDA(cudaStreamSynchronize(s));
+        ws.check(s);
+        if (copy_output(p.y()) != y_eager || (backward_too && copy_output(grads.dx) != dx_eager)) {
+          graph_mismatch = pass + ": the graph replays' " + (copy_output(p.y()) != y_eager ? "y" : "dx") +
+                           " differ from an eager call's";
+        }
         return t;
       };
       auto time_layer = [&](Workspace& ws, const std::string& pass, const Protocol& pr) -> SplitMs {
@@ -476,6 +492,12 @@ int run(const Options& o) {
           const Protocol pr = protocol(o, o.regimes[ri]);
           const double base = o.baseline ? time_layer(unfused, pass, pr).total : 0.0;
           const SplitMs t = time_layer(fused, pass, pr);
+          if (!graph_mismatch.empty()) {
+            std::fprintf(stderr, "lynx-bench: %s (%s routing) FAILED: %s\n", name.c_str(), routing_name(routing),
+                         graph_mismatch.c_str());
+            all_ok = false;
+            graph_mismatch.clear();
+          }
           const char* impl = o.graph ? "fused-graph" : "fused";
           rows.push_back({name, routing_name(routing), pass, impl, o.regimes[ri], t.total,
                           flops / (t.total * 1e-3) / 1e12, dense[ri], t.clocks, o.baseline ? "unfused" : "", base,

@@ -8,10 +8,10 @@ import statistics
 import sys
 
 FORWARD = ["gather", "shared", "gate_up", "down", "combine"]
-BACKWARD = ["dy_gather", "dgrad_down", "swiglu_bwd", "dgrad_gate_up", "dx_combine", "wgrad_gate_up", "wgrad_down",
-            "shared_bwd"]
+BACKWARD = ["dy_gather", "dgrad_down", "swiglu_bwd", "dgrad_gate_up", "dx_combine", "x_gather", "wgrad_gate_up",
+            "wgrad_down", "shared_bwd"]
 FULL = "none"
-GLUE = "glue"  # tools/gpu-breakdown: LYNX_OMIT=gather,combine,dy_gather,swiglu_bwd,dx_combine
+GLUE = "glue"  # tools/gpu-breakdown: LYNX_OMIT=gather,combine,dy_gather,swiglu_bwd,dx_combine,x_gather
 
 
 def collect(runs):

@@ -20,41 +20,35 @@ def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
+    """(T, H, I, E, k, I_s) of a call; E counts the experts of every rank (w_gate holds this rank's)."""
+    T, H = x.shape
+    E_local, I, _ = w_gate.shape
+    return T, H, I, E_local * ranks, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0]
+
+
 def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
     # torch.compile sees only plain arguments.
-    T, H = x.shape
-    E_local, I, _ = w_gate.shape
-    shared = 0 if ws_gate is None else ws_gate.shape[0]
     config = (backend, schedule_capacity, save_forward_context, tag, False, ep_group)
     R, _ = _groups.ranks(ep_group)
-    return _workspaces.workspace_for(T, H, I, E_local * R, topk_ids.shape[1], shared, config, x.device)
+    return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
 def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag):
     """The workspace of the autograd pair: it keeps no context (Config::caller_context)."""
-    T, H = x.shape
-    E, I, _ = w_gate.shape
-    shared = 0 if ws_gate is None else ws_gate.shape[0]
     config = (backend, schedule_capacity, True, tag, True, 0)
-    return _workspaces.workspace_for(T, H, I, E, topk_ids.shape[1], shared, config, x.device)
+    return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate), config, x.device)
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity) -> int:
-    T, H = x.shape
-    E, I, _ = w_gate.shape
-    shared = 0 if ws_gate is None else ws_gate.shape[0]
-    return _C.forward_context_bytes(T, H, I, E, topk_ids.shape[1], shared, backend, schedule_capacity)
+    return _C.forward_context_bytes(*_shape(x, topk_ids, w_gate, ws_gate), backend, schedule_capacity)
 
 
 def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
     """Empty gradients (a shared expert's are [0] without one) and their views for the binding."""
     shared = ws_gate is not None
-    grads = (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
-             torch.empty_like(ws_gate) if shared else x.new_empty(0),
-             torch.empty_like(ws_up) if shared else x.new_empty(0),
-             torch.empty_like(ws_down) if shared else x.new_empty(0))
+    grads = _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
     views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
     return grads, views
@@ -107,10 +101,11 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
 @moe_backward_from.register_fake
 def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
       schedule_capacity, tag):
-    return _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
-def _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+    """Empty gradients, as the ops return them (a shared expert's are [0] without one)."""
     shared = ws_gate is not None
     return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
             torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
@@ -176,7 +171,7 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
       save_forward_context, tag, ep_group):
-    return _gradient_buffers_fake(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
 def _setup_context(ctx, inputs, output):

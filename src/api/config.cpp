@@ -111,7 +111,7 @@ int64_t forward_context_bytes(const LayerShape& shape, const Config& config) {
   Config c = config;
   c.caller_context = false;
   const ResolvedConfig r = resolve_config(shape, c, DeviceInfo{});
-  return plan::context_block_bytes(plan::context_sizes(shape, r.schedule_capacity));
+  return plan::context_block_bytes(plan::context_sizes(shape, r.schedule_capacity, r.backend));
 }
 
 }  // namespace lynx

@@ -10,7 +10,7 @@ namespace {
 
 constexpr const char* kNames[] = {"gather",     "shared",     "gate_up",    "down",          "combine",
                                   "dy_gather",  "dgrad_down", "swiglu_bwd", "dgrad_gate_up", "dx_combine",
-                                  "wgrad_gate_up", "wgrad_down", "shared_bwd"};
+                                  "x_gather",   "wgrad_gate_up", "wgrad_down", "shared_bwd"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Stage::kCount), "a name per stage");
 
 }  // namespace

@@ -93,13 +93,23 @@ inline std::string counters_not_at_rest(Workspace& ws) {
 inline void poison_row_buffers(Workspace& ws) {
   Workspace::Impl& w = ws.impl();
   const int64_t cap = w.problem.capacity, H = w.shape.hidden, I = w.shape.intermediate;
+  const int64_t gate_up = (w.gate_up_by_slot ? w.shape.tokens * w.shape.top_k : cap) * I;
   const std::pair<void*, int64_t> buffers[] = {
-      {w.un.xg, cap * H}, {w.un.g, cap * I},      {w.un.u, cap * I},      {w.un.h, cap * I},
+      {w.un.xg, cap * H}, {w.un.g, gate_up},      {w.un.u, gate_up},      {w.un.h, cap * I},
       {w.un.rows_a, cap * H}, {w.un.rows_b, cap * H}, {w.un.da, cap * I}, {w.un.dg, cap * I},
       {w.un.du, cap * I},     {w.fb.dgu, cap * 2 * I}};
   for (const auto& [ptr, count] : buffers) {
     if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(count) * sizeof(uint16_t)));
   }
+  LYNX_CUDA(cudaDeviceSynchronize());
+}
+
+// Fills the gathered x rows with bf16 NaN (one rank: scratch, which backward must gather again, not
+// read from its forward). Nothing when they are lent (Config::scratch_allocator). Synchronous.
+inline void poison_gathered_x(Workspace& ws) {
+  Workspace::Impl& w = ws.impl();
+  if (w.un.xg == nullptr) return;
+  LYNX_CUDA(cudaMemset(w.un.xg, 0xFF, size_t(w.problem.capacity * w.shape.hidden) * sizeof(uint16_t)));
   LYNX_CUDA(cudaDeviceSynchronize());
 }
 

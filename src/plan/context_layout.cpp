@@ -4,11 +4,27 @@
 
 namespace lynx::plan {
 
-ContextSizes context_sizes(const LayerShape& s, int64_t cap) {
+bool gate_up_by_slot(const LayerShape& s, Backend backend) { return s.num_ranks == 1 && backend == Backend::kFused; }
+
+ContextSizes context_sizes(const LayerShape& s, int64_t cap, Backend backend) {
   const int64_t E = s.local_experts(), Is = s.shared_intermediate;
-  return {4 * cap,          4 * cap, 4 * (E + 1), 4 * E, 4 * (E + 1), 4 * s.tokens * s.top_k,
-          2 * cap * s.hidden, 2 * cap * s.intermediate, 2 * cap * s.intermediate,
-          2 * s.tokens * Is,  2 * s.tokens * Is};
+  // NOTES: one rank keeps no gathered x rows: backward gathers them again from x, which the caller
+  // keeps anyway (beside the dgrad of down: runtime/fused_backward.cpp), against 320 MiB kept per
+  // layer at qwen3-30b-a3b. At R > 1 the rows came from other ranks' x, which backward does not stage
+  // (it stages dy), so they are kept.
+  const int64_t xg = s.num_ranks == 1 ? 0 : 2 * cap * s.hidden;
+  const int64_t gate_up_rows = gate_up_by_slot(s, backend) ? s.tokens * s.top_k : cap;
+  return {4 * cap,
+          4 * cap,
+          4 * (E + 1),
+          4 * E,
+          4 * (E + 1),
+          4 * s.tokens * s.top_k,
+          xg,
+          2 * gate_up_rows * s.intermediate,
+          2 * gate_up_rows * s.intermediate,
+          2 * s.tokens * Is,
+          2 * s.tokens * Is};
 }
 
 int64_t context_block_bytes(const ContextSizes& s) {

@@ -12,11 +12,19 @@ namespace lynx::plan {
 // Bytes of each buffer, in placement order.
 struct ContextSizes {
   int64_t row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, slot_row;  // the schedule
-  int64_t xg, g, u;  // gathered x rows, gate and up products
+  int64_t xg, g, u;  // gathered x rows (R > 1 only; one rank gathers them again), gate and up products
   int64_t gs, us;    // the shared expert's (0 without one)
 };
 
-ContextSizes context_sizes(const LayerShape& shape, int64_t capacity);
+// Whether the gate and up products are kept by slot, [T·k, I] (t·k + j: one rank, fused backend), or
+// by schedule row, [capacity, I] (padding rows included).
+// NOTES: by slot the context holds no padding rows: 192 MiB at qwen3-30b-a3b where the capacity's
+// rows took 240 (each expert's rows are padded to whole 128-row blocks, and the capacity is sized for
+// the worst padding). At R > 1 a row's slot is its source rank's, so rows of two ranks share slots;
+// the unfused backend's cuBLAS GEMMs write by row.
+bool gate_up_by_slot(const LayerShape& shape, Backend backend);
+
+ContextSizes context_sizes(const LayerShape& shape, int64_t capacity, Backend backend);
 
 // One buffer's share of a lent block.
 constexpr int64_t lent_bytes(int64_t bytes) { return (bytes + 1023) / 1024 * 1024; }

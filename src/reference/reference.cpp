@@ -52,7 +52,14 @@ Ffn<Src> shared(const Layer<Src>& L) {
 // Weight gradients of one FFN; null when not wanted (the *_token entry points).
 struct FfnGrads {
   double *gate = nullptr, *up = nullptr, *down = nullptr;
+  double* term_square = nullptr;  // [3] += this term's squared norms (Gradients::dw_term_square)
 };
+
+double squared_norm(const double* v, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += v[i] * v[i];
+  return s;
+}
 
 // Per-token buffers, allocated once per call, sized for the widest FFN.
 struct Scratch {
@@ -115,6 +122,12 @@ double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy
     for (int64_t h = 0; h < H; ++h) dx_row[h] += dg * to_double(wg[h]) + du * to_double(wu[h]);
   }
 
+  if (grads.term_square) {
+    const double x2 = squared_norm(s.x.data(), H);
+    grads.term_square[0] += squared_norm(s.g.data(), n) * x2;
+    grads.term_square[1] += squared_norm(s.u.data(), n) * x2;
+    grads.term_square[2] += scale * scale * squared_norm(dy, H) * squared_norm(s.a.data(), n);
+  }
   if (grads.down) {
     for (int64_t h = 0; h < H; ++h) {
       const double c = scale * dy[h];
@@ -154,7 +167,7 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
     FfnGrads rg;
     if (g)
       rg = {g->dw_gate.data() + e * L.I * L.H, g->dw_up.data() + e * L.I * L.H,
-            g->dw_down.data() + e * L.H * L.I};
+            g->dw_down.data() + e * L.H * L.I, g->dw_term_square.data() + 3 * e};
     d_topk_row[j] =
         ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, rg);
     if (g) g->d_topk_magnitude[t * L.k + j] = s.d_scale_magnitude;
@@ -187,6 +200,7 @@ Gradients backward(const Layer<Src>& layer, const double* dy) {
   g.dw_gate.assign(E * I * H, 0.0);
   g.dw_up.assign(E * I * H, 0.0);
   g.dw_down.assign(E * H * I, 0.0);
+  g.dw_term_square.assign(3 * E, 0.0);
   g.dws_gate.assign(Is * H, 0.0);
   g.dws_up.assign(Is * H, 0.0);
   g.dws_down.assign(H * Is, 0.0);

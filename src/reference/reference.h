@@ -36,6 +36,10 @@ struct Gradients {
   std::vector<double> d_topk_magnitude;
   std::vector<double> dw_gate, dw_up;  // [E, I, H]
   std::vector<double> dw_down;         // [E, H, I]
+  // [E, 3] per expert, Σ over its routed terms of each term's squared norm in dw_gate, dw_up and
+  // dw_down (‖dg‖²‖x‖², ‖du‖²‖x‖², w²‖dy‖²‖a‖²): the scale of the rounding error of a sum whose terms
+  // are rounded one by one, which terms of opposite signs cancel in the sum but not in its error.
+  std::vector<double> dw_term_square;
   std::vector<double> dws_gate, dws_up;  // [I_shared, H] (empty when I_shared == 0)
   std::vector<double> dws_down;          // [H, I_shared]
 };

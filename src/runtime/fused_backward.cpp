@@ -42,6 +42,15 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // At R > 1 the rows are pulled from every rank's staged dy (the open step), not from `dy`.
   if (gather) queue_gather_kernel(place, w, dy, dyg, s);
 
+  // One rank keeps no x rows from its forward (plan/context_layout.cpp): the weight gradients' x rows
+  // are gathered again into xg, by the dgrad of down's idle gather warps when it gathers no dy rows
+  // itself, else by a kernel before the weight gradients.
+  // NOTES: the copy beside the GEMM hides it: as a row kernel of its own it cost 0.16 ms of the 2.5 ms
+  // backward at qwen3-30b-a3b (2026-12-04, commit 059d52f).
+  const bool x_again = w.ranks() == 1 && !omitted(Stage::kXGather, w.backward_calls);
+  const bool x_beside_da =
+      x_again && !(gather && place == plan::GatherPlace::kInGemm) && !omitted(Stage::kDgradDown, w.backward_calls);
+
   gemm::ExpertGemmArgs g = expert_gemm_args(w, w.plan.da);
 
   // da = dy_row · w_down[e]   ([n, H] · [H, I], w_down read as stored: N-major)
@@ -53,6 +62,10 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     gemm::ExpertGemmArgs da = g;
     if (gather && place == plan::GatherPlace::kInGemm) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
+    if (x_beside_da) {
+      gather_rows_in(da, w, in.x);
+      da.gather_dst = w.un.xg;
+    }
     gemm::expert_gemm_n_major(da, s);
   }
 
@@ -63,7 +76,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     float* d_topk = data_of<float>(grads.d_topk_weights);
     if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
     glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
-                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights);
+                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights, w.gate_up_by_slot);
   }
 
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
@@ -88,6 +101,13 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   wg.tickets = g.tickets;
   wg.sm_count = g.sm_count;
   wg.in_order = w.plan.weight_grad_in_order;
+  // The x rows by a kernel: the forward's where it has one (its padding rows are zeros wherever a tile
+  // reads them), else row by row.
+  if (x_again && !x_beside_da) {
+    const plan::GatherPlace forward = w.plan.gate_up_gather;
+    queue_gather_kernel(forward == plan::GatherPlace::kInGemm ? plan::GatherPlace::kRowKernel : forward, w, in.x,
+                        w.un.xg, s);
+  }
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   wg.a = dgu;
   wg.m = 2 * I;

@@ -66,6 +66,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   // kernel's output bytes each (forward for inference, or training that recomputes before backward).
   a.out_gate = keep_gate_up ? w.un.g : nullptr;
   a.out_up = keep_gate_up ? w.un.u : nullptr;
+  a.gate_up_slot = w.gate_up_by_slot ? w.schedule.row_token_slot : w.row_numbers;
 #if LYNX_EXPERIMENTS
   a.stall_task = w.test_stall_task;
 #endif

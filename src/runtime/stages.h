@@ -26,6 +26,7 @@ enum class Stage : uint32_t {
   kSwigluBackward,  // backward: dg, du and d_topk_weights
   kDgradGateUp,     // backward: dx_row = [dg | du] · [w_gate; w_up]
   kDxCombine,       // backward: the combine into dx
+  kXGather,         // backward, one rank: x rows into schedule order again, for dw_gate and dw_up
   kWgradGateUp,     // backward: dw_gate and dw_up
   kWgradDown,       // backward: dw_down
   kSharedBackward,  // backward: the shared expert

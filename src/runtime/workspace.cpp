@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "comm/transport.h"
 #include "common/cuda_check.h"
@@ -100,9 +102,16 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
-    context_buffer(un.xg, cap * H);
-    context_buffer(un.g, cap * I);
-    context_buffer(un.u, cap * I);
+    // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why).
+    if (s.num_ranks == 1) {
+      scratch(un.xg, cap * H);
+    } else {
+      context_buffer(un.xg, cap * H);
+    }
+    gate_up_by_slot = plan::gate_up_by_slot(s, config.backend);
+    const int64_t gate_up_rows = gate_up_by_slot ? T * k : cap;
+    context_buffer(un.g, gate_up_rows * I);
+    context_buffer(un.u, gate_up_rows * I);
     scratch(un.h, cap * I);
     if (own_scratch) {
       un.rows_a = in_region<bf16_t>(layout.rows_a);
@@ -125,11 +134,17 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       scratch(un.dgs, T * Is);
       scratch(un.dus, T * Is);
     }
-    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap))) {
+    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
       throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");
     }
     if (config.backend == Backend::kFused) {
       scratch(fb.dgu, cap * 2 * I);
+      if (!gate_up_by_slot) {
+        std::vector<int32_t> numbers(static_cast<size_t>(cap));
+        std::iota(numbers.begin(), numbers.end(), 0);
+        row_numbers = alloc<int32_t>(cap);
+        LYNX_CUDA(cudaMemcpy(row_numbers, numbers.data(), sizeof(int32_t) * numbers.size(), cudaMemcpyHostToDevice));
+      }
       gather_sync = alloc<int32_t>(gemm::gather_sync_ints(cap));
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
       gemm::prepare_expert_gemm_kernels(device_props.sm_count);
@@ -273,12 +288,7 @@ bool Workspace::has_context_for(const LayerInputs& in) const {
 int64_t Workspace::context_bytes() const {
   const Impl& w = *impl_;
   if (!w.context_valid) return 0;
-  const LayerShape& s = w.shape;
-  const int64_t cap = w.problem.capacity, E_loc = s.local_experts();
-  // Gathered x rows, gate and up pre-activations (bf16), the shared expert's gate and up, the schedule.
-  const int64_t activations = 2 * (cap * s.hidden + 2 * cap * s.intermediate + 2 * s.tokens * s.shared_intermediate);
-  const int64_t schedule = 4 * (2 * cap + 3 * E_loc + 2 + s.tokens * s.top_k);
-  return activations + schedule;
+  return plan::context_block_bytes(plan::context_sizes(w.shape, w.problem.capacity, w.config.backend));
 }
 
 Schedule Workspace::schedule() const {

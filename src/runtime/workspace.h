@@ -23,7 +23,8 @@ namespace lynx {
 // Buffers of the passes (both backends). cap = schedule capacity rows. Comments give [rows, cols] and what each
 // holds in forward / backward (buffers are reused between the two passes where lifetimes allow).
 struct UnfusedBuffers {
-  bf16_t* xg;       // [cap, H]  gathered x rows (saved context)
+  bf16_t* xg;       // [cap, H]  gathered x rows (scratch at R = 1, gathered again by backward; saved
+                    //            context at R > 1)
   bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
   bf16_t* u;        // [cap, I]  up projection (saved context)
   bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
@@ -97,6 +98,8 @@ struct Workspace::Impl {
   std::unique_ptr<blas::GroupedGemm> grouped;
 
   bool context_valid = false;
+  bool gate_up_by_slot = false;         // un.g, un.u are [T·k, I] by slot (plan/context_layout.h)
+  int32_t* row_numbers = nullptr;       // fused, g and u by row: [capacity] 0, 1, ... (gemm::ExpertGemmArgs::gate_up_slot)
   ContextKey context;
   bool counts_on_host = false;          // counts_host holds the current schedule's counts
 

@@ -137,21 +137,35 @@ TEST(Config, ScheduleCapacityForLoad) {
   expect_error([&] { schedule_capacity_for_load(s, 2.0); }, "shape.hidden");
 }
 
-// The size of a caller's forward context: the saved buffers of docs/design.md (560 MiB at
-// qwen3-30b-a3b), each rounded up to 1 KB; a shared expert adds its gate and up products.
+// The size of a caller's forward context: the saved buffers of docs/design.md, each rounded up to 1 KB.
+// One rank, fused: the schedule, and g and u by slot (T·k rows, no padding; 192.9 MiB at
+// qwen3-30b-a3b), whatever the capacity; unfused: g and u by schedule row (capacity rows); a shared
+// expert adds its gate and up products; R > 1 adds the gathered x rows.
 TEST(Config, ForwardContextBytes) {
-  const int64_t q = forward_context_bytes(qwen3(), Config{});
-  const int64_t cap = worst_case_schedule_rows(qwen3());
   const LayerShape s = qwen3();
-  EXPECT_GE(q, 2 * cap * (s.hidden + 2 * s.intermediate) + 4 * (2 * cap + s.tokens * s.top_k));
-  EXPECT_LT(q, 2 * cap * (s.hidden + 2 * s.intermediate) + 4 * (2 * cap + s.tokens * s.top_k) + 16 * 1024);
-  EXPECT_NEAR(double(q) / (1 << 20), 560.0, 5.0);
+  const int64_t q = forward_context_bytes(s, Config{});
+  const int64_t cap = worst_case_schedule_rows(s), rows = s.tokens * s.top_k;
+  const int64_t schedule = 4 * (2 * cap + rows);
+  EXPECT_GE(q, 2 * rows * (2 * s.intermediate) + schedule);
+  EXPECT_LT(q, 2 * rows * (2 * s.intermediate) + schedule + 16 * 1024);
+  EXPECT_NEAR(double(q) / (1 << 20), 192.9, 0.1);
+  Config unfused;
+  unfused.backend = Backend::kUnfused;
+  const int64_t qu = forward_context_bytes(s, unfused);
+  EXPECT_GE(qu, 2 * cap * (2 * s.intermediate) + schedule);
+  EXPECT_LT(qu, 2 * cap * (2 * s.intermediate) + schedule + 16 * 1024);
   LayerShape shared = qwen3();
   shared.shared_intermediate = 512;
   EXPECT_EQ(forward_context_bytes(shared, Config{}) - q, 2 * 2 * s.tokens * 512);
   Config small;
   small.schedule_capacity = 8192;
-  EXPECT_LT(forward_context_bytes(qwen3(), small), q / 4);
+  EXPECT_LT(forward_context_bytes(s, small), q);  // the schedule's share only
+  small.backend = Backend::kUnfused;
+  EXPECT_LT(forward_context_bytes(s, small), qu / 4);
+  LayerShape two = qwen3();
+  two.num_ranks = 2;
+  const int64_t cap2 = worst_case_schedule_rows(two);
+  EXPECT_GE(forward_context_bytes(two, Config{}), 2 * cap2 * (two.hidden + 2 * two.intermediate) + 4 * (2 * cap2 + rows));
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

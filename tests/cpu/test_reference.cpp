@@ -200,6 +200,32 @@ TEST(Reference, KnownValuesOnATinyLayer) {
   // One term per dot product (I = 1): the magnitude is the value's absolute value.
   EXPECT_NEAR(g.d_topk_magnitude[0], 2.19317573589001464, 1e-15);
   EXPECT_NEAR(g.d_topk_magnitude[1], 0.238405844044235112, 1e-15);
+  // One term per expert: each term's squared norm is the gradient's square.
+  ASSERT_EQ(g.dw_term_square.size(), 6u);
+  EXPECT_NEAR(g.dw_term_square[0], g.dw_gate[0] * g.dw_gate[0], 1e-15);
+  EXPECT_NEAR(g.dw_term_square[1], g.dw_up[0] * g.dw_up[0], 1e-15);
+  EXPECT_NEAR(g.dw_term_square[2], g.dw_down[0] * g.dw_down[0], 1e-15);
+}
+
+// A token routed twice to one expert with router weights w and -w: the expert's weight gradients
+// cancel to exact zeros, the sum of its terms' squared norms does not (twice one term's).
+TEST(Reference, DwTermSquareSurvivesCancellation) {
+  Problem p = make_problem({1, 8, 4, 2, 2, 0}, 11);
+  p.topk_ids = {1, 1};
+  p.topk_weights = {0.625, -0.625};
+  const Gradients g = backward(p.layer(), p.dy.data());
+  Problem one = p;
+  one.s.k = 1;
+  one.topk_ids = {1};
+  one.topk_weights = {0.625};
+  const Gradients single = backward(one.layer(), one.dy.data());
+  for (double v : g.dw_gate) EXPECT_EQ(v, 0.0);
+  for (double v : g.dw_down) EXPECT_EQ(v, 0.0);
+  for (int q = 0; q < 3; ++q) {
+    EXPECT_EQ(g.dw_term_square[q], 0.0);  // expert 0: no rows
+    EXPECT_GT(single.dw_term_square[3 + q], 0.0);
+    EXPECT_NEAR(g.dw_term_square[3 + q], 2 * single.dw_term_square[3 + q], 1e-12 * single.dw_term_square[3 + q]);
+  }
 }
 
 TEST(Reference, DTopkMagnitudeBoundsTheValue) {

@@ -112,6 +112,7 @@ void routed_terms(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradient
     add_into(g.dw_gate.data() + ch.e * I * H, s.dw_gate);
     add_into(g.dw_up.data() + ch.e * I * H, s.dw_up);
     add_into(g.dw_down.data() + ch.e * H * I, s.dw_down);
+    for (int q = 0; q < 3; ++q) g.dw_term_square[3 * ch.e + q] += s.dw_term_square[q];
   });
 }
 
@@ -161,6 +162,14 @@ std::vector<T> part(const std::vector<T>& v, int64_t begin, int64_t count) {
 std::vector<double> d_topk_row_scale(const ref::Gradients& g, int64_t T, int64_t k, int64_t I) {
   std::vector<double> scale(T);
   for (int64_t t = 0; t < T; ++t) scale[t] = row_norm(g.d_topk_magnitude.data() + t * k, k) / std::sqrt(double(I));
+  return scale;
+}
+
+// Each expert's root-sum-square of its terms' norms in weight gradient q (0: dw_gate, 1: dw_up, 2:
+// dw_down): a lower bound on the expert's denominator (random_case.h, kRowTolerance's notes).
+std::vector<double> dw_term_scale(const ref::Gradients& g, int q) {
+  std::vector<double> scale(g.dw_term_square.size() / 3);
+  for (size_t e = 0; e < scale.size(); ++e) scale[e] = std::sqrt(g.dw_term_square[3 * e + q]);
   return scale;
 }
 
@@ -396,6 +405,7 @@ Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<do
   g.dw_gate.assign(r.E * r.I * H, 0.0);
   g.dw_up.assign(r.E * r.I * H, 0.0);
   g.dw_down.assign(r.E * H * r.I, 0.0);
+  g.dw_term_square.assign(3 * r.E, 0.0);
   std::vector<double> term_y, term_dx;
   routed_terms(r, dy.data(), g, term_y, term_dx);
   sum_terms(shared_y, term_y, T, k, H, out.y, out.y_term_scale);
@@ -470,9 +480,9 @@ CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLay
   judge(report, "dx", tensor_error(o.dx, g.dx, c.H, want.dx_term_scale), true);
   check_d_topk(o, g, c, report);
   // NOTES: the weight gradients' "rows" are experts (random_case.h says why).
-  judge(report, "dw_gate", tensor_error(o.dw_gate, g.dw_gate, c.I * c.H), true);
-  judge(report, "dw_up", tensor_error(o.dw_up, g.dw_up, c.I * c.H), true);
-  judge(report, "dw_down", tensor_error(o.dw_down, g.dw_down, c.H * c.I), true);
+  judge(report, "dw_gate", tensor_error(o.dw_gate, g.dw_gate, c.I * c.H, dw_term_scale(g, 0)), true);
+  judge(report, "dw_up", tensor_error(o.dw_up, g.dw_up, c.I * c.H, dw_term_scale(g, 1)), true);
+  judge(report, "dw_down", tensor_error(o.dw_down, g.dw_down, c.H * c.I, dw_term_scale(g, 2)), true);
   if (c.Is > 0) check_shared_gradients(o, g, c, report);
   check_unused_experts_zero(o, L, report);
   return report;
@@ -482,9 +492,10 @@ void check_expert_gradients(const Outputs& o, const ref::Gradients& want, const 
                             CheckReport& report) {
   const std::string at = "[" + std::to_string(e) + "]";
   const int64_t n = c.I * c.H;
-  judge(report, "dw_gate" + at, tensor_error(part(o.dw_gate, e * n, n), want.dw_gate, n), true);
-  judge(report, "dw_up" + at, tensor_error(part(o.dw_up, e * n, n), want.dw_up, n), true);
-  judge(report, "dw_down" + at, tensor_error(part(o.dw_down, e * n, n), want.dw_down, n), true);
+  judge(report, "dw_gate" + at, tensor_error(part(o.dw_gate, e * n, n), want.dw_gate, n, dw_term_scale(want, 0)), true);
+  judge(report, "dw_up" + at, tensor_error(part(o.dw_up, e * n, n), want.dw_up, n, dw_term_scale(want, 1)), true);
+  judge(report, "dw_down" + at, tensor_error(part(o.dw_down, e * n, n), want.dw_down, n, dw_term_scale(want, 2)),
+        true);
 }
 
 void check_shared_gradients(const Outputs& o, const ref::Gradients& want, const Case& c, CheckReport& report) {

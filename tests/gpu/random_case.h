@@ -40,7 +40,11 @@ inline constexpr double kDTopkRowTolerance = 6e-2;
 // weights of opposite signs cancel a row but not its rounding. Both seen on the unfused (cuBLAS) path
 // as on the fused one (2026-12-04, 41b3855: 43 of 197 cases over 3e-2 on such rows, at most 0.14).
 // An expert's whole gradient averages over its I·H values, so an error confined to one expert is
-// still not diluted below the bound.
+// still not diluted below the bound. As for y and dx (below), an expert's denominator is also at least
+// the root-sum-square of its terms' norms (ref::Gradients::dw_term_square): an expert whose only rows
+// are one token's duplicate ids with router weights of opposite signs has a gradient that cancels and
+// an error that does not (2026-12-04, b97cbdb: 3 of 745 cases, 3.2-3.7e-2, every one of them
+// duplicates with negative weights, on experts of so few rows that the tensor's floor did not cover them).
 
 // NOTES: a row of y or dx is the sum of the shared expert's term and k routed terms, and the GPU rounds
 // each term on its own (a bf16 row per term or per factor). Router weights of opposite signs on one

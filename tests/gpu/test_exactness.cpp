@@ -148,6 +148,39 @@ void expect_a_unchanged_by_b(Backend b) {
   EXPECT_EQ(first_difference(a2, a1), "") << "A after B differs from A before it";
 }
 
+// (d) One rank keeps no x rows from its forward (plan/context_layout.cpp): with the forward's rows made
+// NaN before the backward, every output still matches the reference, on each path that gathers them
+// again: beside the dgrad of down, in its gather warps (dy rows gathered before it, token-major or row
+// by row); by a row kernel (dy rows gathered inside that GEMM); the unfused path's row kernel.
+void expect_x_rows_gathered_again(Backend b, int32_t token_major, int32_t gemm_gather = -1) {
+  const Case c{300, 256, 1024, 8, 2, 0};
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed) + " " + backend_name(b) + " token-major " +
+               std::to_string(token_major) + " gemm-gather " + std::to_string(gemm_gather));
+  const HostLayer L(c, seed);
+  std::mt19937_64 rng(seed ^ 0x71);
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace ws(L.shape, backend_config(b));
+  if (b == Backend::kFused) {
+    test_hooks::set_gather_token_major(ws, token_major);
+    test_hooks::set_gemm_gather(ws, gemm_gather);
+  }
+  test_hooks::poison_row_buffers(ws);
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer d_dy = to_device(dy);
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  test_hooks::poison_gathered_x(ws);
+  backward(ws, L.inputs(), make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);
+  ws.check(nullptr);
+  expect_reference(out.to_host_outputs(), L, dy);
+}
+
+TEST_F(Exactness, XRowsGatheredAgainBesideDgradTokenMajor) { expect_x_rows_gathered_again(Backend::kFused, 1); }
+TEST_F(Exactness, XRowsGatheredAgainBesideDgradRowKernel) { expect_x_rows_gathered_again(Backend::kFused, 0, 0); }
+TEST_F(Exactness, XRowsGatheredAgainByKernel) { expect_x_rows_gathered_again(Backend::kFused, 0, 1); }
+TEST_F(Exactness, XRowsGatheredAgainUnfused) { expect_x_rows_gathered_again(Backend::kUnfused, -1); }
+
 TEST_F(Exactness, CallUnchangedByAnImbalancedCallFused) { expect_a_unchanged_by_b(Backend::kFused); }
 TEST_F(Exactness, CallUnchangedByAnImbalancedCallUnfused) { expect_a_unchanged_by_b(Backend::kUnfused); }
 

@@ -49,8 +49,12 @@ struct ExpertGemmArgs {
   const int32_t* expert_rows = nullptr;   // [experts] device: rows before padding (needed by half tiles)
   const int32_t* block_offset = nullptr;  // [experts + 1] device: the schedule's block_offset (needed to fold tails)
   bf16_t* out = nullptr;                  // [capacity, n]
-  bf16_t* out_gate = nullptr;             // [capacity, n]  SwiGLU only, may be null
-  bf16_t* out_up = nullptr;               // [capacity, n]  SwiGLU only, may be null
+  bf16_t* out_gate = nullptr;             // [rows, n]  SwiGLU only, may be null
+  bf16_t* out_up = nullptr;               // [rows, n]  SwiGLU only, may be null
+  // With out_gate: row r's products go to row gate_up_slot[r] of out_gate and out_up (nowhere where it
+  // is -1): their t·k + j (no padding rows kept), or r itself (an array 0, 1, ...).
+  // NOTES: an array either way: a null pointer meaning "r itself" made ptxas serialise the kernel's wgmma.
+  const int32_t* gate_up_slot = nullptr;  // [capacity] device
   DeviceStatus* status = nullptr;         // where a stalled wait is reported
   int32_t* tickets = nullptr;             // [2] device, zero between launches: the dynamic tile scheduler's
                                           // counters (launches sharing them must be stream-ordered)
@@ -60,6 +64,10 @@ struct ExpertGemmArgs {
   // must then be writable): schedule row r = gather_src[row_token_slot[r] / top_k], zeros where the
   // slot is -1, rows up to expert_offset[experts]. Null: A is already in place.
   const bf16_t* gather_src = nullptr;     // [tokens, K]
+  // Set: the gather copies the rows here instead of into A, and no tile waits for them: a copy for a
+  // later launch, beside this one's work (one rank's backward: x rows for the weight gradients during
+  // the dgrad of down). A is then read as it is. The rows are K wide either way.
+  bf16_t* gather_dst = nullptr;           // [capacity, K]
   RowSources gather_sources;              // R > 1: row r from gather_sources.base[row_src_rank[r]] instead of
                                           // gather_src (which must still be set)
   const int32_t* row_token_slot = nullptr;// [capacity] device

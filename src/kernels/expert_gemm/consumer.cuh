@@ -218,9 +218,9 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
             return make_float2(silu(g[0]) * u[0], silu(g[1]) * u[1]);
           });
           if (p.out_gate_up) {
-            store_swapped_piece(smem.c[c], tma_c1, c, t.b_row, row, p.n,
+            store_swapped_piece(smem.c[c], p.gate_rows, c, t.b_row, row, p.n,
                                 [&](int b, int i) { return make_float2(acc[8 * b + i], acc[8 * b + i + 1]); });
-            store_swapped_piece(smem.c[c], tma_c2, c, t.b_row, row, p.n, [&](int b, int i) {
+            store_swapped_piece(smem.c[c], p.up_rows, c, t.b_row, row, p.n, [&](int b, int i) {
               return make_float2(acc[8 * (b + 2) + i], acc[8 * (b + 2) + i + 1]);
             });
           }
@@ -257,14 +257,14 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
       if (p.out_gate_up) {
 #pragma unroll
         for (int q = 0; q < 16 / kGroups; ++q) {
-          store_piece<false>(smem.c[c], tma_c1, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+          store_piece<false>(smem.c[c], p.gate_rows, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
             const int i = 4 * (kGroups * q + j) + 2 * r;
             return make_float2(acc[i], acc[i + 1]);
           });
         }
 #pragma unroll
         for (int q = 0; q < 16 / kGroups; ++q) {
-          store_piece<false>(smem.c[c], tma_c2, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
+          store_piece<false>(smem.c[c], p.up_rows, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
             const int i = 64 + 4 * (kGroups * q + j) + 2 * r;
             return make_float2(acc[i], acc[i + 1]);
           });
@@ -292,8 +292,8 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
             return make_float2(silu(g[i]) * u[i], silu(g[i + 1]) * u[i + 1]);
           });
           if (p.out_gate_up) {
-            store_fold_box(smem.c[c], tma_c1, c, col, tail_row, p.n, [&](int i) { return make_float2(g[i], g[i + 1]); });
-            store_fold_box(smem.c[c], tma_c2, c, col, tail_row, p.n, [&](int i) { return make_float2(u[i], u[i + 1]); });
+            store_fold_box(smem.c[c], p.gate_rows, c, col, tail_row, p.n, [&](int i) { return make_float2(g[i], g[i + 1]); });
+            store_fold_box(smem.c[c], p.up_rows, c, col, tail_row, p.n, [&](int i) { return make_float2(u[i], u[i + 1]); });
           }
         } else {
 #pragma unroll

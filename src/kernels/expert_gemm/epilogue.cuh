@@ -21,9 +21,20 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float2 v) {
 
 // Stores the boxes of warpgroup `wg`'s epilogue piece at (col, row[, batch]) of `map`, once all of its
 // threads have written them; columns at or past n are not stored.
+struct NoSlots {};
+
+// What a piece's store needs before the piece is staged: nothing for TMA; row by row, the slots of the
+// four piece rows this thread stores, 4·(thread / 8) .. + 3 (one 16-byte load, in flight while the
+// piece is staged).
+__device__ __forceinline__ NoSlots piece_slots(const CUtensorMap*, int32_t) { return {}; }
+__device__ __forceinline__ int4 piece_slots(const SlotRows& to, int32_t row) {
+  return __ldg(reinterpret_cast<const int4*>(to.slot + row) + (threadIdx.x % 128) / 8);
+}
+
 template <bool k3d, int kPieceBoxes>
 __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
-                                                  int wg, int32_t col, int32_t row, int32_t batch, int32_t n) {
+                                                  int wg, int32_t col, int32_t row, int32_t batch, int32_t n,
+                                                  NoSlots = {}) {
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(1 + wg, 128);
   if (threadIdx.x % 128 == 0) {
@@ -40,13 +51,43 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
   }
 }
 
+// Stores the boxes of warpgroup `wg`'s epilogue piece at schedule rows row .. row + 63 row by row, once
+// all of its threads have written them: piece row r to row slot[row + r] of to.dst (nowhere where it is
+// -1), from column col; columns at or past n are not stored. `slots`: piece_slots(to, row).
+// NOTES: each thread copies the 16-byte chunk thread % 8 of four rows out of the swizzled piece with
+// plain loads and stores; the next piece's barrier (store_piece*) comes after every thread's last read
+// of this one. Its slots are loaded before the piece is staged: loaded here, row by row, their latency
+// cost the forward 3% at qwen3-30b-a3b (2026-12-04, f635d05). A piece goes out row by row or with
+// TMA by its kernel's code, not by a run-time choice, and this loop is not unrolled: either made ptxas
+// serialise the gate/up kernels' wgmma ("insufficient register resources", C7511; tools/sass-check).
+template <bool k3d, int kPieceBoxes>
+__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const SlotRows& to,
+                                                  int wg, int32_t col, int32_t row, int32_t, int32_t n, int4 slots) {
+  sm90::named_barrier_sync(1 + wg, 128);
+  const int thread = threadIdx.x % 128, c = thread % 8, first = 4 * (thread / 8);
+  // Chunk c of piece row r sits at chunk c ^ (r % 8) of the row.
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q) {
+    const int32_t slot = q == 0 ? slots.x : q == 1 ? slots.y : q == 2 ? slots.z : slots.w;
+    if (slot < 0) continue;
+    const int r = first + q;
+    uint4* out = reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + col + 8 * c);
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b >= n) break;
+      out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
+    }
+  }
+}
+
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
-// (col, row[, batch]) of `map`. Columns at or past n are not stored.
-template <bool k3d, int kPieceBoxes, class Value>
-__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const CUtensorMap* map,
-                                            int wg, int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
+// (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored.
+template <bool k3d, int kPieceBoxes, class Dst, class Value>
+__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
+                                            int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  const auto slots = piece_slots(map, row);
   // The previous piece's store must be done reading the buffer before it is overwritten.
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);
@@ -63,18 +104,19 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
     const uint32_t at = (lane_base ^ (((2 * q) % 8) * 16)) + (q / 4) * 64 * 64 * 2;
     sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
   }
-  store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n);
+  store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n, slots);
 }
 
 // One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
 // boxes b get rows 0-15 from value(b, i), the two fp32 values of fragment registers i, i + 1 (i = 4j +
 // 2h) of the box's [64 columns, 16 rows] product, and zeros in rows 16-63 (padding rows, which every
-// piece stores as zeros). Stored at (col, row) of `map`; columns at or past n are not stored.
-template <int kPieceBoxes, class Value>
-__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64],
-                                                    const CUtensorMap* map, int wg, int32_t col, int32_t row,
-                                                    int32_t n, Value value) {
+// piece stores as zeros). Stored at (col, row) of `map` (as store_piece); columns at or past n are not
+// stored.
+template <int kPieceBoxes, class Dst, class Value>
+__device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
+                                                    int32_t col, int32_t row, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  const auto slots = piece_slots(map, row);
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);
   // Rows 16-63: 48 rows of 128 bytes per box, three 16-byte stores per thread and box.
@@ -97,18 +139,19 @@ __device__ __forceinline__ void store_swapped_piece(__nv_bfloat16 (&buf)[kPieceB
   for (int b = 0; b < kPieceBoxes; ++b) {
     sm90::stmatrix_x4_trans(sm90::smem_addr(buf[b]) + lane_off, pack(b, 0), pack(b, 2), pack(b, 4), pack(b, 6));
   }
-  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n, slots);
 }
 
 // The epilogue box of a folded tail (tile_scheduler.h): the [64 columns, kFoldRows rows] product of
 // one weight slice, transposed into rows 0 .. kFoldRows - 1 of a [64, 64] box, and zeros in rows
 // kFoldRows .. 63 (padding rows, which every piece stores as zeros). value(i): the two fp32 values of
 // fragment registers i, i + 1, i = 4j + 2h: product row 16w + l/4 + 8h, columns 8j + 2(l%4) + {0, 1}.
-// Stored at (col, row) of `map`; columns at or past n are not stored.
-template <class Value>
-__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const CUtensorMap* map, int wg,
-                                               int32_t col, int32_t row, int32_t n, Value value) {
+// Stored at (col, row) of `map` (as store_piece); columns at or past n are not stored.
+template <class Dst, class Value>
+__device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64], const Dst& map, int wg, int32_t col,
+                                               int32_t row, int32_t n, Value value) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  const auto slots = piece_slots(map, row);
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + wg, 128);
   constexpr int kZeroChunks = (64 - kFoldRows) * 8;  // 16-byte chunks of rows kFoldRows .. 63
@@ -128,7 +171,7 @@ __device__ __forceinline__ void store_fold_box(__nv_bfloat16 (&buf)[1][64 * 64],
     sm90::stmatrix_x4_trans(at, bf16x2_bits(value(0)), bf16x2_bits(value(2)), bf16x2_bits(value(4)),
                             bf16x2_bits(value(6)));
   }
-  store_piece_boxes<false>(buf, map, wg, col, row, 0, n);
+  store_piece_boxes<false>(buf, map, wg, col, row, 0, n, slots);
 }
 
 }  // namespace lynx::gemm::impl

@@ -155,13 +155,16 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
   if (args.gather_src) {
     check(args.row_token_slot != nullptr && args.gather_sync != nullptr && args.top_k > 0, "gather: slots, sync, top_k");
     check(l.gather_lookahead >= 1, "gather lookahead >= 1 row block");
-    // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers.
+    check(!args.gather_dst || !args.gather_sources.remote(), "a gather beside the GEMM reads this rank's rows");
+    // NOTES: the kernel writes A (args.a, the workspace's gathered-rows buffer) when it gathers into A.
     p.gather.src = reinterpret_cast<const uint4*>(args.gather_src);
-    p.gather.dst = reinterpret_cast<uint4*>(const_cast<bf16_t*>(args.a));
+    p.gather.dst = reinterpret_cast<uint4*>(args.gather_dst ? args.gather_dst : const_cast<bf16_t*>(args.a));
+    p.gather.awaited = args.gather_dst == nullptr;
     p.gather.row_token_slot = args.row_token_slot;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
     p.gather.vecs = static_cast<int32_t>(args.k / 8);
-    p.gather.lookahead = l.gather_lookahead;
+    // Rows no tile reads need not stay in L2 for it: no throttle.
+    p.gather.lookahead = p.gather.awaited ? l.gather_lookahead : INT32_MAX;
     p.gather.sync = args.gather_sync;
     p.sources = args.gather_sources;
 #if LYNX_EXPERIMENTS
@@ -176,6 +179,7 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   constexpr int kBlockN = Config<kMode>::kBlockN;
   Params p = rows_params(args, kBlockN);
   check((args.out_gate == nullptr) == (args.out_up == nullptr), "gate and up products both stored or neither");
+  check(args.out_gate == nullptr || args.gate_up_slot != nullptr, "gate and up products: where each row goes");
   Maps m;
   m.a = make_tma_2d(args.a, args.capacity, args.k, kBlockM, kBlockK);
   m.a_half = make_tma_2d(args.a, args.capacity, args.k, 64, kBlockK);
@@ -187,8 +191,11 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK, fb);
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
-  m.c1 = p.out_gate_up ? make_tma_2d(args.out_gate, args.capacity, args.n, 64, 64) : m.c0;
-  m.c2 = p.out_gate_up ? make_tma_2d(args.out_up, args.capacity, args.n, 64, 64) : m.c0;
+  m.c1 = m.c2 = m.c0;
+  if (p.out_gate_up) {  // row by row (epilogue.cuh)
+    p.gate_rows = SlotRows{args.out_gate, args.gate_up_slot, static_cast<int32_t>(args.n)};
+    p.up_rows = SlotRows{args.out_up, args.gate_up_slot, static_cast<int32_t>(args.n)};
+  }
   launch<kMode>(m, p, args.sm_count, stream);
 }
 

@@ -287,7 +287,7 @@ __device__ __forceinline__ void producer(SharedStorage<kMode, kFold>& smem, cons
     }
     // The rows of the tile's block, when the kernel gathers A itself (announced first: row_gather.cuh).
     // A folded tail's rows are the next block's.
-    if (kMode != Mode::kWeightGrad && p.gather.src) {
+    if (kMode != Mode::kWeightGrad && p.gather.src && p.gather.awaited) {
       await_gathered_rows(p.gather, t.a_row / kBlockM, tile, p.status);
       if (kFold && t.fold > 0) await_gathered_rows(p.gather, t.a_row / kBlockM + 1, tile, p.status);
     }

@@ -26,12 +26,13 @@ namespace lynx::gemm {
 
 struct RowGather {
   const uint4* src;               // [tokens, vecs] the token rows (null: no gather, A is in place)
-  uint4* dst;                     // [capacity, vecs] A
+  uint4* dst;                     // [capacity, vecs] A, or rows for a later launch (awaited false)
   const int32_t* row_token_slot;  // [capacity] t·k + j of each schedule row, -1 for padding
   int32_t top_k;
   int32_t vecs;                   // 16-byte vectors per row (K / 8)
   int32_t lookahead;              // row blocks it may run ahead (plan/gather.h)
   int32_t* sync;                  // [gather_sync_ints(capacity)] (api.h)
+  bool awaited;                   // dst is A: each tile waits until its row block is copied
 #if LYNX_EXPERIMENTS
   int32_t stall_block = -1;       // test hook: this row block is claimed but never copied (-1: off)
 #endif

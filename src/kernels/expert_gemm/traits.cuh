@@ -104,13 +104,22 @@ static_assert(sizeof(SharedStorage<Mode::kRows, true>) + 1024 <= 227 * 1024, "sh
 static_assert(sizeof(SharedStorage<Mode::kRowsMnB, true>) + 1024 <= 227 * 1024, "shared memory");
 static_assert(sizeof(__nv_bfloat16) * kFoldRows * kBlockK % 1024 == 0, "fold boxes stay 1024-byte aligned");
 
+// Where an epilogue piece goes row by row (epilogue.cuh): schedule row r to row slot[r] of dst (nowhere
+// where slot[r] is -1), rows `pitch` elements apart.
+struct SlotRows {
+  bf16_t* dst;
+  const int32_t* slot;
+  int32_t pitch;
+};
+
 struct Params {
   TileGrid grid;
   int32_t m;           // rows of C per expert (weight grad)
   int32_t n;
   int32_t out_split;   // weight grad: rows >= out_split go to tma_c1 (row - out_split); else INT32_MAX
   int32_t k_split;     // kRowsMnB: K rows [0, k_split) come from B0, the rest from B1
-  bool out_gate_up;    // SwiGLU: the gate and up products go out too (tma_c1, tma_c2)
+  bool out_gate_up;    // SwiGLU: the gate and up products go out too, row by row (gate_rows, up_rows)
+  SlotRows gate_rows, up_rows;
   DeviceStatus* status;
   bool in_order;       // tiles claimed in order from `tickets`; else the static round robin
   int32_t cluster;     // CTAs per cluster: 1, or kClusterTiles (row modes; plan/tiles.h)

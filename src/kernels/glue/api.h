@@ -47,11 +47,12 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
 // With remote `weight_sources` (R > 1) a row's weight is read from its source rank's copy of the
 // weights (topk_weights is ignored), and d_topk_weights is per row: d_topk_weights[row] (the source
-// pulls it in its combine).
+// pulls it in its combine). With `gate_up_by_slot` (one rank) g and u are [T·k, width], a row's at its
+// slot (the fused forward's context: no padding rows), not at the row.
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
-                     const RowSources& weight_sources = {});
+                     const RowSources& weight_sources = {}, bool gate_up_by_slot = false);
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.

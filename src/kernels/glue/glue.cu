@@ -195,13 +195,15 @@ constexpr int kSwigluVecs = 3;
 constexpr int kSwigluBlocksPerSm = 5;
 
 // kRemote (R > 1): each row's weight from its source rank's copy, d_topk_weights per row (at 5
-// blocks per SM its table lookups spilled).
-template <bool kRemote>
-__global__ void __launch_bounds__(kSwigluWarps * 32, kRemote ? 4 : kSwigluBlocksPerSm) swiglu_backward_kernel(
+// blocks per SM its table lookups spilled). kBySlot: g and u at the row's slot (its second row
+// address spilled at 5 blocks too; at 4, 16 rows in flight per SM still keep ~70 KB of loads in flight).
+template <bool kRemote, bool kBySlot>
+__global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kSwigluBlocksPerSm) swiglu_backward_kernel(
     Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
     float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
     const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources) {
+  static_assert(!(kRemote && kBySlot), "by slot: one rank");
   // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
   if (total_rows && *total_rows > rows) return;
   const int64_t used = total_rows ? *total_rows : rows;
@@ -226,12 +228,15 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote ? 4 : kSwigluBlocks
       w = topk_weights ? topk_weights[slot] : 1.0f;
     }
     float dot = 0.0f;
+    // g and u of the row (at its slot with kBySlot).
+    const Vec8* g_row = g + (kBySlot ? int64_t(slot) : row) * vecs_per_row;
+    const Vec8* u_row = u + (kBySlot ? int64_t(slot) : row) * vecs_per_row;
     for (int64_t v0 = lane; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
       Vec8 dav[kSwigluVecs], gv[kSwigluVecs], uv[kSwigluVecs];
 #pragma unroll
       for (int q = 0; q < kSwigluVecs; ++q) {
-        const int64_t i = row * vecs_per_row + v0 + 32 * q;
-        if (v0 + 32 * q < vecs_per_row) dav[q] = da[i], gv[q] = g[i], uv[q] = u[i];
+        const int64_t v = v0 + 32 * q;
+        if (v < vecs_per_row) dav[q] = da[row * vecs_per_row + v], gv[q] = g_row[v], uv[q] = u_row[v];
       }
 #pragma unroll
       for (int q = 0; q < kSwigluVecs; ++q) {
@@ -348,8 +353,9 @@ void prepare_glue_kernels() {
                              reinterpret_cast<const void*>(gather_rows_kernel<true>),
                              reinterpret_cast<const void*>(scatter_token_rows_kernel),
                              reinterpret_cast<const void*>(swiglu_forward_kernel),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel<false>),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel<true>),
+                             reinterpret_cast<const void*>(swiglu_backward_kernel<false, false>),
+                             reinterpret_cast<const void*>(swiglu_backward_kernel<false, true>),
+                             reinterpret_cast<const void*>(swiglu_backward_kernel<true, false>),
                              reinterpret_cast<const void*>(combine_kernel<false>),
                              reinterpret_cast<const void*>(combine_kernel<true>)}) {
     cudaFuncAttributes attr{};
@@ -393,13 +399,20 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
-                     const RowSources& weight_sources) {
-  static detail::PerDeviceCache resident;
-  const int grid = static_cast<int>(
-      std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps),
-                        resident_blocks(swiglu_backward_kernel<false>, kSwigluWarps * 32, resident)));
+                     const RowSources& weight_sources, bool gate_up_by_slot) {
+  if (gate_up_by_slot && (!row_token_slot || weight_sources.remote())) {
+    throw Error("", "internal: swiglu_backward: g and u by slot need one rank's row slots");
+  }
+  static detail::PerDeviceCache resident, resident_by_slot;
+  const int fits = gate_up_by_slot ? resident_blocks(swiglu_backward_kernel<false, true>, kSwigluWarps * 32, resident_by_slot)
+                                   : resident_blocks(swiglu_backward_kernel<false, false>, kSwigluWarps * 32, resident);
+  const int grid =
+      static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps), fits));
   // (the remote variant holds fewer blocks per SM: its grid strides over the rest)
-  (weight_sources.remote() ? swiglu_backward_kernel<true> : swiglu_backward_kernel<false>)<<<grid, kSwigluWarps * 32, 0, stream>>>(
+  const auto kernel = weight_sources.remote() ? swiglu_backward_kernel<true, false>
+                      : gate_up_by_slot       ? swiglu_backward_kernel<false, true>
+                                              : swiglu_backward_kernel<false, false>;
+  kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
       topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources);
