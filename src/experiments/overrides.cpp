@@ -51,6 +51,13 @@ Overrides read_environment() {
   o.gather_lookahead = env_count("LYNX_GEMM_GATHER_AHEAD", 1 << 30, "row blocks");
   o.schedule_min_warps = env_count("LYNX_SCHEDULE_MIN_WARPS", 16, "warps");
   o.baseline_gemm = env_choice("LYNX_UNFUSED_GEMM", "loop", "grouped");
+  if (const char* v = std::getenv("LYNX_X_ROWS_AGAIN")) {
+    const std::string s(v);
+    o.x_rows_again = s == "kernel" ? 0 : s == "dgrad-down" ? 1 : s == "dgrad-gate-up" ? 2 : -2;
+    if (o.x_rows_again == -2) {
+      throw Error("LYNX_X_ROWS_AGAIN", "must be kernel, dgrad-down or dgrad-gate-up, got '" + s + "'");
+    }
+  }
   return o;
 }
 

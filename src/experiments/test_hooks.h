@@ -50,6 +50,9 @@ inline void set_gather_token_major(Workspace& ws, int32_t v) { force(ws, &plan::
 // the row-major kernel there), in the row-major kernel before them (0), or by the rule (-1).
 inline void set_gemm_gather(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_gather, v); }
 
+// Where one rank's backward gathers the x rows again (plan::Overrides::x_rows_again; -1: the rule).
+inline void set_x_rows_again(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::x_rows_again, v); }
+
 // The in-kernel gather claims row block `block`'s rows but never copies them (-1 turns the hook off),
 // so that the producer's bounded wait for them must time out and report instead of hanging.
 inline void set_gather_stall_block(Workspace& ws, int32_t block) { ws.impl().test_gather_stall_block = block; }

@@ -23,6 +23,7 @@ void check(const Overrides& f) {
   check_forced(f.gemm_half_tiles >= -1 && f.gemm_half_tiles <= 1, "gemm_half_tiles", "-1, 0 or 1");
   check_forced(f.gemm_gather >= -1 && f.gemm_gather <= 1, "gemm_gather", "-1, 0 or 1");
   check_forced(f.gather_token_major >= -1 && f.gather_token_major <= 1, "gather_token_major", "-1, 0 or 1");
+  check_forced(f.x_rows_again >= -1 && f.x_rows_again <= 2, "x_rows_again", "-1, 0, 1 or 2");
   check_forced(f.gather_lookahead >= 0, "gather_lookahead", "0 (the rule) or more row blocks");
   check_forced(f.gemm_sm_count >= 0, "gemm_sm_count", "0 (every SM) or more CTAs");
   check_forced(f.schedule_min_warps >= 0 && f.schedule_min_warps <= sched::kMaxWarps, "schedule_min_warps",
@@ -68,6 +69,14 @@ GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, bool
 
 }  // namespace
 
+XRowsAgain x_rows_again_place(const LayerShape& shape, GatherPlace da_gather, int32_t forced) {
+  if (shape.num_ranks > 1) return XRowsAgain::kKept;
+  const bool da_free = da_gather != GatherPlace::kInGemm;  // its gather warps copy no dy rows
+  if (forced == 0) return XRowsAgain::kKernel;
+  if (forced == 2) return XRowsAgain::kBesideDgradGateUp;
+  return da_free ? XRowsAgain::kBesideDgradDown : XRowsAgain::kKernel;
+}
+
 LayerPlan make_layer_plan(const LayerShape& shape, const DeviceProps& device, const Overrides& forced) {
   check(forced);
   const int64_t H = shape.hidden, I = shape.intermediate;
@@ -75,6 +84,7 @@ LayerPlan make_layer_plan(const LayerShape& shape, const DeviceProps& device, co
   p.gemm_sm_count = forced.gemm_sm_count > 0 ? forced.gemm_sm_count : device.sm_count;
   p.gate_up_gather = gather_place(shape, 2 * I, true, device.l2_bytes, forced);  // gate and up: 2I columns
   p.da_gather = gather_place(shape, I, false, device.l2_bytes, forced);          // da: I columns
+  p.x_rows_again = x_rows_again_place(shape, p.da_gather, forced.x_rows_again);
   p.gate_up = row_launch(shape, H, p.gate_up_gather == GatherPlace::kInGemm, forced);
   p.down = row_launch(shape, I, false, forced);
   p.da = row_launch(shape, H, p.da_gather == GatherPlace::kInGemm, forced);

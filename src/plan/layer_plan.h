@@ -26,10 +26,22 @@ struct DeviceProps {
 // kernel before it (glue::gather_rows).
 enum class GatherPlace { kTokenKernel, kInGemm, kRowKernel };
 
+// Where one rank's backward gathers the x rows for the gate/up weight gradients again (it keeps none:
+// plan/context_layout.cpp): by a kernel before the weight gradients, or beside a dgrad GEMM, in its
+// idle gather warps (a copy no tile waits for). kKept at R > 1, whose context holds them.
+enum class XRowsAgain { kKept, kKernel, kBesideDgradDown, kBesideDgradGateUp };
+
+// NOTES: beside the dgrad of down where that GEMM gathers no dy rows itself (qwen3-30b-a3b: dy is
+// gathered token-major before it): backward 2.61 ms against 2.70 by a row kernel and 2.45-2.54 with
+// the rows kept (2026-12-04, 059d52f and 66e7145). Beside the dgrad of gate/up (twice as long, so the
+// copy's bytes are spread thinner; its gather warps are always idle): not yet measured.
+XRowsAgain x_rows_again_place(const LayerShape& shape, GatherPlace da_gather, int32_t forced = -1);
+
 struct LayerPlan {
   int32_t gemm_sm_count = 0;      // CTAs of the expert GEMMs' persistent grids
   GatherPlace gate_up_gather = GatherPlace::kInGemm;  // the x rows of the forward's gate/up launch
   GatherPlace da_gather = GatherPlace::kInGemm;       // the dy rows of the backward's da launch
+  XRowsAgain x_rows_again = XRowsAgain::kBesideDgradDown;  // one rank's x rows for the weight gradients
   gemm::RowLaunch gate_up;        // forward: silu(x·w_gateᵀ) ⊙ (x·w_upᵀ), K = H
   gemm::RowLaunch down;           // forward: h·w_downᵀ, K = I
   gemm::RowLaunch da;             // backward: dy·w_down, K = H

@@ -42,14 +42,23 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // At R > 1 the rows are pulled from every rank's staged dy (the open step), not from `dy`.
   if (gather) queue_gather_kernel(place, w, dy, dyg, s);
 
-  // One rank keeps no x rows from its forward (plan/context_layout.cpp): the weight gradients' x rows
-  // are gathered again into xg, by the dgrad of down's idle gather warps when it gathers no dy rows
-  // itself, else by a kernel before the weight gradients.
-  // NOTES: the copy beside the GEMM hides it: as a row kernel of its own it cost 0.16 ms of the 2.5 ms
-  // backward at qwen3-30b-a3b (2026-12-04, commit 059d52f).
+  // One rank keeps no x rows from its forward (plan/context_layout.cpp): the gate/up weight gradients'
+  // x rows are gathered again into xg, where the plan says (plan::XRowsAgain).
   const bool x_again = w.ranks() == 1 && !omitted(Stage::kXGather, w.backward_calls);
-  const bool x_beside_da =
-      x_again && !(gather && place == plan::GatherPlace::kInGemm) && !omitted(Stage::kDgradDown, w.backward_calls);
+  plan::XRowsAgain x_place = x_again ? w.plan.x_rows_again : plan::XRowsAgain::kKept;
+  if (x_place == plan::XRowsAgain::kBesideDgradDown &&
+      ((gather && place == plan::GatherPlace::kInGemm) || omitted(Stage::kDgradDown, w.backward_calls))) {
+    x_place = plan::XRowsAgain::kKernel;
+  }
+  if (x_place == plan::XRowsAgain::kBesideDgradGateUp && omitted(Stage::kDgradGateUp, w.backward_calls)) {
+    x_place = plan::XRowsAgain::kKernel;
+  }
+  // The x rows beside GEMM launch `a`, in its idle gather warps.
+  const auto copy_x_beside = [&](gemm::ExpertGemmArgs& a) {
+    gather_rows_in(a, w, in.x);
+    a.gather_dst = w.un.xg;
+    a.gather_width = H;
+  };
 
   gemm::ExpertGemmArgs g = expert_gemm_args(w, w.plan.da);
 
@@ -62,10 +71,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     gemm::ExpertGemmArgs da = g;
     if (gather && place == plan::GatherPlace::kInGemm) gather_rows_in(da, w, dy);  // dy rows into dyg, inside the GEMM
-    if (x_beside_da) {
-      gather_rows_in(da, w, in.x);
-      da.gather_dst = w.un.xg;
-    }
+    if (x_place == plan::XRowsAgain::kBesideDgradDown) copy_x_beside(da);
     gemm::expert_gemm_n_major(da, s);
   }
 
@@ -88,7 +94,11 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   g.k_split = I;
   g.n = H;
   g.out = dxe;
-  if (!omitted(Stage::kDgradGateUp, w.backward_calls)) gemm::expert_gemm_n_major(g, s);
+  if (!omitted(Stage::kDgradGateUp, w.backward_calls)) {
+    gemm::ExpertGemmArgs dx = g;
+    if (x_place == plan::XRowsAgain::kBesideDgradGateUp) copy_x_beside(dx);
+    gemm::expert_gemm_n_major(dx, s);
+  }
   if (w.ranks() == 1) dx_combine(w, grads, s);
 
   // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
@@ -103,7 +113,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   wg.in_order = w.plan.weight_grad_in_order;
   // The x rows by a kernel: the forward's where it has one (its padding rows are zeros wherever a tile
   // reads them), else row by row.
-  if (x_again && !x_beside_da) {
+  if (x_place == plan::XRowsAgain::kKernel) {
     const plan::GatherPlace forward = w.plan.gate_up_gather;
     queue_gather_kernel(forward == plan::GatherPlace::kInGemm ? plan::GatherPlace::kRowKernel : forward, w, in.x,
                         w.un.xg, s);

@@ -54,9 +54,30 @@ TEST(LayerPlan, Qwen3) {
     EXPECT_TRUE(l->swapped);
   }
   EXPECT_EQ(p.gate_up.gather_lookahead, 48);  // 24 MB of 512 KB row blocks
+  EXPECT_EQ(p.x_rows_again, XRowsAgain::kBesideDgradDown);  // da gathers no dy rows itself
   EXPECT_EQ(p.schedule.warps, 4);
   EXPECT_EQ(p.schedule.chunks, 128);
   EXPECT_EQ(p.baseline_gemm, -1);
+}
+
+// Where one rank gathers the x rows again: beside the dgrad of down unless that GEMM gathers its dy
+// rows itself, then by a kernel; forced: a kernel, beside down where it can be, beside gate/up; at R > 1
+// the context keeps them.
+TEST(LayerPlan, XRowsAgain) {
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kTokenKernel), XRowsAgain::kBesideDgradDown);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kRowKernel), XRowsAgain::kBesideDgradDown);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kInGemm), XRowsAgain::kKernel);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kTokenKernel, 0), XRowsAgain::kKernel);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kTokenKernel, 1), XRowsAgain::kBesideDgradDown);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kInGemm, 1), XRowsAgain::kKernel);
+  EXPECT_EQ(x_rows_again_place(kQwen3, GatherPlace::kInGemm, 2), XRowsAgain::kBesideDgradGateUp);
+  LayerShape two = kQwen3;
+  two.num_ranks = 2;
+  EXPECT_EQ(x_rows_again_place(two, GatherPlace::kRowKernel), XRowsAgain::kKept);
+  EXPECT_EQ(x_rows_again_place(two, GatherPlace::kRowKernel, 2), XRowsAgain::kKept);
+  Overrides bad;
+  bad.x_rows_again = 3;
+  EXPECT_THROW(make_layer_plan(kQwen3, h200(), bad), Error);
 }
 
 // deepseek-v3: about one row block per expert, x (59 MB) over half the L2: every gather token-major,

@@ -151,12 +151,14 @@ void expect_a_unchanged_by_b(Backend b) {
 // (d) One rank keeps no x rows from its forward (plan/context_layout.cpp): with the forward's rows made
 // NaN before the backward, every output still matches the reference, on each path that gathers them
 // again: beside the dgrad of down, in its gather warps (dy rows gathered before it, token-major or row
-// by row); by a row kernel (dy rows gathered inside that GEMM); the unfused path's row kernel.
-void expect_x_rows_gathered_again(Backend b, int32_t token_major, int32_t gemm_gather = -1) {
+// by row); by a row kernel (dy rows gathered inside that GEMM); beside the dgrad of gate/up (dy rows
+// in the GEMM or token-major); the unfused path's row kernel.
+void expect_x_rows_gathered_again(Backend b, int32_t token_major, int32_t gemm_gather = -1, int32_t x_place = -1) {
   const Case c{300, 256, 1024, 8, 2, 0};
   const auto seed = fresh_seed();
   SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed) + " " + backend_name(b) + " token-major " +
-               std::to_string(token_major) + " gemm-gather " + std::to_string(gemm_gather));
+               std::to_string(token_major) + " gemm-gather " + std::to_string(gemm_gather) + " x rows " +
+               std::to_string(x_place));
   const HostLayer L(c, seed);
   std::mt19937_64 rng(seed ^ 0x71);
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
@@ -164,6 +166,7 @@ void expect_x_rows_gathered_again(Backend b, int32_t token_major, int32_t gemm_g
   if (b == Backend::kFused) {
     test_hooks::set_gather_token_major(ws, token_major);
     test_hooks::set_gemm_gather(ws, gemm_gather);
+    test_hooks::set_x_rows_again(ws, x_place);
   }
   test_hooks::poison_row_buffers(ws);
   OutputBuffers out(c);
@@ -179,6 +182,10 @@ void expect_x_rows_gathered_again(Backend b, int32_t token_major, int32_t gemm_g
 TEST_F(Exactness, XRowsGatheredAgainBesideDgradTokenMajor) { expect_x_rows_gathered_again(Backend::kFused, 1); }
 TEST_F(Exactness, XRowsGatheredAgainBesideDgradRowKernel) { expect_x_rows_gathered_again(Backend::kFused, 0, 0); }
 TEST_F(Exactness, XRowsGatheredAgainByKernel) { expect_x_rows_gathered_again(Backend::kFused, 0, 1); }
+TEST_F(Exactness, XRowsGatheredAgainBesideDgradGateUp) {
+  expect_x_rows_gathered_again(Backend::kFused, 0, 1, 2);
+  expect_x_rows_gathered_again(Backend::kFused, 1, -1, 2);
+}
 TEST_F(Exactness, XRowsGatheredAgainUnfused) { expect_x_rows_gathered_again(Backend::kUnfused, -1); }
 
 TEST_F(Exactness, CallUnchangedByAnImbalancedCallFused) { expect_a_unchanged_by_b(Backend::kFused); }

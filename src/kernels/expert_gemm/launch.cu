@@ -162,7 +162,9 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.awaited = args.gather_dst == nullptr;
     p.gather.row_token_slot = args.row_token_slot;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
-    p.gather.vecs = static_cast<int32_t>(args.k / 8);
+    const int64_t width = args.gather_dst ? args.gather_width : args.k;
+    check(width > 0 && width % 8 == 0, "gather: rows of whole 16-byte vectors");
+    p.gather.vecs = static_cast<int32_t>(width / 8);
     // Rows no tile reads need not stay in L2 for it: no throttle.
     p.gather.lookahead = p.gather.awaited ? l.gather_lookahead : INT32_MAX;
     p.gather.sync = args.gather_sync;
