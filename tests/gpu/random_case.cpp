@@ -190,7 +190,9 @@ void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, Chec
 void check_unused_experts_zero(const Outputs& o, const HostLayer& L, CheckReport& report) {
   const Case& c = L.c;
   std::vector<int64_t> rows(c.E, 0);
-  for (int32_t e : L.ids) ++rows[e];
+  for (int32_t e : L.ids) {
+    if (e >= 0) ++rows[e];  // -1: not routed
+  }
   for (int64_t e = 0; e < c.E; ++e) {
     if (rows[e] != 0) continue;
     for (int64_t i = 0; i < c.I * c.H; ++i) {

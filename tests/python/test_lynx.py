@@ -295,6 +295,37 @@ def test_workspace_rejects_another_shape():
         lynx.functional.forward(ws, x, ids, tw, *w)
 
 
+@pytest.mark.parametrize("backend", ["fused", "unfused"])
+def test_unrouted_slots_add_nothing(backend):
+    """A topk_ids of -1: the slot is not routed. Its router weight (NaN here) is not read, it adds no
+    term, and its topk_weights gradient is exactly 0; the last tokens, with no slot routed, get the
+    shared expert alone (a rank with fewer tokens pads this way)."""
+    x, ids, tw, w, s = make(T=256, H=128, I=64, E=8, k=2, Is=64)
+    ids = ids.clone()
+    ids[::3, 1] = -1
+    ids[200:] = -1
+    tw = tw.masked_fill(ids < 0, float("nan"))
+    leaves = [x, tw, *w, *s]
+    for t in leaves:
+        t.requires_grad_()
+    y = lynx.moe(x, ids, tw, *w, *s, config=lynx.Config(backend=backend))
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    lynx.check()
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    y_ref = reference_moe(ref_leaves[0], ids, ref_leaves[1], *ref_leaves[2:])
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy.float())
+    assert rel(y, y_ref) < TOL
+    assert (grads[1][ids < 0] == 0).all()
+    names = ["x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"]
+    mag = d_topk_magnitude(x, ids, *w, dy)
+    for name, got, want in zip(names, grads, ref_grads):
+        if name == "topk_weights":
+            check_d_topk(got, want, mag)
+        else:
+            assert rel(got, want) < TOL, name
+
+
 def test_experts_without_rows_get_zero_gradients():
     x, ids, tw, w, s = make(T=100, H=64, I=64, E=8, k=2, routing="two")
     for t in w:
