@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/per_device.h"
 #include "common/status.h"
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/tma.h"
@@ -123,14 +124,16 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
   if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
   if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
+  if (blocks_of(M) > 65535) throw Error("M", "at most 65535 row blocks of 128 (the grid's y), got " + std::to_string(M));
   const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
   constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
-  static const bool configured = [] {
+  // The attribute is per device: set once on each.
+  static detail::PerDeviceCache configured;
+  detail::per_device(configured, [](int) {
     LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)configured;
+    return 1;
+  });
   const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
   gemm_kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M), int32_t(N),
                                                  int32_t(K), status);
