@@ -338,7 +338,9 @@ void route_weights(HostLayer& L, RouterWeights weights, std::mt19937_64& rng) {
 
 std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r) {
   std::vector<std::vector<int64_t>> slots(r.E);
-  for (int64_t s = 0; s < r.T * r.k; ++s) slots[r.topk_ids[s]].push_back(s);
+  for (int64_t s = 0; s < r.T * r.k; ++s) {
+    if (r.topk_ids[s] >= 0) slots[r.topk_ids[s]].push_back(s);  // -1: not routed
+  }
   return slots;
 }
 
