@@ -3,6 +3,11 @@
 //   y[t] = shared(x[t]) + Σ_j topk_weights[t,j] · f_e(x[t]),  e = topk_ids[t,j]
 //   f_e(v) = w_down[e] · (silu(w_gate[e]·v) ⊙ (w_up[e]·v))
 //
+// A slot (t, j) whose id is -1 is not routed: it adds no term to y[t], its router weight is not read
+// (any value), and its d_topk_weights is 0. Dropped tokens, and, with expert parallelism, a rank with
+// fewer tokens than the others: it pads its tokens to the group's T with rows whose ids are all -1,
+// and every output of its real tokens keeps the bits of one rank holding only the real tokens.
+//
 // Every call validates all its arguments on the host before it launches anything, and throws
 // lynx::Error naming the argument at fault. Routing values that live on the device (expert ids out of
 // range, non-finite router weights) are checked by the first kernel of the call; the error is
@@ -33,8 +38,8 @@ struct ExpertWeights {
 // aligned; the expert weights (and their gradients) 128-byte aligned, as TMA needs.
 struct LayerInputs {
   TensorView x;             // [T, H] bf16
-  TensorView topk_ids;      // [T, k] int32 or int64, global expert ids in [0, E)
-  TensorView topk_weights;  // [T, k] fp32, finite
+  TensorView topk_ids;      // [T, k] int32 or int64, global expert ids in [0, E), or -1: not routed
+  TensorView topk_weights;  // [T, k] fp32, finite where routed
   ExpertWeights weights;
 };
 

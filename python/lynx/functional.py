@@ -208,11 +208,25 @@ def check(device=None):
         ws.check(stream)
 
 
+def pad_tokens(tokens: int, x, topk_ids, topk_weights):
+    """(x, topk_ids, topk_weights) padded to `tokens` rows, and the rows there were: zero rows of x,
+    topk_ids of -1 (not routed: no expert computes them, their weights are not read), weights of 0."""
+    T = x.shape[0]
+    if tokens < T:
+        raise ValueError(f"lynx: ep_tokens: {tokens} is below this rank's {T} tokens")
+    if tokens == T:
+        return x, topk_ids, topk_weights, T
+    pad = tokens - T
+    return (torch.cat([x, x.new_zeros(pad, x.shape[1])]),
+            torch.cat([topk_ids, topk_ids.new_full((pad, topk_ids.shape[1]), -1)]),
+            torch.cat([topk_weights, topk_weights.new_zeros(pad, topk_weights.shape[1])]), T)
+
+
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate: torch.Tensor,
         w_up: torch.Tensor, w_down: torch.Tensor, ws_gate: Optional[torch.Tensor] = None,
         ws_up: Optional[torch.Tensor] = None, ws_down: Optional[torch.Tensor] = None,
         config: Config = Config(), workspace_tag: int = 0, workspace: Optional[Workspace] = None,
-        ep_group=None) -> torch.Tensor:
+        ep_group=None, ep_tokens: Optional[int] = None) -> torch.Tensor:
     """y[t] = shared(x[t]) + sum_j topk_weights[t,j] * down_e(silu(gate_e x[t]) * up_e x[t]).
 
     x [T, H] bf16; topk_ids [T, k] int32/int64; topk_weights [T, k] fp32; w_gate, w_up [E, I, H],
@@ -234,9 +248,17 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     over every rank's tokens (no further reduction); the shared expert's are over this rank's tokens
     (reduce them across ranks as for any replicated parameter). All bitwise those of one rank holding
     every token (rank-major) and every expert. Every rank of the group must make the same sequence of
-    lynx calls with the same shapes; see docs/python.md."""
+    lynx calls with the same shapes; see docs/python.md. Ranks whose token counts differ pass the
+    group's largest as `ep_tokens`: a rank with fewer pads its tokens to it (zero rows, not routed) and
+    gets back only its own rows, with the bits of one rank holding every rank's real tokens."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
+    if ep_tokens is not None:
+        if ep_group is None:
+            raise ValueError("lynx: ep_tokens: only with an ep_group")
+        x, topk_ids, topk_weights, T = pad_tokens(ep_tokens, x, topk_ids, topk_weights)
+        return moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
+                   workspace, ep_group)[:T]
     ep = _groups.group_id(ep_group, config.peer_timeout_ms)
     if workspace is not None and ep != 0:
         raise ValueError("lynx: workspace: an explicit Workspace is one rank's; pass ep_group without it")

@@ -117,7 +117,10 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
                   data_of<const float>(in.topk_weights), w.schedule.row_token_slot, w.device_total_rows(), cap, I, s);
   run_products(w, dx_gate, s);
   run_products(w, dx_up, s);
-  glue::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H, w.status, s);
+  CombineSources unrouted;  // the slots not routed get d_topk_weights 0
+  unrouted.d_topk_weights = data_of<float>(grads.d_topk_weights);
+  glue::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H,
+                w.status, s, unrouted);
   // The forward's x rows are not kept (plan/context_layout.cpp): gathered again.
   glue::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(), cap, k, H,
                     s);

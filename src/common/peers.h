@@ -24,7 +24,8 @@ struct CombineSources {
   const int32_t* ids32 = nullptr;          // [T*k] device: this rank's checked ids (global experts)
   int32_t local_experts = 0;               // E / R: expert e lives on rank e / local_experts
   const float* const* d_topk_rows = nullptr;  // [R] device: each rank's per-row d_topk_weights, or null
-  float* d_topk_weights = nullptr;         // [T*k] device: where this rank's d_topk_weights go, or null
+  float* d_topk_weights = nullptr;         // [T*k] device: where this rank's d_topk_weights go, or null: at
+                                          // R > 1 every one (pulled); at R = 1 the 0 of each slot not routed
 };
 
 }  // namespace lynx

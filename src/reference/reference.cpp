@@ -29,9 +29,11 @@ struct Ffn {
   int64_t n;
 };
 
+// The expert of slot (t, j), or -1 when the slot is not routed.
 template <class Src>
 int64_t expert_of(const Layer<Src>& L, int64_t t, int64_t j) {
   const int64_t e = L.topk_ids[t * L.k + j];
+  if (e == -1) return -1;
   if (e < 0 || e >= L.E)
     throw std::out_of_range("lynx::ref: topk_ids[" + std::to_string(t) + "," + std::to_string(j) +
                             "] = " + std::to_string(e) + " is outside [0, " + std::to_string(L.E) +
@@ -147,8 +149,10 @@ void forward_row(const Layer<Src>& L, int64_t t, Scratch& s, double* y_row) {
   std::fill(y_row, y_row + L.H, 0.0);
   s.load_x(L, t);
   if (L.I_shared > 0) ffn_forward(shared(L), L.H, 1.0, s, y_row);
-  for (int64_t j = 0; j < L.k; ++j)
-    ffn_forward(routed(L, expert_of(L, t, j)), L.H, L.topk_weights[t * L.k + j], s, y_row);
+  for (int64_t j = 0; j < L.k; ++j) {
+    const int64_t e = expert_of(L, t, j);
+    if (e >= 0) ffn_forward(routed(L, e), L.H, L.topk_weights[t * L.k + j], s, y_row);
+  }
 }
 
 // One token's backward, in the order shared, then j = 0..k-1; weight gradients only if g != null.
@@ -164,6 +168,10 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
   }
   for (int64_t j = 0; j < L.k; ++j) {
     const int64_t e = expert_of(L, t, j);
+    if (e < 0) {  // not routed
+      d_topk_row[j] = 0.0;
+      continue;
+    }
     FfnGrads rg;
     if (g)
       rg = {g->dw_gate.data() + e * L.I * L.H, g->dw_up.data() + e * L.I * L.H,

@@ -18,7 +18,7 @@ template <class Src>
 struct Layer {
   int64_t T = 0, H = 0, I = 0, E = 0, k = 0, I_shared = 0;
   const Src* x = nullptr;               // [T, H]
-  const int32_t* topk_ids = nullptr;    // [T, k] in [0, E)
+  const int32_t* topk_ids = nullptr;    // [T, k] in [0, E), or -1: not routed (no term, d_topk_weights 0)
   const double* topk_weights = nullptr; // [T, k]
   const Src* w_gate = nullptr;          // [E, I, H]
   const Src* w_up = nullptr;            // [E, I, H]

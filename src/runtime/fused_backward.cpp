@@ -11,15 +11,13 @@ namespace lynx::fused {
 namespace {
 
 // dx[t] = dx_s[t] + Σ_j dx_row of (t, j); at R > 1 pulled from the ranks that computed them, with the
-// d_topk_weights those ranks computed.
+// d_topk_weights those ranks computed; 0 for the slots not routed.
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   if (omitted(Stage::kDxCombine, w.backward_calls)) return;
   CombineSources peers = w.combine_sources(comm::kRowsB);
-  if (w.ranks() > 1) {
-    peers.d_topk_rows = w.table<const float>(comm::kDTopkRows);
-    peers.d_topk_weights = data_of<float>(grads.d_topk_weights);
-  }
+  if (w.ranks() > 1) peers.d_topk_rows = w.table<const float>(comm::kDTopkRows);
+  peers.d_topk_weights = data_of<float>(grads.d_topk_weights);
   glue::combine(data_of<bf16_t>(grads.dx), w.un.rows_b, w.schedule.slot_row, nullptr,
                 sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
 }

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -387,12 +388,40 @@ TEST(Reference, UnusedExpertHasZeroWeightGradients) {
   EXPECT_NE(g.dw_down[4 * n], 0.0);
 }
 
+// A slot not routed (id -1, its weight NaN: not read) adds nothing: every output equals the layer
+// without it (k = 2 with slot j = 1 unrouted against k = 1), and its d_topk_weights is 0.
+TEST(Reference, UnroutedSlotAddsNothing) {
+  Problem p = make_problem({3, 8, 4, 4, 2, 4}, 13);
+  Problem one = p;
+  one.s.k = 1;
+  one.topk_ids.clear(), one.topk_weights.clear();
+  for (int64_t t = 0; t < p.s.T; ++t) {
+    one.topk_ids.push_back(p.topk_ids[t * 2]);
+    one.topk_weights.push_back(p.topk_weights[t * 2]);
+    p.topk_ids[t * 2 + 1] = -1;
+    p.topk_weights[t * 2 + 1] = std::numeric_limits<double>::quiet_NaN();
+  }
+  EXPECT_EQ(forward(p.layer()), forward(one.layer()));
+  const Gradients g = backward(p.layer(), p.dy.data()), h = backward(one.layer(), one.dy.data());
+  EXPECT_EQ(g.dx, h.dx);
+  EXPECT_EQ(g.dw_gate, h.dw_gate);
+  EXPECT_EQ(g.dw_up, h.dw_up);
+  EXPECT_EQ(g.dw_down, h.dw_down);
+  EXPECT_EQ(g.dws_gate, h.dws_gate);
+  EXPECT_EQ(g.dw_term_square, h.dw_term_square);
+  for (int64_t t = 0; t < p.s.T; ++t) {
+    EXPECT_EQ(g.d_topk_weights[t * 2], h.d_topk_weights[t]);
+    EXPECT_EQ(g.d_topk_weights[t * 2 + 1], 0.0);
+    EXPECT_EQ(g.d_topk_magnitude[t * 2 + 1], 0.0);
+  }
+}
+
 TEST(Reference, ExpertIdOutOfRangeThrows) {
   Problem p = make_problem({2, 4, 3, 3, 2, 0}, 9);
   p.topk_ids[3] = 3;
   EXPECT_THROW(forward(p.layer()), std::out_of_range);
   EXPECT_THROW(backward(p.layer(), p.dy.data()), std::out_of_range);
-  p.topk_ids[3] = -1;
+  p.topk_ids[3] = -2;  // (-1 is "not routed")
   std::vector<double> row(4), dw(2);
   EXPECT_THROW(forward_token(p.layer(), 1, row.data()), std::out_of_range);
   EXPECT_THROW(backward_token(p.layer(), 1, p.dy.data() + 4, row.data(), dw.data()),

@@ -305,6 +305,20 @@ TEST(Schedule, IdsOutsideRangeAreNotLocal) {
   }
 }
 
+// Sources with fewer tokens than the others, padded with entries not routed (-1): half of every odd
+// source, all but its first token on the last; as any other source's entries that are not local.
+TEST(Schedule, SourcesWithFewerTokens) {
+  for (int32_t R : {2, 4, 8}) {
+    Routing g(R, 64, 4, 32, 1300 + R);
+    for (int32_t s = 0; s < R; ++s) {
+      const int64_t first = s == R - 1 ? g.k : s % 2 == 1 ? g.T / 2 * g.k : g.T * g.k;
+      for (int64_t i = first; i < g.T * g.k; ++i) g.ids[s][i] = -1;
+    }
+    g.refresh();
+    check_all_ranks(g, "fewer tokens R=" + std::to_string(R));
+  }
+}
+
 // The device builder's plan (plan/schedule.h): every block resident at once, warps within the shared
 // memory, every entry in exactly one chunk, whole rounds per chunk.
 constexpr int32_t kH200Sms = 132;

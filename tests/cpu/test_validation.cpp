@@ -223,7 +223,10 @@ TEST(Validation, RoutingCheckOnDeviceData) {
   EXPECT_EQ(check_route(0, bits(0.5f), 8), StatusCode::kOk);
   EXPECT_EQ(check_route(7, bits(0.0f), 8), StatusCode::kOk);
   EXPECT_EQ(check_route(8, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
-  EXPECT_EQ(check_route(-1, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
+  EXPECT_EQ(check_route(-2, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
+  // -1: not routed, whatever its weight.
+  EXPECT_EQ(check_route(-1, bits(0.5f), 8), StatusCode::kOk);
+  EXPECT_EQ(check_route(-1, bits(std::numeric_limits<float>::quiet_NaN()), 8), StatusCode::kOk);
   EXPECT_EQ(check_route(int64_t(1) << 32, bits(0.5f), 8), StatusCode::kExpertOutOfRange);
   EXPECT_EQ(check_route(3, bits(std::numeric_limits<float>::quiet_NaN()), 8), StatusCode::kNonFiniteWeight);
   EXPECT_EQ(check_route(3, bits(std::numeric_limits<float>::infinity()), 8), StatusCode::kNonFiniteWeight);

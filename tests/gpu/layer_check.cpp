@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -100,6 +101,13 @@ HostLayer::HostLayer(const Case& cs, uint64_t seed) : c(cs) {
       if (c.routing == "cyclic") e = int32_t((t + j) % c.E);
       ids[t * c.k + j] = e;
       weights[t * c.k + j] = (c.zero_weights && (t * c.k + j) % 3 == 0) ? 0.0f : wdist(rng);
+    }
+  }
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int64_t j = 0; j < c.k; ++j) {
+      if (routed(c, t, j)) continue;
+      ids[t * c.k + j] = -1;
+      weights[t * c.k + j] = std::numeric_limits<float>::quiet_NaN();
     }
   }
   d_x = to_device(x);
@@ -325,7 +333,9 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
   expect_matches_reference(o, L, dy);
   // Experts that received no row: weight gradients exactly zero (they were poisoned before the call).
   std::vector<int64_t> rows_per_expert(c.E, 0);
-  for (int32_t e : L.ids) ++rows_per_expert[e];
+  for (int32_t e : L.ids) {
+    if (e >= 0) ++rows_per_expert[e];
+  }
   for (int64_t e = 0; e < c.E; ++e) {
     if (rows_per_expert[e] != 0) continue;
     for (int64_t i = 0; i < c.I * c.H; ++i) {
@@ -334,6 +344,16 @@ void check_against_reference(const Case& c, uint64_t seed, const Config& config,
       ASSERT_EQ(o.dw_down[e * c.H * c.I + i].bits, 0) << "expert " << e;
     }
   }
+}
+
+bool routed(const Case& c, int64_t t, int64_t j) {
+  if (c.unrouted_every > 0 && (t * c.k + j) % c.unrouted_every == 1) return false;
+  if (!c.routed_tokens.empty()) {
+    const int64_t blocks = int64_t(c.routed_tokens.size()), per_block = c.T / blocks;
+    const int64_t b = std::min(t / per_block, blocks - 1);
+    if (t - b * per_block >= c.routed_tokens[size_t(b)]) return false;
+  }
+  return true;
 }
 
 std::random_device::result_type fresh_seed() { return std::random_device{}(); }

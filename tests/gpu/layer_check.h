@@ -29,7 +29,16 @@ struct Case {
   std::string routing = "random";
   bool int64_ids = false;
   bool zero_weights = false;       // every third router weight is exactly 0
+  // Slots not routed (id -1, router weight NaN: it must not be read): every unrouted_every-th slot
+  // (t·k + j ≡ 1 mod unrouted_every; 0: none), and, when routed_tokens is not empty, the tokens past
+  // routed_tokens[b] in each of its routed_tokens.size() equal blocks of tokens (a rank's share each:
+  // a rank with fewer tokens than the others).
+  int64_t unrouted_every = 0;
+  std::vector<int64_t> routed_tokens = {};
 };
+
+// Whether slot (t, j) of case c is routed.
+bool routed(const Case& c, int64_t t, int64_t j);
 
 // body(i) for i in [0, n) on every hardware thread; the first exception is rethrown.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body);

@@ -190,7 +190,9 @@ void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, Chec
 void check_unused_experts_zero(const Outputs& o, const HostLayer& L, CheckReport& report) {
   const Case& c = L.c;
   std::vector<int64_t> rows(c.E, 0);
-  for (int32_t e : L.ids) ++rows[e];
+  for (int32_t e : L.ids) {
+    if (e >= 0) ++rows[e];  // -1: not routed
+  }
   for (int64_t e = 0; e < c.E; ++e) {
     if (rows[e] != 0) continue;
     for (int64_t i = 0; i < c.I * c.H; ++i) {
@@ -336,7 +338,9 @@ void route_weights(HostLayer& L, RouterWeights weights, std::mt19937_64& rng) {
 
 std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r) {
   std::vector<std::vector<int64_t>> slots(r.E);
-  for (int64_t s = 0; s < r.T * r.k; ++s) slots[r.topk_ids[s]].push_back(s);
+  for (int64_t s = 0; s < r.T * r.k; ++s) {
+    if (r.topk_ids[s] >= 0) slots[r.topk_ids[s]].push_back(s);  // -1: not routed
+  }
   return slots;
 }
 

@@ -2,6 +2,7 @@
 // every token and every expert; errors and a missing rank are reported by every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,59 @@ TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
     test_hooks::set_gemm_gather(w, 1);
     test_hooks::set_gather_lookahead(w, 1);
   });
+}
+
+// Ranks with fewer tokens than the others pad them with tokens not routed (ids -1, router weights NaN):
+// rank 1 holds 32 real tokens of 64, rank 3 one. Every R bitwise equal to one rank (check_every_r), and
+// the routed outputs of the real tokens (y, dx, d_topk_weights; the experts' weight gradients) bitwise
+// equal to one rank holding the real tokens alone: the padding adds no row anywhere. (The shared
+// expert sees the padding tokens: their y rows are its, their x and dy reach its gradients.)
+TEST_F(Ranks, FewerTokensOnSomeRanks) {
+  Case c{4 * 64, 128, 64, 16, 4, 64};
+  c.routed_tokens = {64, 32, 64, 1};
+  check_every_r(c, {2, 4});
+
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  const std::vector<HostBf16> dy = random_dy(c);
+  const Outputs padded = run_virtual_ranks(L, 4, dy);
+  std::vector<int64_t> real;  // the real tokens, in order
+  for (int64_t t = 0; t < c.T; ++t) {
+    if (routed(c, t, 0)) real.push_back(t);
+  }
+  Case cr = c;
+  cr.T = int64_t(real.size());
+  cr.routed_tokens.clear();
+  HostLayer R1(cr, seed);  // then given L's expert weights and its real tokens
+  R1.w_gate = L.w_gate, R1.w_up = L.w_up, R1.w_down = L.w_down;
+  R1.ws_gate = L.ws_gate, R1.ws_up = L.ws_up, R1.ws_down = L.ws_down;
+  std::vector<HostBf16> dy_real;
+  for (size_t i = 0; i < real.size(); ++i) {
+    const int64_t t = real[i];
+    std::copy_n(L.x.begin() + t * c.H, c.H, R1.x.begin() + int64_t(i) * c.H);
+    std::copy_n(L.ids.begin() + t * c.k, c.k, R1.ids.begin() + int64_t(i) * c.k);
+    std::copy_n(L.weights.begin() + t * c.k, c.k, R1.weights.begin() + int64_t(i) * c.k);
+    dy_real.insert(dy_real.end(), dy.begin() + t * c.H, dy.begin() + (t + 1) * c.H);
+  }
+  R1.d_x = to_device(R1.x), R1.d_ids = to_device(R1.ids), R1.d_weights = to_device(R1.weights);
+  R1.d_wg = to_device(R1.w_gate), R1.d_wu = to_device(R1.w_up), R1.d_wd = to_device(R1.w_down);
+  R1.d_wsg = to_device(R1.ws_gate), R1.d_wsu = to_device(R1.ws_up), R1.d_wsd = to_device(R1.ws_down);
+  Workspace one(R1.shape, Config{});
+  const Outputs want = run_layer(one, R1, dy_real);
+  one.check(nullptr);
+  Outputs got = padded;  // its real tokens' rows
+  got.y.clear(), got.dx.clear(), got.d_topk.clear();
+  for (const int64_t t : real) {
+    got.y.insert(got.y.end(), padded.y.begin() + t * c.H, padded.y.begin() + (t + 1) * c.H);
+    got.dx.insert(got.dx.end(), padded.dx.begin() + t * c.H, padded.dx.begin() + (t + 1) * c.H);
+    got.d_topk.insert(got.d_topk.end(), padded.d_topk.begin() + t * c.k, padded.d_topk.begin() + (t + 1) * c.k);
+  }
+  EXPECT_EQ(first_routed_difference(got, want), "") << "the padding changed a real token's bits";
+  for (int64_t t = 0; t < c.T; ++t) {
+    if (routed(c, t, 0)) continue;
+    for (int64_t j = 0; j < c.k; ++j) ASSERT_EQ(padded.d_topk[t * c.k + j], 0.0f) << "padding token " << t;
+  }
 }
 
 TEST_F(Ranks, OneExpertPerRank) { check_every_r({256, 128, 128, 4, 2, 0}, {4}); }

@@ -36,6 +36,17 @@ TEST_P(Layer, LargerShape) {
   check_against_reference({700, 256, 192, 16, 4, 128}, fresh_seed(), config());
 }
 
+// Slots not routed (id -1, router weight NaN, which must not be read): every third slot, and the
+// second half of the tokens entirely; each adds nothing, its d_topk_weights is exactly 0 (outputs
+// poisoned first), and a token with no routed slot gets the shared expert alone.
+TEST_P(Layer, UnroutedSlots) {
+  Case c{400, 128, 64, 8, 4, 64};
+  c.unrouted_every = 3;
+  c.routed_tokens = {200};
+  check_against_reference(c, fresh_seed(), config());
+  check_against_reference(c, fresh_seed(), config(), true);  // the context recomputed
+}
+
 TEST_P(Layer, ExpertsWithNoRows) {
   Case c{257, 64, 64, 8, 2, 0};
   c.routing = "subset";
@@ -168,8 +179,8 @@ TEST_P(Layer, SuccessiveRoutingErrorsAreEachReported) {
     L.weights = good_weights;
   };
   L.ids[1400 * 4 + 1] = 9;
-  L.ids[900 * 4 + 2] = -1;
-  run("topk_ids[900, 2] = -1 is out of range [0, 8)");
+  L.ids[900 * 4 + 2] = -2;  // -1 is "not routed"
+  run("topk_ids[900, 2] = -2 is out of range [0, 8)");
   L.ids[1300 * 4 + 0] = 8;
   L.weights[200 * 4 + 3] = -std::numeric_limits<float>::infinity();
   run("topk_weights[200, 3] = -inf is not finite");

@@ -74,6 +74,30 @@ def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1):
     print(f"rank {r}/{R} {name}: bitwise equal to one rank", flush=True)
 
 
+def check_fewer_tokens(group):
+    """Ranks with 64, 32, 16, … tokens, each padded to 64 by ep_tokens: every rank's y, dx,
+    d_topk_weights and its experts' weight gradients have the bits of one rank holding the real tokens."""
+    R, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, Is = 64, 128, 64, 4 * R, 2, 64
+    counts = [max(1, T >> q) for q in range(R)]
+    x, ids, tw, w, s, dy = problem(sum(counts), H, I, E, k, Is, "random", 6)
+    y1, g1 = run(x, ids, tw, w, s, dy, None)
+    first = sum(counts[:r])
+    mine, experts = slice(first, first + counts[r]), slice(r * E // R, (r + 1) * E // R)
+    leaves = [t.clone().requires_grad_() for t in (x[mine], tw[mine], *[t[experts] for t in w], *s)]
+    yR = lynx.moe(leaves[0], ids[mine].clone(), *leaves[1:5], *leaves[5:], ep_group=group, ep_tokens=T)
+    assert yR.shape[0] == counts[r]
+    gR = torch.autograd.grad(yR, leaves, dy[mine].clone())
+    torch.cuda.synchronize()
+    lynx.check()
+    assert torch.equal(yR.detach(), y1[mine]), "fewer tokens: y differs from one rank's"
+    for what, got, want in (("dx", gR[0], g1[0][mine]), ("d_topk_weights", gR[1], g1[1][mine]),
+                            ("dw_gate", gR[2], g1[2][experts]), ("dw_up", gR[3], g1[3][experts]),
+                            ("dw_down", gR[4], g1[4][experts])):
+        assert torch.equal(got, want), f"fewer tokens: {what} differs from one rank's"
+    print(f"rank {r}/{R} fewer tokens ({counts[r]} of {T}): bitwise equal to one rank", flush=True)
+
+
 def check_module(group):
     """lynx.nn.MoE(ep_group=...): forward and backward run, within bf16 rounding of one rank's layer with
     the same weights (the router runs on this rank's tokens only, so its bits may differ)."""
@@ -115,6 +139,7 @@ def main():
     check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
     check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
     check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
+    check_fewer_tokens(group)
     layer = check_module(group)
     torch.cuda.synchronize()
     dist.barrier()  # no rank frees its workspaces while another may still read them

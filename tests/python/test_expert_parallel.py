@@ -22,3 +22,4 @@ def test_ranks_equal_one_rank_bit_for_bit(ranks):
     assert done.returncode == 0, f"checks passed:\n{passed}\n...\n{done.stderr[-5000:]}"
     for r in range(ranks):
         assert f"rank {r}/{ranks} nn.MoE" in passed, passed
+        assert f"rank {r}/{ranks} fewer tokens" in passed, passed

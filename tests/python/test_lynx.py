@@ -78,6 +78,24 @@ def make(T, H, I, E, k, Is=0, routing="random", seed=None):
     return x, topk_ids.contiguous(), topk_weights, w, s
 
 
+def expect_plain_pytorch(y, grads, leaves, ids, dy):
+    """y and the gradients of `leaves` (x, topk_weights, w_gate, w_up, w_down, then the shared expert's
+    three if any) within TOL of reference_moe's, the topk_weights gradient per value (check_d_topk)."""
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    rx, rtw, *rw = ref_leaves
+    ref_s = rw[3:] if len(rw) > 3 else [None, None, None]
+    y_ref = reference_moe(rx, ids, rtw, *rw[:3], *ref_s)
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy.float())
+    assert rel(y, y_ref) < TOL
+    names = ["x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"]
+    mag = d_topk_magnitude(leaves[0], ids, *leaves[2:5], dy)
+    for name, got, want in zip(names, grads, ref_grads):
+        if name == "topk_weights":
+            check_d_topk(got, want, mag)
+        else:
+            assert rel(got, want) < TOL, name
+
+
 CASES = [
     dict(T=200, H=128, I=64, E=8, k=2, Is=64),
     dict(T=130, H=128, I=128, E=4, k=1, Is=0),
@@ -111,21 +129,7 @@ def test_forward_and_gradients_match_plain_pytorch(case, backend, context):
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     lynx.check()
-
-    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
-    rx, rtw, *rw = ref_leaves
-    ref_s = rw[3:] if case["Is"] else [None, None, None]
-    y_ref = reference_moe(rx, ids, rtw, *rw[:3], *ref_s)
-    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy.float())
-
-    assert rel(y, y_ref) < TOL
-    names = ["x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down"]
-    mag = d_topk_magnitude(x, ids, *w, dy)
-    for name, got, want in zip(names, grads, ref_grads):
-        if name == "topk_weights":
-            check_d_topk(got, want, mag)
-        else:
-            assert rel(got, want) < TOL, name
+    expect_plain_pytorch(y, grads, leaves, ids, dy)
 
 
 @pytest.mark.parametrize("backend", ["fused", "unfused"])
@@ -293,6 +297,27 @@ def test_workspace_rejects_another_shape():
     ws = lynx.Workspace(128, 64, 64, 4, 2)
     with pytest.raises(ValueError, match="is not the workspace's"):
         lynx.functional.forward(ws, x, ids, tw, *w)
+
+
+@pytest.mark.parametrize("backend", ["fused", "unfused"])
+def test_unrouted_slots_add_nothing(backend):
+    """A topk_ids of -1: the slot is not routed. Its router weight (NaN here) is not read, it adds no
+    term, and its topk_weights gradient is exactly 0; the last tokens, with no slot routed, get the
+    shared expert alone (a rank with fewer tokens pads this way)."""
+    x, ids, tw, w, s = make(T=256, H=128, I=64, E=8, k=2, Is=64)
+    ids = ids.clone()
+    ids[::3, 1] = -1
+    ids[200:] = -1
+    tw = tw.masked_fill(ids < 0, float("nan"))
+    leaves = [x, tw, *w, *s]
+    for t in leaves:
+        t.requires_grad_()
+    y = lynx.moe(x, ids, tw, *w, *s, config=lynx.Config(backend=backend))
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    lynx.check()
+    assert (grads[1][ids < 0] == 0).all()
+    expect_plain_pytorch(y, grads, leaves, ids, dy)
 
 
 def test_experts_without_rows_get_zero_gradients():

@@ -286,10 +286,15 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
       const int32_t id = peers.ids32[slot];
       return id >= 0 ? id / peers.local_experts : -1;
     };
-    if (kRemote && peers.d_topk_weights) {
+    if (peers.d_topk_weights) {
       for (int64_t j = threadIdx.x; j < top_k; j += blockDim.x) {
-        const int32_t q = owner(t * top_k + j);
-        peers.d_topk_weights[t * top_k + j] = q >= 0 ? remote::load(peers.d_topk_rows[q] + slot_row[t * top_k + j]) : 0.0f;
+        if constexpr (kRemote) {
+          const int32_t q = owner(t * top_k + j);
+          peers.d_topk_weights[t * top_k + j] =
+              q >= 0 ? remote::load(peers.d_topk_rows[q] + slot_row[t * top_k + j]) : 0.0f;
+        } else if (slot_row[t * top_k + j] < 0) {
+          peers.d_topk_weights[t * top_k + j] = 0.0f;  // not routed (swiglu_backward wrote the routed ones)
+        }
       }
     }
     for (int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {

@@ -10,7 +10,12 @@ namespace lynx {
 
 LYNX_HD bool is_finite_bits(uint32_t bits) { return (bits & 0x7f800000u) != 0x7f800000u; }
 
+// The id of a slot that is not routed: no expert computes it, its router weight is not read, and its
+// d_topk_weights is 0 (include/lynx/moe.h, LayerInputs::topk_ids).
+constexpr int64_t kNotRouted = -1;
+
 LYNX_HD StatusCode check_route(int64_t expert_id, uint32_t weight_bits, int64_t num_experts) {
+  if (expert_id == kNotRouted) return StatusCode::kOk;
   if (expert_id < 0 || expert_id >= num_experts) return StatusCode::kExpertOutOfRange;
   if (!is_finite_bits(weight_bits)) return StatusCode::kNonFiniteWeight;
   return StatusCode::kOk;
