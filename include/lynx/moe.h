@@ -63,7 +63,8 @@ struct Gradients {
 // schedule that fitted.
 struct Schedule {
   const int32_t* row_token_slot = nullptr;  // [capacity]  token*k + j of each row, -1 for padding
-  const int32_t* row_src_rank = nullptr;    // [capacity]  source rank of each row, -1 for padding
+  const int32_t* row_src_rank = nullptr;    // [capacity]  source rank of each row, -1 for padding; null
+                                            // at one rank (every row's: rank 0)
   const int32_t* expert_offset = nullptr;   // [E_loc + 1] first row of each local expert (padded)
   const int32_t* expert_rows = nullptr;     // [E_loc]     real (unpadded) rows of each local expert
   const int32_t* slot_row = nullptr;        // [T*k]       row of (t, j) when its expert is local, else -1

@@ -33,7 +33,12 @@ class _DeviceArray:
 
 def schedule_tensors(ws, device):
     """The arrays of the workspace's schedule as int32 tensors that alias its buffers: valid until the
-    next call on the workspace rebuilds them (clone to keep)."""
+    next call on the workspace rebuilds them (clone to keep). One rank keeps no row_src_rank (a null
+    pointer: every row's source is rank 0): it is made from row_token_slot."""
     with torch.cuda.device(device):
-        return {name: torch.as_tensor(_DeviceArray(ptr, length), device=device)
-                for name, ptr, length in ws.schedule_arrays()}
+        arrays = {name: torch.as_tensor(_DeviceArray(ptr, length), device=device)
+                  for name, ptr, length in ws.schedule_arrays() if ptr != 0}
+        if "row_src_rank" not in arrays:
+            slots = arrays["row_token_slot"]
+            arrays["row_src_rank"] = torch.where(slots >= 0, 0, -1).to(torch.int32)
+        return arrays

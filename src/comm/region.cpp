@@ -20,15 +20,15 @@ struct Cursor {
 
 }  // namespace
 
-RegionLayout region_layout(const LayerShape& s, int64_t cap, bool rows) {
+RegionLayout region_layout(const LayerShape& s, int64_t cap, bool rows, bool slot_row) {
   const bool shared = s.num_ranks > 1;
   const int64_t entries = s.tokens * s.top_k;
   Cursor c;
   RegionLayout l{};
   l.status = c.take(sizeof(DeviceStatus));
   l.signals = c.take(sizeof(peer::Signals));
-  l.ids32 = c.take(4 * entries);
-  l.slot_row = c.take(4 * entries);
+  l.ids32 = c.take(shared ? 4 * entries : 0);
+  l.slot_row = c.take(shared || slot_row ? 4 * entries : 0);
   l.weights = c.take(shared ? 4 * entries : 0);
   l.d_topk_rows = c.take(shared ? 4 * cap : 0);
   l.token_rows = c.take(shared ? 2 * s.tokens * s.hidden : 0);

@@ -11,11 +11,12 @@ ContextSizes context_sizes(const LayerShape& s, int64_t cap, Backend backend) {
   // NOTES: one rank keeps no gathered x rows: backward gathers them again from x, which the caller
   // keeps anyway (beside the dgrad of down: runtime/fused_backward.cpp), against 320 MiB kept per
   // layer at qwen3-30b-a3b. At R > 1 the rows came from other ranks' x, which backward does not stage
-  // (it stages dy), so they are kept.
-  const int64_t xg = s.num_ranks == 1 ? 0 : 2 * cap * s.hidden;
+  // (it stages dy), so they are kept. Nor does one rank keep its rows' source ranks (all its own).
+  const bool one_rank = s.num_ranks == 1;
+  const int64_t xg = one_rank ? 0 : 2 * cap * s.hidden;
   const int64_t gate_up_rows = gate_up_by_slot(s, backend) ? s.tokens * s.top_k : cap;
   return {4 * cap,
-          4 * cap,
+          one_rank ? 0 : 4 * cap,
           4 * (E + 1),
           4 * E,
           4 * (E + 1),

@@ -65,7 +65,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
 
     // NOTES: the region is one allocation of its own, so that cudaIpcGetMemHandle exports exactly it.
     const bool own_scratch = config.scratch_allocator == nullptr;
-    layout = comm::region_layout(s, cap, own_scratch);
+    layout = comm::region_layout(s, cap, own_scratch, !config.caller_context);
     region = static_cast<char*>(alloc_bytes(layout.bytes));
     LYNX_CUDA(cudaMemset(region, 0, size_t(layout.bytes)));
     peer_tables = alloc<void*>(int64_t(comm::kTables) * s.num_ranks);
@@ -77,7 +77,12 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&stall_report), sizeof(DeviceStatus), cudaHostAllocMapped));
     *stall_report = DeviceStatus{};
     LYNX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&stall_report_device), stall_report, 0));
-    ids32 = in_region<int32_t>(layout.ids32);
+    // NOTES: one rank's checked ids are read by its own schedule build alone, within the call.
+    if (s.num_ranks > 1) {
+      ids32 = in_region<int32_t>(layout.ids32);
+    } else {
+      scratch(ids32, T * k);
+    }
 
     problem.num_ranks = s.num_ranks;
     problem.rank = s.rank;
@@ -86,7 +91,11 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     problem.num_experts = s.num_experts;
     problem.capacity = cap;
     context_buffer(schedule.row_token_slot, cap);
-    context_buffer(schedule.row_src_rank, cap);
+    if (s.num_ranks == 1) {
+      scratch(schedule.row_src_rank, cap);  // every row's source is this rank (Workspace::schedule)
+    } else {
+      context_buffer(schedule.row_src_rank, cap);
+    }
     context_buffer(schedule.expert_offset, E_loc + 1);
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
@@ -294,7 +303,7 @@ int64_t Workspace::context_bytes() const {
 Schedule Workspace::schedule() const {
   Schedule s;
   s.row_token_slot = impl_->schedule.row_token_slot;
-  s.row_src_rank = impl_->schedule.row_src_rank;
+  s.row_src_rank = impl_->ranks() > 1 ? impl_->schedule.row_src_rank : nullptr;
   s.expert_offset = impl_->schedule.expert_offset;
   s.expert_rows = impl_->schedule.expert_rows;
   s.slot_row = impl_->schedule.slot_row;

@@ -18,13 +18,14 @@ struct Span {
   int64_t at, bytes;
 };
 
-std::vector<Span> spans(const RegionLayout& l, const LayerShape& s, int64_t cap, bool rows = true) {
+std::vector<Span> spans(const RegionLayout& l, const LayerShape& s, int64_t cap, bool rows = true,
+                        bool slot_row = true) {
   const bool shared = s.num_ranks > 1;
   const int64_t entries = s.tokens * s.top_k;
   return {{"status", l.status, int64_t(sizeof(DeviceStatus))},
           {"signals", l.signals, int64_t(sizeof(peer::Signals))},
-          {"ids32", l.ids32, 4 * entries},
-          {"slot_row", l.slot_row, 4 * entries},
+          {"ids32", l.ids32, shared ? 4 * entries : 0},
+          {"slot_row", l.slot_row, shared || slot_row ? 4 * entries : 0},
           {"weights", l.weights, shared ? 4 * entries : 0},
           {"d_topk_rows", l.d_topk_rows, shared ? 4 * cap : 0},
           {"token_rows", l.token_rows, shared ? 2 * s.tokens * s.hidden : 0},
@@ -36,11 +37,13 @@ TEST(Region, BuffersAreAlignedDisjointAndInside) {
   for (const int32_t R : {1, 2, 3, 8, 64}) {
     LayerShape s{.tokens = 37, .hidden = 192, .intermediate = 64, .num_experts = 64 * 2, .top_k = 3, .num_ranks = R};
     const int64_t cap = worst_case_schedule_rows(s);
-    // Without the per-row results (one rank with a scratch allocator: they are scratch then).
+    // Without the per-row results (one rank with a scratch allocator: they are scratch then), and
+    // without slot_row (one rank with a caller's context, which holds it).
     for (const bool rows : {true, false}) {
       if (!rows && R > 1) continue;
-      const RegionLayout l = region_layout(s, cap, rows);
-      std::vector<Span> v = spans(l, s, cap, rows);
+      const bool slot_row = rows || R > 1;
+      const RegionLayout l = region_layout(s, cap, rows, slot_row);
+      std::vector<Span> v = spans(l, s, cap, rows, slot_row);
       std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.at < b.at; });
       for (size_t i = 0; i < v.size(); ++i) {
         EXPECT_EQ(v[i].at % 1024, 0) << v[i].name << " at R = " << R;
@@ -51,6 +54,7 @@ TEST(Region, BuffersAreAlignedDisjointAndInside) {
       }
       if (!rows) {
         EXPECT_LT(l.bytes, 4 * cap * s.hidden) << "the rows are not in the region";
+        EXPECT_LE(l.bytes, 2048) << "one rank, caller's context: the status and the signals alone";
       }
     }
   }
