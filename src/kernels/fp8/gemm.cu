@@ -1,12 +1,14 @@
-// The block-scaled FP8 GEMM (api.h, gemm_block_scaled): the first piece of the FP8 path, its mainloop
-// checked on its own before it becomes a mode of the expert GEMM (docs/fp8.md). Correct first: one
-// [128, 128] output tile per CTA, no overlap of the promotion with the next K block's products.
+// The block-scaled FP8 GEMMs (api.h, gemm_block_scaled and its grouped form over the experts' rows):
+// the first pieces of the FP8 path, checked on their own before they become modes of the expert GEMM
+// (docs/fp8.md). Correct first: one [128, 128] output tile per CTA, no overlap of the promotion with
+// the next K block's products.
 //
 // Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
 // ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
 // m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
 // one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe).
 #include <cuda.h>
+#include <cuda_bf16.h>
 
 #include <climits>
 #include <cstdint>
@@ -38,15 +40,46 @@ static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stage
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
+// The expert whose rows hold row block m0 (expert_offset: [experts + 1], non-decreasing, multiples of
+// kTileM): the last e with expert_offset[e] <= m0.
+__device__ __forceinline__ int32_t expert_of_block(const int32_t* expert_offset, int32_t experts, int32_t m0) {
+  int32_t lo = 0, hi = experts;  // expert_offset[lo] <= m0 < expert_offset[hi]
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (expert_offset[mid] <= m0) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16_t* p, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  *reinterpret_cast<__nv_bfloat16*>(p) = b;
+}
+
+// kGrouped: A's rows are the experts' rows in schedule order (M = the capacity), B is [experts, N, K]
+// and its scales [experts, N blocks, K blocks]; a row block past the schedule's rows has nothing to do.
+template <bool kGrouped, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                const float* __restrict__ a_scales, const float* __restrict__ b_scales, float* __restrict__ out,
-                int32_t M, int32_t N, int32_t K, DeviceStatus* status) {
+                const float* __restrict__ a_scales, const float* __restrict__ b_scales, Out* __restrict__ out,
+                int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
+                DeviceStatus* status) {
   extern __shared__ uint8_t raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const int warpgroup = int(threadIdx.x) / 128;
   const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kTileN;
   const int32_t k_blocks = int32_t(blocks_of(K));
+  int32_t expert = 0;
+  if constexpr (kGrouped) {
+    if (m0 >= expert_offset[experts]) return;  // every thread alike, before any barrier
+    expert = expert_of_block(expert_offset, experts, m0);
+  }
+  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kTileN) * k_blocks;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -69,7 +102,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
       sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
       sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), m0);
-      sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+      if constexpr (kGrouped) {
+        sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
+      } else {
+        sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+      }
     }
     return;
   }
@@ -86,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t kb = 0; kb < k_blocks; ++kb) {
     const int stage = kb % kStages;
     // Scales first: their global loads overlap the wait and the products.
-    const float sb = b_scales[int64_t(n0 / kTileN) * k_blocks + kb];
+    const float sb = b_scales[b_scale_row + kb];
     const float s0 = (row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f) * sb;
     const float s1 = (row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f) * sb;
     sm90::mbarrier_wait(&smem.full[stage], uint32_t(kb / kStages) & 1, status, sm90::Wait::kFullStage, kb);
@@ -111,30 +148,53 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int32_t row = r < 2 ? row0 : row1;
-      if (row < M && col + r % 2 < N) out[int64_t(row) * N + col + r % 2] = acc[4 * j + r];
+      if (row < M && col + r % 2 < N) store(&out[int64_t(row) * N + col + r % 2], acc[4 * j + r]);
     }
   }
+}
+
+void check_sizes(int64_t M, int64_t N, int64_t K) {
+  if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
+  if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
+  if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
+}
+
+constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
+
+template <bool kGrouped, class Out>
+void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const float* a_scales, const float* b_scales, Out* out,
+            int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts, DeviceStatus* status,
+            cudaStream_t stream) {
+  static const bool configured = [] {
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kGrouped, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
+  gemm_kernel<kGrouped, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M),
+                                                                  int32_t(N), int32_t(K), expert_offset,
+                                                                  int32_t(experts), status);
+  LYNX_CUDA(cudaGetLastError());
 }
 
 }  // namespace
 
 void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
-  if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
-  if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
-  if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
-  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
-  const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
-  constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
-  static const bool configured = [] {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
-  gemm_kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M), int32_t(N),
-                                                 int32_t(K), status);
-  LYNX_CUDA(cudaGetLastError());
+  check_sizes(M, N, K);
+  launch<false>(gemm::make_tma_2d_bytes(a, M, K, kTileM), gemm::make_tma_2d_bytes(b, N, K, kTileN), a_scales,
+                b_scales, out, M, N, K, nullptr, 0, status, stream);
+}
+
+void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                               const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream) {
+  check_sizes(capacity, N, K);
+  if (capacity % kTileM != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
+  if (experts <= 0 || experts > INT32_MAX / 2) throw Error("experts", "must be positive");
+  if (expert_offset == nullptr) throw Error("expert_offset", "is null");
+  launch<true>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), gemm::make_tma_3d_bytes(b, experts, N, K, kTileN),
+               a_scales, b_scales, out, capacity, N, K, expert_offset, experts, status, stream);
 }
 
 }  // namespace lynx::fp8
