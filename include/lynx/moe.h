@@ -93,7 +93,8 @@ class Workspace {
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
   int64_t forward_context_bytes() const;  // the size of a ForwardContext (0 unless Config::caller_context)
-  int64_t context_bytes() const;  // of which: what forward keeps for backward (0 until a context exists)
+  int64_t context_bytes() const;  // of which: what forward keeps for backward, each buffer rounded up to
+                                  // 1 KB (0 until a context exists)
   // The schedule of the last forward / recompute call. With Config::caller_context the schedule is
   // part of the caller's ForwardContext, which the workspace does not hold between calls: null arrays.
   Schedule schedule() const;

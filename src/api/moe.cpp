@@ -100,6 +100,8 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   validate_inputs(w.shape, in);
   validate_gradients(w.shape, dy, grads);
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
+  // One rank's backward reads x again (the weight gradients' rows) after it writes dx.
+  if (grads.dx.data == in.x.data) throw Error("dx", "must not alias x");
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);

@@ -217,6 +217,29 @@ TEST_P(Layer, BackwardWithoutContextIsAnError) {
   }
 }
 
+// dx may alias neither dy nor x (backward reads x again after it writes dx): named errors, nothing run.
+TEST_P(Layer, DxAliasingAnInputIsAnError) {
+  const Case c{64, 64, 64, 4, 2, 0};
+  HostLayer L(c, fresh_seed());
+  Workspace ws(L.shape, config());
+  OutputBuffers out(c);
+  DeviceBuffer dy(c.T * c.H * 2);
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
+  for (const bool onto_x : {false, true}) {
+    Gradients g = out.grads();
+    g.dx = onto_x ? L.inputs().x : dyv;
+    try {
+      backward(ws, L.inputs(), dyv, g, nullptr);
+      ADD_FAILURE() << "backward accepted dx aliasing " << (onto_x ? "x" : "dy");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "dx");
+      EXPECT_NE(std::string(e.what()).find(onto_x ? "must not alias x" : "must not alias dy"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return info.param == Backend::kFused ? std::string("fused") : std::string("unfused");

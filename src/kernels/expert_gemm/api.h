@@ -66,7 +66,7 @@ struct ExpertGemmArgs {
   const bf16_t* gather_src = nullptr;     // [tokens, K]
   // Set: the gather copies the rows here instead of into A, and no tile waits for them: a copy for a
   // later launch, beside this one's work (one rank's backward: x rows for the weight gradients during
-  // a dgrad GEMM). A is then read as it is. The rows are gather_width wide (a multiple of 8), else K.
+  // a dgrad GEMM). A is then read as it is. The rows are gather_width wide (a multiple of 8; 0: K).
   bf16_t* gather_dst = nullptr;           // [capacity, gather_width]
   int64_t gather_width = 0;
   RowSources gather_sources;              // R > 1: row r from gather_sources.base[row_src_rank[r]] instead of

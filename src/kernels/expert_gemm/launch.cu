@@ -162,7 +162,7 @@ Params rows_params(const ExpertGemmArgs& args, int block_n) {
     p.gather.awaited = args.gather_dst == nullptr;
     p.gather.row_token_slot = args.row_token_slot;
     p.gather.top_k = static_cast<int32_t>(args.top_k);
-    const int64_t width = args.gather_dst ? args.gather_width : args.k;
+    const int64_t width = args.gather_dst && args.gather_width > 0 ? args.gather_width : args.k;
     check(width > 0 && width % 8 == 0, "gather: rows of whole 16-byte vectors");
     p.gather.vecs = static_cast<int32_t>(width / 8);
     // Rows no tile reads need not stay in L2 for it: no throttle.

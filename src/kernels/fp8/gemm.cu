@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/per_device.h"
 #include "common/status.h"
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/tma.h"
@@ -157,6 +158,7 @@ void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
   if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
+  if (blocks_of(M) > 65535) throw Error("M", "at most 65535 row blocks of 128 (the grid's y), got " + std::to_string(M));
 }
 
 constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
@@ -165,11 +167,12 @@ template <bool kGrouped, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const float* a_scales, const float* b_scales, Out* out,
             int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts, DeviceStatus* status,
             cudaStream_t stream) {
-  static const bool configured = [] {
+  // The attribute is per device: set once on each.
+  static detail::PerDeviceCache configured;
+  detail::per_device(configured, [](int) {
     LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kGrouped, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)configured;
+    return 1;
+  });
   const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
   gemm_kernel<kGrouped, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M),
                                                                   int32_t(N), int32_t(K), expert_offset,
