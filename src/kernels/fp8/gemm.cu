@@ -18,6 +18,7 @@
 #include "common/per_device.h"
 #include "common/status.h"
 #include "device/sm90.cuh"
+#include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/expert_gemm/tma.h"
 #include "kernels/fp8/api.h"
 #include "lynx/error.h"
@@ -41,21 +42,6 @@ static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stage
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
-// The expert whose rows hold row block m0 (expert_offset: [experts + 1], non-decreasing, multiples of
-// kTileM): the last e with expert_offset[e] <= m0.
-__device__ __forceinline__ int32_t expert_of_block(const int32_t* expert_offset, int32_t experts, int32_t m0) {
-  int32_t lo = 0, hi = experts;  // expert_offset[lo] <= m0 < expert_offset[hi]
-  while (hi - lo > 1) {
-    const int32_t mid = (lo + hi) / 2;
-    if (expert_offset[mid] <= m0) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16_t* p, float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
@@ -78,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t expert = 0;
   if constexpr (kGrouped) {
     if (m0 >= expert_offset[experts]) return;  // every thread alike, before any barrier
-    expert = expert_of_block(expert_offset, experts, m0);
+    expert = gemm::expert_of_row(expert_offset, experts, m0);
   }
   const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kTileN) * k_blocks;
   if (threadIdx.x == 0) {
