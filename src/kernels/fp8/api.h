@@ -50,4 +50,12 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream);
 
+// The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped
+// products of row r with expert e's gate and up ([experts, N, K] E4M3 each, block scales [experts,
+// blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N]. As above otherwise.
+void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                                 const uint8_t* gate, const float* gate_scales, const uint8_t* up,
+                                 const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream);
+
 }  // namespace lynx::fp8
