@@ -4,6 +4,7 @@
 // NaN first; no wait may stall; a second call gives the same bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -85,10 +86,95 @@ void expect_matches_reference(int64_t M, int64_t N, int64_t K) {
   EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0) << "two calls, different bits";
 }
 
+// The grouped forms (grouped_gemm_block_scaled, grouped_swiglu_block_scaled): experts of `rows` rows
+// each, in schedule order with each expert padded to whole 128-row blocks (padding rows of A zeros)
+// and one more block past the schedule's rows; each expert's rows against the reference's fp8_gemm of
+// its rows and its weights, the padding rows zeros (silu(0)·0 may be -0), the block past the rows not
+// written (still NaN).
+// NOTES: bf16 output: its rounding adds at most 2^-9 of each value (under 2e-3 of the norm) to the
+// FP8 sums' error (kTolerance); 3e-3 covers both, a wrong expert, scale or row is off by order one.
+constexpr double kBf16OutTolerance = 3e-3;
+
+// swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
+// of the reference's two products.
+void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
+  SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
+               std::to_string(seed) + (swiglu ? " swiglu" : ""));
+  std::vector<int32_t> offset(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) offset[size_t(e + 1)] = offset[size_t(e)] + int32_t((rows[size_t(e)] + 127) / 128 * 128);
+  const int64_t total = offset[size_t(E)], cap = total + 128;
+  std::vector<float> a(size_t(cap * K), 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<float> v = values(rows[size_t(e)], K, seed ^ uint64_t(e));
+    std::copy(v.begin(), v.end(), a.begin() + int64_t(offset[size_t(e)]) * K);
+  }
+  const ref::fp8::Quantized qa = ref::fp8::quantize_tiles(a.data(), cap, K);
+  // Expert weights: w = 0 the gate (or the only one), w = 1 the up.
+  std::vector<ref::fp8::Quantized> qb[2];
+  std::vector<uint8_t> b_q[2];
+  std::vector<float> b_scales[2];
+  for (int w = 0; w < (swiglu ? 2 : 1); ++w) {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> v = values(N, K, seed ^ 0xb ^ (uint64_t(e) << 8) ^ (uint64_t(w) << 20));
+      qb[w].push_back(ref::fp8::quantize_blocks(v.data(), N, K));
+      b_q[w].insert(b_q[w].end(), qb[w].back().q.begin(), qb[w].back().q.end());
+      b_scales[w].insert(b_scales[w].end(), qb[w].back().scales.begin(), qb[w].back().scales.end());
+    }
+  }
+  DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
+  DeviceBuffer d_b = to_device(b_q[0]), d_bs = to_device(b_scales[0]);
+  DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
+  DeviceBuffer d_out(size_t(cap * N) * 2);
+  d_out.fill_bytes(0xFF);
+  if (swiglu) {
+    fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
+                                     d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
+                                     d_out.as<bf16_t>(), nullptr, nullptr);
+  } else {
+    fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
+                                   E, N, d_offset.as<int32_t>(), d_out.as<bf16_t>(), nullptr, nullptr);
+  }
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
+  for (int64_t e = 0; e < E; ++e) {
+    SCOPED_TRACE("expert " + std::to_string(e));
+    const int64_t first = offset[size_t(e)], n = rows[size_t(e)];
+    if (n > 0) {
+      ref::fp8::Quantized qe;
+      qe.rows = n, qe.cols = K;
+      qe.q.assign(qa.q.begin() + first * K, qa.q.begin() + (first + n) * K);
+      qe.scales.assign(qa.scales.begin() + first * kb, qa.scales.begin() + (first + n) * kb);
+      std::vector<double> want = ref::fp8::fp8_gemm(qe, qb[0][size_t(e)]);
+      if (swiglu) {
+        const std::vector<double> u = ref::fp8::fp8_gemm(qe, qb[1][size_t(e)]);
+        for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] / (1.0 + std::exp(-want[i])) * u[i];
+      }
+      double err = 0.0, norm = 0.0;
+      for (int64_t i = 0; i < n * N; ++i) {
+        const double g = to_double(got[size_t(first * N + i)]);
+        ASSERT_TRUE(std::isfinite(g)) << "row " << i / N << " column " << i % N;
+        err += (g - want[size_t(i)]) * (g - want[size_t(i)]);
+        norm += want[size_t(i)] * want[size_t(i)];
+      }
+      EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
+    }
+    for (int64_t i = (first + n) * N; i < int64_t(offset[size_t(e + 1)]) * N; ++i) {
+      ASSERT_EQ(got[size_t(i)].bits & 0x7FFF, 0) << "padding row " << i / N - first - n;
+    }
+  }
+  for (int64_t i = total * N; i < cap * N; ++i) ASSERT_EQ(got[size_t(i)].bits, 0xFFFF) << "past the rows: written";
+}
+
 TEST_F(Fp8Gemm, OneTile) { expect_matches_reference(128, 128, 128); }
 TEST_F(Fp8Gemm, EdgesPastEveryBlock) { expect_matches_reference(200, 384, 2880); }
 TEST_F(Fp8Gemm, ColumnsPastABlock) { expect_matches_reference(256, 200, 1024); }
 TEST_F(Fp8Gemm, OneRowShortK) { expect_matches_reference(1, 128, 64); }
+TEST_F(Fp8Gemm, GroupedExperts) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024); }
+TEST_F(Fp8Gemm, GroupedEdges) { expect_grouped_matches_reference({77, 129, 0}, 200, 2880); }
+TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
+TEST_F(Fp8Gemm, GroupedSwiGLUEdges) { expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true); }
 
 }  // namespace
 }  // namespace lynx::test

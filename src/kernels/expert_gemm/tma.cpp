@@ -63,6 +63,13 @@ CUtensorMap make_tma_2d_bytes(const void* base, int64_t rows, int64_t cols, int 
   return encode(base, 2, dims, strides, box, L2Fetch::k256B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
 }
 
+CUtensorMap make_tma_3d_bytes(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows) {
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batches)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols), cuuint64_t(cols) * cuuint64_t(rows)};
+  const cuuint32_t box[3] = {128, cuuint32_t(box_rows), 1};
+  return encode(base, 3, dims, strides, box, L2Fetch::k256B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
+}
+
 CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks) {
   // Dimensions, innermost first: a column within its block, the row, the block (128 bytes apart).
   // NOTES: the block's stride is below the row's. The driver's documentation describes each stride as

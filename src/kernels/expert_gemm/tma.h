@@ -22,6 +22,10 @@ CUtensorMap make_tma_2d(const void* base, int64_t rows, int64_t cols, int box_ro
 // zero.
 CUtensorMap make_tma_2d_bytes(const void* base, int64_t rows, int64_t cols, int box_rows);
 
+// The same for [batches, rows, cols] bytes, loaded in [1, box_rows, 128] boxes; rows past `rows` inside a
+// box read as zero (never the next batch's rows).
+CUtensorMap make_tma_3d_bytes(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows);
+
 // A row-major [rows, cols] bf16 matrix (cols % 64 == 0) loaded `chunks` column blocks at a time: one
 // load at coordinates (0, row, c) brings columns [64c, 64(c + chunks)) of rows [row, row + box_rows)
 // as `chunks` [box_rows, 64] blocks one after another, as that many [box_rows, 64] loads of a

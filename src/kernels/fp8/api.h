@@ -40,4 +40,22 @@ void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t col
 void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream);
 
+// The same per expert, over rows in schedule order (the expert GEMM's kRows mode in FP8): rows
+// [expert_offset[e], expert_offset[e + 1]) of a ([capacity, K] E4M3, 1×128 tile scales [capacity,
+// blocks_of(K)]) times expert e's b ([experts, N, K] E4M3, 128×128 block scales [experts, blocks_of(N),
+// blocks_of(K)]), rounded to bf16 into the same rows of out [capacity, N]. expert_offset (device,
+// [experts + 1]) is the schedule's: every expert's rows padded to whole 128-row blocks, the padding rows
+// of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written.
+void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                               const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream);
+
+// The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped
+// products of row r with expert e's gate and up ([experts, N, K] E4M3 each, block scales [experts,
+// blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N]. As above otherwise.
+void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                                 const uint8_t* gate, const float* gate_scales, const uint8_t* up,
+                                 const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream);
+
 }  // namespace lynx::fp8

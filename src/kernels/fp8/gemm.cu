@@ -1,12 +1,14 @@
-// The block-scaled FP8 GEMM (api.h, gemm_block_scaled): the first piece of the FP8 path, its mainloop
-// checked on its own before it becomes a mode of the expert GEMM (docs/fp8.md). Correct first: one
-// [128, 128] output tile per CTA, no overlap of the promotion with the next K block's products.
+// The block-scaled FP8 GEMMs (api.h, gemm_block_scaled and its grouped form over the experts' rows):
+// the first pieces of the FP8 path, checked on their own before they become modes of the expert GEMM
+// (docs/fp8.md). Correct first: one [128, 128] output tile per CTA, no overlap of the promotion with
+// the next K block's products.
 //
 // Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
 // ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
 // m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
 // one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe).
 #include <cuda.h>
+#include <cuda_bf16.h>
 
 #include <climits>
 #include <cstdint>
@@ -15,7 +17,9 @@
 #include "common/cuda_check.h"
 #include "common/per_device.h"
 #include "common/status.h"
+#include "device/activation.cuh"
 #include "device/sm90.cuh"
+#include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/expert_gemm/tma.h"
 #include "kernels/fp8/api.h"
 #include "lynx/error.h"
@@ -39,15 +43,41 @@ static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stage
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16_t* p, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  *reinterpret_cast<__nv_bfloat16*>(p) = b;
+}
+
+// What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
+// A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N blocks, K
+// blocks]; kSwiGLU, grouped, a [128, 64] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): the wgmma's 128 columns are
+// 64 of the gate's and the same 64 of the up's (B's stage holds both, tma_b and tma_b2), each promoted
+// with its own block scale. A grouped row block past the schedule's rows has nothing to do.
+enum class Form { kDense, kGrouped, kSwiGLU };
+
+template <Form kForm, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                const float* __restrict__ a_scales, const float* __restrict__ b_scales, float* __restrict__ out,
-                int32_t M, int32_t N, int32_t K, DeviceStatus* status) {
+                const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
+                const float* __restrict__ b_scales, const float* __restrict__ b2_scales, Out* __restrict__ out,
+                int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
+                DeviceStatus* status) {
+  constexpr bool kGrouped = kForm != Form::kDense;
+  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per CTA
   extern __shared__ uint8_t raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const int warpgroup = int(threadIdx.x) / 128;
-  const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kTileN;
+  const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kOutN;
   const int32_t k_blocks = int32_t(blocks_of(K));
+  int32_t expert = 0;
+  if constexpr (kGrouped) {
+    if (m0 >= expert_offset[experts]) return;  // every thread alike, before any barrier
+    expert = gemm::expert_of_row(expert_offset, experts, m0);
+  }
+  // The B scale block of the CTA's columns (a SwiGLU tile's 64 lie in one 128-wide block).
+  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -61,6 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     sm90::prefetch_tma_descriptor(&tma_a);
     sm90::prefetch_tma_descriptor(&tma_b);
+    if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b2);
     for (int32_t kb = 0; kb < k_blocks; ++kb) {
       const int stage = kb % kStages;
       // The stage's previous use (K block kb - kStages) must be released by every consumer thread.
@@ -70,7 +101,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
       sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
       sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), m0);
-      sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+      if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
+        sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
+        sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, &tma_b2, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
+      } else if constexpr (kGrouped) {
+        sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
+      } else {
+        sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+      }
     }
     return;
   }
@@ -87,9 +125,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t kb = 0; kb < k_blocks; ++kb) {
     const int stage = kb % kStages;
     // Scales first: their global loads overlap the wait and the products.
-    const float sb = b_scales[int64_t(n0 / kTileN) * k_blocks + kb];
-    const float s0 = (row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f) * sb;
-    const float s1 = (row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f) * sb;
+    const float sb = b_scales[b_scale_row + kb];
+    const float sb2 = kSwiGLU ? b2_scales[b_scale_row + kb] : sb;  // the up half's
+    const float a0 = row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f;
+    const float a1 = row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f;
     sm90::mbarrier_wait(&smem.full[stage], uint32_t(kb / kStages) & 1, status, sm90::Wait::kFullStage, kb);
     sm90::wgmma_fence();
 #pragma unroll
@@ -101,43 +140,91 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::mbarrier_arrive(&smem.empty[stage]);
-    // Promotion: the K block's sums, exact products of E4M3 values, times both scales.
+    // Promotion: the K block's sums, exact products of E4M3 values, times both scales (column groups
+    // 8-15 of a SwiGLU tile are the up half's).
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i % 4) < 2 ? s0 : s1, acc[i]);
+    for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], ((i % 4) < 2 ? a0 : a1) * (i / 4 < 8 ? sb : sb2), acc[i]);
   }
 
+  // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
+  // acc[4(j + 8) + r].
+  constexpr int kGroups = kSwiGLU ? 8 : 16;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kGroups; ++j) {
     const int32_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int32_t row = r < 2 ? row0 : row1;
-      if (row < M && col + r % 2 < N) out[int64_t(row) * N + col + r % 2] = acc[4 * j + r];
+      float v = acc[4 * j + r];
+      if constexpr (kSwiGLU) v = silu(v) * acc[4 * (j + 8) + r];
+      if (row < M && col + r % 2 < N) store(&out[int64_t(row) * N + col + r % 2], v);
     }
   }
+}
+
+void check_sizes(int64_t M, int64_t N, int64_t K) {
+  if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
+  if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
+  if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
+  if (blocks_of(M) > 65535) throw Error("M", "at most 65535 row blocks of 128 (the grid's y), got " + std::to_string(M));
+}
+
+constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
+
+template <Form kForm, class Out>
+void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
+            const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
+            const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream) {
+  // The attribute is per device: set once on each.
+  static detail::PerDeviceCache configured;
+  detail::per_device(configured, [](int) {
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return 1;
+  });
+  const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+  const dim3 grid(unsigned((N + out_n - 1) / out_n), unsigned(blocks_of(M)));
+  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
+                                                               int32_t(M), int32_t(N), int32_t(K), expert_offset,
+                                                               int32_t(experts), status);
+  LYNX_CUDA(cudaGetLastError());
+}
+
+void check_grouped(int64_t capacity, int64_t experts, const int32_t* expert_offset) {
+  if (capacity % kTileM != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
+  if (experts <= 0 || experts > INT32_MAX / 2) throw Error("experts", "must be positive");
+  if (expert_offset == nullptr) throw Error("expert_offset", "is null");
 }
 
 }  // namespace
 
 void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
-  if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
-  if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
-  if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
-  if (blocks_of(M) > 65535) throw Error("M", "at most 65535 row blocks of 128 (the grid's y), got " + std::to_string(M));
-  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
+  check_sizes(M, N, K);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
-  constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
-  // The attribute is per device: set once on each.
-  static detail::PerDeviceCache configured;
-  detail::per_device(configured, [](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return 1;
-  });
-  const dim3 grid(unsigned(blocks_of(N)), unsigned(blocks_of(M)));
-  gemm_kernel<<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, a_scales, b_scales, out, int32_t(M), int32_t(N),
-                                                 int32_t(K), status);
-  LYNX_CUDA(cudaGetLastError());
+  launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr, out, M,
+                       N, K, nullptr, 0, status, stream);
+}
+
+void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                               const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream) {
+  check_sizes(capacity, N, K);
+  check_grouped(capacity, experts, expert_offset);
+  const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
+  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+                         out, capacity, N, K, expert_offset, experts, status, stream);
+}
+
+void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                                 const uint8_t* gate, const float* gate_scales, const uint8_t* up,
+                                 const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream) {
+  check_sizes(capacity, N, K);
+  check_grouped(capacity, experts, expert_offset);
+  launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
+                        gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
+                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales, h,
+                        capacity, N, K, expert_offset, experts, status, stream);
 }
 
 }  // namespace lynx::fp8
