@@ -26,16 +26,21 @@ class MoE(nn.Module):
     router's and the shared expert's across the group (sum them, to match; DistributedDataParallel
     would average them, and would overwrite every rank's experts with rank 0's at construction unless
     told to ignore w1, w2 and w3). Initialised with the same random state on every rank, each rank's
-    experts are its share of the experts one rank's layer would draw. See lynx.functional.moe and
+    experts are its share of the experts one rank's layer would draw. Ranks whose token counts differ
+    give the group's largest as `ep_tokens` (lynx.functional.moe). See lynx.functional.moe and
     docs/python.md."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
                  *, renormalize: bool = True, config: functional.Config = functional.Config(),
-                 device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16, ep_group=None):
+                 device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16, ep_group=None,
+                 ep_tokens: Optional[int] = None):
         super().__init__()
         if dtype != torch.bfloat16:
             raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
         self._ep = _groups.group_id(ep_group, config.peer_timeout_ms)
+        if ep_tokens is not None and self._ep == 0:
+            raise ValueError("lynx.nn.MoE: ep_tokens: only with an ep_group")
+        self.ep_tokens = ep_tokens
         ranks, rank = _groups.ranks(self._ep)
         if num_experts % ranks != 0:
             raise ValueError(f"lynx.nn.MoE: num_experts ({num_experts}) must be a multiple of the ep_group's size "
@@ -109,7 +114,10 @@ class MoE(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_ids, topk_weights = self.route(tokens)
+        T = tokens.shape[0]
+        if self.ep_tokens is not None:
+            tokens, topk_ids, topk_weights, T = functional.pad_tokens(self.ep_tokens, tokens, topk_ids, topk_weights)
         y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
                              self.shared_w3, self.shared_w2,
                              *functional._op_config(self.config, self.workspace_tag, self._ep))
-        return y.reshape(shape)
+        return y[:T].reshape(shape)

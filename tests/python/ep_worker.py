@@ -117,6 +117,12 @@ def check_module(group):
     y1.float().square().sum().backward()
     mine = slice(r * T, (r + 1) * T)
     yR = layer(x[mine])
+    # The same layer with ep_tokens = T, rank r holding T - r of its tokens: their rows, padded to T.
+    padded = lynx.nn.MoE(H, I, E, k, Is, device="cuda", ep_group=group, ep_tokens=T)
+    padded.load_state_dict(layer.state_dict())
+    n = T - r
+    yP = padded(x[mine][:n].clone())
+    assert yP.shape == (n, H) and rel(yP, yR.detach()[:n]) < TOL, "nn.MoE with ep_tokens"
     yR.float().square().sum().backward()
     torch.cuda.synchronize()
     lynx.check()
