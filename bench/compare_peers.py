@@ -19,12 +19,10 @@ sonicmoe.moe_general_routing_inputs, gate and up interleaved into one [E, 2I, H]
 the same values; its first call at a shape compiles and autotunes and is the untimed warm-up: over
 150 s at qwen3-30b-a3b on an H200 (2026-12-04), ~80 GEMM configurations of six quack GEMMs and two
 Triton autotunes. Its caches (compiled kernels, autotune picks) go to one folder, $SONIC_CACHE
-(default /tmp/sonic-cache): carried from run to run (tar it up after a run, unpack it before the
-next), later first calls only look the picks up, and the kernels measured are the same ones. The
-compiled kernels do not depend on the shape, the picks do. To bring
-it where no package registry is reachable: the peers' wheels packed by ../shared/peers/fetch-peers
-(run where PyPI is reachable; the archive travels in an ignored, carried folder of the checkout);
-unpack with `mkdir -p /tmp/peers && tar xJf peers.tar.xz -C /tmp/peers` and
+(default /tmp/sonic-cache): kept from one run to the next (archive it after a run, unpack it before
+the next), later first calls only look the picks up, and the kernels measured are the same ones. The
+compiled kernels do not depend on the shape, the picks do. Without a package registry: unpack
+sonic-moe's wheels and their dependencies' (downloaded elsewhere) into a folder, e.g. /tmp/peers, and
 `export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH` (exported:
 SonicMoE's autotuner compiles in subprocesses that must import it too).
 
@@ -64,7 +62,7 @@ def load_sonic(skip):
         return None, "left out (--no-sonic)"
     # NOTES: quack (SonicMoE's GEMMs) keeps compiled kernels and autotune picks in QUACK_CACHE_DIR, and
     # Triton its kernels in TRITON_CACHE_DIR (its picks too with TRITON_CACHE_AUTOTUNING): one folder
-    # that a run can carry to the next; and quack compiles its candidates on every CPU.
+    # that can be kept from one run to the next; and quack compiles its candidates on every CPU.
     cache = os.environ.setdefault("SONIC_CACHE", "/tmp/sonic-cache")
     os.environ.setdefault("QUACK_CACHE_DIR", cache + "/quack")
     os.environ.setdefault("TRITON_CACHE_DIR", cache + "/triton")

@@ -1,5 +1,6 @@
 // The experiments build's tuning overrides from the environment (plan/overrides.h).
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "lynx/error.h"
@@ -29,18 +30,23 @@ int32_t env_count(const char* name, long most, const char* what) {
   return int32_t(n);
 }
 
-// -1 when `name` is unset, else the index of its value among `values` (two of them).
-int32_t env_choice(const char* name, const char* value0, const char* value1) {
+// -1 when `name` is unset, else the index of its value among `values`.
+int32_t env_choice(const char* name, std::initializer_list<const char*> values) {
   const char* v = std::getenv(name);
   if (!v) return -1;
-  if (std::string(v) == value0) return 0;
-  if (std::string(v) == value1) return 1;
-  throw Error(name, std::string("must be ") + value0 + " or " + value1 + ", got '" + v + "'");
+  std::string expected;
+  int32_t i = 0;
+  for (const char* value : values) {
+    if (std::string(v) == value) return i;
+    expected += (i == 0 ? "" : i + 1 == int32_t(values.size()) ? " or " : ", ") + std::string(value);
+    ++i;
+  }
+  throw Error(name, "must be " + expected + ", got '" + v + "'");
 }
 
 Overrides read_environment() {
   Overrides o;
-  o.gemm_order = env_choice("LYNX_GEMM_ORDER", "static", "in-order");
+  o.gemm_order = env_choice("LYNX_GEMM_ORDER", {"static", "in-order"});
   o.gemm_group_rows = env_count("LYNX_GEMM_GROUP_ROWS", 64, "row blocks");
   o.gemm_clusters = env_switch("LYNX_GEMM_CLUSTER");
   o.gemm_fold = env_switch("LYNX_GEMM_FOLD");
@@ -50,14 +56,8 @@ Overrides read_environment() {
   o.gather_token_major = env_switch("LYNX_GEMM_GATHER_TOKENS");
   o.gather_lookahead = env_count("LYNX_GEMM_GATHER_AHEAD", 1 << 30, "row blocks");
   o.schedule_min_warps = env_count("LYNX_SCHEDULE_MIN_WARPS", 16, "warps");
-  o.baseline_gemm = env_choice("LYNX_UNFUSED_GEMM", "loop", "grouped");
-  if (const char* v = std::getenv("LYNX_X_ROWS_AGAIN")) {
-    const std::string s(v);
-    o.x_rows_again = s == "kernel" ? 0 : s == "dgrad-down" ? 1 : s == "dgrad-gate-up" ? 2 : -2;
-    if (o.x_rows_again == -2) {
-      throw Error("LYNX_X_ROWS_AGAIN", "must be kernel, dgrad-down or dgrad-gate-up, got '" + s + "'");
-    }
-  }
+  o.baseline_gemm = env_choice("LYNX_UNFUSED_GEMM", {"loop", "grouped"});
+  o.x_rows_again = env_choice("LYNX_X_ROWS_AGAIN", {"kernel", "dgrad-down", "dgrad-gate-up"});
   return o;
 }
 
