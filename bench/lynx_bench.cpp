@@ -21,6 +21,7 @@
 #include "lynx/lynx.h"
 #include "lynx_version.h"
 #include "problem.h"
+#include "precision_bench.h"
 #include "ranks_bench.h"
 #include "regime.h"
 #include "shapes.h"
@@ -42,6 +43,7 @@ struct Options {
   bool keep_context = true;  // config.save_forward_context of both workspaces
   bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
   std::vector<int32_t> ranks;  // --ranks: virtual-rank mode (bench/ranks_bench.h)
+  bool fp8 = false;            // --precision fp8: the bf16 and FP8 forwards side by side (bench/precision_bench.h)
   int rounds = 3;
   std::string json;
   std::string command;
@@ -52,7 +54,7 @@ const char* kUsage =
     "                  [--shared-intermediate N] [--warmup N] [--iters N] [--check-tokens N] [--dense-n N]\n"
     "                  [--baseline unfused|none] [--context keep|drop] [--launch eager|graph] [--json FILE]\n"
     "                  [--regime as-found|burst|sustained|all] [--idle-ms N] [--sustain-ms N]\n"
-    "                  [--ranks R1,R2,... [--rounds N]]\n"
+    "                  [--ranks R1,R2,... [--rounds N]] [--precision bf16|fp8 [--rounds N]]\n"
     "  --shape    one of qwen3-30b-a3b (default), olmoe-1b-7b, mixtral-8x7b, deepseek-v3, or all; or\n"
     "             any shape as T,H,I,E,k (tokens, hidden, intermediate, experts, top-k), e.g. 8192,8192,4096,1,1\n"
     "  --pass     both = forward+backward; all (default) = forward, backward and forward+backward\n"
@@ -81,6 +83,9 @@ const char* kUsage =
     "  --ranks    expert parallelism on virtual ranks of this GPU: the same global batch (the shape's T\n"
     "             tokens, E experts) on each R given (e.g. 1,2,4,8), checked bit for bit against the first,\n"
     "             timed in --rounds (default 3) interleaved rounds, with the bytes moved between ranks\n"
+    "  --precision bf16 (default): the passes above; fp8: the fused forward in bf16 and in FP8\n"
+    "             (Config::precision, docs/fp8.md) on the same problem, FP8 y checked against bf16 y, timed\n"
+    "             in --rounds interleaved rounds, with quantize_weights (once per optimizer step) beside them\n"
     "  LYNX_BENCH_TIMES=1 in the environment prints every timed run's ms on stderr (bench/timing.h)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -166,6 +171,9 @@ Options parse(int argc, char** argv) {
       std::string item;
       while (std::getline(list, item, ',')) o.ranks.push_back(to_int("--ranks", item, 1));
       if (o.ranks.empty()) usage_error("--ranks needs a list such as 1,2,4,8");
+    } else if (flag == "--precision") {
+      if (v != "bf16" && v != "fp8") usage_error("--precision takes bf16 or fp8, got '" + v + "'");
+      o.fp8 = v == "fp8";
     } else if (flag == "--rounds") {
       o.rounds = to_int(flag, v, 1);
     } else if (flag == "--json") {
@@ -174,6 +182,7 @@ Options parse(int argc, char** argv) {
       usage_error("unknown option '" + flag + "'");
     }
   }
+  if (o.fp8 && !o.ranks.empty()) usage_error("--precision fp8 runs at one rank: leave out --ranks");
   if (!o.keep_context && (o.passes.size() != 1 || o.passes[0] != "forward")) {
     usage_error("--context drop times the forward pass only: add --pass forward");
   }
@@ -359,6 +368,49 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
   return ok ? 0 : 1;
 }
 
+int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
+  std::ofstream json;
+  if (!o.json.empty()) {
+    json.open(o.json);
+    if (!json) throw Error("--json", "cannot write " + o.json);
+    json << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
+         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
+         << ",\n  \"results\": [\n";
+  }
+  bool ok = true, first = true;
+  for (const std::string& name : o.shapes) {
+    NamedShape shape = *parse_shape(name);
+    shape.shape.shared_intermediate = o.shared_intermediate;
+    validate_shape(shape.shape);
+    Problem p(shape, o.routings.front(), 2026);
+    for (Regime regime : o.regimes) {
+      const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock);
+      const bool good = r.finite && r.dissimilarity < kFp8MaxDissimilarity;
+      ok = ok && good;
+      std::printf("\n%s, %s routing, %s: FP8 y against bf16 y: dissimilarity %.2e (%s)\n", name.c_str(),
+                  routing_name(o.routings.front()), regime_name(regime), r.dissimilarity,
+                  good ? "ok" : r.finite ? "FAILED: above 2^-8" : "FAILED: not finite");
+      std::printf("%-17s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
+      for (const PrecisionRow& row : r.rows) {
+        std::printf("%-17s %9.3f %8.3fx %6.0f\n", row.what.c_str(), row.ms, r.rows[0].ms / row.ms,
+                    row.clocks.samples > 0 ? row.clocks.median_mhz : 0.0);
+        if (json.is_open()) {
+          json << (first ? "" : ",\n") << "    {\"shape\": " << json_string(name) << ", \"regime\": "
+               << json_string(regime_name(regime)) << ", \"what\": " << json_string(row.what) << ", \"ms\": "
+               << row.ms << ", \"sm_mhz\": " << row.clocks.median_mhz << ", \"dissimilarity\": "
+               << r.dissimilarity << ", \"check\": " << json_string(good ? "ok" : "FAILED") << "}";
+          first = false;
+        }
+      }
+    }
+  }
+  if (json.is_open()) {
+    json << "\n  ]\n}\n";
+    std::printf("results written to %s\n", o.json.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 int run(const Options& o) {
   std::string gpu;
   const std::string why = gpu_problem(gpu);
@@ -384,6 +436,7 @@ int run(const Options& o) {
   }
   print_l2();
   if (!o.ranks.empty()) return run_ranks_mode(o, gpu, clock);
+  if (o.fp8) return run_precision_mode(o, gpu, clock);
   std::vector<Row> rows;
   std::vector<Memory> memory;
   bool all_ok = true;

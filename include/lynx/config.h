@@ -28,6 +28,16 @@ enum class Backend : int32_t {
                  // forward or backward (capturable in CUDA graphs)
 };
 
+// The number format of the routed experts' GEMMs.
+enum class Precision : int32_t {
+  kBf16 = 0,      // bf16 operands, fp32 accumulation
+  kFp8Block = 1,  // forward: E4M3 operands with power-of-two fp32 scales per 1×128 tile of x and h and per
+                  // 128×128 block of the weights, promoted into fp32 once per 128-wide K block (docs/fp8.md);
+                  // the weights' E4M3 copies made by quantize_weights (moe.h). So far: forward only, at one
+                  // rank, fused backend; the forward keeps no context, and backward runs in bf16 on the
+                  // context recompute_forward_context makes. The shared expert stays bf16.
+};
+
 // What a caller may choose. A zero means "choose for me" (see resolve_config). Every path is
 // deterministic: the same inputs give the same bits, every call.
 struct Config {
@@ -44,6 +54,7 @@ struct Config {
   // The caller holds each forward's context (lynx::ForwardContext, moe.h): the workspace keeps none, and
   // any number of forwards may be in flight before their backwards. Needs save_forward_context; one rank.
   bool caller_context = false;
+  Precision precision = Precision::kBf16;
 };
 
 // Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
@@ -76,6 +87,7 @@ struct ResolvedConfig {
   int64_t peer_timeout_ms;
   ScratchAllocator* scratch_allocator;
   bool caller_context;
+  Precision precision;
 };
 
 // Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.

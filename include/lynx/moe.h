@@ -139,6 +139,14 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
               cudaStream_t stream);
 
+// Config::precision == Precision::kFp8Block: makes the workspace's E4M3 copies of the routed experts'
+// weights (one power-of-two scale per 128×128 block of each expert's matrix, docs/fp8.md), which every
+// later forward reads. Call it before the first forward and again whenever the weights change (after
+// each optimizer step): forward throws unless it was last given the same w_gate, w_up and w_down
+// tensors (pointer identity, which cannot see values changed in place). A NaN or an infinity in the
+// weights is reported by Workspace::check (the next forward then writes no y). No host synchronisation.
+void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream);
+
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and
 // config.caller_context (its value is ignored here): what a ForwardContext needs, with no device.
 int64_t forward_context_bytes(const LayerShape& shape, const Config& config);
@@ -153,6 +161,7 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
 
 // Host-side argument checks (used by the calls above; public so bindings can check early).
 void validate_inputs(const LayerShape& shape, const LayerInputs& in);
+void validate_weights(const LayerShape& shape, const ExpertWeights& weights);
 void validate_output(const LayerShape& shape, const TensorView& y);
 void validate_gradients(const LayerShape& shape, const TensorView& dy, const Gradients& grads);
 

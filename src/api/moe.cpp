@@ -8,6 +8,7 @@
 #include "baseline/passes.h"
 #include "lynx/error.h"
 #include "runtime/context.h"
+#include "runtime/fp8_passes.h"
 #include "runtime/fused_passes.h"
 #include "runtime/scratch.h"
 #include "runtime/workspace.h"
@@ -52,6 +53,18 @@ void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, 
   });
 }
 
+// The FP8 forward reads the weights' E4M3 copies: they must be those of the weights given.
+void require_quantized_weights(const Workspace::Impl& w, const LayerInputs& in) {
+  if (w.config.precision != Precision::kFp8Block) return;
+  if (!w.quantized_weights.valid) {
+    throw Error("weights", "config.precision is fp8_block: call quantize_weights before the first forward");
+  }
+  const QuantizedWeightsKey given{in.weights.w_gate.data, in.weights.w_up.data, in.weights.w_down.data, true};
+  if (!(w.quantized_weights == given)) {
+    throw Error("weights", "are not the tensors quantize_weights was given: call it with these weights");
+  }
+}
+
 void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext* ctx,
                   cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
@@ -61,12 +74,15 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
+  require_quantized_weights(w, in);
   if (ctx) {
     validate_context(w, *ctx);
     ctx->valid = false;  // until this call has queued its work
   }
   run(w, ctx, ctx, stream, [&] {
-    if (w.config.backend == Backend::kFused) {
+    if (w.config.precision == Precision::kFp8Block) {
+      fp8pass::forward(w, in, y, stream);
+    } else if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::forward(w, in, y, stream, step);
     } else {
       baseline::forward(w, in, y, stream);
@@ -125,6 +141,16 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
 }
 
 }  // namespace
+
+void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream) {
+  Workspace::Impl& w = ws.impl();
+  if (w.config.precision != Precision::kFp8Block) {
+    throw Error("config.precision", "is bf16: quantize_weights is for a workspace made with fp8_block");
+  }
+  validate_weights(w.shape, weights);
+  check_device(w);
+  enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, stream); });
+}
 
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
   forward_call(ws, in, y, nullptr, stream);

@@ -61,22 +61,29 @@ void check_absent(const TensorView& v, const std::string& name) {
 
 void validate_inputs(const LayerShape& s, const LayerInputs& in) {
   validate_shape(s);
-  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E_loc = s.local_experts();
+  const int64_t T = s.tokens, H = s.hidden, k = s.top_k;
   check_tensor(in.x, "x", {DType::kBF16}, {T, H});
   check_tensor(in.topk_ids, "topk_ids", {DType::kI32, DType::kI64}, {T, k});
   check_tensor(in.topk_weights, "topk_weights", {DType::kF32}, {T, k});
-  check_tensor(in.weights.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(in.weights.w_up, "w_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(in.weights.w_down, "w_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
+  validate_weights(s, in.weights);
+}
+
+void validate_weights(const LayerShape& s, const ExpertWeights& weights) {
+  validate_shape(s);
+  const ExpertWeights& w = weights;
+  const int64_t H = s.hidden, I = s.intermediate, E_loc = s.local_experts();
+  check_tensor(w.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_up, "w_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_down, "w_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
-    check_tensor(in.weights.ws_gate, "ws_gate", {DType::kBF16}, {Is, H});
-    check_tensor(in.weights.ws_up, "ws_up", {DType::kBF16}, {Is, H});
-    check_tensor(in.weights.ws_down, "ws_down", {DType::kBF16}, {H, Is});
+    check_tensor(w.ws_gate, "ws_gate", {DType::kBF16}, {Is, H});
+    check_tensor(w.ws_up, "ws_up", {DType::kBF16}, {Is, H});
+    check_tensor(w.ws_down, "ws_down", {DType::kBF16}, {H, Is});
   } else {
-    check_absent(in.weights.ws_gate, "ws_gate");
-    check_absent(in.weights.ws_up, "ws_up");
-    check_absent(in.weights.ws_down, "ws_down");
+    check_absent(w.ws_gate, "ws_gate");
+    check_absent(w.ws_up, "ws_up");
+    check_absent(w.ws_down, "ws_down");
   }
 }
 

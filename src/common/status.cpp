@@ -53,6 +53,13 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
              wait + ", " + task + ", phase/counter " + std::to_string(st.c) +
              "; the kernel trapped and the CUDA context is lost";
     }
+    case StatusCode::kNonFiniteInput: {
+      static const char* const names[] = {"x", "the SwiGLU output h (of finite inputs: an overflow)",
+                                          "weights.w_gate", "weights.w_up", "weights.w_down"};
+      const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
+      return std::string(known ? names[st.a] : "an input") +
+             " holds a NaN or an infinity, which the FP8 path cannot quantise" + on_rank;
+    }
     case StatusCode::kPeerFailed:
       return "rank " + std::to_string(st.a) + " reported an error in this pass (" +
              (st.b == int64_t(StatusCode::kCapacityOverflow) ? std::string("schedule capacity")

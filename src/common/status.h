@@ -14,7 +14,11 @@ enum class StatusCode : int32_t {
   kWaitTimeout = 4,       // rank = block, a = which wait (sm90::Wait), b = task (-1: the next, not yet
                           // known; -2: past the last), c = phase or counter seen
   kPeerFailed = 5,        // R > 1: rank `a` reported error code `b` in this pass; this rank's outputs are not written
+  kNonFiniteInput = 6,    // a NaN or an infinity in a tensor the FP8 path quantises: a = which (Fp8Tensor)
 };
+
+// Which tensor a kNonFiniteInput names.
+enum class Fp8Tensor : int64_t { kX = 0, kH = 1, kGate = 2, kUp = 3, kDown = 4 };
 
 // One per workspace, in device memory: zero at workspace creation but for first_bad_route (UINT64_MAX);
 // the host sets `code` back to kOk after it reads an error. The first error wins (codes are set by

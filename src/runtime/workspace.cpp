@@ -6,6 +6,7 @@
 #include "comm/transport.h"
 #include "common/cuda_check.h"
 #include "kernels/expert_gemm/api.h"
+#include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
 #include "runtime/workspace.h"
 
@@ -142,6 +143,21 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       scratch(un.dhs, T * Is);
       scratch(un.dgs, T * Is);
       scratch(un.dus, T * Is);
+    }
+    if (config.precision == Precision::kFp8Block) {
+      const int64_t E = E_loc, kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
+      f8.w_gate = alloc<uint8_t>(E * I * H);
+      f8.w_gate_scales = alloc<float>(E * kbI * kbH);
+      f8.w_up = alloc<uint8_t>(E * I * H);
+      f8.w_up_scales = alloc<float>(E * kbI * kbH);
+      f8.w_down = alloc<uint8_t>(E * H * I);
+      f8.w_down_scales = alloc<float>(E * kbH * kbI);
+      scratch(f8.x, T * H);
+      scratch(f8.x_scales, T * kbH);
+      scratch(f8.xg, cap * H);
+      scratch(f8.xg_scales, cap * kbH);
+      scratch(f8.h, cap * I);
+      scratch(f8.h_scales, cap * kbI);
     }
     if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
       throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");

@@ -48,6 +48,35 @@ struct FusedBuffers {
   bf16_t* dgu;  // [cap, 2I]  dg | du per row
 };
 
+// The FP8 forward's buffers (Config::precision == Precision::kFp8Block; all null otherwise). E4M3 values,
+// fp32 scales (kernels/fp8/api.h): per 128×128 block of a weight, per 1×128 tile of a row; ↑ rounds up.
+struct Fp8Buffers {
+  // The routed experts' weights, made by quantize_weights and kept from call to call.
+  uint8_t* w_gate;       // [E_loc, I, H]
+  float* w_gate_scales;  // [E_loc, I/128↑, H/128↑]
+  uint8_t* w_up;         // [E_loc, I, H]
+  float* w_up_scales;    // [E_loc, I/128↑, H/128↑]
+  uint8_t* w_down;       // [E_loc, H, I]
+  float* w_down_scales;  // [E_loc, H/128↑, I/128↑]
+  // Scratch of a forward.
+  uint8_t* x;            // [T, H]    x, quantised once per token
+  float* x_scales;       // [T, H/128↑]
+  uint8_t* xg;           // [cap, H]  its rows in schedule order
+  float* xg_scales;      // [cap, H/128↑]
+  uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM
+  float* h_scales;       // [cap, I/128↑]
+};
+
+// The bf16 weights the FP8 copies were made from (pointer identity, as ContextKey compares), and
+// whether any were.
+struct QuantizedWeightsKey {
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* w_down = nullptr;
+  bool valid = false;
+  bool operator==(const QuantizedWeightsKey&) const = default;
+};
+
 // Identifies the inputs a saved forward context belongs to (the tensors it was computed from).
 struct ContextKey {
   const void* x = nullptr;
@@ -94,6 +123,8 @@ struct Workspace::Impl {
 
   UnfusedBuffers un{};
   FusedBuffers fb{};
+  Fp8Buffers f8{};
+  QuantizedWeightsKey quantized_weights;
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<blas::GroupedGemm> grouped;
 

@@ -112,6 +112,17 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.caller_context");
   c.save_forward_context = false;
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.caller_context");
+  // FP8: one rank, the fused backend; bf16 by default.
+  EXPECT_EQ(resolve_config(qwen3(), Config{}, DeviceInfo{}).precision, Precision::kBf16);
+  c = Config{};
+  c.precision = Precision::kFp8Block;
+  EXPECT_EQ(resolve_config(qwen3(), c, DeviceInfo{}).precision, Precision::kFp8Block);
+  expect_error([&] { resolve_config(bad, c, DeviceInfo{}); }, "config.precision");
+  c.backend = Backend::kUnfused;
+  expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.precision");
+  c = Config{};
+  c.precision = static_cast<Precision>(7);
+  expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.precision");
 }
 
 // Capacities for a bounded load: the balanced share times max_load plus each local expert's padding,

@@ -261,6 +261,13 @@ TEST(Validation, StatusMessagesNameTheEntry) {
   st.b = 42;
   EXPECT_NE(describe_status(st, 4).find("timed out in block 17: wait 1 = full stage"), std::string::npos);
   EXPECT_NE(describe_status(st, 4).find("task 42"), std::string::npos);
+  st = DeviceStatus{};
+  st.code = int32_t(StatusCode::kNonFiniteInput);
+  st.a = int64_t(Fp8Tensor::kDown);
+  EXPECT_EQ(describe_status(st, 4),
+            "weights.w_down holds a NaN or an infinity, which the FP8 path cannot quantise (rank 0)");
+  st.a = int64_t(Fp8Tensor::kX);
+  EXPECT_EQ(describe_status(st, 4).find("x holds a NaN"), size_t(0));
 }
 
 TEST(Validation, MakeViewRejectsTooManyDims) {

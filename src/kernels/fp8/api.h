@@ -17,6 +17,15 @@ constexpr int64_t kBlock = 128;  // the tile width and the weight block's side
 
 LYNX_HD int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 
+// Where a quantisation kernel reports a NaN or an infinity in its input: *flag set to 1 (when given),
+// and the status word's code set to StatusCode::kNonFiniteInput with a = what (when given; the first
+// error wins, common/status.h).
+struct NonfiniteReport {
+  int32_t* flag = nullptr;
+  DeviceStatus* status = nullptr;
+  int64_t what = 0;
+};
+
 // q[r, c] = E4M3(x[r, c] / scale), scale = the smallest power of two 2^e >= amax / 448 (2^-126 at
 // least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
 // A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
@@ -24,9 +33,28 @@ LYNX_HD int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                     cudaStream_t stream);
 
+// The same over the rows below *row_limit (device; rows past it are not read or written), reporting
+// a non-finite input through `report`: the layer's form, whose row count lives on the device.
+void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, const int32_t* row_limit, uint8_t* q, float* scales,
+                    NonfiniteReport report, cudaStream_t stream);
+
 // The same with one scale per 128×128 block: scales [blocks_of(rows), blocks_of(cols)].
 void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                      cudaStream_t stream);
+
+// quantize_blocks of each of `batch` matrices [rows, cols] stored one after another (the experts'
+// weights [E, rows, cols]): q [batch, rows, cols], scales [batch, blocks_of(rows), blocks_of(cols)].
+void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                     NonfiniteReport report, cudaStream_t stream);
+
+// The 1×128 tiles of token rows in schedule order: for each schedule row r below *total_rows, dst row r
+// = src row row_token_slot[r] / top_k (bytes [cols] and scales [blocks_of(cols)]); a padding row
+// (row_token_slot < 0) gets zero bytes and scales of 1. Rows from *total_rows on are not written. The
+// quantised form of the bf16 gather (glue::gather_rows): quantising then gathering equals gathering
+// then quantising, a tile being one row's.
+void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
+                  const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
+                  int64_t cols, cudaStream_t stream);
 
 // x[r, c] = value(q[r, c]) · scale of its tile (`blocks`: of its 128×128 block), in fp32 (exact).
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,

@@ -4,9 +4,11 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "kernels/fp8/api.h"
+#include "lynx/error.h"
 
 namespace lynx::fp8 {
 namespace {
@@ -46,43 +48,80 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// NOTES: the first error wins the status word (common/status.h); the flag is the kernels' own report.
+__device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
+  if (r.flag != nullptr) atomicOr(r.flag, 1);
+  if (r.status != nullptr &&
+      atomicCAS(&r.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kNonFiniteInput)) ==
+          int32_t(StatusCode::kOk)) {
+    r.status->a = r.what;
+  }
+}
+
 constexpr int kTileWarps = 8;  // tiles per CTA of quantize_tiles
 
-// One warp per tile (row r, columns [c0, c0 + 128)): lane l holds columns c0 + 4l .. c0 + 4l + 3.
+// One warp per tile (row r, columns [c0, c0 + 128)): lane l holds columns c0 + 4l .. c0 + 4l + 3, read
+// as one 8-byte load and written as one 4-byte store where cols % 4 == 0 (every layer shape).
 __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
-                                      uint8_t* __restrict__ q, float* __restrict__ scales, int32_t* nonfinite) {
+                                      const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
+                                      float* __restrict__ scales, NonfiniteReport report) {
   const int64_t kb = blocks_of(cols);
   const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
   if (tile >= rows * kb) return;
+  const int64_t r = tile / kb;
+  if (row_limit != nullptr && r >= *row_limit) return;
   const int lane = threadIdx.x % 32;
-  const int64_t r = tile / kb, c0 = (tile % kb) * kBlock + 4 * lane;
+  const int64_t c0 = (tile % kb) * kBlock + 4 * lane;
+  const bool vector = cols % 4 == 0;
   float v[4];
+  if (vector && c0 < cols) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + r * cols + c0);
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    v[0] = __low2float(lo);
+    v[1] = __high2float(lo);
+    v[2] = __low2float(hi);
+    v[3] = __high2float(hi);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = c0 + i < cols ? __bfloat162float(x[r * cols + c0 + i]) : 0.0f;
+  }
   float amax = 0.0f;
   bool finite = true;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    v[i] = c0 + i < cols ? __bfloat162float(x[r * cols + c0 + i]) : 0.0f;
     finite &= isfinite(v[i]);
     amax = fmaxf(amax, fabsf(v[i]));
   }
   // NOTES: the whole warp takes one branch (tile_finite is the warp's), so warp_max's full-mask shuffles
   // see every lane.
   const bool tile_finite = !__any_sync(0xffffffffu, !finite);
-  if (!tile_finite && lane == 0) atomicOr(nonfinite, 1);
+  if (!tile_finite && lane == 0) report_nonfinite(report);
   const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
-  const float scale = pow2(e), inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+  const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+  if (vector && c0 < cols) {
+    uint32_t packed = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
+    for (int i = 0; i < 4; ++i) packed |= uint32_t(to_e4m3(v[i] * inv)) << (8 * i);
+    *reinterpret_cast<uint32_t*>(q + r * cols + c0) = packed;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
+    }
   }
-  if (lane == 0) scales[tile] = scale;
+  if (lane == 0) scales[tile] = pow2(e);
 }
 
-// One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)).
+// One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y.
 __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols,
-                                       uint8_t* __restrict__ q, float* __restrict__ scales, int32_t* nonfinite) {
+                                       uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report) {
   __shared__ float warp_amax[kBlock / 32];
   const int64_t kb = blocks_of(cols);
+  const int64_t matrix = blockIdx.y;
+  w += matrix * rows * cols;
+  q += matrix * rows * cols;
+  scales += matrix * blocks_of(rows) * kb;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int64_t r = r0 + threadIdx.x;
   float amax = 0.0f;
@@ -97,7 +136,7 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
   amax = warp_max(amax);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
   const bool block_finite = !__syncthreads_or(!finite);  // also orders warp_amax's writes before the reads
-  if (threadIdx.x == 0 && !block_finite) atomicOr(nonfinite, 1);
+  if (threadIdx.x == 0 && !block_finite) report_nonfinite(report);
   float block_amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
@@ -107,6 +146,38 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
     for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) q[r * cols + c] = to_e4m3(__bfloat162float(w[r * cols + c]) * inv);
   }
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
+
+// One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
+// its scales.
+__global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict__ dst_scales,
+                                    const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
+                                    const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
+                                    int64_t capacity, int64_t top_k, int64_t cols) {
+  const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
+  if (row >= capacity || row >= *total_rows) return;
+  const int lane = threadIdx.x % 32;
+  const int32_t slot = row_token_slot[row];
+  const int64_t kb = blocks_of(cols);
+  uint8_t* d = dst + row * cols;
+  float* ds = dst_scales + row * kb;
+  if (slot < 0) {
+    for (int64_t c = lane; c < cols; c += 32) d[c] = 0;
+    for (int64_t b = lane; b < kb; b += 32) ds[b] = 1.0f;
+    return;
+  }
+  const int64_t token = slot / top_k;
+  const uint8_t* s = src + token * cols;
+  if (cols % 16 == 0) {
+    for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
+      *reinterpret_cast<uint4*>(d + c) = *reinterpret_cast<const uint4*>(s + c);
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) d[c] = s[c];
+  }
+  for (int64_t b = lane; b < kb; b += 32) ds[b] = src_scales[token * kb + b];
 }
 
 __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t rows,
@@ -123,21 +194,41 @@ int grid_of(int64_t n) { return static_cast<int>(n); }
 
 }  // namespace
 
-void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
-                    cudaStream_t stream) {
+void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, const int32_t* row_limit, uint8_t* q, float* scales,
+                    NonfiniteReport report, cudaStream_t stream) {
   const int64_t tiles = rows * blocks_of(cols);
   if (tiles == 0) return;
   quantize_tiles_kernel<<<grid_of((tiles + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, q, scales, nonfinite);
+      reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, row_limit, q, scales, report);
+  LYNX_CHECK_LAUNCH();
+}
+
+void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
+                    cudaStream_t stream) {
+  quantize_tiles(x, rows, cols, nullptr, q, scales, NonfiniteReport{nonfinite, nullptr, 0}, stream);
+}
+
+void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                     NonfiniteReport report, cudaStream_t stream) {
+  const int64_t blocks = blocks_of(rows) * blocks_of(cols);
+  if (blocks == 0 || batch == 0) return;
+  if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
+  quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(w), rows, cols, q, scales, report);
   LYNX_CHECK_LAUNCH();
 }
 
 void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                      cudaStream_t stream) {
-  const int64_t blocks = blocks_of(rows) * blocks_of(cols);
-  if (blocks == 0) return;
-  quantize_blocks_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(w), rows,
-                                                                 cols, q, scales, nonfinite);
+  quantize_blocks(w, 1, rows, cols, q, scales, NonfiniteReport{nonfinite, nullptr, 0}, stream);
+}
+
+void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
+                  const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
+                  int64_t cols, cudaStream_t stream) {
+  if (capacity == 0 || cols == 0) return;
+  gather_tiles_kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
+      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols);
   LYNX_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,53 @@
+#include "kernels/fp8/api.h"
+#include "runtime/fp8_passes.h"
+#include "runtime/stages.h"
+#include "runtime/steps.h"
+
+namespace lynx::fp8pass {
+namespace {
+
+fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what) {
+  return fp8::NonfiniteReport{nullptr, w.status, int64_t(what)};
+}
+
+}  // namespace
+
+void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
+  Fp8Buffers& f = w.f8;
+  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_gate), E, I, H, f.w_gate, f.w_gate_scales,
+                       report(w, Fp8Tensor::kGate), s);
+  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_up), E, I, H, f.w_up, f.w_up_scales, report(w, Fp8Tensor::kUp),
+                       s);
+  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_down), E, H, I, f.w_down, f.w_down_scales,
+                       report(w, Fp8Tensor::kDown), s);
+  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, true};
+}
+
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  w.context_valid = false;
+  enqueue_schedule(w, in, s);
+  enqueue_shared_gate_up(w, in, s);
+  if (!omitted(Stage::kGather, w.forward_calls)) {
+    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
+    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, w.schedule.row_token_slot, w.device_total_rows(), cap,
+                      sh.top_k, H, s);
+  }
+  if (!omitted(Stage::kGateUp, w.forward_calls)) {
+    fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
+                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s);
+  }
+  if (!omitted(Stage::kDown, w.forward_calls)) {
+    fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
+                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
+  }
+  enqueue_shared_down(w, in, s);
+  enqueue_combine(w, in, y, s);
+}
+
+}  // namespace lynx::fp8pass

@@ -1,0 +1,196 @@
+// The FP8 forward of the layer (Config::precision == kFp8Block, runtime/fp8_passes.h) against the CPU
+// emulation of its roundings (src/reference/fp8_layer.h) and against the exact layer; its backward (bf16
+// on a recomputed context) against the reference; determinism; the errors: weights not quantised,
+// backward without a context, a NaN in x or in the weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test.h"
+#include "gpu/layer_check.h"
+#include "lynx/error.h"
+#include "reference/fp8.h"
+#include "reference/fp8_layer.h"
+
+namespace lynx::test {
+namespace {
+
+class Fp8Layer : public GpuTest {};
+
+Config fp8_config() {
+  Config c;
+  c.precision = Precision::kFp8Block;
+  return c;
+}
+
+std::vector<float> to_float(const std::vector<HostBf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_float(v[i]);
+  return f;
+}
+
+// y as the FP8 forward computes it: the routed part emulated (reference/fp8_layer.h), the shared
+// expert's (bf16) from the reference with no slot routed.
+std::vector<double> emulated_y(const HostLayer& L) {
+  const Case& c = L.c;
+  const std::vector<double> w = L.weights_double();
+  const std::vector<float> x = to_float(L.x), wg = to_float(L.w_gate), wu = to_float(L.w_up), wd = to_float(L.w_down);
+  ref::fp8::RoutedLayer r;
+  r.T = c.T, r.H = c.H, r.I = c.I, r.E = c.E, r.k = c.k;
+  r.x = x.data();
+  r.topk_ids = L.ids.data();
+  r.topk_weights = w.data();
+  r.w_gate = wg.data();
+  r.w_up = wu.data();
+  r.w_down = wd.data();
+  std::vector<double> y = ref::fp8::routed_forward(r);
+  if (c.Is > 0) {
+    const std::vector<int32_t> none(L.ids.size(), -1);
+    ref::Layer<HostBf16> shared = L.reference(w);
+    shared.topk_ids = none.data();
+    const std::vector<double> ys = ref::forward(shared);
+    for (size_t i = 0; i < y.size(); ++i) y[i] += ys[i];
+  }
+  return y;
+}
+
+// NOTES: the bounds. Against the emulation, y differs by the GPU's fp32 and tensor-core sums (about
+// 1e-3 of each product, Fp8Gemm's bound) and where those tip h's bf16 rounding, after which h's E4M3
+// rounding may move an element by one E4M3 step (2^-3 of it): a few per mille of h's elements, a few
+// 1e-3 of y's norm; 1e-2, the layer's bf16 tolerance, holds that with room, where a wrong scale, row,
+// expert or block is off by order one. Against the exact layer: each quantised operand has an RMS
+// relative error of at most ε = 2^-4/√3 (docs/fp8.md), and a dot product with random signs carries it
+// into its result: g and u take x's and their weights' (2ε² each), h = silu(g)·u both of them and its
+// own (5ε²), y that and w_down's (6ε²); the dissimilarity, half of y's squared relative error, is at
+// most 3ε² = 2^-8 ≈ 3.9e-3.
+constexpr double kMaxDissimilarity = 1.0 / 256.0;
+
+void expect_fp8_layer_matches(const Case& c) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Workspace ws(L.shape, fp8_config());
+  quantize_weights(ws, L.inputs().weights, nullptr);
+  const Outputs o = run_layer(ws, L, dy, true);
+  ws.check(nullptr);
+  const double err = rel_error(o.y, emulated_y(L), "y");
+  EXPECT_LT(err, kTolerance);
+  std::vector<double> y(o.y.size());
+  for (size_t i = 0; i < y.size(); ++i) y[i] = to_double(o.y[i]);
+  const double dis = ref::fp8::dissimilarity(y, ref::forward(L.reference(L.weights_double())));
+  EXPECT_LT(dis, kMaxDissimilarity);
+  std::printf("  fp8 y: %.2e from the emulation, dissimilarity %.2e from the exact layer (%s)\n", err, dis,
+              case_name(c).c_str());
+  expect_matches_reference(o, L, dy, false);
+}
+
+TEST_F(Fp8Layer, ForwardMatchesEmulation) {
+  expect_fp8_layer_matches({300, 256, 128, 8, 2, 0});
+  expect_fp8_layer_matches({257, 320, 192, 16, 4, 128});  // H and I past a multiple of 128, a shared expert
+  expect_fp8_layer_matches({5, 128, 64, 16, 1, 0});       // experts without rows, a K of half a block
+  Case cyclic{200, 448, 128, 8, 2, 0, "cyclic"};  // H of three and a half blocks
+  expect_fp8_layer_matches(cyclic);
+  Case unrouted{130, 256, 128, 8, 4, 0};
+  unrouted.unrouted_every = 3;
+  expect_fp8_layer_matches(unrouted);
+}
+
+TEST_F(Fp8Layer, SameBitsEveryCall) {
+  const Case c{400, 256, 192, 8, 4, 64};
+  const HostLayer L(c, fresh_seed());
+  Workspace ws(L.shape, fp8_config());
+  quantize_weights(ws, L.inputs().weights, nullptr);
+  OutputBuffers a(c), b(c);
+  a.poison();
+  b.poison();
+  forward(ws, L.inputs(), a.y_view(), nullptr);
+  forward(ws, L.inputs(), b.y_view(), nullptr);
+  ws.check(nullptr);
+  const Outputs ya = a.to_host_outputs(), yb = b.to_host_outputs();
+  ASSERT_EQ(ya.y.size(), yb.y.size());
+  EXPECT_EQ(std::memcmp(ya.y.data(), yb.y.data(), ya.y.size() * sizeof(ya.y[0])), 0);
+}
+
+TEST_F(Fp8Layer, NeedsItsQuantizedWeights) {
+  const Case c{64, 128, 64, 4, 2, 0};
+  const HostLayer L(c, fresh_seed()), other(c, fresh_seed());
+  Workspace ws(L.shape, fp8_config());
+  OutputBuffers out(c);
+  EXPECT_THROW(
+      {
+        try {
+          forward(ws, L.inputs(), out.y_view(), nullptr);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("quantize_weights"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  quantize_weights(ws, other.inputs().weights, nullptr);
+  EXPECT_THROW(forward(ws, L.inputs(), out.y_view(), nullptr), Error);
+  quantize_weights(ws, L.inputs().weights, nullptr);
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  ws.check(nullptr);
+  // The forward keeps no context: backward needs one recomputed.
+  DeviceBuffer dy(size_t(c.T * c.H) * 2);
+  EXPECT_THROW(backward(ws, L.inputs(), make_view(dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr), Error);
+  // A bf16 workspace has no FP8 weights to make.
+  Workspace bf16(L.shape, Config{});
+  EXPECT_THROW(quantize_weights(bf16, L.inputs().weights, nullptr), Error);
+}
+
+// The poisoned y is left as it was: still NaN everywhere.
+void expect_y_unwritten(const OutputBuffers& out) {
+  const Outputs o = out.to_host_outputs();
+  for (size_t i = 0; i < o.y.size(); ++i) {
+    ASSERT_TRUE(std::isnan(to_double(o.y[i]))) << "y[" << i << "] was written";
+  }
+}
+
+void expect_check_names(Workspace& ws, const std::string& name) {
+  try {
+    ws.check(nullptr);
+    ADD_FAILURE() << "check() reported nothing; expected " << name;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Fp8Layer, NonFiniteInputsAreReported) {
+  const Case c{96, 256, 128, 4, 2, 0};
+  HostLayer L(c, fresh_seed());
+  Workspace ws(L.shape, fp8_config());
+  quantize_weights(ws, L.inputs().weights, nullptr);
+  ws.check(nullptr);
+  OutputBuffers out(c);
+  // A NaN in x.
+  std::vector<HostBf16> x = L.x;
+  x[size_t(37 * c.H + 200)] = float_to_bf16(std::nanf(""));
+  LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  out.poison();
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  expect_check_names(ws, "x holds a NaN");
+  expect_y_unwritten(out);
+  // Reported once: the next call with finite inputs runs.
+  LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), L.x.data(), L.x.size() * 2, cudaMemcpyHostToDevice));
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  ws.check(nullptr);
+  // An infinity in w_down.
+  std::vector<HostBf16> wd = L.w_down;
+  wd[size_t(3 * c.H * c.I + 5)] = float_to_bf16(INFINITY);
+  LYNX_TEST_CUDA(cudaMemcpy(L.d_wd.get(), wd.data(), wd.size() * 2, cudaMemcpyHostToDevice));
+  quantize_weights(ws, L.inputs().weights, nullptr);
+  out.poison();
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  expect_check_names(ws, "weights.w_down holds a NaN or an infinity");
+  expect_y_unwritten(out);
+}
+
+}  // namespace
+}  // namespace lynx::test
