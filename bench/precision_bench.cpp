@@ -38,7 +38,6 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   Config bf16_config, fp8_config;
   bf16_config.backend = fp8_config.backend = Backend::kFused;
   fp8_config.precision = Precision::kFp8Block;
-  bf16_config.save_forward_context = false;  // as the FP8 forward: no context kept
   Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config);
   const LayerInputs in = p.inputs();
   const TensorView y = p.y();

@@ -101,8 +101,11 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
     validate_context(w, *ctx);
     ctx->valid = false;
   }
+  require_quantized_weights(w, in);
   run(w, ctx, ctx, stream, [&] {
-    if (w.config.backend == Backend::kFused) {
+    if (w.config.precision == Precision::kFp8Block) {
+      fp8pass::recompute_forward_context(w, in, stream);
+    } else if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::recompute_forward_context(w, in, stream, step);
     } else {
       baseline::recompute_forward_context(w, in, stream);

@@ -25,7 +25,11 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
   w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, true};
 }
 
-void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+namespace {
+
+// The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
+// slot, with the schedule, as the forward context when `keep_gate_up`.
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
@@ -37,10 +41,31 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
     fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, w.schedule.row_token_slot, w.device_total_rows(), cap,
                       sh.top_k, H, s);
   }
+  fp8::KeptGateUp kept;
+  if (keep_gate_up) {
+    kept.gate = w.un.g;
+    kept.up = w.un.u;
+    kept.slot = w.gate_up_by_slot ? w.schedule.row_token_slot : w.row_numbers;
+  }
   if (!omitted(Stage::kGateUp, w.forward_calls)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s);
+                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept);
   }
+  w.context = ContextKey::of(in);
+}
+
+}  // namespace
+
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  forward_context(w, in, s, true);
+  w.context_valid = true;
+}
+
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  forward_context(w, in, s, w.config.save_forward_context);
   if (!omitted(Stage::kDown, w.forward_calls)) {
     fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
@@ -48,6 +73,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   }
   enqueue_shared_down(w, in, s);
   enqueue_combine(w, in, y, s);
+  w.context_valid = w.config.save_forward_context;
 }
 
 }  // namespace lynx::fp8pass

@@ -2,9 +2,10 @@
 // own, correct first: the schedule; x quantised once per token (1×128 tiles) and its tiles gathered into
 // schedule order; the gate/up GEMM with SwiGLU on E4M3 operands (h in bf16); h quantised; the down GEMM
 // on E4M3 operands into the rows the combine reads; the shared expert (bf16) and the combine as in the
-// bf16 forward. No host synchronisation. It keeps no context: backward runs on the bf16 context that
-// recompute_forward_context makes. A NaN or an infinity in x or h is reported through the status word
-// (Workspace::check), and y is then not written.
+// bf16 forward. No host synchronisation. With config.save_forward_context it keeps the context the bf16
+// backward reads: the schedule, and g and u (the FP8 products, rounded to bf16) by slot, as the bf16
+// forward keeps them; the backward is bf16 (docs/fp8.md). A NaN or an infinity in x or h is reported
+// through the status word (Workspace::check), and y is then not written.
 #pragma once
 
 #include "runtime/workspace.h"
@@ -16,5 +17,8 @@ namespace lynx::fp8pass {
 void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s);
 
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s);
+
+// The forward's context without y (Workspace::recompute_forward_context): the same FP8 g and u.
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 
 }  // namespace lynx::fp8pass

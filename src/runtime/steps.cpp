@@ -102,8 +102,7 @@ void fetch_counts(Workspace::Impl& w, cudaStream_t s) {
 void require_context(const Workspace::Impl& w, const LayerInputs& in) {
   if (!w.context_valid) {
     throw Error("backward", "no forward context in the workspace: run forward with config.save_forward_context = "
-                            "true (a bf16 forward; an fp8_block one keeps none), or recompute_forward_context, "
-                            "on the same inputs first");
+                            "true, or recompute_forward_context, on the same inputs first");
   }
   if (!(w.context == ContextKey::of(in))) {
     throw Error("backward", "the workspace's forward context was built for other x / topk_ids / topk_weights / "

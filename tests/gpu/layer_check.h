@@ -124,9 +124,8 @@ struct LayerStack {
 };
 LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute);
 
-// Every output against the reference for these inputs and dy (every one but y unless `with_y`).
-void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy,
-                              bool with_y = true);
+// Every output against the reference for these inputs and dy.
+void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);
 
 // Forward and backward of `ws` on L captured together in one CUDA graph (after an eager pair when
 // `eager_first`), replayed twice with new routing (L's ids and weights replaced): every output matches

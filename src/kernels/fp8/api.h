@@ -78,12 +78,21 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream);
 
+// Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
+// gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
+struct KeptGateUp {
+  bf16_t* gate = nullptr;
+  bf16_t* up = nullptr;
+  const int32_t* slot = nullptr;  // [capacity] device
+};
+
 // The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped
 // products of row r with expert e's gate and up ([experts, N, K] E4M3 each, block scales [experts,
-// blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N]. As above otherwise.
+// blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N] (h from the fp32 g and u;
+// `kept` gets them rounded). As above otherwise.
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream);
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {});
 
 }  // namespace lynx::fp8

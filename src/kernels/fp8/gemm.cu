@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
                 const float* __restrict__ b_scales, const float* __restrict__ b2_scales, Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status) {
+                DeviceStatus* status, KeptGateUp kept) {
   constexpr bool kGrouped = kForm != Form::kDense;
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per CTA
@@ -149,6 +149,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
   // acc[4(j + 8) + r].
   constexpr int kGroups = kSwiGLU ? 8 : 16;
+  // The rows g and u go to (kept.gate set): the thread's two rows' slots, -1 for none.
+  int32_t kept_row[2] = {-1, -1};
+  if (kSwiGLU && kept.gate != nullptr) {
+    if (row0 < M) kept_row[0] = kept.slot[row0];
+    if (row1 < M) kept_row[1] = kept.slot[row1];
+  }
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
     const int32_t col = n0 + 8 * j + 2 * (lane % 4);
@@ -156,7 +162,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = 0; r < 4; ++r) {
       const int32_t row = r < 2 ? row0 : row1;
       float v = acc[4 * j + r];
-      if constexpr (kSwiGLU) v = silu(v) * acc[4 * (j + 8) + r];
+      if constexpr (kSwiGLU) {
+        const int32_t kr = kept_row[r / 2];
+        if (kr >= 0 && col + r % 2 < N) {
+          store(&kept.gate[int64_t(kr) * N + col + r % 2], v);
+          store(&kept.up[int64_t(kr) * N + col + r % 2], acc[4 * (j + 8) + r]);
+        }
+        v = silu(v) * acc[4 * (j + 8) + r];
+      }
       if (row < M && col + r % 2 < N) store(&out[int64_t(row) * N + col + r % 2], v);
     }
   }
@@ -174,7 +187,8 @@ constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
 template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
-            const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream) {
+            const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream,
+            KeptGateUp kept = {}) {
   // The attribute is per device: set once on each.
   static detail::PerDeviceCache configured;
   detail::per_device(configured, [](int) {
@@ -185,7 +199,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const dim3 grid(unsigned((N + out_n - 1) / out_n), unsigned(blocks_of(M)));
   gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
                                                                int32_t(M), int32_t(N), int32_t(K), expert_offset,
-                                                               int32_t(experts), status);
+                                                               int32_t(experts), status, kept);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -218,13 +232,16 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream) {
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
+  if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
+    throw Error("kept", "gate, up and slot are given together or not at all");
+  }
   launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
                         gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
                         gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales, h,
-                        capacity, N, K, expert_offset, experts, status, stream);
+                        capacity, N, K, expert_offset, experts, status, stream, kept);
 }
 
 }  // namespace lynx::fp8
