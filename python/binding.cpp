@@ -117,11 +117,12 @@ PYBIND11_MODULE(_C, m) {
     scratch_allocator = new PyScratchAllocator(std::move(alloc), std::move(free));
   });
 
-  py::class_<lynx::Workspace>(m, "Workspace")
+  // NOTES: dynamic attributes: lynx/ops.py records on the workspace which weights its FP8 copies are of.
+  py::class_<lynx::Workspace>(m, "Workspace", py::dynamic_attr())
       .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
                        int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
                        bool scratch_from_allocator, bool caller_context, int num_ranks, int rank,
-                       int64_t peer_timeout_ms) {
+                       int64_t peer_timeout_ms, int precision) {
              const lynx::LayerShape s =
                  layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, rank);
              lynx::Config c;
@@ -130,6 +131,7 @@ PYBIND11_MODULE(_C, m) {
              c.save_forward_context = save_forward_context;
              c.caller_context = caller_context;
              c.peer_timeout_ms = peer_timeout_ms;
+             c.precision = static_cast<lynx::Precision>(precision);
              if (scratch_from_allocator) {
                if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
                c.scratch_allocator = scratch_allocator;
@@ -140,7 +142,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
            py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false,
            py::arg("caller_context") = false, py::arg("num_ranks") = 1, py::arg("rank") = 0,
-           py::arg("peer_timeout_ms") = 0)
+           py::arg("peer_timeout_ms") = 0, py::arg("precision") = 0)
       .def("device_bytes", &lynx::Workspace::device_bytes)
       .def("scratch_bytes", &lynx::Workspace::scratch_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)
@@ -224,6 +226,11 @@ PYBIND11_MODULE(_C, m) {
     const lynx::TensorView out = to_view(y, "y");
     py::gil_scoped_release release;
     lynx::forward(ws, inputs, out, to_stream(stream));
+  });
+  m.def("quantize_weights", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
+    const lynx::LayerInputs inputs = to_inputs(in);
+    py::gil_scoped_release release;
+    lynx::quantize_weights(ws, inputs.weights, to_stream(stream));
   });
   m.def("recompute_forward_context", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
     const lynx::LayerInputs inputs = to_inputs(in);

@@ -7,6 +7,7 @@ import torch
 from lynx import _C, _groups
 
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
+_PRECISIONS = {"bf16": 0, "fp8_block": 1}  # lynx::Precision
 _BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.
@@ -59,7 +60,7 @@ def release(tag: int) -> None:
 def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device):
     """The workspace for this shape (num_experts: over every rank), config (backend code, schedule
     capacity, save context, tag: calls with different tags never share one; caller context: the caller
-    holds each forward's context; expert-parallel group id, lynx/_groups.py) and CUDA device, created
+    holds each forward's context; expert-parallel group id, lynx/_groups.py; precision code) and CUDA device, created
     on first use. A released tag (its layer or Workspace is gone, e.g. before a pending backward) gets
     a new workspace that is not cached: it lives as long as the caller holds it.
 
@@ -88,7 +89,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
                               schedule_capacity=config[1], save_forward_context=config[2],
                               scratch_from_allocator=R == 1, caller_context=config[4], num_ranks=R, rank=rank,
-                              peer_timeout_ms=_groups.peer_timeout_ms(config[5]))
+                              peer_timeout_ms=_groups.peer_timeout_ms(config[5]), precision=config[6])
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config[5]))
                 _groups.connected(config[5])

@@ -26,11 +26,18 @@ class Config:
     # the rank that did not come and stops (its kernel traps; the CUDA context is lost); 0: 30 s.
     # Raise it where one rank may fall behind (a checkpoint or an evaluation on one rank).
     peer_timeout_ms: int = 0
+    # "bf16", or "fp8_block": the routed experts' forward GEMMs on E4M3 operands with block scales (the
+    # DeepSeek-V3 recipe, docs/fp8.md); the expert weights' FP8 copies are made again whenever they
+    # change (their version counters); the backward is bf16. One rank, the fused backend.
+    precision: str = "bf16"
 
     def __post_init__(self):
         if self.backend not in _workspaces._BACKENDS:
             raise ValueError(f"lynx: config.backend: must be one of {sorted(_workspaces._BACKENDS)}, "
                              f"got {self.backend!r}")
+        if self.precision not in _workspaces._PRECISIONS:
+            raise ValueError(f"lynx: config.precision: must be one of {sorted(_workspaces._PRECISIONS)}, "
+                             f"got {self.precision!r}")
 
 
 class Gradients(NamedTuple):
@@ -75,8 +82,9 @@ class Workspace:
             raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
         self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
         # The key the custom ops look it up by (ops._workspace): this workspace keeps its own context.
-        backend, capacity, save, tag, ep = self._op_config()
-        self._ws = _workspaces.workspace_for(*self.shape, (backend, capacity, save, tag, False, ep), self.device)
+        backend, capacity, save, tag, ep, precision = self._op_config()
+        self._ws = _workspaces.workspace_for(*self.shape, (backend, capacity, save, tag, False, ep, precision),
+                                             self.device)
         self._context = None  # what the kept context was built from: [(weakref, version)], or None
         self._closed = False
         weakref.finalize(self, _workspaces.release, self.tag)
@@ -289,7 +297,7 @@ def schedule_capacity(tokens: int, hidden: int, intermediate: int, num_experts: 
 
 def _op_config(config: Config, tag: int, ep_group: int = 0):
     """The trailing arguments of the custom ops: backend code, schedule capacity, save context, tag,
-    expert-parallel group id (lynx/_groups.py; 0: none)."""
+    expert-parallel group id (lynx/_groups.py; 0: none), precision code."""
     return (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context, tag,
-            ep_group)
+            ep_group, _workspaces._PRECISIONS[config.precision])
 

@@ -21,12 +21,12 @@ class _Experts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag):
-        backend, capacity, _, _, _ = _op_config(Config(), tag)
+        backend, capacity, _, _, _, precision = _op_config(Config(), tag)
         gate, up = _halves(gate_up)
         y, context = ops.moe_forward_saving(x, topk_ids, topk_weights, gate, up, down, None, None, None, backend,
-                                            capacity, tag)
+                                            capacity, tag, precision)
         ctx.save_for_backward(x, topk_ids, topk_weights, gate_up, down, context)
-        ctx.config = (backend, capacity, tag)
+        ctx.config = (backend, capacity, tag, precision)
         return y
 
     @staticmethod

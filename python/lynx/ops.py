@@ -5,10 +5,13 @@ lynx::moe_recompute_forward_context (the context kept in the workspace; the expl
 save_forward_context=False).
 
 Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
-capacity, save_forward_context, workspace tag, expert-parallel group id), so that a traced graph holds no
-Python objects."""
+capacity, save_forward_context, workspace tag, expert-parallel group id, precision code), so that a
+traced graph holds no Python objects. In FP8 (precision code 1) the ops that run a forward first make
+the workspace's FP8 copies of the expert weights again when those weights changed (_fp8_weights)."""
 
 from typing import Optional
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -27,18 +30,35 @@ def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
     return T, H, I, E_local * ranks, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0]
 
 
-def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group):
+def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
+               precision):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
     # torch.compile sees only plain arguments.
-    config = (backend, schedule_capacity, save_forward_context, tag, False, ep_group)
+    config = (backend, schedule_capacity, save_forward_context, tag, False, ep_group, precision)
     R, _ = _groups.ranks(ep_group)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
-def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag):
+def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision):
     """The workspace of the autograd pair: it keeps no context (Config::caller_context)."""
-    config = (backend, schedule_capacity, True, tag, True, 0)
+    config = (backend, schedule_capacity, True, tag, True, 0, precision)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate), config, x.device)
+
+
+def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
+    """FP8: makes the workspace's E4M3 copies of the expert weights (lynx::quantize_weights) unless they
+    are of these very tensors, unchanged since (weak references and version counters, as the context's
+    inputs are compared in functional.Workspace). NOTES: inside a CUDA graph capture always: a replay
+    must requantise the weights the optimizer has changed in place since, which no host check sees."""
+    if precision != _workspaces._PRECISIONS["fp8_block"]:
+        return
+    now = (w_gate, w_up, w_down)
+    kept = getattr(ws, "_fp8_weights", None)
+    same = (kept is not None and not torch.cuda.is_current_stream_capturing() and
+            all(ref() is t and t._version == v for (ref, v), t in zip(kept, now)))
+    if not same:
+        _C.quantize_weights(ws, inputs, stream)
+        ws._fp8_weights = tuple((weakref.ref(t), t._version) for t in now)
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity) -> int:
@@ -57,21 +77,23 @@ def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_
 @torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
 def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                        w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
-                       backend: int, schedule_capacity: int, tag: int) -> tuple[Tensor, Tensor]:
+                       backend: int, schedule_capacity: int, tag: int, precision: int) -> tuple[Tensor, Tensor]:
     """y, and the forward context backward needs (uint8 [forward_context_bytes]): a tensor like any
     other that autograd saves, so that any number of forwards may be in flight before their backwards,
     under checkpointing or saved-tensor hooks too."""
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag)
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity),
                           dtype=torch.uint8, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
     _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
     return y, context
 
 
 @moe_forward_saving.register_fake
-def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity, tag):
+def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity, tag,
+      precision):
     dims = (*x.shape, *w_gate.shape, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
     if all(isinstance(d, int) for d in dims):
         context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity)
@@ -85,13 +107,13 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor,
                       w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
                       ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
-                      tag: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      tag: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     # A saved-tensor hook may have handed the context back elsewhere or in another form.
     if context.device != x.device or context.dtype != torch.uint8 or not context.is_contiguous():
         raise ValueError(f"lynx: the saved forward context came back as a {context.dtype} tensor on {context.device}"
                          f"{'' if context.is_contiguous() else ', not contiguous'}; backward needs it as saved: uint8, "
                          f"contiguous, on {x.device}")
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag)
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.backward_from(ws, inputs, _views.view(dy, "dy"), views, context.data_ptr(), context.numel(), _stream(x))
@@ -100,7 +122,7 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
 
 @moe_backward_from.register_fake
 def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-      schedule_capacity, tag):
+      schedule_capacity, tag, precision):
     return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
@@ -117,17 +139,19 @@ def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_d
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
-                schedule_capacity: int, save_forward_context: bool, tag: int, ep_group: int) -> Tensor:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
+                schedule_capacity: int, save_forward_context: bool, tag: int, ep_group: int, precision: int) -> Tensor:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
+                    precision)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
     _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
     return y
 
 
 @moe_forward.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag, ep_group):
+      save_forward_context, tag, ep_group, precision):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -135,12 +159,14 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
                  backend: int, schedule_capacity: int, save_forward_context: bool,
-                 tag: int, ep_group: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
+                 tag: int, ep_group: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
+                    precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     stream = _stream(x)
     # Another call may have replaced the workspace's forward context (or it was never kept).
     if not ws.has_context_for(inputs):
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream)
         _C.recompute_forward_context(ws, inputs, stream)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
@@ -151,26 +177,28 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
 def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                                   w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
                                   ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
-                                  save_forward_context: bool, tag: int, ep_group: int) -> Tensor:
+                                  save_forward_context: bool, tag: int, ep_group: int, precision: int) -> Tensor:
     """Rebuilds in the workspace what backward needs, without producing y; returns the rows each
     local expert received (int32 [E / R]). NOTES: the workspace is state that torch.library cannot name, so
     the per-expert counts are the op's output; an unused call may be dropped by a compiler, which is
     safe because moe_backward recomputes whatever context it lacks."""
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group)
+    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
+                    precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
     _C.recompute_forward_context(ws, inputs, _stream(x))
     return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
 
 
 @moe_recompute_forward_context.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag, ep_group):
+      save_forward_context, tag, ep_group, precision):
     return torch.empty(w_gate.shape[0], dtype=torch.int32, device=x.device)
 
 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag, ep_group):
+      save_forward_context, tag, ep_group, precision):
     return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
@@ -186,7 +214,7 @@ def _backward(ctx, dy):
                                                              ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
     return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None, None, None)
+            dwsd if shared else None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)
@@ -204,14 +232,14 @@ def _backward_saving(ctx, dy, _dcontext):
                                                                   w_down, ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
     return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None)
+            dwsd if shared else None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, setup_context=_setup_saving)
 
 
 def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                 schedule_capacity, save_forward_context, tag, ep_group):
+                 schedule_capacity, save_forward_context, tag, ep_group, precision):
     """y with autograd: with a saved context on one rank, the pair that hands autograd the context;
     without one, the forward that keeps none (its backward recomputes it); in an expert-parallel group,
     the forward that keeps its context in the workspace (other ranks read it), which a backward whose
@@ -219,7 +247,7 @@ def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up
     same sequence of calls)."""
     if save_forward_context and ep_group == 0:
         y, _ = moe_forward_saving(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                                  schedule_capacity, tag)
+                                  schedule_capacity, tag, precision)
         return y
     return moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                       schedule_capacity, save_forward_context, tag, ep_group)
+                       schedule_capacity, save_forward_context, tag, ep_group, precision)

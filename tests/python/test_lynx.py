@@ -432,3 +432,52 @@ def test_bad_arguments_are_named():
     lynx.moe(x, bad, tw, *w)
     with pytest.raises(ValueError, match=r"topk_ids\[3, 1\] = 99 is out of range"):
         lynx.check()
+
+
+FP8 = lynx.Config(precision="fp8_block")
+FP8_MAX_DISSIMILARITY = 1 / 256  # tests/gpu/test_fp8_layer.cpp derives it
+
+
+def dissimilarity(a, b):
+    """1 − 2⟨a,b⟩/(|a|²+|b|²) in float64; a must be all finite."""
+    assert torch.isfinite(a).all(), "non-finite values"
+    a, b = a.double().flatten(), b.double().flatten()
+    return (1 - 2 * (a @ b) / (a @ a + b @ b)).item()
+
+
+def test_fp8_forward_and_gradients_close_to_the_exact_layer():
+    x, topk_ids, topk_weights, w, s = make(256, 256, 192, 8, 2, Is=64)
+    leaves = [x, topk_weights, *w, *s]
+    for t in leaves:
+        t.requires_grad_(True)
+    y = lynx.moe(x, topk_ids, topk_weights, *w, *s, config=FP8)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    y_ref = reference_moe(x, topk_ids, topk_weights, *w, *s)
+    grads_ref = torch.autograd.grad(y_ref, leaves, dy.float())
+    assert dissimilarity(y, y_ref) < FP8_MAX_DISSIMILARITY
+    assert dissimilarity(y, y_ref) > 0  # it is FP8: not the bf16 path
+    for name, got, want in zip(["dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up",
+                                "dws_down"], grads, grads_ref):
+        assert dissimilarity(got, want) < FP8_MAX_DISSIMILARITY, name
+
+
+def test_fp8_weights_changed_in_place_are_quantised_again():
+    x, topk_ids, topk_weights, w, _ = make(128, 256, 128, 4, 2)
+    layer_ws = lynx.Workspace(128, 256, 128, 4, 2, config=FP8)
+    y0 = lynx.functional.forward(layer_ws, x, topk_ids, topk_weights, *w)
+    with torch.no_grad():
+        w[2].mul_(2)  # an optimizer step, in place: same tensor, new version
+    y1 = lynx.functional.forward(layer_ws, x, topk_ids, topk_weights, *w)
+    fresh = lynx.Workspace(128, 256, 128, 4, 2, config=FP8)
+    assert torch.equal(y1, lynx.functional.forward(fresh, x, topk_ids, topk_weights, *w))
+    assert not torch.equal(y0, y1)
+
+
+def test_fp8_module_trains_and_bad_precision_is_named():
+    layer = lynx.nn.MoE(256, 128, 8, 2, config=FP8, device="cuda")
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer(x).float().square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="config.precision"):
+        lynx.Config(precision="fp8")
