@@ -1,6 +1,7 @@
 """Workspaces cached per (shape, config, device), and their release."""
 
 import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -8,6 +9,18 @@ from lynx import _C, _groups
 
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
 _PRECISIONS = {"bf16": 0, "fp8_block": 1}  # lynx::Precision
+
+
+class WorkspaceConfig(NamedTuple):
+    """What selects a workspace besides its shape and device (a key of the cache below)."""
+
+    backend: int                # _BACKENDS' code
+    schedule_capacity: int
+    save_forward_context: bool
+    tag: int                    # calls with different tags never share a workspace
+    caller_context: bool        # the caller holds each forward's context (Config::caller_context)
+    ep_group: int               # expert-parallel group id (lynx/_groups.py; 0: none)
+    precision: int              # _PRECISIONS' code
 _BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.
@@ -50,18 +63,16 @@ def release(tag: int) -> None:
     """Drops every workspace with this tag; later lookups with it get a fresh workspace that is not
     kept. The C++ destructor waits for the device before freeing."""
     _RELEASED.add(tag)
-    specs = [s for s in _BY_SPEC if s[6][3] == tag]
-    _PARKED.update((s, _BY_SPEC.pop(s)) for s in specs if s[6][5] != 0)
+    specs = [s for s in _BY_SPEC if s[6].tag == tag]
+    _PARKED.update((s, _BY_SPEC.pop(s)) for s in specs if s[6].ep_group != 0)
     dropped = [_BY_SPEC.pop(s) for s in specs if s in _BY_SPEC]
     if _capturing():
         _PENDING.extend(dropped)
 
 
 def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, device):
-    """The workspace for this shape (num_experts: over every rank), config (backend code, schedule
-    capacity, save context, tag: calls with different tags never share one; caller context: the caller
-    holds each forward's context; expert-parallel group id, lynx/_groups.py; precision code) and CUDA device, created
-    on first use. A released tag (its layer or Workspace is gone, e.g. before a pending backward) gets
+    """The workspace for this shape (num_experts: over every rank), config (a WorkspaceConfig) and CUDA
+    device, created on first use. A released tag (its layer or Workspace is gone, e.g. before a pending backward) gets
     a new workspace that is not cached: it lives as long as the caller holds it.
 
     In an expert-parallel group, creating a workspace is collective: every rank of the group creates
@@ -78,22 +89,24 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     if ws is None:
         ws = _PARKED.get(spec)
     if ws is None:
-        R, rank = _groups.ranks(config[5])
-        if R > 1 and config[3] in _RELEASED:
+        R, rank = _groups.ranks(config.ep_group)
+        if R > 1 and config.tag in _RELEASED:
             # NOTES: creating it would be collective, and only the ranks whose layer has been collected
             # would come.
             raise ValueError("lynx: a new shape for an expert-parallel layer (or workspace tag) that has been "
                              "released; keep the layer alive while it is called")
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
-                              top_k=top_k, shared_intermediate=shared_intermediate, backend=config[0],
-                              schedule_capacity=config[1], save_forward_context=config[2],
-                              scratch_from_allocator=R == 1, caller_context=config[4], num_ranks=R, rank=rank,
-                              peer_timeout_ms=_groups.peer_timeout_ms(config[5]), precision=config[6])
+                              top_k=top_k, shared_intermediate=shared_intermediate, backend=config.backend,
+                              schedule_capacity=config.schedule_capacity,
+                              save_forward_context=config.save_forward_context,
+                              scratch_from_allocator=R == 1, caller_context=config.caller_context, num_ranks=R, rank=rank,
+                              peer_timeout_ms=_groups.peer_timeout_ms(config.ep_group),
+                              precision=config.precision)
             if R > 1:
-                _C.connect_process_group(ws, _groups.all_gather(config[5]))
-                _groups.connected(config[5])
-        if config[3] not in _RELEASED:
+                _C.connect_process_group(ws, _groups.all_gather(config.ep_group))
+                _groups.connected(config.ep_group)
+        if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws
 

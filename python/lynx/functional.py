@@ -83,8 +83,8 @@ class Workspace:
         self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
         # The key the custom ops look it up by (ops._workspace): this workspace keeps its own context.
         backend, capacity, save, tag, ep, precision = self._op_config()
-        self._ws = _workspaces.workspace_for(*self.shape, (backend, capacity, save, tag, False, ep, precision),
-                                             self.device)
+        config = _workspaces.WorkspaceConfig(backend, capacity, save, tag, False, ep, precision)
+        self._ws = _workspaces.workspace_for(*self.shape, config, self.device)
         self._context = None  # what the kept context was built from: [(weakref, version)], or None
         self._closed = False
         weakref.finalize(self, _workspaces.release, self.tag)

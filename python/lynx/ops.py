@@ -34,14 +34,15 @@ def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_fo
                precision):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
     # torch.compile sees only plain arguments.
-    config = (backend, schedule_capacity, save_forward_context, tag, False, ep_group, precision)
+    config = _workspaces.WorkspaceConfig(backend, schedule_capacity, save_forward_context, tag, False, ep_group,
+                                         precision)
     R, _ = _groups.ranks(ep_group)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
 def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision):
     """The workspace of the autograd pair: it keeps no context (Config::caller_context)."""
-    config = (backend, schedule_capacity, True, tag, True, 0, precision)
+    config = _workspaces.WorkspaceConfig(backend, schedule_capacity, True, tag, True, 0, precision)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate), config, x.device)
 
 
