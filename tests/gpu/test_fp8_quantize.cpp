@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/bf16.h"
+#include "common/status.h"
 #include "gpu/gpu_test.h"
 #include "gpu/layer_check.h"
 #include "kernels/fp8/api.h"
@@ -154,6 +155,104 @@ TEST_F(Fp8Quantize, NonFiniteInputIsReported) {
     }
   }
   EXPECT_EQ(quantize_on_gpu(spread_values(5, 300, 4, 1), 5, 300, false).nonfinite, 0);
+}
+
+void expect_codes_and_scales(const std::vector<uint8_t>& q, const std::vector<float>& scales,
+                             const ref::fp8::Quantized& want, const std::string& what) {
+  ASSERT_EQ(q.size(), want.q.size()) << what;
+  ASSERT_EQ(scales.size(), want.scales.size()) << what;
+  for (size_t i = 0; i < want.q.size(); ++i) ASSERT_EQ(q[i], want.q[i]) << what << " q[" << i << "]";
+  for (size_t i = 0; i < want.scales.size(); ++i) {
+    ASSERT_EQ(bits(scales[i]), bits(want.scales[i])) << what << " scale " << i;
+  }
+}
+
+// The layer's forms (docs/fp8.md, "The FP8 forward"): the experts' weights quantised in one launch, each
+// matrix as quantize_blocks alone; tiles over the rows below a row count on the device, a NaN past it
+// not read, one before it reported in the status word; the tiles gathered into schedule order.
+TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Three experts' [200, 320] weights: blocks of 72 rows and 64 columns at the edges.
+  const int64_t batch = 3, rows = 200, cols = 320;
+  const std::vector<HostBf16> w = spread_values(batch * rows, cols, 6, seed);
+  const int64_t block_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  DeviceBuffer d_w = to_device(w), d_q(size_t(batch * rows * cols)), d_s(size_t(batch * block_scales) * 4);
+  d_q.fill_bytes(0x7F);
+  d_s.fill_bytes(0xFF);
+  fp8::quantize_blocks(d_w.as<bf16_t>(), batch, rows, cols, d_q.as<uint8_t>(), d_s.as<float>(), {}, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols));
+  const std::vector<float> sc = to_host<float>(d_s, size_t(batch * block_scales));
+  const std::vector<float> wf = to_floats(w);
+  for (int64_t m = 0; m < batch; ++m) {
+    const ref::fp8::Quantized want = ref::fp8::quantize_blocks(wf.data() + m * rows * cols, rows, cols);
+    expect_codes_and_scales({q.begin() + m * rows * cols, q.begin() + (m + 1) * rows * cols},
+                            {sc.begin() + m * block_scales, sc.begin() + (m + 1) * block_scales}, want,
+                            "matrix " + std::to_string(m));
+  }
+
+  // Tiles of 300 token rows below a limit of 257 on the device; a NaN at row 280 is past it.
+  const int64_t T = 300, limit = 257, kb = fp8::blocks_of(cols);
+  std::vector<HostBf16> x = spread_values(T, cols, 6, seed ^ 1);
+  x[size_t(280 * cols + 5)] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  DeviceBuffer d_x = to_device(x), d_xq(size_t(T * cols)), d_xs(size_t(T * kb) * 4);
+  DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)});
+  DeviceBuffer d_status = to_device(std::vector<DeviceStatus>{DeviceStatus{}});
+  d_xq.fill_bytes(0x7F);
+  d_xs.fill_bytes(0xFF);
+  fp8::NonfiniteReport report{nullptr, d_status.as<DeviceStatus>(), int64_t(Fp8Tensor::kH)};
+  fp8::quantize_tiles(d_x.as<bf16_t>(), T, cols, d_limit.as<int32_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), report,
+                      nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(to_host<DeviceStatus>(d_status, 1)[0].code, int32_t(StatusCode::kOk)) << "a row past the limit was read";
+  const std::vector<uint8_t> xq = to_host<uint8_t>(d_xq, size_t(T * cols));
+  const std::vector<float> xs = to_host<float>(d_xs, size_t(T * kb));
+  const std::vector<float> xf = to_floats(x);
+  const ref::fp8::Quantized tiles = ref::fp8::quantize_tiles(xf.data(), limit, cols);
+  expect_codes_and_scales({xq.begin(), xq.begin() + limit * cols}, {xs.begin(), xs.begin() + limit * kb}, tiles,
+                          "tiles below the limit");
+  for (int64_t i = limit * cols; i < T * cols; ++i) ASSERT_EQ(xq[size_t(i)], 0x7F) << "written past the limit: " << i;
+  for (int64_t i = limit * kb; i < T * kb; ++i) ASSERT_TRUE(std::isnan(xs[size_t(i)])) << "scale past the limit: " << i;
+  // A NaN below the limit: reported once, naming the tensor.
+  x[size_t(10 * cols + 300)] = float_to_bf16(std::numeric_limits<float>::infinity());
+  LYNX_TEST_CUDA(cudaMemcpy(d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  fp8::quantize_tiles(d_x.as<bf16_t>(), T, cols, d_limit.as<int32_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), report,
+                      nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const DeviceStatus st = to_host<DeviceStatus>(d_status, 1)[0];
+  EXPECT_EQ(st.code, int32_t(StatusCode::kNonFiniteInput));
+  EXPECT_EQ(st.a, int64_t(Fp8Tensor::kH));
+
+  // The first 64 tokens' tiles gathered into a schedule of 256 rows (top-2), of which 200 are rows:
+  // row r takes token slot/2 for slot = (7r) mod 128, every fifth a padding row (-1).
+  const int64_t cap = 256, total = 200, k = 2;
+  std::vector<int32_t> slots(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) slots[size_t(r)] = r % 5 == 4 ? -1 : int32_t((7 * r) % 128);
+  DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  DeviceBuffer d_gq(size_t(cap * cols)), d_gs(size_t(cap * kb) * 4);
+  d_gq.fill_bytes(0x7F);
+  d_gs.fill_bytes(0xFF);
+  fp8::gather_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), d_xq.as<uint8_t>(), d_xs.as<float>(), d_slots.as<int32_t>(),
+                    d_total.as<int32_t>(), cap, k, cols, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> gq = to_host<uint8_t>(d_gq, size_t(cap * cols));
+  const std::vector<float> gs = to_host<float>(d_gs, size_t(cap * kb));
+  for (int64_t r = 0; r < cap; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t want = r >= total ? 0x7F : slots[size_t(r)] < 0 ? 0 : tiles.q[size_t((slots[size_t(r)] / k) * cols + c)];
+      ASSERT_EQ(gq[size_t(r * cols + c)], want) << "row " << r << " column " << c;
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const float got = gs[size_t(r * kb + b)];
+      if (r >= total) {
+        ASSERT_TRUE(std::isnan(got)) << "row " << r << " past the schedule written";
+      } else {
+        const float want = slots[size_t(r)] < 0 ? 1.0f : tiles.scales[size_t((slots[size_t(r)] / k) * kb + b)];
+        ASSERT_EQ(bits(got), bits(want)) << "row " << r << " scale " << b;
+      }
+    }
+  }
 }
 
 }  // namespace
