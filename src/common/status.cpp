@@ -54,7 +54,8 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
              "; the kernel trapped and the CUDA context is lost";
     }
     case StatusCode::kNonFiniteInput: {
-      static const char* const names[] = {"x", "the SwiGLU output h (of finite inputs: an overflow)",
+      static const char* const names[] = {"x", "the SwiGLU output h (from finite x: an overflow, or weights "
+                                          "reported not finite earlier)",
                                           "weights.w_gate", "weights.w_up", "weights.w_down"};
       const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
       return std::string(known ? names[st.a] : "an input") +

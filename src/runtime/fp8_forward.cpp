@@ -16,6 +16,7 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
   const LayerShape& sh = w.shape;
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   Fp8Buffers& f = w.f8;
+  w.quantized_weights.valid = false;  // until every copy is queued
   fp8::quantize_blocks(data_of<const bf16_t>(weights.w_gate), E, I, H, f.w_gate, f.w_gate_scales,
                        report(w, Fp8Tensor::kGate), s);
   fp8::quantize_blocks(data_of<const bf16_t>(weights.w_up), E, I, H, f.w_up, f.w_up_scales, report(w, Fp8Tensor::kUp),

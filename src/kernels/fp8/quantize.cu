@@ -69,7 +69,8 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
   if (tile >= rows * kb) return;
   const int64_t r = tile / kb;
-  if (row_limit != nullptr && r >= *row_limit) return;
+  // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
+  if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
   const int lane = threadIdx.x % 32;
   const int64_t c0 = (tile % kb) * kBlock + 4 * lane;
   const bool vector = cols % 4 == 0;
@@ -99,6 +100,9 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   if (!tile_finite && lane == 0) report_nonfinite(report);
   const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
   const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+  // NOTES: a tile that is not finite gets a NaN scale, so that whatever reads it is NaN, never finite
+  // and wrong (E4M3 saturates an infinity to 448).
+  const float scale = tile_finite ? pow2(e) : __int_as_float(0x7fc00000);
   if (vector && c0 < cols) {
     uint32_t packed = 0;
 #pragma unroll
@@ -110,7 +114,7 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
       if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
     }
   }
-  if (lane == 0) scales[tile] = pow2(e);
+  if (lane == 0) scales[tile] = scale;
 }
 
 // One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y.
@@ -141,7 +145,8 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
   const int e = block_finite ? scale_exponent(block_amax) : 0;
-  const float scale = pow2(e), inv = pow2(-e);
+  // A block that is not finite: a NaN scale, as for tiles (every later product that reads it is NaN).
+  const float scale = block_finite ? pow2(e) : __int_as_float(0x7fc00000), inv = pow2(-e);
   if (r < rows) {
     for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) q[r * cols + c] = to_e4m3(__bfloat162float(w[r * cols + c]) * inv);
   }
@@ -157,7 +162,9 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
                                     int64_t capacity, int64_t top_k, int64_t cols) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
-  if (row >= capacity || row >= *total_rows) return;
+  // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
+  const int32_t total = *total_rows;
+  if (total > capacity || row >= total) return;
   const int lane = threadIdx.x % 32;
   const int32_t slot = row_token_slot[row];
   const int64_t kb = blocks_of(cols);
