@@ -97,11 +97,11 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
+  require_quantized_weights(w, in);
   if (ctx) {
     validate_context(w, *ctx);
     ctx->valid = false;
   }
-  require_quantized_weights(w, in);
   run(w, ctx, ctx, stream, [&] {
     if (w.config.precision == Precision::kFp8Block) {
       fp8pass::recompute_forward_context(w, in, stream);
@@ -134,7 +134,9 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
     }
   }
   run(w, ctx, nullptr, stream, [&] {
-    if (w.config.backend == Backend::kFused) {
+    if (w.config.precision == Precision::kFp8Block) {
+      fp8pass::backward(w, in, dy, grads, stream);
+    } else if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);
     } else {
       baseline::backward(w, in, dy, grads, stream);

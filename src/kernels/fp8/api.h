@@ -29,11 +29,13 @@ struct NonfiniteReport {
 // q[r, c] = E4M3(x[r, c] / scale), scale = the smallest power of two 2^e >= amax / 448 (2^-126 at
 // least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
 // A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
-// or an infinity; q and scales are then unspecified.
+// or an infinity; that tile's q is then unspecified and its scale NaN (so is a block's below).
+// Alignment: x 8 bytes and q 4 bytes where cols % 4 == 0 (vector accesses), else none.
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                     cudaStream_t stream);
 
-// The same over the rows below *row_limit (device; rows past it are not read or written), reporting
+// The same over the rows below *row_limit (device; rows past it are not read or written, and a limit
+// above `rows`, a schedule over capacity, quantises nothing), reporting
 // a non-finite input through `report`: the layer's form, whose row count lives on the device.
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, const int32_t* row_limit, uint8_t* q, float* scales,
                     NonfiniteReport report, cudaStream_t stream);
@@ -47,11 +49,21 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
                      NonfiniteReport report, cudaStream_t stream);
 
+// The transposed operand of a dgrad GEMM, quantised in 128×128 blocks of the transposed matrix: per
+// matrix m of `batch`, q[m][r][c] = E4M3(src(c, r) / scale) with src(c, r) = src0[m][c][r] for c < n0,
+// src1[m][c − n0][r] otherwise (src0 [batch, n0, rows], src1 [batch, n1, rows] bf16; n1 = 0: src0 only):
+// q [batch, rows, n0 + n1], scales [batch, blocks_of(rows), blocks_of(n0 + n1)]. w_downᵀ is (w_down, n1 =
+// 0); [w_gate; w_up]ᵀ, the dgrad of gate/up's K = 2I operand, is (w_gate, w_up). Equals quantize_blocks of
+// the transposed matrix bit for bit.
+void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream);
+
 // The 1×128 tiles of token rows in schedule order: for each schedule row r below *total_rows, dst row r
 // = src row row_token_slot[r] / top_k (bytes [cols] and scales [blocks_of(cols)]); a padding row
 // (row_token_slot < 0) gets zero bytes and scales of 1. Rows from *total_rows on are not written. The
 // quantised form of the bf16 gather (glue::gather_rows): quantising then gathering equals gathering
-// then quantising, a tile being one row's.
+// then quantising, a tile being one row's. *total_rows above the capacity (a schedule over capacity,
+// which placed no rows) gathers nothing. dst and src 16-byte aligned where cols % 16 == 0.
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
                   int64_t cols, cudaStream_t stream);
@@ -73,7 +85,8 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 // blocks_of(K)]) times expert e's b ([experts, N, K] E4M3, 128×128 block scales [experts, blocks_of(N),
 // blocks_of(K)]), rounded to bf16 into the same rows of out [capacity, N]. expert_offset (device,
 // [experts + 1]) is the schedule's: every expert's rows padded to whole 128-row blocks, the padding rows
-// of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written.
+// of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written, nor any
+// when expert_offset[experts] > capacity (a schedule over capacity).
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream);

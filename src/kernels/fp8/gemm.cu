@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t k_blocks = int32_t(blocks_of(K));
   int32_t expert = 0;
   if constexpr (kGrouped) {
-    if (m0 >= expert_offset[experts]) return;  // every thread alike, before any barrier
+    // Every thread alike, before any barrier. A schedule over capacity (rows past M) placed no rows.
+    if (m0 >= expert_offset[experts] || expert_offset[experts] > M) return;
     expert = gemm::expert_of_row(expert_offset, experts, m0);
   }
   // The B scale block of the CTA's columns (a SwiGLU tile's 64 lie in one 128-wide block).

@@ -69,7 +69,8 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
   if (tile >= rows * kb) return;
   const int64_t r = tile / kb;
-  if (row_limit != nullptr && r >= *row_limit) return;
+  // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
+  if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
   const int lane = threadIdx.x % 32;
   const int64_t c0 = (tile % kb) * kBlock + 4 * lane;
   const bool vector = cols % 4 == 0;
@@ -99,6 +100,9 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   if (!tile_finite && lane == 0) report_nonfinite(report);
   const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
   const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+  // NOTES: a tile that is not finite gets a NaN scale, so that whatever reads it is NaN, never finite
+  // and wrong (E4M3 saturates an infinity to 448).
+  const float scale = tile_finite ? pow2(e) : __int_as_float(0x7fc00000);
   if (vector && c0 < cols) {
     uint32_t packed = 0;
 #pragma unroll
@@ -110,7 +114,7 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
       if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
     }
   }
-  if (lane == 0) scales[tile] = pow2(e);
+  if (lane == 0) scales[tile] = scale;
 }
 
 // One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y.
@@ -141,11 +145,55 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
   const int e = block_finite ? scale_exponent(block_amax) : 0;
-  const float scale = pow2(e), inv = pow2(-e);
+  // A block that is not finite: a NaN scale, as for tiles (every later product that reads it is NaN).
+  const float scale = block_finite ? pow2(e) : __int_as_float(0x7fc00000), inv = pow2(-e);
   if (r < rows) {
     for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) q[r * cols + c] = to_e4m3(__bfloat162float(w[r * cols + c]) * inv);
   }
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+// One CTA of 128 threads per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the
+// transposed matrix of matrix blockIdx.y: thread t reads source row c0 + t along [r0, r0 + 128), one
+// after another, and writes column c0 + t of the block's rows (a row's 128 bytes by 128 threads).
+__global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restrict__ src0, int64_t n0,
+                                                  const __nv_bfloat16* __restrict__ src1, int64_t n1, int64_t rows,
+                                                  uint8_t* __restrict__ q, float* __restrict__ scales,
+                                                  NonfiniteReport report) {
+  __shared__ float warp_amax[kBlock / 32];
+  const int64_t cols = n0 + n1, kb = blocks_of(cols);
+  const int64_t matrix = blockIdx.y;
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
+  const int64_t c = c0 + threadIdx.x;
+  const __nv_bfloat16* row = nullptr;  // source row c
+  if (c < n0) {
+    row = src0 + (matrix * n0 + c) * rows;
+  } else if (c < cols) {
+    row = src1 + (matrix * n1 + (c - n0)) * rows;
+  }
+  float amax = 0.0f;
+  bool finite = true;
+  if (row != nullptr) {
+    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) {
+      const float v = __bfloat162float(row[r]);
+      finite &= isfinite(v);
+      amax = fmaxf(amax, fabsf(v));
+    }
+  }
+  amax = warp_max(amax);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  const bool block_finite = !__syncthreads_or(!finite);
+  if (threadIdx.x == 0 && !block_finite) report_nonfinite(report);
+  float block_amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
+  const int e = block_finite ? scale_exponent(block_amax) : 0;
+  const float inv = pow2(-e);
+  uint8_t* out = q + matrix * rows * cols;
+  if (row != nullptr) {
+    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(__bfloat162float(row[r]) * inv);
+  }
+  if (threadIdx.x == 0) scales[matrix * blocks_of(rows) * kb + blockIdx.x] = pow2(e);
 }
 
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
@@ -157,7 +205,9 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
                                     int64_t capacity, int64_t top_k, int64_t cols) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
-  if (row >= capacity || row >= *total_rows) return;
+  // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
+  const int32_t total = *total_rows;
+  if (total > capacity || row >= total) return;
   const int lane = threadIdx.x % 32;
   const int32_t slot = row_token_slot[row];
   const int64_t kb = blocks_of(cols);
@@ -221,6 +271,18 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
 void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                      cudaStream_t stream) {
   quantize_blocks(w, 1, rows, cols, q, scales, NonfiniteReport{nonfinite, nullptr, 0}, stream);
+}
+
+void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream) {
+  const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
+  if (blocks == 0 || batch == 0) return;
+  if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
+  if (n1 > 0 && src1 == nullptr) throw Error("src1", "is null with n1 > 0");
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(src0), n0, reinterpret_cast<const __nv_bfloat16*>(src1), n1, rows, q,
+      scales, report);
+  LYNX_CHECK_LAUNCH();
 }
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
