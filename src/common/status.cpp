@@ -54,15 +54,10 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
              "; the kernel trapped and the CUDA context is lost";
     }
     case StatusCode::kNonFiniteInput: {
-<<<<<<< HEAD
-      static const char* const names[] = {"x", "the SwiGLU output h (of finite inputs: an overflow)",
-                                          "weights.w_gate", "weights.w_up", "weights.w_down", "dy",
-                                          "the SwiGLU backward's dg | du (of finite inputs: an overflow)"};
-=======
       static const char* const names[] = {"x", "the SwiGLU output h (from finite x: an overflow, or weights "
                                           "reported not finite earlier)",
-                                          "weights.w_gate", "weights.w_up", "weights.w_down"};
->>>>>>> main
+                                          "weights.w_gate", "weights.w_up", "weights.w_down", "dy",
+                                          "the SwiGLU backward's dg | du (of finite inputs: an overflow)"};
       const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
       return std::string(known ? names[st.a] : "an input") +
              " holds a NaN or an infinity, which the FP8 path cannot quantise" + on_rank;
