@@ -193,7 +193,9 @@ __global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restric
   if (row != nullptr) {
     for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(__bfloat162float(row[r]) * inv);
   }
-  if (threadIdx.x == 0) scales[matrix * blocks_of(rows) * kb + blockIdx.x] = pow2(e);
+  if (threadIdx.x == 0) {
+    scales[matrix * blocks_of(rows) * kb + blockIdx.x] = block_finite ? pow2(e) : __int_as_float(0x7fc00000);
+  }
 }
 
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
