@@ -33,9 +33,9 @@ enum class Precision : int32_t {
   kBf16 = 0,      // bf16 operands, fp32 accumulation
   kFp8Block = 1,  // forward: E4M3 operands with power-of-two fp32 scales per 1×128 tile of x and h and per
                   // 128×128 block of the weights, promoted into fp32 once per 128-wide K block (docs/fp8.md);
-                  // the weights' E4M3 copies made by quantize_weights (moe.h). So far at one rank, fused
-                  // backend, and the forward only: the backward is bf16, on the context the FP8 forward
-                  // keeps (its g and u). The shared expert stays bf16.
+                  // the weights' E4M3 copies made by quantize_weights (moe.h). The backward's dgrad GEMMs
+                  // too (dy and dg | du in 1×128 tiles, transposed weight copies); the weight gradients
+                  // and the shared expert stay bf16. So far at one rank, fused backend.
 };
 
 // What a caller may choose. A zero means "choose for me" (see resolve_config). Every path is
