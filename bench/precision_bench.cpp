@@ -14,9 +14,9 @@
 namespace lynx::bench {
 namespace {
 
-std::vector<double> y_values(const TensorView& y) {
-  std::vector<uint16_t> bits(size_t(y.numel()));
-  LYNX_CUDA(cudaMemcpy(bits.data(), y.data, bits.size() * 2, cudaMemcpyDeviceToHost));
+std::vector<double> values(const TensorView& t) {  // a bf16 tensor's
+  std::vector<uint16_t> bits(size_t(t.numel()));
+  LYNX_CUDA(cudaMemcpy(bits.data(), t.data, bits.size() * 2, cudaMemcpyDeviceToHost));
   std::vector<double> v(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) {
     const uint32_t f = uint32_t(bits[i]) << 16;
@@ -25,6 +25,16 @@ std::vector<double> y_values(const TensorView& y) {
     v[i] = x;
   }
   return v;
+}
+
+double dissimilarity(const std::vector<double>& a, const std::vector<double>& b) {
+  double dot = 0.0, aa = 0.0, bb = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) dot += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
+  return aa + bb > 0.0 ? 1.0 - 2.0 * dot / (aa + bb) : 0.0;
+}
+
+bool all_finite(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
 }
 
 double median(std::vector<double> v) {
@@ -40,33 +50,41 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   fp8_config.precision = Precision::kFp8Block;
   Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config);
   const LayerInputs in = p.inputs();
-  const TensorView y = p.y();
-  const size_t y_bytes = size_t(y.numel()) * 2;
+  const Gradients grads = p.gradients();
+  const TensorView y = p.y(), dy = p.dy();
   quantize_weights(fp8, in.weights, nullptr);
-  forward(bf16, in, y, nullptr);
-  bf16.check(nullptr);
-  const std::vector<double> want = y_values(y);
-  LYNX_CUDA(cudaMemset(y.data, 0xFF, y_bytes));
-  forward(fp8, in, y, nullptr);
-  fp8.check(nullptr);
-  const std::vector<double> got = y_values(y);
+  // Each precision's y and dx, from outputs poisoned with NaN.
+  auto outputs = [&](Workspace& ws) {
+    LYNX_CUDA(cudaMemset(y.data, 0xFF, size_t(y.numel()) * 2));
+    LYNX_CUDA(cudaMemset(grads.dx.data, 0xFF, size_t(grads.dx.numel()) * 2));
+    forward(ws, in, y, nullptr);
+    backward(ws, in, dy, grads, nullptr);
+    ws.check(nullptr);
+    return std::make_pair(values(y), values(grads.dx));
+  };
+  const auto want = outputs(bf16), got = outputs(fp8);
   PrecisionResult r{};
-  r.finite = std::all_of(got.begin(), got.end(), [](double v) { return std::isfinite(v); });
-  double dot = 0.0, aa = 0.0, bb = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) dot += got[i] * want[i], aa += got[i] * got[i], bb += want[i] * want[i];
-  r.dissimilarity = aa + bb > 0.0 ? 1.0 - 2.0 * dot / (aa + bb) : 0.0;
-  const char* names[] = {"forward bf16", "forward fp8", "quantize_weights"};
-  std::vector<double> ms[3];
-  ClockSummary clocks[3];
+  r.finite = all_finite(got.first) && all_finite(got.second);
+  r.dissimilarity = dissimilarity(got.first, want.first);
+  r.dx_dissimilarity = dissimilarity(got.second, want.second);
+  const char* names[] = {"forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "quantize_weights"};
+  constexpr int kRows = 5;
+  std::vector<double> ms[kRows];
+  ClockSummary clocks[kRows];
   for (int round = 0; round < rounds; ++round) {
-    const Timing t[3] = {time_pass([&] { forward(bf16, in, y, nullptr); }, protocol, nullptr, clock),
-                         time_pass([&] { forward(fp8, in, y, nullptr); }, protocol, nullptr, clock),
-                         time_pass([&] { quantize_weights(fp8, in.weights, nullptr); }, protocol, nullptr, clock)};
-    for (int i = 0; i < 3; ++i) ms[i].push_back(t[i].ms), clocks[i] = t[i].clocks;
+    const Timing t[kRows] = {
+        time_pass([&] { forward(bf16, in, y, nullptr); }, protocol, nullptr, clock),
+        time_pass([&] { forward(fp8, in, y, nullptr); }, protocol, nullptr, clock),
+        time_pass([&] { forward(bf16, in, y, nullptr); backward(bf16, in, dy, grads, nullptr); }, protocol, nullptr,
+                  clock),
+        time_pass([&] { forward(fp8, in, y, nullptr); backward(fp8, in, dy, grads, nullptr); }, protocol, nullptr,
+                  clock),
+        time_pass([&] { quantize_weights(fp8, in.weights, nullptr); }, protocol, nullptr, clock)};
+    for (int i = 0; i < kRows; ++i) ms[i].push_back(t[i].ms), clocks[i] = t[i].clocks;
   }
   bf16.check(nullptr);
   fp8.check(nullptr);
-  for (int i = 0; i < 3; ++i) r.rows.push_back({names[i], median(ms[i]), clocks[i]});
+  for (int i = 0; i < kRows; ++i) r.rows.push_back({names[i], median(ms[i]), clocks[i]});
   return r;
 }
 
