@@ -119,7 +119,22 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   if (!omitted(Stage::kXGather, w.backward_calls)) {
     fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, in.x, w.un.xg, s);
   }
-  fused::weight_grads(w, grads, dyg, s);
+  if (w.config.bf16_weight_grads) return fused::weight_grads(w, grads, dyg, s);
+  // The weight gradients sum over each expert's rows: their operands transposed and quantised in 1×128
+  // tiles along the rows, into the buffers the dgrads are done with (each at least that large).
+  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x rows
+    fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
+    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
+    fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
+                                          w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
+                                          data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
+  }
+  if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dy rowsᵀ · w·silu(g)⊙u
+    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
+                                          data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
+  }
 }
 
 }  // namespace lynx::fp8pass

@@ -24,9 +24,10 @@ void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaSt
 // The backward on that context, its two dgrad GEMMs in FP8: dy quantised once per token (1×128 tiles)
 // and its tiles gathered, da = dy_row · w_down on w_downᵀ's blocks; the SwiGLU backward in bf16; dg | du
 // quantised in 1×128 tiles over K = 2I, dx_row on [w_gate; w_up]ᵀ's blocks; the combine into dx. The
-// weight gradients stay bf16 (the recipe's bf16 wgrad option), on the dy rows gathered in bf16 and
-// the x rows gathered again. A NaN or an infinity in dy, or an overflow of dg | du, is reported as
-// the forward reports x.
+// weight gradients per expert over its rows, in FP8 with both operands transposed and quantised in
+// 1×128 tiles along the rows (dg | du with the x rows gathered again, the bf16 dy rows with w·silu(g)⊙u),
+// or in bf16 (config.bf16_weight_grads). A NaN or an infinity in dy, or an overflow of dg | du, is
+// reported as the forward reports x.
 void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s);
 
 }  // namespace lynx::fp8pass

@@ -63,14 +63,15 @@ struct Fp8Buffers {
   float* w_down_t_scales;     // [E_loc, I/128↑, H/128↑]
   uint8_t* w_gate_up_t;       // [E_loc, H, 2I]  [w_gate; w_up]ᵀ
   float* w_gate_up_t_scales;  // [E_loc, H/128↑, 2I/128↑]
-  // Scratch of a call.
+  // Scratch of a call. The weight gradients' transposed operands ([width, cap], scales [width, cap/128])
+  // reuse the buffers of the same width, which hold at least as many scales.
   uint8_t* x;            // [T, H]    forward: x, quantised once per token; backward: dy
   float* x_scales;       // [T, H/128↑]
-  uint8_t* xg;           // [cap, H]  their rows in schedule order
+  uint8_t* xg;           // [cap, H]  their rows in schedule order; backward, then: x's rows, dy's rows transposed
   float* xg_scales;      // [cap, H/128↑]
-  uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM
+  uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM; backward: w·silu(g)⊙u transposed
   float* h_scales;       // [cap, I/128↑]
-  uint8_t* dgu;          // [cap, 2I] backward: dg | du, quantised for the dgrad of gate/up
+  uint8_t* dgu;          // [cap, 2I] backward: dg | du, quantised for the dgrad of gate/up, then transposed
   float* dgu_scales;     // [cap, 2I/128↑]
 };
 

@@ -198,6 +198,48 @@ __global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restric
   }
 }
 
+// One CTA of 128 threads per 128 rows × 128 columns of x: the block staged in shared memory (row by row,
+// coalesced), then thread t quantises column c0 + t's 128 rows as one tile and writes them as a run
+// of 128 bytes of q's row c0 + t.
+__global__ void transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
+                                       const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
+                                       float* __restrict__ scales, NonfiniteReport report) {
+  __shared__ __nv_bfloat16 block[kBlock][kBlock + 2];  // +2: a column's reads fall in distinct banks
+  const int64_t kb = blocks_of(cols), row_blocks = capacity / kBlock;
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
+  const int32_t total = *total_rows;
+  if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
+  const int t = threadIdx.x;
+  const int64_t c = c0 + t;
+  for (int r = 0; r < kBlock; ++r) {
+    block[r][t] = c < cols ? x[(r0 + r) * cols + c] : __float2bfloat16(0.0f);
+  }
+  __syncthreads();
+  if (c >= cols) return;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int r = 0; r < kBlock; ++r) {
+    const float v = __bfloat162float(block[r][t]);
+    finite &= isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  if (!finite) report_nonfinite(report);
+  const int e = finite ? scale_exponent(amax) : 0;
+  const float inv = pow2(-e);
+  uint8_t* out = q + c * capacity + r0;
+  for (int r = 0; r < kBlock; r += 16) {
+    uint32_t word[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      word[w] = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word[w] |= uint32_t(to_e4m3(__bfloat162float(block[r + 4 * w + i][t]) * inv)) << (8 * i);
+    }
+    *reinterpret_cast<uint4*>(out + r) = make_uint4(word[0], word[1], word[2], word[3]);
+  }
+  scales[c * row_blocks + r0 / kBlock] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+}
+
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
 
 // One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
@@ -284,6 +326,16 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
   quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(src0), n0, reinterpret_cast<const __nv_bfloat16*>(src1), n1, rows, q,
       scales, report);
+  LYNX_CHECK_LAUNCH();
+}
+
+void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+  if (capacity % kBlock != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
+  const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
+  if (blocks == 0) return;
+  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
+                                                                 cols, total_rows, q, scales, report);
   LYNX_CHECK_LAUNCH();
 }
 
