@@ -222,10 +222,26 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
   const std::vector<uint8_t> ga = to_host<uint8_t>(d_a, size_t(M * cap));
   const std::vector<float> gas = to_host<float>(d_as, size_t(M * kbt));
   const int64_t kb = total / 128;
-  for (int64_t c = 0; c < M; ++c) {
-    for (int64_t i = 0; i < total; ++i) ASSERT_EQ(ga[size_t(c * cap + i)], qa.q[size_t(c * total + i)]) << c << ", " << i;
-    for (int64_t j = 0; j < kb; ++j) ASSERT_EQ(gas[size_t(c * kbt + j)], qa.scales[size_t(c * kb + j)]) << c << ", " << j;
-  }
+  const std::vector<uint8_t> gb = to_host<uint8_t>(d_b, size_t(N * cap));
+  const std::vector<float> gbs = to_host<float>(d_bs, size_t(N * kbt));
+  // Bit for bit below total; the columns and scales of the NaN block past it never written.
+  auto expect_transposed = [&](const std::vector<uint8_t>& g, const std::vector<float>& gs,
+                               const ref::fp8::Quantized& q, int64_t width, const char* what) {
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t i = 0; i < cap; ++i) {
+        ASSERT_EQ(g[size_t(c * cap + i)], i < total ? q.q[size_t(c * total + i)] : 0xFF) << what << " " << c << ", " << i;
+      }
+      for (int64_t j = 0; j < kbt; ++j) {
+        if (j < kb) {
+          ASSERT_EQ(gs[size_t(c * kbt + j)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
+        } else {
+          ASSERT_TRUE(std::isnan(gs[size_t(c * kbt + j)])) << what << " scale past the rows " << c << ", " << j;
+        }
+      }
+    }
+  };
+  expect_transposed(ga, gas, qa, M, "A");
+  expect_transposed(gb, gbs, qb, N, "B");
   // Each expert's sum over its rows: its K blocks of both operands, against fp8_gemm in tiles.
   const std::vector<HostBf16> out = to_host<HostBf16>(d_out, size_t(E * split * N));
   const std::vector<HostBf16> out2 = rest > 0 ? to_host<HostBf16>(d_out2, size_t(E * rest * N)) : std::vector<HostBf16>{};
@@ -278,6 +294,10 @@ TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
 
 TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 120); }
 TEST_F(Fp8Gemm, GroupedWeightGradOneOutput) { expect_weight_grad_matches_reference({1, 257}, 256, 200, 256); }
+// An expert starting at K block 2 with 9 blocks: the ring of stages wraps (parities past kStages).
+TEST_F(Fp8Gemm, GroupedWeightGradLongExperts) {
+  expect_weight_grad_matches_reference({130, 1100, 0, 640}, 128, 256, 128);
+}
 
 }  // namespace
 }  // namespace lynx::test

@@ -101,7 +101,7 @@ double dissimilarity_of(const std::vector<T>& got, const std::vector<double>& wa
 // errors (6ε², a relative error of √6·ε ≈ 0.088 at most), with random signs, so a cancelled value's
 // error scales with the magnitude of its terms, not with the value (as in tests/gpu/layer_check.cpp):
 // every value within √6·ε of that magnitude, and the dissimilarity where there are 32 values or more.
-constexpr double kDTopkMagnitudeTolerance = 0.088;
+const double kDTopkMagnitudeTolerance = std::sqrt(2.0) / 16.0;
 
 // Every gradient against the exact layer's.
 void expect_gradients_close(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy) {

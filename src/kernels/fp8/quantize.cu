@@ -199,12 +199,13 @@ __global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restric
 }
 
 // One CTA of 128 threads per 128 rows × 128 columns of x: the block staged in shared memory (row by row,
-// coalesced), then thread t quantises column c0 + t's 128 rows as one tile and writes them as a run
-// of 128 bytes of q's row c0 + t.
+// coalesced; each thread then reads back its own column, so it holds no 128 values in registers), then
+// thread t quantises column c0 + t's 128 rows as one tile and writes them as a run of 128 bytes of q's
+// row c0 + t.
 __global__ void transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
                                        const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
                                        float* __restrict__ scales, NonfiniteReport report) {
-  __shared__ __nv_bfloat16 block[kBlock][kBlock + 2];  // +2: a column's reads fall in distinct banks
+  __shared__ __nv_bfloat16 block[kBlock][kBlock];
   const int64_t kb = blocks_of(cols), row_blocks = capacity / kBlock;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int32_t total = *total_rows;
