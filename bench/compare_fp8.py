@@ -12,7 +12,7 @@ weights.
 - lynx bf16: lynx.moe with the default config.
 - lynx fp8: lynx.moe with Config(precision="fp8_block") (docs/fp8.md: E4M3 operands for the routed
   experts' forward GEMMs, x and h scaled per 1x128 tile, the weights per 128x128 block, power-of-two
-  scales; the backward is bf16). lynx makes the weights' FP8 copies itself when the weight tensors
+  scales; the backward's GEMMs too, the weight gradients' operands per 1x128 tile along the tokens). lynx makes the weights' FP8 copies itself when the weight tensors
   change (their version counters); they do not change here, so its timed calls reuse the copies.
 - lynx fp8 requant: the same, with the weights' version counters bumped before every call
   (torch.autograd.graph.increment_version, no kernel), so that every timed forward makes the FP8 copies

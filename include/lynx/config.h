@@ -33,9 +33,10 @@ enum class Precision : int32_t {
   kBf16 = 0,      // bf16 operands, fp32 accumulation
   kFp8Block = 1,  // forward: E4M3 operands with power-of-two fp32 scales per 1×128 tile of x and h and per
                   // 128×128 block of the weights, promoted into fp32 once per 128-wide K block (docs/fp8.md);
-                  // the weights' E4M3 copies made by quantize_weights (moe.h). So far at one rank, fused
-                  // backend, and the forward only: the backward is bf16, on the context the FP8 forward
-                  // keeps (its g and u). The shared expert stays bf16.
+                  // the weights' E4M3 copies made by quantize_weights (moe.h). The backward's GEMMs too:
+                  // the dgrads (dy and dg | du in 1×128 tiles, transposed weight copies) and the weight
+                  // gradients (operands in 1×128 tiles along the tokens; bf16 with bf16_weight_grads).
+                  // The shared expert stays bf16. So far at one rank, fused backend.
 };
 
 // What a caller may choose. A zero means "choose for me" (see resolve_config). Every path is
@@ -55,6 +56,8 @@ struct Config {
   // any number of forwards may be in flight before their backwards. Needs save_forward_context; one rank.
   bool caller_context = false;
   Precision precision = Precision::kBf16;
+  // kFp8Block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.
+  bool bf16_weight_grads = false;
 };
 
 // Rows of every expert's block in the schedule are padded to a multiple of this (the GEMM tile height).
@@ -88,6 +91,7 @@ struct ResolvedConfig {
   ScratchAllocator* scratch_allocator;
   bool caller_context;
   Precision precision;
+  bool bf16_weight_grads;
 };
 
 // Throws lynx::Error naming the field ("shape.hidden", ...) when the shape is not one the kernels take.

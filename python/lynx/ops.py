@@ -117,6 +117,8 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
     ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    # The FP8 dgrads read the weights' copies: another layer's forward on this workspace may have made its own.
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
     _C.backward_from(ws, inputs, _views.view(dy, "dy"), views, context.data_ptr(), context.numel(), _stream(x))
     return grads
 
@@ -166,8 +168,8 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     stream = _stream(x)
     # Another call may have replaced the workspace's forward context (or it was never kept).
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream)  # as in moe_backward_from
     if not ws.has_context_for(inputs):
-        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream)
         _C.recompute_forward_context(ws, inputs, stream)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)

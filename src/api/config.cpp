@@ -117,6 +117,7 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
                 " (set config.schedule_capacity: schedule_capacity_for_load)");
   }
   r.precision = c.precision;
+  r.bf16_weight_grads = c.bf16_weight_grads;
   return r;
 }
 

@@ -121,6 +121,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   // One rank's backward reads x again (the weight gradients' rows) after it writes dx.
   if (grads.dx.data == in.x.data) throw Error("dx", "must not alias x");
+  require_quantized_weights(w, in);  // the FP8 dgrads read the weights' transposed copies
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -134,7 +135,9 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
     }
   }
   run(w, ctx, nullptr, stream, [&] {
-    if (w.config.backend == Backend::kFused) {
+    if (w.config.precision == Precision::kFp8Block) {
+      fp8pass::backward(w, in, dy, grads, stream);
+    } else if (w.config.backend == Backend::kFused) {
       for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);
     } else {
       baseline::backward(w, in, dy, grads, stream);

@@ -56,7 +56,8 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
     case StatusCode::kNonFiniteInput: {
       static const char* const names[] = {"x", "the SwiGLU output h (from finite x: an overflow, or weights "
                                           "reported not finite earlier)",
-                                          "weights.w_gate", "weights.w_up", "weights.w_down"};
+                                          "weights.w_gate", "weights.w_up", "weights.w_down", "dy",
+                                          "the SwiGLU backward's dg | du (of finite inputs: an overflow)"};
       const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
       return std::string(known ? names[st.a] : "an input") +
              " holds a NaN or an infinity, which the FP8 path cannot quantise" + on_rank;

@@ -18,7 +18,7 @@ enum class StatusCode : int32_t {
 };
 
 // Which tensor a kNonFiniteInput names.
-enum class Fp8Tensor : int64_t { kX = 0, kH = 1, kGate = 2, kUp = 3, kDown = 4 };
+enum class Fp8Tensor : int64_t { kX = 0, kH = 1, kGate = 2, kUp = 3, kDown = 4, kDy = 5, kDgu = 6 };
 
 // One per workspace, in device memory: zero at workspace creation but for first_bad_route (UINT64_MAX);
 // the host sets `code` back to kOk after it reads an error. The first error wins (codes are set by

@@ -91,7 +91,7 @@ Quantized quantize_tiles(const float* x, int64_t rows, int64_t cols) { return qu
 
 Quantized quantize_blocks(const float* w, int64_t rows, int64_t cols) { return quantize(w, rows, cols, kBlock); }
 
-std::vector<double> fp8_gemm(const Quantized& a, const Quantized& b) {
+std::vector<double> fp8_gemm(const Quantized& a, const Quantized& b, bool b_tiles) {
   if (a.cols != b.cols) throw std::invalid_argument("fp8_gemm: K differs");
   const int64_t M = a.rows, N = b.rows, K = a.cols, kb = blocks_of(K);
   std::vector<double> out(size_t(M * N), 0.0);
@@ -103,7 +103,8 @@ std::vector<double> fp8_gemm(const Quantized& a, const Quantized& b) {
         for (int64_t k = blk * kBlock; k < std::min(K, (blk + 1) * kBlock); ++k) {
           part += double(from_e4m3(a.q[m * K + k])) * double(from_e4m3(b.q[n * K + k]));
         }
-        acc += part * double(a.scales[m * kb + blk]) * double(b.scales[(n / kBlock) * kb + blk]);
+        const float sb = b_tiles ? b.scales[n * kb + blk] : b.scales[(n / kBlock) * kb + blk];
+        acc += part * double(a.scales[m * kb + blk]) * double(sb);
       }
       out[m * N + n] = acc;
     }

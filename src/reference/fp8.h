@@ -45,9 +45,11 @@ Quantized quantize_tiles(const float* x, int64_t rows, int64_t cols);
 // Weights: one scale per 128×128 block (edge blocks may be smaller).
 Quantized quantize_blocks(const float* w, int64_t rows, int64_t cols);
 
-// out[m][n] = Σ_kb (Σ_{k in block kb} a.q[m][k] · b.q[n][k]) · a.scale[m][kb] · b.scale[n/128][kb],
-// in double: a is [M, K] in tiles, b is [N, K] in blocks (the nn.Linear "out × in" layout).
-std::vector<double> fp8_gemm(const Quantized& a, const Quantized& b);
+// out[m][n] = Σ_kb (Σ_{k in block kb} a.q[m][k] · b.q[n][k]) · a.scale[m][kb] · b.scale[n/128][kb]
+// (b.scale[n][kb] with b_tiles),
+// in double: a is [M, K] in tiles, b is [N, K] in blocks (the nn.Linear "out × in" layout), or in
+// tiles too with `b_tiles` (scale b.scale[n][kb]: the weight-gradient GEMM's operands).
+std::vector<double> fp8_gemm(const Quantized& a, const Quantized& b, bool b_tiles = false);
 
 // 1 − 2⟨a,b⟩ / (|a|² + |b|²): 0 for equal tensors, the yardstick of the FP8 path's accuracy.
 double dissimilarity(const std::vector<double>& a, const std::vector<double>& b);

@@ -1,11 +1,11 @@
-// The FP8 forward (Config::precision == Precision::kFp8Block, one rank, docs/fp8.md), by launches of its
-// own, correct first: the schedule; x quantised once per token (1×128 tiles) and its tiles gathered into
+// The FP8 passes (Config::precision == Precision::kFp8Block, one rank, docs/fp8.md), by launches of their
+// own, correct first. The forward: the schedule; x quantised once per token (1×128 tiles) and its tiles gathered into
 // schedule order; the gate/up GEMM with SwiGLU on E4M3 operands (h in bf16); h quantised; the down GEMM
 // on E4M3 operands into the rows the combine reads; the shared expert (bf16) and the combine as in the
-// bf16 forward. No host synchronisation. With config.save_forward_context it keeps the context the bf16
+// bf16 forward. No host synchronisation. With config.save_forward_context it keeps the context the
 // backward reads: the schedule, and g and u (the FP8 products, rounded to bf16) by slot, as the bf16
-// forward keeps them; the backward is bf16 (docs/fp8.md). A NaN or an infinity in x or h is reported
-// through the status word (Workspace::check), and y is then not written.
+// forward keeps them. A NaN or an infinity in x or h is reported through the status word
+// (Workspace::check), and y is then not written.
 #pragma once
 
 #include "runtime/workspace.h"
@@ -20,5 +20,14 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
 
 // The forward's context without y (Workspace::recompute_forward_context): the same FP8 g and u.
 void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+
+// The backward on that context, its two dgrad GEMMs in FP8: dy quantised once per token (1×128 tiles)
+// and its tiles gathered, da = dy_row · w_down on w_downᵀ's blocks; the SwiGLU backward in bf16; dg | du
+// quantised in 1×128 tiles over K = 2I, dx_row on [w_gate; w_up]ᵀ's blocks; the combine into dx. The
+// weight gradients per expert over its rows, in FP8 with both operands transposed and quantised in
+// 1×128 tiles along the rows (dg | du with the x rows gathered again, the bf16 dy rows with w·silu(g)⊙u),
+// or in bf16 (config.bf16_weight_grads). A NaN or an infinity in dy, or an overflow of dg | du, is
+// reported as the forward reports x.
+void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s);
 
 }  // namespace lynx::fp8pass

@@ -8,10 +8,6 @@
 
 namespace lynx::fused {
 
-namespace {
-
-// dx[t] = dx_s[t] + Σ_j dx_row of (t, j); at R > 1 pulled from the ranks that computed them, with the
-// d_topk_weights those ranks computed; 0 for the slots not routed.
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   if (omitted(Stage::kDxCombine, w.backward_calls)) return;
@@ -22,12 +18,47 @@ void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
                 sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
 }
 
+void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t H = sh.hidden, I = sh.intermediate;
+  // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
+  gemm::WeightGradArgs wg;
+  wg.capacity = w.problem.capacity;
+  wg.experts = sh.local_experts();
+  wg.expert_offset = w.schedule.expert_offset;
+  wg.expert_rows = w.schedule.expert_rows;
+  wg.status = w.stall_report_device;
+  wg.tickets = w.gemm_tickets;
+  wg.sm_count = w.plan.gemm_sm_count;
+  wg.in_order = w.plan.weight_grad_in_order;
+  // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
+  wg.a = w.fb.dgu;
+  wg.m = 2 * I;
+  wg.b = w.un.xg;
+  wg.n = H;
+  wg.split = I;
+  wg.out = data_of<bf16_t>(grads.dw_gate);
+  wg.out2 = data_of<bf16_t>(grads.dw_up);
+  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+  // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
+  wg.a = dyg;
+  wg.m = H;
+  wg.b = w.un.h;
+  wg.n = I;
+  wg.split = 0;
+  wg.out = data_of<bf16_t>(grads.dw_down);
+  wg.out2 = nullptr;
+  if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+}
+
+namespace {
+
 // The experts' backward (and the shared expert's), between the two barriers at R > 1.
 void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
                       cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate;
-  const int64_t E = sh.local_experts(), cap = w.problem.capacity;
+  const int64_t cap = w.problem.capacity;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
   bf16_t* dyg = w.un.rows_a;  // [cap, H]  gathered dy rows (zeros on padding rows)
@@ -99,16 +130,6 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   }
   if (w.ranks() == 1) dx_combine(w, grads, s);
 
-  // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
-  gemm::WeightGradArgs wg;
-  wg.capacity = cap;
-  wg.experts = E;
-  wg.expert_offset = g.expert_offset;  // the launch settings of the row GEMMs (expert_gemm_args)
-  wg.expert_rows = w.schedule.expert_rows;
-  wg.status = g.status;
-  wg.tickets = g.tickets;
-  wg.sm_count = g.sm_count;
-  wg.in_order = w.plan.weight_grad_in_order;
   // The x rows by a kernel: the forward's where it has one (its padding rows are zeros wherever a tile
   // reads them), else row by row.
   if (x_place == plan::XRowsAgain::kKernel) {
@@ -116,24 +137,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     queue_gather_kernel(forward == plan::GatherPlace::kInGemm ? plan::GatherPlace::kRowKernel : forward, w, in.x,
                         w.un.xg, s);
   }
-  // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
-  wg.a = dgu;
-  wg.m = 2 * I;
-  wg.b = w.un.xg;
-  wg.n = H;
-  wg.split = I;
-  wg.out = data_of<bf16_t>(grads.dw_gate);
-  wg.out2 = data_of<bf16_t>(grads.dw_up);
-  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) gemm::expert_weight_grad(wg, s);
-  // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
-  wg.a = dyg;
-  wg.m = H;
-  wg.b = w.un.h;
-  wg.n = I;
-  wg.split = 0;
-  wg.out = data_of<bf16_t>(grads.dw_down);
-  wg.out2 = nullptr;
-  if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+  weight_grads(w, grads, dyg, s);
 }
 
 }  // namespace

@@ -19,4 +19,12 @@ void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const Ten
 void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
                          cudaStream_t s);
 
+// dx[t] = dx_s[t] + Σ_j dx_row of (t, j) (w.un.rows_b); at R > 1 pulled from the ranks that computed
+// them, with the d_topk_weights those ranks computed; 0 for the slots not routed.
+void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s);
+
+// The experts' weight gradients (bf16 GEMMs): dw_gate | dw_up from dg | du (w.fb.dgu) and the x rows
+// (w.un.xg), dw_down from the dy rows `dyg` and w·silu(g)⊙u (w.un.h), each over its expert's rows.
+void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s);
+
 }  // namespace lynx::fused

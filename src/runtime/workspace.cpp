@@ -152,12 +152,19 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       f8.w_up_scales = alloc<float>(E * kbI * kbH);
       f8.w_down = alloc<uint8_t>(E * H * I);
       f8.w_down_scales = alloc<float>(E * kbH * kbI);
+      const int64_t kb2I = fp8::blocks_of(2 * I);
+      f8.w_down_t = alloc<uint8_t>(E * I * H);
+      f8.w_down_t_scales = alloc<float>(E * kbI * kbH);
+      f8.w_gate_up_t = alloc<uint8_t>(E * H * 2 * I);
+      f8.w_gate_up_t_scales = alloc<float>(E * kbH * kb2I);
       scratch(f8.x, T * H);
       scratch(f8.x_scales, T * kbH);
       scratch(f8.xg, cap * H);
       scratch(f8.xg_scales, cap * kbH);
       scratch(f8.h, cap * I);
       scratch(f8.h_scales, cap * kbI);
+      scratch(f8.dgu, cap * 2 * I);
+      scratch(f8.dgu_scales, cap * kb2I);
     }
     if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
       throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");

@@ -58,13 +58,21 @@ struct Fp8Buffers {
   float* w_up_scales;    // [E_loc, I/128↑, H/128↑]
   uint8_t* w_down;       // [E_loc, H, I]
   float* w_down_scales;  // [E_loc, H/128↑, I/128↑]
-  // Scratch of a forward.
-  uint8_t* x;            // [T, H]    x, quantised once per token
+  // Transposed, for the backward's dgrad GEMMs (blocks of the transposed matrices).
+  uint8_t* w_down_t;          // [E_loc, I, H]   w_downᵀ
+  float* w_down_t_scales;     // [E_loc, I/128↑, H/128↑]
+  uint8_t* w_gate_up_t;       // [E_loc, H, 2I]  [w_gate; w_up]ᵀ
+  float* w_gate_up_t_scales;  // [E_loc, H/128↑, 2I/128↑]
+  // Scratch of a call. The weight gradients' transposed operands ([width, cap], scales [width, cap/128])
+  // reuse the buffers of the same width, which hold at least as many scales.
+  uint8_t* x;            // [T, H]    forward: x, quantised once per token; backward: dy
   float* x_scales;       // [T, H/128↑]
-  uint8_t* xg;           // [cap, H]  its rows in schedule order
+  uint8_t* xg;           // [cap, H]  their rows in schedule order; backward, then: x's rows, dy's rows transposed
   float* xg_scales;      // [cap, H/128↑]
-  uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM
+  uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM; backward: w·silu(g)⊙u transposed
   float* h_scales;       // [cap, I/128↑]
+  uint8_t* dgu;          // [cap, 2I] backward: dg | du, quantised for the dgrad of gate/up, then transposed
+  float* dgu_scales;     // [cap, 2I/128↑]
 };
 
 // The bf16 weights the FP8 copies were made from (pointer identity, as ContextKey compares), and

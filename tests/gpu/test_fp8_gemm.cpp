@@ -168,6 +168,118 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   for (int64_t i = total * N; i < cap * N; ++i) ASSERT_EQ(got[size_t(i)].bits, 0xFFFF) << "past the rows: written";
 }
 
+// The weight-gradient form: experts of `rows` rows each in schedule order (whole 128-row blocks,
+// padding rows zeros, the block past the schedule NaN: it must not be read), A rows [cap, M] and B rows
+// [cap, N] bf16 transposed and quantised by transpose_tiles (against the reference's quantize_tiles of
+// the transposed matrix, bit for bit), then each expert's Σ_r A[r]ᵀ B[r] against the reference's
+// fp8_gemm with both operands in tiles; rows [0, split) of each expert's output in out, the others in
+// out2; an expert without rows exact zeros.
+void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int64_t M, int64_t N, int64_t split) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size());
+  SCOPED_TRACE("E " + std::to_string(E) + " M " + std::to_string(M) + " N " + std::to_string(N) + " split " +
+               std::to_string(split) + " seed " + std::to_string(seed));
+  std::vector<int32_t> offset(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) offset[size_t(e + 1)] = offset[size_t(e)] + int32_t((rows[size_t(e)] + 127) / 128 * 128);
+  const int64_t total = offset[size_t(E)], cap = total + 128;
+  // Row buffers: each expert's rows from values(), padding rows zero, the block past total NaN.
+  auto row_buffer = [&](int64_t width, uint64_t salt) {
+    std::vector<float> v(size_t(cap * width), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> r = values(rows[size_t(e)], width, seed ^ salt ^ (uint64_t(e) << 12));
+      std::copy(r.begin(), r.end(), v.begin() + int64_t(offset[size_t(e)]) * width);
+    }
+    for (int64_t i = total * width; i < cap * width; ++i) v[size_t(i)] = std::nanf("");
+    std::vector<HostBf16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+    return b;
+  };
+  const std::vector<HostBf16> a_rows = row_buffer(M, 0xa), b_rows = row_buffer(N, 0xb);
+  DeviceBuffer d_ar = to_device(a_rows), d_br = to_device(b_rows), d_offset = to_device(offset);
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  const int64_t kbt = cap / 128;
+  DeviceBuffer d_a(size_t(M * cap)), d_as(size_t(M * kbt) * 4), d_b(size_t(N * cap)), d_bs(size_t(N * kbt) * 4);
+  for (DeviceBuffer* d : {&d_a, &d_as, &d_b, &d_bs}) d->fill_bytes(0xFF);
+  fp8::transpose_tiles(d_ar.as<bf16_t>(), cap, M, d_total.as<int32_t>(), d_a.as<uint8_t>(), d_as.as<float>(), {}, nullptr);
+  fp8::transpose_tiles(d_br.as<bf16_t>(), cap, N, d_total.as<int32_t>(), d_b.as<uint8_t>(), d_bs.as<float>(), {}, nullptr);
+  const int64_t rest = M - split;
+  DeviceBuffer d_out(size_t(E * split * N) * 2), d_out2(size_t(std::max<int64_t>(rest, 1) * E * N) * 2);
+  d_out.fill_bytes(0xFF);
+  d_out2.fill_bytes(0xFF);
+  fp8::grouped_weight_grad_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), M, d_b.as<uint8_t>(), d_bs.as<float>(), N,
+                                        cap, E, d_offset.as<int32_t>(), d_out.as<bf16_t>(),
+                                        rest > 0 ? d_out2.as<bf16_t>() : nullptr, split, nullptr, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  // transpose_tiles: the transposed [width, total] matrix in 1×128 tiles along the rows, bit for bit.
+  auto transposed = [&](const std::vector<HostBf16>& r, int64_t width) {
+    std::vector<float> t(static_cast<size_t>(width * total));
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t i = 0; i < total; ++i) t[size_t(c * total + i)] = bf16_to_float(r[size_t(i * width + c)]);
+    }
+    return ref::fp8::quantize_tiles(t.data(), width, total);
+  };
+  const ref::fp8::Quantized qa = transposed(a_rows, M), qb = transposed(b_rows, N);
+  const std::vector<uint8_t> ga = to_host<uint8_t>(d_a, size_t(M * cap));
+  const std::vector<float> gas = to_host<float>(d_as, size_t(M * kbt));
+  const int64_t kb = total / 128;
+  const std::vector<uint8_t> gb = to_host<uint8_t>(d_b, size_t(N * cap));
+  const std::vector<float> gbs = to_host<float>(d_bs, size_t(N * kbt));
+  // Bit for bit below total; the columns and scales of the NaN block past it never written.
+  auto expect_transposed = [&](const std::vector<uint8_t>& g, const std::vector<float>& gs,
+                               const ref::fp8::Quantized& q, int64_t width, const char* what) {
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t i = 0; i < cap; ++i) {
+        ASSERT_EQ(g[size_t(c * cap + i)], i < total ? q.q[size_t(c * total + i)] : 0xFF) << what << " " << c << ", " << i;
+      }
+      for (int64_t j = 0; j < kbt; ++j) {
+        if (j < kb) {
+          ASSERT_EQ(gs[size_t(c * kbt + j)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
+        } else {
+          ASSERT_TRUE(std::isnan(gs[size_t(c * kbt + j)])) << what << " scale past the rows " << c << ", " << j;
+        }
+      }
+    }
+  };
+  expect_transposed(ga, gas, qa, M, "A");
+  expect_transposed(gb, gbs, qb, N, "B");
+  // Each expert's sum over its rows: its K blocks of both operands, against fp8_gemm in tiles.
+  const std::vector<HostBf16> out = to_host<HostBf16>(d_out, size_t(E * split * N));
+  const std::vector<HostBf16> out2 = rest > 0 ? to_host<HostBf16>(d_out2, size_t(E * rest * N)) : std::vector<HostBf16>{};
+  auto expert_part = [&](const ref::fp8::Quantized& q, int64_t e) {
+    ref::fp8::Quantized p;
+    const int64_t first = offset[size_t(e)], n = offset[size_t(e + 1)] - first;
+    p.rows = q.rows, p.cols = n;
+    for (int64_t r = 0; r < q.rows; ++r) {
+      p.q.insert(p.q.end(), q.q.begin() + r * total + first, q.q.begin() + r * total + first + n);
+      p.scales.insert(p.scales.end(), q.scales.begin() + r * kb + first / 128, q.scales.begin() + r * kb + (first + n) / 128);
+    }
+    return p;
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    SCOPED_TRACE("expert " + std::to_string(e));
+    auto got = [&](int64_t m, int64_t n) {
+      return to_double(m < split ? out[size_t((e * split + m) * N + n)] : out2[size_t((e * rest + m - split) * N + n)]);
+    };
+    if (rows[size_t(e)] == 0) {
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) ASSERT_EQ(got(m, n), 0.0) << "no rows, [" << m << ", " << n << "]";
+      }
+      continue;
+    }
+    const std::vector<double> want = ref::fp8::fp8_gemm(expert_part(qa, e), expert_part(qb, e), true);
+    double err = 0.0, norm = 0.0;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        const double g = got(m, n), w = want[size_t(m * N + n)];
+        ASSERT_TRUE(std::isfinite(g)) << "[" << m << ", " << n << "]";
+        err += (g - w) * (g - w);
+        norm += w * w;
+      }
+    }
+    EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
+  }
+}
+
 TEST_F(Fp8Gemm, OneTile) { expect_matches_reference(128, 128, 128); }
 TEST_F(Fp8Gemm, EdgesPastEveryBlock) { expect_matches_reference(200, 384, 2880); }
 TEST_F(Fp8Gemm, ColumnsPastABlock) { expect_matches_reference(256, 200, 1024); }
@@ -178,6 +290,13 @@ TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns
+}
+
+TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 120); }
+TEST_F(Fp8Gemm, GroupedWeightGradOneOutput) { expect_weight_grad_matches_reference({1, 257}, 256, 200, 256); }
+// An expert starting at K block 2 with 9 blocks: the ring of stages wraps (parities past kStages).
+TEST_F(Fp8Gemm, GroupedWeightGradLongExperts) {
+  expect_weight_grad_matches_reference({130, 1100, 0, 640}, 128, 256, 128);
 }
 
 }  // namespace

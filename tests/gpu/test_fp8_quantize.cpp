@@ -255,5 +255,40 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   }
 }
 
+// The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows
+// each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit.
+TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t batch = 2, n = 200, rows = 320;  // sources [batch, n, rows]
+  const std::vector<HostBf16> a = spread_values(batch * n, rows, 6, seed), b = spread_values(batch * n, rows, 6, seed ^ 2);
+  const std::vector<float> af = to_floats(a), bf = to_floats(b);
+  DeviceBuffer d_a = to_device(a), d_b = to_device(b);
+  for (const bool two : {false, true}) {
+    const int64_t cols = two ? 2 * n : n;
+    const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+    DeviceBuffer d_q(size_t(batch * rows * cols)), d_s(size_t(batch * n_scales) * 4);
+    d_q.fill_bytes(0x7F);
+    d_s.fill_bytes(0xFF);
+    fp8::quantize_blocks_transposed(d_a.as<bf16_t>(), n, two ? d_b.as<bf16_t>() : nullptr, two ? n : 0, batch, rows,
+                                    d_q.as<uint8_t>(), d_s.as<float>(), {}, nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols));
+    const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales));
+    for (int64_t m = 0; m < batch; ++m) {
+      std::vector<float> t(static_cast<size_t>(rows * cols));  // the transposed matrix [rows, cols]
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          t[size_t(r * cols + c)] = c < n ? af[size_t((m * n + c) * rows + r)] : bf[size_t((m * n + c - n) * rows + r)];
+        }
+      }
+      const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
+      expect_codes_and_scales({q.begin() + m * rows * cols, q.begin() + (m + 1) * rows * cols},
+                              {sc.begin() + m * n_scales, sc.begin() + (m + 1) * n_scales}, want,
+                              std::string(two ? "two sources" : "one source") + ", matrix " + std::to_string(m));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lynx::test

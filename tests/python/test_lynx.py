@@ -459,7 +459,8 @@ def test_fp8_forward_and_gradients_close_to_the_exact_layer():
     assert dissimilarity(y, y_ref) > 0  # it is FP8: not the bf16 path
     for name, got, want in zip(["dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up",
                                 "dws_down"], grads, grads_ref):
-        assert dissimilarity(got, want) < FP8_MAX_DISSIMILARITY, name
+        # dx's and dw_gate's GEMMs carry two more quantised operands (tests/gpu/test_fp8_layer.cpp): 2^-6/3
+        assert dissimilarity(got, want) < (1 / 192 if name in ("dx", "dw_gate") else FP8_MAX_DISSIMILARITY), name
 
 
 def test_fp8_weights_changed_in_place_are_quantised_again():

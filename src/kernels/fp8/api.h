@@ -49,6 +49,24 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
                      NonfiniteReport report, cudaStream_t stream);
 
+// The transposed operand of a dgrad GEMM, quantised in 128×128 blocks of the transposed matrix: per
+// matrix m of `batch`, q[m][r][c] = E4M3(src(c, r) / scale) with src(c, r) = src0[m][c][r] for c < n0,
+// src1[m][c − n0][r] otherwise (src0 [batch, n0, rows], src1 [batch, n1, rows] bf16; n1 = 0: src0 only):
+// q [batch, rows, n0 + n1], scales [batch, blocks_of(rows), blocks_of(n0 + n1)]. w_downᵀ is (w_down, n1 =
+// 0); [w_gate; w_up]ᵀ, the dgrad of gate/up's K = 2I operand, is (w_gate, w_up). Equals quantize_blocks of
+// the transposed matrix bit for bit.
+void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream);
+
+// The weight-gradient GEMM's operands: rows [capacity, cols] bf16 (schedule order, the rows below
+// *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128
+// tiles along the rows: q [cols, capacity] with q[c, r] = E4M3(x[r, c] / scale of (c, r / 128)), scales
+// [cols, capacity / 128]. Columns r from *total_rows on are not written; nothing when *total_rows >
+// capacity (a schedule over capacity). q 16-byte aligned. Equals quantize_tiles of the transposed
+// matrix bit for bit.
+void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                     float* scales, NonfiniteReport report, cudaStream_t stream);
+
 // The 1×128 tiles of token rows in schedule order: for each schedule row r below *total_rows, dst row r
 // = src row row_token_slot[r] / top_k (bytes [cols] and scales [blocks_of(cols)]); a padding row
 // (row_token_slot < 0) gets zero bytes and scales of 1. Rows from *total_rows on are not written. The
@@ -98,5 +116,17 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {});
+
+// The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
+// A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are
+// row buffers transposed (transpose_tiles), in 1×128 tiles along the rows (scales [M or N, capacity /
+// 128]), each expert's rows [expert_offset[e], expert_offset[e + 1]) whole 128-row blocks; rounded to
+// bf16, rows [0, split) of each expert's output into out [experts, split, N], the others into out2
+// [experts, M − split, N] (split = M: out only). An expert without rows, or every expert after a
+// schedule over capacity (expert_offset[experts] > capacity), gets zeros.
+void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
+                                      const float* b_scales, int64_t N, int64_t capacity, int64_t experts,
+                                      const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,
+                                      DeviceStatus* status, cudaStream_t stream);
 
 }  // namespace lynx::fp8

@@ -43,6 +43,13 @@ static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stage
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
+// Where kWeightGrad writes an expert's output rows: [0, rows) to `out` ([experts, rows, N]), the others
+// to `second` ([experts, M − rows, N]); rows = M: all to `out`.
+struct SplitOut {
+  bf16_t* second = nullptr;
+  int32_t rows = 0;
+};
+
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16_t* p, float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
@@ -54,7 +61,11 @@ __device__ __forceinline__ void store(bf16_t* p, float v) {
 // blocks]; kSwiGLU, grouped, a [128, 64] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): the wgmma's 128 columns are
 // 64 of the gate's and the same 64 of the up's (B's stage holds both, tma_b and tma_b2), each promoted
 // with its own block scale. A grouped row block past the schedule's rows has nothing to do.
-enum class Form { kDense, kGrouped, kSwiGLU };
+// kWeightGrad, per expert (blockIdx.z) a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
+// schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
+// along the rows (scales [M or N, capacity / 128]: B's scale is per column), the K loop runs over the
+// expert's row blocks only (none: a zero tile).
+enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
 template <Form kForm, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -62,9 +73,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
                 const float* __restrict__ b_scales, const float* __restrict__ b2_scales, Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status, KeptGateUp kept) {
-  constexpr bool kGrouped = kForm != Form::kDense;
+                DeviceStatus* status, KeptGateUp kept, SplitOut split) {
+  constexpr bool kGrouped = kForm == Form::kGrouped || kForm == Form::kSwiGLU;  // rows grouped by expert
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per CTA
   extern __shared__ uint8_t raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
@@ -72,10 +84,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kOutN;
   const int32_t k_blocks = int32_t(blocks_of(K));
   int32_t expert = 0;
+  int32_t kb_begin = 0, kb_end = k_blocks;  // the K blocks this CTA sums
   if constexpr (kGrouped) {
     // Every thread alike, before any barrier. A schedule over capacity (rows past M) placed no rows.
     if (m0 >= expert_offset[experts] || expert_offset[experts] > M) return;
     expert = gemm::expert_of_row(expert_offset, experts, m0);
+  }
+  if constexpr (kWeightGrad) {
+    expert = int32_t(blockIdx.z);
+    // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
+    const bool placed = expert_offset[experts] <= K;
+    kb_begin = placed ? expert_offset[expert] / int32_t(kBlock) : 0;
+    kb_end = placed ? expert_offset[expert + 1] / int32_t(kBlock) : 0;
   }
   // The B scale block of the CTA's columns (a SwiGLU tile's 64 lie in one 128-wide block).
   const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
@@ -93,11 +113,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::prefetch_tma_descriptor(&tma_a);
     sm90::prefetch_tma_descriptor(&tma_b);
     if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b2);
-    for (int32_t kb = 0; kb < k_blocks; ++kb) {
-      const int stage = kb % kStages;
-      // The stage's previous use (K block kb - kStages) must be released by every consumer thread.
-      if (kb >= kStages) {
-        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(kb / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, kb);
+    for (int32_t kb = kb_begin; kb < kb_end; ++kb) {
+      const int32_t i = kb - kb_begin;  // the CTA's i-th K block
+      const int stage = i % kStages;
+      // The stage's previous use (K block i - kStages) must be released by every consumer thread.
+      if (i >= kStages) {
+        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(i / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, kb);
       }
       // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
       sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
@@ -123,14 +144,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   float part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
-  for (int32_t kb = 0; kb < k_blocks; ++kb) {
-    const int stage = kb % kStages;
+  for (int32_t kb = kb_begin; kb < kb_end; ++kb) {
+    const int32_t i = kb - kb_begin;
+    const int stage = i % kStages;
     // Scales first: their global loads overlap the wait and the products.
-    const float sb = b_scales[b_scale_row + kb];
+    const float sb = kWeightGrad ? 1.0f : b_scales[b_scale_row + kb];
     const float sb2 = kSwiGLU ? b2_scales[b_scale_row + kb] : sb;  // the up half's
     const float a0 = row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f;
     const float a1 = row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f;
-    sm90::mbarrier_wait(&smem.full[stage], uint32_t(kb / kStages) & 1, status, sm90::Wait::kFullStage, kb);
+    // kWeightGrad: B's scale per column, the thread's 32 (column 8j + 2(l%4) + r%2 at 2j + r%2).
+    float sbc[kWeightGrad ? 32 : 1];
+    if constexpr (kWeightGrad) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
+        sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
+      }
+    }
+    sm90::mbarrier_wait(&smem.full[stage], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, kb);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
@@ -144,7 +175,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Promotion: the K block's sums, exact products of E4M3 values, times both scales (column groups
     // 8-15 of a SwiGLU tile are the up half's).
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], ((i % 4) < 2 ? a0 : a1) * (i / 4 < 8 ? sb : sb2), acc[i]);
+    for (int e = 0; e < 64; ++e) {
+      const float sa = (e % 4) < 2 ? a0 : a1;
+      const float scale = kWeightGrad ? sa * sbc[kWeightGrad ? 2 * (e / 4) + e % 2 : 0] : sa * (e / 4 < 8 ? sb : sb2);
+      acc[e] = fmaf(part[e], scale, acc[e]);
+    }
   }
 
   // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
@@ -171,7 +206,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         v = silu(v) * acc[4 * (j + 8) + r];
       }
-      if (row < M && col + r % 2 < N) store(&out[int64_t(row) * N + col + r % 2], v);
+      if (row >= M || col + r % 2 >= N) continue;
+      if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
+        Out* dst = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
+                                    : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
+        store(&dst[col + r % 2], v);
+      } else {
+        store(&out[int64_t(row) * N + col + r % 2], v);
+      }
     }
   }
 }
@@ -189,7 +231,7 @@ template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
             const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream,
-            KeptGateUp kept = {}) {
+            KeptGateUp kept = {}, SplitOut split = {}, int64_t grid_z = 1) {
   // The attribute is per device: set once on each.
   static detail::PerDeviceCache configured;
   detail::per_device(configured, [](int) {
@@ -197,10 +239,10 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
     return 1;
   });
   const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
-  const dim3 grid(unsigned((N + out_n - 1) / out_n), unsigned(blocks_of(M)));
+  const dim3 grid(unsigned((N + out_n - 1) / out_n), unsigned(blocks_of(M)), unsigned(grid_z));
   gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
                                                                int32_t(M), int32_t(N), int32_t(K), expert_offset,
-                                                               int32_t(experts), status, kept);
+                                                               int32_t(experts), status, kept, split);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -243,6 +285,22 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                         gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
                         gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales, h,
                         capacity, N, K, expert_offset, experts, status, stream, kept);
+}
+
+void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
+                                      const float* b_scales, int64_t N, int64_t capacity, int64_t experts,
+                                      const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,
+                                      DeviceStatus* status, cudaStream_t stream) {
+  check_sizes(M, N, capacity);
+  check_grouped(capacity, experts, expert_offset);
+  if (experts > 65535) throw Error("experts", "at most 65535 (the grid's z), got " + std::to_string(experts));
+  if (split <= 0 || split > M || (split < M && out2 == nullptr)) {
+    throw Error("split", "must be in (0, M], with out2 given when below M");
+  }
+  launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), gemm::make_tma_2d_bytes(b, N, capacity, kTileN),
+                            gemm::make_tma_2d_bytes(b, N, capacity, kTileN), a_scales, b_scales, nullptr, out, M, N,
+                            capacity, expert_offset, experts, status, stream, {}, SplitOut{out2, int32_t(split)},
+                            experts);
 }
 
 }  // namespace lynx::fp8

@@ -153,6 +153,94 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
+// One CTA of 128 threads per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the
+// transposed matrix of matrix blockIdx.y: thread t reads source row c0 + t along [r0, r0 + 128), one
+// after another, and writes column c0 + t of the block's rows (a row's 128 bytes by 128 threads).
+__global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restrict__ src0, int64_t n0,
+                                                  const __nv_bfloat16* __restrict__ src1, int64_t n1, int64_t rows,
+                                                  uint8_t* __restrict__ q, float* __restrict__ scales,
+                                                  NonfiniteReport report) {
+  __shared__ float warp_amax[kBlock / 32];
+  const int64_t cols = n0 + n1, kb = blocks_of(cols);
+  const int64_t matrix = blockIdx.y;
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
+  const int64_t c = c0 + threadIdx.x;
+  const __nv_bfloat16* row = nullptr;  // source row c
+  if (c < n0) {
+    row = src0 + (matrix * n0 + c) * rows;
+  } else if (c < cols) {
+    row = src1 + (matrix * n1 + (c - n0)) * rows;
+  }
+  float amax = 0.0f;
+  bool finite = true;
+  if (row != nullptr) {
+    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) {
+      const float v = __bfloat162float(row[r]);
+      finite &= isfinite(v);
+      amax = fmaxf(amax, fabsf(v));
+    }
+  }
+  amax = warp_max(amax);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  const bool block_finite = !__syncthreads_or(!finite);
+  if (threadIdx.x == 0 && !block_finite) report_nonfinite(report);
+  float block_amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
+  const int e = block_finite ? scale_exponent(block_amax) : 0;
+  const float inv = pow2(-e);
+  uint8_t* out = q + matrix * rows * cols;
+  if (row != nullptr) {
+    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(__bfloat162float(row[r]) * inv);
+  }
+  if (threadIdx.x == 0) {
+    scales[matrix * blocks_of(rows) * kb + blockIdx.x] = block_finite ? pow2(e) : __int_as_float(0x7fc00000);
+  }
+}
+
+// One CTA of 128 threads per 128 rows × 128 columns of x: the block staged in shared memory (row by row,
+// coalesced; each thread then reads back its own column, so it holds no 128 values in registers), then
+// thread t quantises column c0 + t's 128 rows as one tile and writes them as a run of 128 bytes of q's
+// row c0 + t.
+__global__ void transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
+                                       const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
+                                       float* __restrict__ scales, NonfiniteReport report) {
+  __shared__ __nv_bfloat16 block[kBlock][kBlock];
+  const int64_t kb = blocks_of(cols), row_blocks = capacity / kBlock;
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
+  const int32_t total = *total_rows;
+  if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
+  const int t = threadIdx.x;
+  const int64_t c = c0 + t;
+  for (int r = 0; r < kBlock; ++r) {
+    block[r][t] = c < cols ? x[(r0 + r) * cols + c] : __float2bfloat16(0.0f);
+  }
+  __syncthreads();
+  if (c >= cols) return;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int r = 0; r < kBlock; ++r) {
+    const float v = __bfloat162float(block[r][t]);
+    finite &= isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  if (!finite) report_nonfinite(report);
+  const int e = finite ? scale_exponent(amax) : 0;
+  const float inv = pow2(-e);
+  uint8_t* out = q + c * capacity + r0;
+  for (int r = 0; r < kBlock; r += 16) {
+    uint32_t word[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      word[w] = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word[w] |= uint32_t(to_e4m3(__bfloat162float(block[r + 4 * w + i][t]) * inv)) << (8 * i);
+    }
+    *reinterpret_cast<uint4*>(out + r) = make_uint4(word[0], word[1], word[2], word[3]);
+  }
+  scales[c * row_blocks + r0 / kBlock] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+}
+
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
 
 // One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
@@ -228,6 +316,28 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
 void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                      cudaStream_t stream) {
   quantize_blocks(w, 1, rows, cols, q, scales, NonfiniteReport{nonfinite, nullptr, 0}, stream);
+}
+
+void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream) {
+  const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
+  if (blocks == 0 || batch == 0) return;
+  if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
+  if (n1 > 0 && src1 == nullptr) throw Error("src1", "is null with n1 > 0");
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(src0), n0, reinterpret_cast<const __nv_bfloat16*>(src1), n1, rows, q,
+      scales, report);
+  LYNX_CHECK_LAUNCH();
+}
+
+void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+  if (capacity % kBlock != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
+  const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
+  if (blocks == 0) return;
+  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
+                                                                 cols, total_rows, q, scales, report);
+  LYNX_CHECK_LAUNCH();
 }
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
