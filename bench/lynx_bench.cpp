@@ -269,15 +269,51 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// The --json file: date, GPU, commit and command, then one object per result row (nothing without --json).
+class ResultsJson {
+ public:
+  ResultsJson(const Options& o, const std::string& gpu) : path_(o.json) {
+    if (path_.empty()) return;
+    out_.open(path_);
+    if (!out_) throw Error("--json", "cannot write " + path_);
+    out_ << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
+         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
+         << ",\n  \"results\": [";
+  }
+  bool enabled() const { return out_.is_open(); }
+  // The stream to write the next row's object to.
+  std::ostream& row() {
+    out_ << (rows_++ ? ",\n    " : "\n    ");
+    return out_;
+  }
+  void close() {
+    if (!enabled()) return;
+    out_ << "\n  ]\n}\n";
+    out_.close();
+    std::printf("results written to %s\n", path_.c_str());
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  int64_t rows_ = 0;
+};
+
+// The shape named on the command line, with --shared-intermediate, checked before a Problem's routing
+// assumes it (k <= E).
+NamedShape checked_shape(const Options& o, const std::string& name) {
+  NamedShape shape = *parse_shape(name);
+  shape.shape.shared_intermediate = o.shared_intermediate;
+  validate_shape(shape.shape);
+  return shape;
+}
+
 void write_json(const Options& o, const std::string& gpu, const std::vector<Row>& rows) {
-  std::ofstream f(o.json);
-  if (!f) throw Error("--json", "cannot write " + o.json);
-  f << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
-    << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
-    << ",\n  \"results\": [\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    f << "    {\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
+  ResultsJson json(o, gpu);
+  if (!json.enabled()) return;
+  for (const Row& r : rows) {
+    std::ostream& f = json.row();
+    f << "{\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
       << ", \"pass\": " << json_string(r.pass) << ", \"impl\": " << json_string(r.impl)
       << ", \"regime\": " << json_string(regime_name(r.regime)) << ", \"ms\": " << r.ms
       << ", \"tflops\": " << r.tflops << ", \"baseline_impl\": "
@@ -293,10 +329,9 @@ void write_json(const Options& o, const std::string& gpu, const std::vector<Row>
     if (r.pass == "forward+backward") {
       f << ", \"forward_part_ms\": " << r.forward_part_ms << ", \"backward_part_ms\": " << r.backward_part_ms;
     }
-    f << "}"
-      << (i + 1 < rows.size() ? ",\n" : "\n");
+    f << "}";
   }
-  f << "  ]\n}\n";
+  json.close();
 }
 
 // The L2 the GEMMs share, and any persisting set-aside (profiles show an "L2 Persisting Size" without
@@ -317,109 +352,87 @@ void print_l2() {
               max_persisting / 1e6);
 }
 
+// Calls body(name, problem, regime) for each shape and regime of a mode that prints a table per pair
+// (--ranks, --precision), on the first routing.
+template <class Body>
+void for_each_table(const Options& o, Body&& body) {
+  for (const std::string& name : o.shapes) {
+    Problem p(checked_shape(o, name), o.routings.front(), 2026);
+    for (Regime regime : o.regimes) body(name, p, regime);
+  }
+}
+
 // --ranks: one table per shape and regime (bench/ranks_bench.h).
 int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
-  std::ofstream json;
-  if (!o.json.empty()) {
-    json.open(o.json);
-    if (!json) throw Error("--json", "cannot write " + o.json);
-    json << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
-         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
-         << ",\n  \"results\": [\n";
-  }
-  bool ok = true, first = true;
-  for (const std::string& name : o.shapes) {
-    NamedShape shape = *parse_shape(name);
-    shape.shape.shared_intermediate = o.shared_intermediate;
-    validate_shape(shape.shape);
-    Problem p(shape, o.routings.front(), 2026);
-    for (Regime regime : o.regimes) {
-      const std::vector<RanksRow> rows = time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock);
-      std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU\n", name.c_str(),
-                  routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(shape.shape.tokens));
-      std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
-                  "fwd MB", "bwd MB", "check");
-      for (const RanksRow& r : rows) {
-        double base = r.ms;
-        for (const RanksRow& b : rows) {
-          if (b.pass == r.pass) {
-            base = b.ms;
-            break;
-          }
-        }
-        ok = ok && r.check.rfind("bitwise", 0) == 0;
-        std::printf("%4d %-17s %9.3f %7.3fx %6.0f %11lld %9.1f %9.1f  %s\n", r.ranks, r.pass.c_str(), r.ms, r.ms / base,
-                    r.clocks.samples > 0 ? r.clocks.median_mhz : 0.0, static_cast<long long>(r.traffic.remote_rows),
-                    r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
-        if (json.is_open()) {
-          json << (first ? "" : ",\n") << "    {\"shape\": " << json_string(name) << ", \"regime\": "
-               << json_string(regime_name(regime)) << ", \"ranks\": " << r.ranks << ", \"pass\": "
-               << json_string(r.pass) << ", \"ms\": " << r.ms << ", \"sm_mhz\": " << r.clocks.median_mhz
-               << ", \"remote_rows\": " << r.traffic.remote_rows << ", \"forward_bytes\": " << r.traffic.forward_bytes
-               << ", \"backward_bytes\": " << r.traffic.backward_bytes << ", \"check\": " << json_string(r.check) << "}";
-          first = false;
+  ResultsJson json(o, gpu);
+  bool ok = true;
+  for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
+    const std::vector<RanksRow> rows = time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock);
+    std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU\n", name.c_str(),
+                routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(p.shape().tokens));
+    std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
+                "fwd MB", "bwd MB", "check");
+    for (const RanksRow& r : rows) {
+      double base = r.ms;
+      for (const RanksRow& b : rows) {
+        if (b.pass == r.pass) {
+          base = b.ms;
+          break;
         }
       }
+      ok = ok && r.check.rfind("bitwise", 0) == 0;
+      std::printf("%4d %-17s %9.3f %7.3fx %6.0f %11lld %9.1f %9.1f  %s\n", r.ranks, r.pass.c_str(), r.ms, r.ms / base,
+                  r.clocks.samples > 0 ? r.clocks.median_mhz : 0.0, static_cast<long long>(r.traffic.remote_rows),
+                  r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
+      if (json.enabled()) {
+        json.row() << "{\"shape\": " << json_string(name) << ", \"regime\": " << json_string(regime_name(regime))
+                   << ", \"ranks\": " << r.ranks << ", \"pass\": " << json_string(r.pass) << ", \"ms\": " << r.ms
+                   << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"remote_rows\": " << r.traffic.remote_rows
+                   << ", \"forward_bytes\": " << r.traffic.forward_bytes
+                   << ", \"backward_bytes\": " << r.traffic.backward_bytes << ", \"check\": " << json_string(r.check)
+                   << "}";
+      }
     }
-  }
-  if (json.is_open()) {
-    json << "\n  ]\n}\n";
-    std::printf("results written to %s\n", o.json.c_str());
-  }
+  });
+  json.close();
   return ok ? 0 : 1;
 }
 
+// --precision fp8: one table per shape and regime (bench/precision_bench.h).
 int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
-  std::ofstream json;
-  if (!o.json.empty()) {
-    json.open(o.json);
-    if (!json) throw Error("--json", "cannot write " + o.json);
-    json << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
-         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
-         << ",\n  \"results\": [\n";
-  }
-  bool ok = true, first = true;
-  for (const std::string& name : o.shapes) {
-    NamedShape shape = *parse_shape(name);
-    shape.shape.shared_intermediate = o.shared_intermediate;
-    validate_shape(shape.shape);
-    Problem p(shape, o.routings.front(), 2026);
-    for (Regime regime : o.regimes) {
-      const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock);
-      const bool good = r.finite && r.dissimilarity < kFp8MaxDissimilarity && r.dx_dissimilarity < kFp8MaxDxDissimilarity;
-      ok = ok && good;
-      std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n", name.c_str(),
-                  routing_name(o.routings.front()), regime_name(regime), r.dissimilarity, r.dx_dissimilarity,
-                  good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
-      std::printf("%-17s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
-      for (const PrecisionRow& row : r.rows) {
-        // Each pass against the same pass in bf16; quantize_weights is no pass to compare.
-        const PrecisionRow* base = nullptr;
-        for (const PrecisionRow& b : r.rows) {
-          if (b.what.substr(0, b.what.find(' ')) == row.what.substr(0, row.what.find(' '))) {
-            base = &b;
-            break;
-          }
-        }
-        const bool pass = row.what != "quantize_weights" && base != nullptr;
-        std::printf("%-17s %9.3f %9s %6.0f\n", row.what.c_str(), row.ms,
-                    pass ? (std::to_string(base->ms / row.ms).substr(0, 5) + "x").c_str() : "-",
-                    row.clocks.samples > 0 ? row.clocks.median_mhz : 0.0);
-        if (json.is_open()) {
-          json << (first ? "" : ",\n") << "    {\"shape\": " << json_string(name) << ", \"regime\": "
-               << json_string(regime_name(regime)) << ", \"what\": " << json_string(row.what) << ", \"ms\": "
-               << row.ms << ", \"sm_mhz\": " << row.clocks.median_mhz << ", \"dissimilarity\": "
-               << r.dissimilarity << ", \"dx_dissimilarity\": " << r.dx_dissimilarity << ", \"check\": "
-               << json_string(good ? "ok" : "FAILED") << "}";
-          first = false;
+  ResultsJson json(o, gpu);
+  bool ok = true;
+  for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
+    const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock);
+    const bool good = r.finite && r.dissimilarity < kFp8MaxDissimilarity && r.dx_dissimilarity < kFp8MaxDxDissimilarity;
+    ok = ok && good;
+    std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n", name.c_str(),
+                routing_name(o.routings.front()), regime_name(regime), r.dissimilarity, r.dx_dissimilarity,
+                good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
+    std::printf("%-17s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
+    for (const PrecisionRow& row : r.rows) {
+      // Each pass against the same pass in bf16; quantize_weights is no pass to compare.
+      const PrecisionRow* base = nullptr;
+      for (const PrecisionRow& b : r.rows) {
+        if (b.what.substr(0, b.what.find(' ')) == row.what.substr(0, row.what.find(' '))) {
+          base = &b;
+          break;
         }
       }
+      const bool pass = row.what != "quantize_weights" && base != nullptr;
+      std::printf("%-17s %9.3f %9s %6.0f\n", row.what.c_str(), row.ms,
+                  pass ? (std::to_string(base->ms / row.ms).substr(0, 5) + "x").c_str() : "-",
+                  row.clocks.samples > 0 ? row.clocks.median_mhz : 0.0);
+      if (json.enabled()) {
+        json.row() << "{\"shape\": " << json_string(name) << ", \"regime\": " << json_string(regime_name(regime))
+                   << ", \"what\": " << json_string(row.what) << ", \"ms\": " << row.ms
+                   << ", \"sm_mhz\": " << row.clocks.median_mhz << ", \"dissimilarity\": " << r.dissimilarity
+                   << ", \"dx_dissimilarity\": " << r.dx_dissimilarity
+                   << ", \"check\": " << json_string(good ? "ok" : "FAILED") << "}";
+      }
     }
-  }
-  if (json.is_open()) {
-    json << "\n  ]\n}\n";
-    std::printf("results written to %s\n", o.json.c_str());
-  }
+  });
+  json.close();
   return ok ? 0 : 1;
 }
 
@@ -453,9 +466,7 @@ int run(const Options& o) {
   std::vector<Memory> memory;
   bool all_ok = true;
   for (const std::string& name : o.shapes) {
-    NamedShape shape = *parse_shape(name);
-    shape.shape.shared_intermediate = o.shared_intermediate;
-    validate_shape(shape.shape);  // before the problem's routing, which assumes k <= E
+    const NamedShape shape = checked_shape(o, name);
     for (Routing routing : o.routings) {
       Problem p(shape, routing, 2026);
       Config fused_config, unfused_config;
@@ -617,10 +628,7 @@ int run(const Options& o) {
     std::printf("  %s %s: %s\n", r.shape.c_str(), r.routing.c_str(), r.check.c_str());
     if (!r.checked.empty()) std::printf("    checked: %s\n", r.checked.c_str());
   }
-  if (!o.json.empty()) {
-    write_json(o, gpu, rows);
-    std::printf("results written to %s\n", o.json.c_str());
-  }
+  write_json(o, gpu, rows);
   return all_ok ? 0 : 1;
 }
 
