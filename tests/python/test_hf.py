@@ -54,7 +54,7 @@ def test_qwen3_moe_matches_the_eager_experts():
 
 def test_qwen3_moe_in_fp8_close_to_the_eager_experts():
     """experts_implementation="lynx_fp8": the same model with its experts in FP8 (docs/fp8.md). NOTES: the
-    layer's outputs carry at most a relative error of 0.102 (√(2 × its largest dissimilarity bound),
+    layer's outputs bear at most a relative error of 0.102 (√(2 × its largest dissimilarity bound),
     tests/gpu/random_case.h, kFp8Bounds); the rest of the model (residual stream, attention, norms) is
     computed alike on both paths and only dilutes it."""
     eager, want, model, got = run_both("lynx_fp8")
