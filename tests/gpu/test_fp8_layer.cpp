@@ -184,16 +184,7 @@ void expect_fp8_every_r(const Case& c, const std::vector<int32_t>& Rs, const Con
   EXPECT_LT(dissimilarity_of(want.y, ref::forward(L.reference(L.weights_double())), "y"), kMaxDissimilarity);
   expect_gradients_close(want, L, dy);
   if (::testing::Test::HasFailure()) return;
-  for (const int32_t R : Rs) {
-    SCOPED_TRACE("R = " + std::to_string(R));
-    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
-    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
-    if (c.Is > 0) {
-      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
-    }
-  }
+  expect_every_r_gives(want, L, Rs, dy, config, recompute);
 }
 
 TEST_F(Fp8Layer, BitwiseEqualAtEveryR) { expect_fp8_every_r({512, 256, 256, 16, 4, 128}, {2, 4, 8}, fp8_config(), false); }
@@ -237,7 +228,9 @@ TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
         if (msg.find(own) != std::string::npos) {
           ++named;
           EXPECT_NE(msg.find("(rank " + std::to_string(r) + ")"), std::string::npos) << msg;
-          if (weight) EXPECT_EQ(r, 2) << msg;
+          if (weight) {
+            EXPECT_EQ(r, 2) << msg;
+          }
         } else {
           EXPECT_NE(msg.find("reported an error in this pass (a NaN or an infinity"), std::string::npos)
               << "rank " << r << ": " << msg;

@@ -376,23 +376,30 @@ def test_torch_compile_dynamic_shapes_with_backward():
             assert torch.equal(a, b)
 
 
-def test_cuda_graph_capture_replays_with_new_routing():
-    x, ids, tw, w, s = make(T=256, H=128, I=128, E=8, k=2)
+def capture_moe_step(config=lynx.Config()):
+    """lynx.moe's forward and backward on a random problem (T = 256, H = I = 128, E = 8, k = 2) captured in a
+    CUDA graph, after a warm-up outside the capture: the graph, the tensors its replays write (y, and the
+    gradients of x and w) and its inputs (x, the routing tensors the replays read, w, dy)."""
+    x, ids, tw, w, _ = make(T=256, H=128, I=128, E=8, k=2)
     for t in w:
         t.requires_grad_()
     x.requires_grad_()
     dy = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
-    static_ids, static_tw = ids.clone(), tw.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture
-        y = lynx.moe(x, static_ids, static_tw, *w)
+    with torch.cuda.stream(side):
+        y = lynx.moe(x, ids, tw, *w, config=config)
         torch.autograd.grad(y, [x, *w], dy)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = lynx.moe(x, static_ids, static_tw, *w)
+        y = lynx.moe(x, ids, tw, *w, config=config)
         grads = torch.autograd.grad(y, [x, *w], dy)
+    return graph, y, grads, (x, ids, tw, w, dy)
+
+
+def test_cuda_graph_capture_replays_with_new_routing():
+    graph, y, grads, (x, static_ids, static_tw, w, dy) = capture_moe_step()
     for _ in range(2):
         _, new_ids, new_tw, _, _ = make(T=256, H=128, I=128, E=8, k=2)
         static_ids.copy_(new_ids)
@@ -492,22 +499,7 @@ def test_fp8_cuda_graph_replays_see_new_routing_and_weights():
     """A captured FP8 forward and backward: each replay quantises the weights again inside the graph,
     so weights changed in place between replays (an optimizer step) are seen; every replay has the bits
     of an eager FP8 call (another workspace) on the same inputs."""
-    x, ids, tw, w, _ = make(T=256, H=128, I=128, E=8, k=2)
-    for t in w:
-        t.requires_grad_()
-    x.requires_grad_()
-    dy = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
-    static_ids, static_tw = ids.clone(), tw.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture
-        y = lynx.moe(x, static_ids, static_tw, *w, config=FP8)
-        torch.autograd.grad(y, [x, *w], dy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = lynx.moe(x, static_ids, static_tw, *w, config=FP8)
-        grads = torch.autograd.grad(y, [x, *w], dy)
+    graph, y, grads, (x, static_ids, static_tw, w, dy) = capture_moe_step(FP8)
     previous = None
     for step in range(2):
         _, new_ids, new_tw, _, _ = make(T=256, H=128, I=128, E=8, k=2)
