@@ -246,6 +246,10 @@ plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
   // expert GEMMs keep every SM: planned for 1/R of them too, R = 8's forward took 1.81 ms against 1.62
   // with full grids (2026-12-04, af72472 against 366ac75; R = 1 1.19).
   plan::DeviceProps props = device_props;
+#if LYNX_EXPERIMENTS
+  // LYNX_VIRTUAL_RANKS=serial (api/ranks.cpp): one rank's launches at a time, each with every SM.
+  if (overrides.virtual_serial == 1) return props;
+#endif
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
   return props;
 }
