@@ -164,7 +164,7 @@ struct RandomCase {
   Backend backend = Backend::kFused;
   bool recompute = false;  // context recomputed (save_forward_context off) instead of saved
   int32_t R = 1;           // virtual ranks
-  bool fp8 = false;        // Config::precision = kFp8Block (one rank, fused)
+  bool fp8 = false;        // Config::precision = kFp8Block (fused)
 };
 
 // NOTES: the fp64 reference runs on the CPU. Each case's routed and shared multiply-adds per pass,
@@ -178,7 +178,7 @@ inline constexpr int64_t kMaxExpertElements = int64_t(1) << 22;
 
 RandomCase draw_case(uint64_t seed);
 
-// The case of `seed` in FP8: draw_case's shape, routing and context, at one rank on the fused backend.
+// The case of `seed` in FP8: draw_case's shape, routing, context and ranks, on the fused backend.
 RandomCase draw_fp8_case(uint64_t seed);
 
 // "T=.. H=.. I=.. E=.. k=.. Is=.. routing=.. weights=.. ids=.. backend=.. R=.. context=..".
