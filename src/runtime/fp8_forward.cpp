@@ -37,7 +37,8 @@ namespace {
 
 // R > 1, the open step: this rank's tokens of `rows` (x, or dy) quantised once per token in 1×128 tiles
 // into its shared region's token rows (bytes [T, H], then scales [T, H/128↑]), where the ranks whose
-// experts need them pull them; a NaN or an infinity is reported by this rank, which holds it.
+// experts need them pull them; a NaN or an infinity is reported by this rank, which holds it, and by
+// every rank that pulls a tile of it (naming this rank).
 void stage_tiles(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s) {
   const int64_t T = w.shape.tokens, H = w.shape.hidden;
   uint8_t* q = w.in_region<uint8_t>(w.layout.token_rows);
@@ -60,7 +61,7 @@ void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tens
   }
   const RowSources rs = w.row_sources(comm::kTokenRows);
   fp8::gather_tiles(f.xg, f.xg_scales, nullptr, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
-                    fp8::TileSources{rs.base, rs.row_src_rank, T});
+                    fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
 }
 
 // f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled, which the weight gradients

@@ -9,7 +9,8 @@
 // config.save_forward_context it keeps the context the backward reads: the schedule, g and u (the FP8
 // products, rounded to bf16) as the bf16 forward keeps them, and at R > 1 the x rows as they travelled
 // (x̂). A NaN or an infinity in x or h is reported through the status word (Workspace::check; at R > 1
-// by the rank that holds it, and every other rank reports that rank), and y is then not written.
+// by the rank that holds it and the ranks that pull a tile of it, naming that rank, and by every other
+// rank as a peer's error), and y is then not written.
 #pragma once
 
 #include "runtime/fused_passes.h"

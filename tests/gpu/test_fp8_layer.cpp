@@ -200,43 +200,48 @@ TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   expect_fp8_every_r({300, 192, 160, 60, 6, 64}, {3}, config, true);
 }
 
-// At R ranks a NaN in one rank's x (found when that rank stages its tiles), or an infinity in one rank's
-// w_gate (found by that rank's quantize_weights), is reported by every rank, and none writes y: the rank
-// that holds it names the tensor and itself, the others name that rank.
+// At R ranks a NaN in one rank's x, or an infinity in one rank's w_gate (found by that rank's
+// quantize_weights), is reported by every rank, and none writes y. The x case: token 5 of rank 1 (64
+// tokens a rank) routed to experts 0 (rank 0's) and 2 (rank 1's): rank 1 finds it when it stages its
+// tiles, rank 0 when it pulls the tile, both naming rank 1; ranks 2 and 3 report a peer's error. The
+// w_gate case: rank 2 names itself, every other rank reports rank 2.
 TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
   const Case c{256, 256, 128, 8, 2, 0};
   constexpr int32_t R = 4;
+  const auto holds = [](const char* tensor, int32_t rank) {
+    return std::string(tensor) + " holds a NaN or an infinity, which the FP8 path cannot quantise (rank " +
+           std::to_string(rank) + ")";
+  };
+  const auto peer = [](int32_t rank) {
+    return "rank " + std::to_string(rank) + " reported an error in this pass (a NaN or an infinity in an FP8 operand";
+  };
   for (const bool weight : {false, true}) {
     SCOPED_TRACE(weight ? "infinity in rank 2's w_gate" : "NaN in rank 1's x");
     HostLayer L(c, fresh_seed());
+    std::vector<std::string> want(R);
     if (weight) {  // expert 5, rank 2's second
       std::vector<HostBf16> wg = L.w_gate;
       wg[size_t(5 * c.I * c.H + 77)] = float_to_bf16(INFINITY);
       LYNX_TEST_CUDA(cudaMemcpy(L.d_wg.get(), wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
-    } else {  // token 5 of rank 1 (64 tokens a rank), routed to rank 1's own experts 2 and 3 (else the
-              // ranks computing its rows would find a NaN in their h first, and name that)
+      want = {peer(2), peer(2), holds("weights.w_gate", 2), peer(2)};
+    } else {
       const int64_t t = 64 + 5;
       std::vector<HostBf16> x = L.x;
       x[size_t(t * c.H + 31)] = float_to_bf16(std::nanf(""));
       LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-      const int32_t ids[2] = {2, 3};
-      LYNX_TEST_CUDA(cudaMemcpy(static_cast<int32_t*>(L.d_ids.get()) + t * c.k, ids, sizeof ids, cudaMemcpyHostToDevice));
+      L.ids[size_t(t * c.k)] = 0;  // the ranks' slices take their ids from the host copy (RankSlice)
+      L.ids[size_t(t * c.k + 1)] = 2;
+      want = {holds("x", 1), holds("x", 1), "reported an error in this pass (a NaN or an infinity in an FP8 operand",
+              "reported an error in this pass (a NaN or an infinity in an FP8 operand"};
     }
     VirtualGroup g(L, R, random_dy(c), fp8_config());
     g.forward(nullptr);
-    const int32_t bad = weight ? 2 : 1;
     for (int32_t r = 0; r < R; ++r) {
       try {
         g.ws[r]->check(nullptr);
         ADD_FAILURE() << "rank " << r << " reported nothing";
       } catch (const Error& e) {
-        const std::string msg = e.what();
-        const std::string want = r == bad ? std::string(weight ? "weights.w_gate" : "x") +
-                                                " holds a NaN or an infinity, which the FP8 path cannot quantise (rank " +
-                                                std::to_string(bad) + ")"
-                                          : "rank " + std::to_string(bad) +
-                                                " reported an error in this pass (a NaN or an infinity in an FP8 operand";
-        EXPECT_NE(msg.find(want), std::string::npos) << "rank " << r << ": " << msg;
+        EXPECT_NE(std::string(e.what()).find(want[size_t(r)]), std::string::npos) << "rank " << r << ": " << e.what();
       }
     }
     const std::vector<HostBf16> yh = to_host<HostBf16>(g.global.y, c.T * c.H);

@@ -85,10 +85,12 @@ struct TileSources {
 // quantised form of the bf16 gather (glue::gather_rows): quantising then gathering equals gathering
 // then quantising, a tile being one row's. *total_rows above the capacity (a schedule over capacity,
 // which placed no rows) gathers nothing. dst and src 16-byte aligned where cols % 16 == 0. With remote
-// `sources` (R > 1) each row comes from its source rank's staged tiles, and src, src_scales are unused.
+// `sources` (R > 1) each row comes from its source rank's staged tiles, and src, src_scales are unused;
+// a pulled tile whose scale is not finite (its source found a NaN or an infinity) is reported through
+// `report`, naming the source rank.
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
-                  int64_t cols, cudaStream_t stream, const TileSources& sources = {});
+                  int64_t cols, cudaStream_t stream, const TileSources& sources = {}, NonfiniteReport report = {});
 
 // The rows below *row_limit of tiles q [capacity, cols] (scales [capacity, blocks_of(cols)]) as bf16:
 // out[r, c] = value(q[r, c]) · scale of its tile, exact (an E4M3 value has 4 significant bits; only a

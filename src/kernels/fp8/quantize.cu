@@ -253,7 +253,8 @@ template <bool kRemote>
 __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict__ dst_scales,
                                     const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
-                                    int64_t capacity, int64_t top_k, int64_t cols, TileSources sources) {
+                                    int64_t capacity, int64_t top_k, int64_t cols, TileSources sources,
+                                    NonfiniteReport report) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
   // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
   const int32_t total = *total_rows;
@@ -269,8 +270,10 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
     return;
   }
   const int64_t token = slot / top_k;
+  int32_t source = 0;
   if constexpr (kRemote) {
-    const uint8_t* base = static_cast<const uint8_t*>(sources.base[sources.row_src_rank[row]]);
+    source = sources.row_src_rank[row];
+    const uint8_t* base = static_cast<const uint8_t*>(sources.base[source]);
     src = base;
     src_scales = reinterpret_cast<const float*>(base + sources.tokens * cols);
   }
@@ -282,7 +285,19 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
   } else {
     for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
   }
-  for (int64_t b = lane; b < kb; b += 32) ds[b] = remote::load(src_scales + token * kb + b);
+  for (int64_t b = lane; b < kb; b += 32) {
+    const float scale = remote::load(src_scales + token * kb + b);
+    ds[b] = scale;
+    // A tile its source found not finite (a NaN scale): reported here too, naming the source rank, before
+    // this rank's later quantisations meet the NaNs it spreads.
+    if constexpr (kRemote) {
+      if (!isfinite(scale)) {
+        NonfiniteReport r = report;
+        r.rank = source;
+        report_nonfinite(r);
+      }
+    }
+  }
 }
 
 // One thread per 8 values of a row below *row_limit: value(q) · its tile's scale, exact in bf16 (an E4M3
@@ -376,14 +391,14 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
-                  int64_t cols, cudaStream_t stream, const TileSources& sources) {
+                  int64_t cols, cudaStream_t stream, const TileSources& sources, NonfiniteReport report) {
   if (capacity == 0 || cols == 0) return;
   if (sources.remote() && (sources.row_src_rank == nullptr || sources.tokens <= 0)) {
     throw Error("sources", "internal: remote tiles need the rows' source ranks and the ranks' token count");
   }
   const auto kernel = sources.remote() ? gather_tiles_kernel<true> : gather_tiles_kernel<false>;
   kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
-      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources);
+      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report);
   LYNX_CHECK_LAUNCH();
 }
 
