@@ -534,7 +534,8 @@ def test_fp8_weights_changed_in_place_are_quantised_again():
 
 
 def test_fp8_module_trains_and_bad_precision_is_named():
-    layer = lynx.nn.MoE(256, 128, 8, 2, config=FP8, device="cuda")
+    layer = lynx.nn.MoE(256, 128, 8, 2, precision="fp8_block", device="cuda")
+    assert layer.config.precision == "fp8_block"
     opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     losses = []
@@ -551,5 +552,7 @@ def test_fp8_module_trains_and_bad_precision_is_named():
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="config.precision"):
         lynx.Config(precision="fp8")
+    with pytest.raises(ValueError, match="config.precision"):
+        lynx.nn.MoE(256, 128, 8, 2, precision="fp8", device="cuda")
     with pytest.raises(ValueError, match="config.bf16_weight_grads"):
         lynx.Config(bf16_weight_grads=True)
