@@ -1,7 +1,9 @@
 // Expert parallelism's entry points: connecting a group, and the virtual-rank driver.
 #include "lynx/ranks.h"
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "api/call.h"
 #include "api/passes.h"
@@ -43,7 +45,8 @@ void check_group(const std::vector<Workspace*>& ranks) {
     if (w.layout.bytes != first.layout.bytes || w.config.peer_timeout_ms != first.config.peer_timeout_ms ||
         w.config.save_forward_context != first.config.save_forward_context ||
         w.config.precision != first.config.precision ||
-        w.config.bf16_weight_grads != first.config.bf16_weight_grads) {
+        w.config.bf16_weight_grads != first.config.bf16_weight_grads ||
+        w.config.caller_context != first.config.caller_context) {
       throw Error("ranks", "[" + str(r) + "] has another config than rank 0: every rank needs the same config");
     }
     if (w.connected() && R > 1) throw Error("ranks", "[" + str(r) + "] is connected already");
@@ -95,9 +98,14 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
       api::enqueue_pass(w, [&] { step(w, r, s, stream_of(w)); });
     }
   };
+  // NOTES: each rank's scratch (Config::scratch_allocator) is taken on `stream` before the ranks fork from
+  // it and given back on it after they have joined it again (at the end of this function).
+  std::vector<std::unique_ptr<ScratchLease>> scratch;
+  for (Workspace* ws : ranks) {
+    api::enqueue_pass(ws->impl(), [&] { scratch.push_back(std::make_unique<ScratchLease>(ws->impl(), stream)); });
+  }
   if (ranks.size() == 1) {
     api::enqueue_pass(ranks[0]->impl(), [&] {
-      const ScratchLease scratch(ranks[0]->impl(), stream);  // one rank may take its scratch from an allocator
       for (fused::Step s : fused::kSteps) step(ranks[0]->impl(), 0, s, stream);
     });
     return;

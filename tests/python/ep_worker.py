@@ -4,6 +4,7 @@ CUDA IPC, bootstrapped over a gloo group).
 Each rank also runs the whole problem on one rank, in its own process, and checks that its share of
 every result has the same bits."""
 
+import contextlib
 import os
 import sys
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import lynx
+from lynx import _workspaces
 from moe_weights import expert_weights
 
 TOL = 1e-2
@@ -37,19 +39,20 @@ def problem(N, H, I, E, k, Is, routing, seed):
     return x, ids.int().contiguous(), tw, w, s, dy
 
 
-def run(x, ids, tw, w, s, dy, group, forwards=1, config=lynx.Config()):
+def run(x, ids, tw, w, s, dy, group, forwards=1, config=lynx.Config(), offload=False):
     """y and every gradient (x, topk_weights, experts, shared expert) of `forwards` forwards, of x, 2x, …,
-    all made before their backwards (at R > 1 a backward whose context a later forward replaced
-    recomputes it)."""
+    all made before their backwards (each backward given its own forward's context, which autograd
+    saved; with `offload` moved to the CPU and back by a saved-tensor hook)."""
     leaves = [t.clone().requires_grad_() for t in (x, tw, *w)] + [t.clone().requires_grad_() if t is not None else None
                                                                   for t in s]
-    ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], config=config, ep_group=group)
-          for i in range(forwards)]
+    with torch.autograd.graph.save_on_cpu() if offload else contextlib.nullcontext():
+        ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], config=config, ep_group=group)
+              for i in range(forwards)]
     grads = torch.autograd.grad(ys, [t for t in leaves if t is not None], [dy] * forwards)
     return ys[0].detach(), list(grads)
 
 
-def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1, config=lynx.Config()):
+def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1, config=lynx.Config(), offload=False):
     R, r = dist.get_world_size(group), dist.get_rank(group)
     x, ids, tw, w, s, dy = problem(R * T, H, I, E, k, Is, routing, seed)
     y1, g1 = run(x, ids, tw, w, s, dy, None, forwards, config)
@@ -57,7 +60,7 @@ def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1, config
     # Copies, not views: lynx takes 16-byte aligned tensors, and a view of rank r's rows of topk_ids
     # starts at r·T·k·4 bytes.
     yR, gR = run(x[mine].clone(), ids[mine].clone(), tw[mine].clone(), [t[experts].clone() for t in w], s,
-                 dy[mine].clone(), group, forwards, config)
+                 dy[mine].clone(), group, forwards, config, offload)
     torch.cuda.synchronize()
     lynx.check()
     assert torch.isfinite(yR).all(), f"{name}: non-finite y"
@@ -126,6 +129,9 @@ def check_module(group):
     yR.float().square().sum().backward()
     torch.cuda.synchronize()
     lynx.check()
+    # Both layers (one shape, bf16) on the group's one shared workspace, which keeps no layer's context.
+    specs = [spec for spec in _workspaces._BY_SPEC if spec[6].ep_group != 0 and spec[:6] == (T, H, I, E, k, Is)]
+    assert len(specs) == 1 and specs[0][6].caller_context, specs
     assert rel(yR, y1[mine]) < TOL
     for name in ("w1", "w2", "w3"):
         got = getattr(layer, name).grad
@@ -145,6 +151,12 @@ def main():
     check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
     check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
     check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
+    check_case("three forwards in flight, contexts on the CPU", 80, 128, 64, E, 2, 64, "random", 8, group, forwards=3,
+               offload=True)
+    check_case("contexts recomputed", 80, 128, 64, E, 2, 64, "random", 9, group, forwards=2,
+               config=lynx.Config(save_forward_context=False))
+    check_case("fp8_block, two forwards in flight", 96, 256, 128, E, 2, 128, "random", 10, group, forwards=2,
+               config=lynx.Config(precision="fp8_block"))
     check_case("fp8_block", 96, 256, 128, E, 2, 128, "random", 7, group, config=lynx.Config(precision="fp8_block"))
     check_fewer_tokens(group)
     layer = check_module(group)
