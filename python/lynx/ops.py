@@ -44,10 +44,13 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     """The workspace of the autograd pair: it keeps no context (Config::caller_context). NOTES: in an
     expert-parallel group a bf16 one holds nothing of a layer between calls (its scratch is lent, its
     context the caller's), only the group's exchange buffers (the shared region, sized by the schedule
-    capacity: rows of every rank, the largest part): the group's layers of a shape share one, whatever
-    their tags. An FP8 one holds its layer's weight copies, so each tag keeps its own."""
+    capacity: rows of every rank, the largest part): the group's layers of a shape whose calls run on
+    one stream share one, whatever their tags. That is safe because passes on one stream run one after
+    another, each ended by its barrier before the next begins; layers on different streams (which may
+    overlap) get different workspaces. An FP8 one holds its layer's weight copies, so each tag keeps
+    its own."""
     if ep_group != 0 and precision == _workspaces._PRECISIONS["bf16"]:
-        tag = _workspaces.EP_SHARED_TAG
+        tag = _workspaces.ep_shared_tag(_stream(x))
     config = _workspaces.WorkspaceConfig(backend, schedule_capacity, True, tag, True, ep_group, precision)
     R, _ = _groups.ranks(ep_group)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)

@@ -122,7 +122,20 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
   Workspace::Impl& first = ranks[0]->impl();
   LYNX_CUDA(cudaEventRecord(first.fork_event, stream));
   for (Workspace* ws : ranks) LYNX_CUDA(cudaStreamWaitEvent(ws->impl().rank_stream, first.fork_event, 0));
-  for (fused::Step s : fused::kSteps) each(s, [](const Workspace::Impl& w) { return w.rank_stream; });
+  // NOTES: joined on every path, a throwing one too: the scratch goes back on `stream` (the leases'
+  // destructors) only behind whatever the rank streams were given.
+  const auto join = [&] {
+    for (Workspace* ws : ranks) {
+      cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream);
+      cudaStreamWaitEvent(stream, ws->impl().join_event, 0);
+    }
+  };
+  try {
+    for (fused::Step s : fused::kSteps) each(s, [](const Workspace::Impl& w) { return w.rank_stream; });
+  } catch (...) {
+    join();
+    throw;
+  }
   for (Workspace* ws : ranks) {
     LYNX_CUDA(cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream));
     LYNX_CUDA(cudaStreamWaitEvent(stream, ws->impl().join_event, 0));

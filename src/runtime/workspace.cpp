@@ -101,7 +101,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
     // NOTES: at R > 1 the other ranks write slot_row into the region, where the next forward's schedule
-    // writes it again: a caller's context keeps a copy (fused::keep_slot_row) and the combines read that.
+    // writes it again: a caller's context keeps a copy (fused_forward.cpp, close), which the combines read.
     if (config.caller_context) {
       context_buffer(schedule.slot_row, T * k);
     } else {

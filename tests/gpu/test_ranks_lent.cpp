@@ -144,6 +144,42 @@ TEST_F(RanksLent, ForwardsInFlightAtTwoRanksFp8) {
   expect_forwards_in_flight({384, 256, 192, 8, 2, 64}, 2, Precision::kFp8Block);
 }
 
+// A context recomputed into a fresh block, after another layer's forward, serves the backward: the
+// first forward's blocks are poisoned before it.
+TEST_F(RanksLent, RecomputedContextAtTwoRanks) {
+  constexpr int32_t R = 2;
+  const Case c{256, 128, 128, 8, 2, 64};
+  const HostLayer L0(c, fresh_seed()), L1(c, fresh_seed());
+  const std::vector<HostBf16> dy0 = random_dy(c), dy1 = random_dy(c);
+  Workspace one(L0.shape);
+  const Outputs want0 = run_layer(one, L0, dy0), want1 = run_layer(one, L1, dy1);
+  PoisoningAllocator scratch;
+  Config lent;
+  lent.caller_context = true;
+  lent.scratch_allocator = &scratch;
+  const auto owned = make_virtual_ranks(L0.shape, R, lent);
+  const std::vector<Workspace*> ws = pointers(owned);
+  GroupLayer g0(L0, dy0, ws), g1(L1, dy1, ws), again(L0, dy0, ws);
+  std::vector<cudaStream_t> streams(R);
+  for (cudaStream_t& s : streams) LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int32_t r = 0; r < R; ++r) forward(*ws[r], g0.slices[r].in, g0.slices[r].y, g0.ctx[r], streams[r]);
+  for (int32_t r = 0; r < R; ++r) forward(*ws[r], g1.slices[r].in, g1.slices[r].y, g1.ctx[r], streams[r]);
+  for (int32_t r = 0; r < R; ++r) recompute_forward_context(*ws[r], g0.slices[r].in, again.ctx[r], streams[r]);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  for (DeviceBuffer& b : g0.ctx_memory) b.fill_bytes(0xFF);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  for (int32_t r = 0; r < R; ++r) {
+    backward(*ws[r], g1.slices[r].in, g1.dy[r], g1.slices[r].grads, g1.ctx[r], streams[r]);
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    backward(*ws[r], g0.slices[r].in, g0.dy[r], g0.slices[r].grads, again.ctx[r], streams[r]);
+  }
+  for (int32_t r = 0; r < R; ++r) ws[r]->check(streams[r]);
+  for (cudaStream_t s : streams) LYNX_TEST_CUDA(cudaStreamDestroy(s));
+  EXPECT_EQ(first_routed_difference(gather_outputs(L0, g0.global, g0.slices), want0), "") << "layer 0";
+  EXPECT_EQ(first_routed_difference(gather_outputs(L1, g1.global, g1.slices), want1), "") << "layer 1";
+}
+
 // The *_ranks calls take each rank's scratch from the allocator too (a caller's context needs the
 // one-rank calls, which take it).
 TEST_F(RanksLent, VirtualRankCallsLendScratch) {

@@ -40,13 +40,17 @@ def problem(N, H, I, E, k, Is, routing, seed):
 
 
 def run(x, ids, tw, w, s, dy, group, forwards=1, config=lynx.Config(), offload=False):
-    """y and every gradient (x, topk_weights, experts, shared expert) of `forwards` forwards, of x, 2x, …,
-    all made before their backwards (each backward given its own forward's context, which autograd
-    saved; with `offload` moved to the CPU and back by a saved-tensor hook)."""
+    """y and every gradient (x, topk_weights, experts, shared expert) of `forwards` forwards, the i-th of
+    (i + 1)·x routed to experts (id + i) mod E with weights (i + 1)·topk_weights, all made before their
+    backwards (each backward given its own forward's context, which autograd saved; with `offload`
+    moved to the CPU and back by a saved-tensor hook). Every forward has routing of its own, so a
+    backward that read a later forward's (its slot_row, its staged ids or weights) would differ."""
+    E = w[0].shape[0] * (1 if group is None else dist.get_world_size(group))
     leaves = [t.clone().requires_grad_() for t in (x, tw, *w)] + [t.clone().requires_grad_() if t is not None else None
                                                                   for t in s]
     with torch.autograd.graph.save_on_cpu() if offload else contextlib.nullcontext():
-        ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], config=config, ep_group=group)
+        ys = [lynx.moe(leaves[0] * (i + 1), ((ids.long() + i) % E).int(), leaves[1] * (i + 1), *leaves[2:5],
+                       *leaves[5:], config=config, ep_group=group)
               for i in range(forwards)]
     grads = torch.autograd.grad(ys, [t for t in leaves if t is not None], [dy] * forwards)
     return ys[0].detach(), list(grads)
