@@ -1,11 +1,12 @@
-// Expert parallelism across processes on this GPU (Processes.*): R processes (lynx_rank_process)
-// connected through CUDA IPC give the bits of one rank, in bf16 and in FP8; a rank that never runs its
-// pass is reported.
+// Expert parallelism across processes (Processes.*): R processes (lynx_rank_process) on this GPU, or
+// one per GPU where there are several, connected through CUDA IPC, give the bits of one rank, in bf16
+// and in FP8; a rank that never runs its pass is reported.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -59,8 +60,19 @@ std::vector<int> run_processes(const fs::path& dir, int32_t R, uint64_t seed, co
   return codes;
 }
 
-// R processes give one rank's bits; in FP8 (`fp8`) one rank's FP8 bits (Fp8Layer.* check those).
-void check_processes(int32_t R, bool fp8 = false) {
+// The GPUs a process per GPU uses: the largest power of two up to 8 of them (the case's E and T divide
+// by it); 0 with fewer than two.
+int32_t gpus_for_processes() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) return 0;
+  int32_t R = 1;
+  while (R * 2 <= std::min(count, 8)) R *= 2;
+  return R;
+}
+
+// R processes give one rank's bits; in FP8 (`fp8`) one rank's FP8 bits (Fp8Layer.* check those); each
+// on a GPU of its own with `gpu_per_rank`.
+void check_processes(int32_t R, bool fp8 = false, bool gpu_per_rank = false) {
   const Case c = process_case();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("R = " + std::to_string(R) + " seed " + std::to_string(seed) + (fp8 ? " fp8" : ""));
@@ -72,7 +84,10 @@ void check_processes(int32_t R, bool fp8 = false) {
   const Outputs want = run_layer(one, L, process_dy(c, seed));
   one.check(nullptr);
   const fs::path dir = fresh_dir("ranks" + std::to_string(R));
-  const std::vector<std::vector<std::string>> args(R, fp8 ? std::vector<std::string>{"--fp8"} : std::vector<std::string>{});
+  std::vector<std::string> flags;
+  if (fp8) flags.push_back("--fp8");
+  if (gpu_per_rank) flags.push_back("--gpu-per-rank");
+  const std::vector<std::vector<std::string>> args(R, flags);
   const std::vector<int> codes = run_processes(dir, R, seed, args);
   Outputs got = want;
   for (int32_t r = 0; r < R; ++r) {
@@ -90,16 +105,38 @@ TEST_F(Processes, FourOnOneGpu) { check_processes(4); }
 
 TEST_F(Processes, TwoOnOneGpuFp8) { check_processes(2, true); }
 
-// Rank 1 connects but never runs its pass: rank 0 reports it and stops.
-TEST_F(Processes, RankThatNeverArrivesIsReported) {
-  const fs::path dir = fresh_dir("missing");
-  const std::vector<int> codes =
-      run_processes(dir, 2, 5, {{"--timeout-ms", "1000"}, {"--timeout-ms", "1000", "--no-pass"}});
+// A process per GPU (the process-group transport across GPUs, CUDA IPC); skipped with fewer than two.
+TEST_F(Processes, OnePerGpu) {
+  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
+  check_processes(gpus_for_processes(), false, true);
+}
+
+TEST_F(Processes, OnePerGpuFp8) {
+  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
+  check_processes(gpus_for_processes(), true, true);
+}
+
+// Rank 1 connects but never runs its pass: rank 0 reports it and stops (on one GPU, and on two GPUs
+// where there are two).
+void expect_missing_rank_reported(bool gpu_per_rank) {
+  const fs::path dir = fresh_dir(gpu_per_rank ? "missing-gpus" : "missing");
+  std::vector<std::vector<std::string>> args{{"--timeout-ms", "1000"}, {"--timeout-ms", "1000", "--no-pass"}};
+  if (gpu_per_rank) {
+    for (auto& a : args) a.push_back("--gpu-per-rank");
+  }
+  const std::vector<int> codes = run_processes(dir, 2, 5, args);
   EXPECT_EQ(codes[0], 3);
   EXPECT_EQ(codes[1], 0);
   const std::string msg = read_text(dir / "error0");
   EXPECT_NE(msg.find("rank 1 had not arrived"), std::string::npos) << msg;
   fs::remove_all(dir);
+}
+
+TEST_F(Processes, RankThatNeverArrivesIsReported) { expect_missing_rank_reported(false); }
+
+TEST_F(Processes, RankThatNeverArrivesIsReportedAcrossGpus) {
+  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
+  expect_missing_rank_reported(true);
 }
 
 }  // namespace
