@@ -105,6 +105,40 @@ def check_fewer_tokens(group):
     print(f"rank {r}/{R} fewer tokens ({counts[r]} of {T}): bitwise equal to one rank", flush=True)
 
 
+def check_compiled(group):
+    """lynx.moe with ep_group under torch.compile, forward and backward, bitwise the eager call's: with
+    fullgraph=True where dynamo traces the group's lookup, else with graph breaks (the line printed
+    says which)."""
+    R, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, Is = 64, 128, 64, 4 * R, 2, 0
+    x, ids, tw, w, _, dy = problem(R * T, H, I, E, k, Is, "random", 11)
+    mine, experts = slice(r * T, (r + 1) * T), slice(r * E // R, (r + 1) * E // R)
+    x, ids, tw, dy = x[mine].clone(), ids[mine].clone(), tw[mine].clone(), dy[mine].clone()
+    w = [t[experts].clone() for t in w]
+
+    def f(x, ids, tw, wg, wu, wd):
+        return lynx.moe(x, ids, tw, wg, wu, wd, ep_group=group)
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in (x, tw, *w)]
+        y = fn(leaves[0], ids, *leaves[1:])
+        return [y.detach(), *torch.autograd.grad(y, leaves, dy)]
+
+    want = grads(f)
+    mode = "fullgraph"
+    try:
+        got = grads(torch.compile(f, fullgraph=True))
+    except torch._dynamo.exc.Unsupported:
+        mode = "with graph breaks"
+        torch._dynamo.reset()
+        got = grads(torch.compile(f))
+    torch.cuda.synchronize()
+    lynx.check()
+    for what, a, b in zip(("y", "dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down"), got, want):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"torch.compile: {what} differs from eager"
+    print(f"rank {r}/{R} torch.compile ({mode}): bitwise equal to eager", flush=True)
+
+
 def check_module(group):
     """lynx.nn.MoE(ep_group=...): forward and backward run, within bf16 rounding of one rank's layer with
     the same weights (the router runs on this rank's tokens only, so its bits may differ)."""
@@ -163,6 +197,7 @@ def main():
                config=lynx.Config(precision="fp8_block"))
     check_case("fp8_block", 96, 256, 128, E, 2, 128, "random", 7, group, config=lynx.Config(precision="fp8_block"))
     check_fewer_tokens(group)
+    check_compiled(group)
     layer = check_module(group)
     torch.cuda.synchronize()
     dist.barrier()  # no rank frees its workspaces while another may still read them
