@@ -27,7 +27,7 @@ _BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.
 _TAGS = itertools.count(-1, -1)
-# The tags of the workspaces that an expert-parallel group's bf16 layers of one shape share (ops.py,
+# The tags of the workspaces that an expert-parallel group's layers of one shape share (ops.py,
 # _context_workspace), one per CUDA stream: a workspace's passes must run one after another, as the
 # passes queued on one stream do. Below every tag new_tag gives, and never released.
 _EP_SHARED_TAGS = itertools.count(-(1 << 62), -1)
@@ -64,7 +64,7 @@ def new_tag() -> int:
 
 
 def ep_shared_tag(stream: int) -> int:
-    """The tag of the expert-parallel workspaces shared by the bf16 layers whose calls run on `stream`."""
+    """The tag of the expert-parallel workspaces shared by the layers whose calls run on `stream`."""
     tag = _EP_SHARED_BY_STREAM.get(stream)
     if tag is None:
         tag = _EP_SHARED_BY_STREAM[stream] = next(_EP_SHARED_TAGS)

@@ -57,9 +57,9 @@ class MoE(nn.Module):
         self.shared_intermediate = shared_intermediate
         self.renormalize = renormalize
         self.config = config
-        # A workspace tag of its own: a layer's workspace holds the FP8 copies of its weights (in bf16 it
-        # holds nothing of the layer: the contexts are autograd's, and in an expert-parallel group the
-        # layers of one shape share one, ops._context_workspace).
+        # A workspace tag of its own: at one rank a layer's workspace holds the FP8 copies of its weights
+        # (in bf16 nothing of the layer: the contexts are autograd's). In an expert-parallel group the
+        # layers of one shape share one whatever their tags (ops._context_workspace).
         self._take_workspace_tag()
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)

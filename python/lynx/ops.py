@@ -42,14 +42,15 @@ def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_fo
 
 def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision):
     """The workspace of the autograd pair: it keeps no context (Config::caller_context). NOTES: in an
-    expert-parallel group a bf16 one holds nothing of a layer between calls (its scratch is lent, its
-    context the caller's), only the group's exchange buffers (the shared region, sized by the schedule
-    capacity: rows of every rank, the largest part): the group's layers of a shape whose calls run on
-    one stream share one, whatever their tags. That is safe because passes on one stream run one after
-    another, each ended by its barrier before the next begins; layers on different streams (which may
-    overlap) get different workspaces. An FP8 one holds its layer's weight copies, so each tag keeps
-    its own."""
-    if ep_group != 0 and precision == _workspaces._PRECISIONS["bf16"]:
+    expert-parallel group it holds nothing of a layer between calls (its scratch is lent, its context
+    the caller's) but, in FP8, the E4M3 copies of the weights it was last given, and the group's
+    exchange buffers (the shared region, sized by the schedule capacity: rows of every rank, 1 GiB a
+    rank at qwen3-30b-a3b shapes): the group's layers of a shape whose calls run on one stream share
+    one, whatever their tags, and in FP8 each call whose weights are not the copies' quantises them
+    again (_fp8_weights: a layer's forward and its backward each, when other layers ran between). That
+    is safe because passes on one stream run one after another, each ended by its barrier before the
+    next begins; layers on different streams (which may overlap) get different workspaces."""
+    if ep_group != 0:
         tag = _workspaces.ep_shared_tag(_stream(x))
     config = _workspaces.WorkspaceConfig(backend, schedule_capacity, True, tag, True, ep_group, precision)
     R, _ = _groups.ranks(ep_group)

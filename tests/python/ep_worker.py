@@ -105,6 +105,35 @@ def check_fewer_tokens(group):
     print(f"rank {r}/{R} fewer tokens ({counts[r]} of {T}): bitwise equal to one rank", flush=True)
 
 
+def check_two_layers(name, group, config):
+    """Two layers of one shape, the second fed the first's output, then the backward through both: on
+    the group's one shared workspace (in FP8 every call quantising its own layer's weights again), every
+    rank's results bitwise those of one rank."""
+    R, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, Is = 64, 256, 128, 4 * R, 2, 0
+    x, ids, tw, w, _, dy = problem(R * T, H, I, E, k, Is, "random", 12)
+    _, ids2, tw2, w2, _, _ = problem(R * T, H, I, E, k, Is, "random", 13)
+
+    def run2(x, ids, tw, w, ids2, tw2, w2, dy, group):
+        leaves = [t.clone().requires_grad_() for t in (x, tw, *w, tw2, *w2)]
+        h = lynx.moe(leaves[0], ids, leaves[1], *leaves[2:5], config=config, ep_group=group)
+        y = lynx.moe(h, ids2, leaves[5], *leaves[6:9], config=config, ep_group=group)
+        return [y.detach(), *torch.autograd.grad(y, leaves, dy)]
+
+    want = run2(x, ids, tw, w, ids2, tw2, w2, dy, None)
+    mine, experts = slice(r * T, (r + 1) * T), slice(r * E // R, (r + 1) * E // R)
+    got = run2(x[mine].clone(), ids[mine].clone(), tw[mine].clone(), [t[experts].clone() for t in w],
+               ids2[mine].clone(), tw2[mine].clone(), [t[experts].clone() for t in w2], dy[mine].clone(), group)
+    torch.cuda.synchronize()
+    lynx.check()
+    names = ("y", "dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "d_topk_weights 2", "dw_gate 2", "dw_up 2",
+             "dw_down 2")
+    for what, a, b in zip(names, got, want):
+        part = experts if what.startswith("dw") else mine
+        assert torch.isfinite(a).all() and torch.equal(a, b[part]), f"{name}: {what} differs from one rank's"
+    print(f"rank {r}/{R} {name}: bitwise equal to one rank", flush=True)
+
+
 def check_compiled(group):
     """lynx.moe with ep_group under torch.compile, forward and backward, bitwise the eager call's: with
     fullgraph=True where dynamo traces the group's lookup, else with graph breaks (the line printed
@@ -167,7 +196,7 @@ def check_module(group):
     yR.float().square().sum().backward()
     torch.cuda.synchronize()
     lynx.check()
-    # Both layers (one shape, bf16) on the group's one shared workspace, which keeps no layer's context.
+    # Both layers (one shape) on the group's one shared workspace, which keeps no layer's context.
     specs = [spec for spec in _workspaces._BY_SPEC if spec[6].ep_group != 0 and spec[:6] == (T, H, I, E, k, Is)]
     assert len(specs) == 1 and specs[0][6].caller_context, specs
     assert rel(yR, y1[mine]) < TOL
@@ -197,6 +226,8 @@ def main():
                config=lynx.Config(precision="fp8_block"))
     check_case("fp8_block", 96, 256, 128, E, 2, 128, "random", 7, group, config=lynx.Config(precision="fp8_block"))
     check_fewer_tokens(group)
+    check_two_layers("two layers", group, lynx.Config())
+    check_two_layers("two layers fp8_block", group, lynx.Config(precision="fp8_block"))
     check_compiled(group)
     layer = check_module(group)
     torch.cuda.synchronize()

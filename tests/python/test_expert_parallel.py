@@ -27,3 +27,4 @@ def test_ranks_equal_one_rank_bit_for_bit(ranks):
         assert f"rank {r}/{ranks} three forwards in flight" in passed, passed
         assert f"rank {r}/{ranks} contexts recomputed" in passed, passed
         assert f"rank {r}/{ranks} torch.compile" in passed, passed
+        assert f"rank {r}/{ranks} two layers fp8_block" in passed, passed
