@@ -4,9 +4,9 @@ the same tokens per GPU, lynx and the all-to-all path as bench/compare_ep.py mea
 per G, tools/gpu-multi writes them), one panel per shape and pass, with a model of lynx beside them.
 
 The model (docs/expert-parallel.md), labelled as one: each GPU computes as many routed rows at any G as
-at G = 1 (uniform routing), so its compute is lynx's G = 1 time t1; on top come the row bytes that
-cross the links, dispatch and combine (the forward's bytes per GPU from compare_ep, x2; the backward
-moves them again) at --link-gbps per direction. Two curves bound it: nothing overlapped (t1 + bytes /
+at G = 1 (uniform routing), so its compute is lynx's G = 1 time t1; on top come the row bytes a GPU
+sends over its links, the dispatch's and the combine's (compare_ep's bytes_per_gpu_fwd holds both; the
+backward moves as many again) at --link-gbps per direction. Two curves bound it: nothing overlapped (t1 + bytes /
 bandwidth) and everything overlapped (max(t1, bytes / bandwidth)).
 
     python3 bench/plot_ep_scaling.py build/gpu-multi/compare_ep_*.json --out docs/img/ep-scaling.png
@@ -32,8 +32,8 @@ def load(paths):
 def model(lynx_rows, G, key, link_bytes_per_s):
     """(no overlap, full overlap) ms at G for pass `key` ("fwd_ms" or "fwd_bwd_ms"), from lynx's G = 1."""
     t1 = lynx_rows[1][key]
-    sent = lynx_rows[G]["bytes_per_gpu_fwd"] if G in lynx_rows else 0.0
-    link_ms = (2 if key == "fwd_ms" else 4) * sent / link_bytes_per_s * 1e3
+    sent = lynx_rows[G]["bytes_per_gpu_fwd"] if G in lynx_rows else 0.0  # dispatch and combine
+    link_ms = (1 if key == "fwd_ms" else 2) * sent / link_bytes_per_s * 1e3
     return t1 + link_ms, max(t1, link_ms)
 
 

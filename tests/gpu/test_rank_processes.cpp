@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -60,16 +59,6 @@ std::vector<int> run_processes(const fs::path& dir, int32_t R, uint64_t seed, co
   return codes;
 }
 
-// The GPUs a process per GPU uses: the largest power of two up to 8 of them (the case's E and T divide
-// by it); 0 with fewer than two.
-int32_t gpus_for_processes() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) return 0;
-  int32_t R = 1;
-  while (R * 2 <= std::min(count, 8)) R *= 2;
-  return R;
-}
-
 // R processes give one rank's bits; in FP8 (`fp8`) one rank's FP8 bits (Fp8Layer.* check those); each
 // on a GPU of its own with `gpu_per_rank`.
 void check_processes(int32_t R, bool fp8 = false, bool gpu_per_rank = false) {
@@ -86,16 +75,20 @@ void check_processes(int32_t R, bool fp8 = false, bool gpu_per_rank = false) {
   const fs::path dir = fresh_dir("ranks" + std::to_string(R));
   std::vector<std::string> flags;
   if (fp8) flags.push_back("--fp8");
-  if (gpu_per_rank) flags.push_back("--gpu-per-rank");
+  if (gpu_per_rank) {  // a short timeout: a rank that fails leaves the others waiting seconds, not 30
+    for (const char* f : {"--gpu-per-rank", "--timeout-ms", "10000"}) flags.push_back(f);
+  }
   const std::vector<std::vector<std::string>> args(R, flags);
   const std::vector<int> codes = run_processes(dir, R, seed, args);
   Outputs got = want;
+  SharedSums shared;
   for (int32_t r = 0; r < R; ++r) {
     ASSERT_EQ(codes[r], 0) << "rank " << r << ": " << read_text(dir / ("error" + std::to_string(r)));
     const std::string bytes = read_text(dir / ("out" + std::to_string(r)));
-    decode_rank_outputs(c, R, r, std::vector<uint8_t>(bytes.begin(), bytes.end()), got);
+    decode_rank_outputs(c, R, r, std::vector<uint8_t>(bytes.begin(), bytes.end()), got, &shared);
   }
   EXPECT_EQ(first_routed_difference(got, want), "") << "R processes differ from one rank";
+  expect_shared_sums_near(shared, want);
   fs::remove_all(dir);
 }
 
@@ -105,15 +98,16 @@ TEST_F(Processes, FourOnOneGpu) { check_processes(4); }
 
 TEST_F(Processes, TwoOnOneGpuFp8) { check_processes(2, true); }
 
-// A process per GPU (the process-group transport across GPUs, CUDA IPC); skipped with fewer than two.
+// A process per GPU (the process-group transport across GPUs, CUDA IPC); skipped without two or more
+// GPUs with peer access to each other.
 TEST_F(Processes, OnePerGpu) {
-  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
-  check_processes(gpus_for_processes(), false, true);
+  if (peer_group_gpus() == 0) GTEST_SKIP() << "needs two or more GPUs with peer access to each other";
+  check_processes(peer_group_gpus(), false, true);
 }
 
 TEST_F(Processes, OnePerGpuFp8) {
-  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
-  check_processes(gpus_for_processes(), true, true);
+  if (peer_group_gpus() == 0) GTEST_SKIP() << "needs two or more GPUs with peer access to each other";
+  check_processes(peer_group_gpus(), true, true);
 }
 
 // Rank 1 connects but never runs its pass: rank 0 reports it and stops (on one GPU, and on two GPUs
@@ -135,7 +129,7 @@ void expect_missing_rank_reported(bool gpu_per_rank) {
 TEST_F(Processes, RankThatNeverArrivesIsReported) { expect_missing_rank_reported(false); }
 
 TEST_F(Processes, RankThatNeverArrivesIsReportedAcrossGpus) {
-  if (gpus_for_processes() == 0) GTEST_SKIP() << "needs two or more GPUs";
+  if (peer_group_gpus() == 0) GTEST_SKIP() << "needs two or more GPUs with peer access to each other";
   expect_missing_rank_reported(true);
 }
 

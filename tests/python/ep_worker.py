@@ -145,8 +145,11 @@ def check_compiled(group):
     x, ids, tw, dy = x[mine].clone(), ids[mine].clone(), tw[mine].clone(), dy[mine].clone()
     w = [t[experts].clone() for t in w]
 
+    # NOTES: a rank compiling longer than another keeps it waiting on the device: a long peer timeout.
+    config = lynx.Config(peer_timeout_ms=600_000)
+
     def f(x, ids, tw, wg, wu, wd):
-        return lynx.moe(x, ids, tw, wg, wu, wd, ep_group=group)
+        return lynx.moe(x, ids, tw, wg, wu, wd, config=config, ep_group=group)
 
     def grads(fn):
         leaves = [t.clone().requires_grad_() for t in (x, tw, *w)]

@@ -16,14 +16,17 @@ def row(G, impl, fwd, fwd_bwd, sent):
 
 class PlotEpScaling(unittest.TestCase):
     def test_model_bounds(self):
-        lynx = {1: row(1, "lynx", 1.2, 3.5, 0.0), 8: row(8, "lynx", 1.7, 4.6, 235e6)}
-        # 235 MB twice (dispatch, combine) at 450 GB/s: 1.044 ms on top of G = 1's 1.2, or under it.
+        # compare_ep's bytes: the dispatch's 235 MB and the combine's 235 MB a GPU sends per forward.
+        lynx = {1: row(1, "lynx", 1.2, 3.5, 0.0), 8: row(8, "lynx", 1.7, 4.6, 470e6)}
+        # 470 MB at 450 GB/s: 1.044 ms on top of G = 1's 1.2 (nothing overlapped), or under it (all).
         slow, fast = model(lynx, 8, "fwd_ms", 450e9)
-        self.assertAlmostEqual(slow, 1.2 + 2 * 235e6 / 450e9 * 1e3)
+        self.assertAlmostEqual(slow, 1.2 + 470e6 / 450e9 * 1e3)
         self.assertAlmostEqual(fast, 1.2)
         slow, fast = model(lynx, 8, "fwd_bwd_ms", 450e9)  # the backward moves the rows again
-        self.assertAlmostEqual(slow, 3.5 + 4 * 235e6 / 450e9 * 1e3)
+        self.assertAlmostEqual(slow, 3.5 + 2 * 470e6 / 450e9 * 1e3)
         self.assertAlmostEqual(fast, 3.5)
+        slow, fast = model(lynx, 8, "fwd_bwd_ms", 100e9)  # a slow link: link-bound when all overlaps
+        self.assertAlmostEqual(fast, 2 * 470e6 / 100e9 * 1e3)
         self.assertEqual(model(lynx, 1, "fwd_ms", 450e9), (1.2, 1.2))
 
     def test_load_groups_rows_by_shape_impl_and_g(self):
