@@ -9,30 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu/poisoning_allocator.h"
 #include "gpu/ranks_check.h"
-#include "lynx/allocator.h"
 
 namespace lynx::test {
 namespace {
 
 class RanksLent : public GpuTest {};
-
-// Stream-ordered; every block poisoned (0xFF: NaN in bf16 and fp32) when lent; counts what is out.
-class PoisoningAllocator final : public ScratchAllocator {
- public:
-  void* allocate(size_t bytes, cudaStream_t stream) override {
-    void* p = nullptr;
-    LYNX_TEST_CUDA(cudaMallocAsync(&p, bytes, stream));
-    LYNX_TEST_CUDA(cudaMemsetAsync(p, 0xFF, bytes, stream));
-    ++outstanding;
-    return p;
-  }
-  void deallocate(void* p, size_t, cudaStream_t stream) override {
-    cudaFreeAsync(p, stream);
-    --outstanding;
-  }
-  int outstanding = 0;
-};
 
 // One layer of the stack on the group: its rank slices (outputs into `global`), dy views and contexts.
 struct GroupLayer {
