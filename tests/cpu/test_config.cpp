@@ -184,6 +184,12 @@ TEST(Config, ForwardContextBytes) {
   two.num_ranks = 2;
   const int64_t cap2 = worst_case_schedule_rows(two);
   EXPECT_GE(forward_context_bytes(two, Config{}), 2 * cap2 * (two.hidden + 2 * two.intermediate) + 4 * (2 * cap2 + rows));
+  // docs/design.md's figure: R = 8, T = 8192 a rank, the capacity for a load of 2.
+  LayerShape eight = qwen3();
+  eight.num_ranks = 8;
+  Config load2;
+  load2.schedule_capacity = schedule_capacity_for_load(eight, 2.0);
+  EXPECT_NEAR(double(forward_context_bytes(eight, load2)) / (1 << 20), 911.3, 0.1);
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

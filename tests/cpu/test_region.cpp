@@ -60,6 +60,14 @@ TEST(Region, BuffersAreAlignedDisjointAndInside) {
   }
 }
 
+// docs/python.md's figure: what a rank keeps at qwen3-30b-a3b shapes, T = 8192 a rank, R = 8, the
+// capacity for a load of 2, with lent scratch and a caller's context (the flags change nothing at R > 1).
+TEST(Region, SizeAtEightRanks) {
+  LayerShape s{.tokens = 8192, .hidden = 2048, .intermediate = 768, .num_experts = 128, .top_k = 8, .num_ranks = 8};
+  const RegionLayout l = region_layout(s, schedule_capacity_for_load(s, 2.0), false, false);
+  EXPECT_NEAR(double(l.bytes) / (1 << 20), 1073.3, 0.1);
+}
+
 TEST(Region, TablesPointAtEveryRanksCopy) {
   LayerShape s{.tokens = 8, .hidden = 64, .intermediate = 64, .num_experts = 4, .top_k = 2, .num_ranks = 4};
   const RegionLayout l = region_layout(s, 1024);
