@@ -295,6 +295,12 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     gets back only its own rows, with the bits of one rank holding every rank's real tokens."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
+    if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
+        # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
+        # reach the caller as e4m3.
+        raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that require grad (autograd would cast "
+                         "lynx's bf16 weight gradients to e4m3): pass them detached and take the weight "
+                         "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None:
         if ep_group is None:
             raise ValueError("lynx: ep_tokens: only with an ep_group")
