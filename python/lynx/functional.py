@@ -277,10 +277,11 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     weight. Arguments are validated before anything runs (lynx.LynxError, a ValueError, names the
     argument).
 
-    Calls of the same shape share one workspace (its buffers, and the forward context it keeps for
-    backward) unless their `workspace_tag`s differ; a backward whose context was replaced by another
-    call recomputes it. lynx.nn.MoE gives every layer its own tag. A `workspace` given explicitly
-    replaces `config` and `workspace_tag`.
+    Calls of the same shape share one workspace unless their `workspace_tag`s differ (lynx.nn.MoE gives
+    every layer its own tag); each forward's context is a tensor autograd saves for its backward, or with
+    config.save_forward_context=False none is kept and the backward recomputes it. With `ep_group` the
+    calls of one shape on one CUDA stream share one workspace whatever their tags. A `workspace` given
+    explicitly replaces `config` and `workspace_tag`.
 
     Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks (one process
     each; several may share a GPU), this process is rank r of the group and holds the experts

@@ -33,7 +33,11 @@ def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
 def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
                precision):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
-    # torch.compile sees only plain arguments.
+    # torch.compile sees only plain arguments. In an expert-parallel group these ops run only without a
+    # saved context (moe_autograd), which nothing keeps from call to call: the group's layers share the
+    # workspace of their shape and stream, as _context_workspace says.
+    if ep_group != 0:
+        tag = _workspaces.ep_shared_tag(_stream(x))
     config = _workspaces.WorkspaceConfig(backend, schedule_capacity, save_forward_context, tag, False, ep_group,
                                          precision)
     R, _ = _groups.ranks(ep_group)
@@ -45,7 +49,7 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     expert-parallel group it holds nothing of a layer between calls (its scratch is lent, its context
     the caller's) but, in FP8, the E4M3 copies of the weights it was last given, and the group's
     exchange buffers (the shared region, sized by the schedule capacity: rows of every rank, 1 GiB a
-    rank at qwen3-30b-a3b shapes): the group's layers of a shape whose calls run on one stream share
+    rank at qwen3-30b-a3b shapes, T = 8192, R = 8 and a capacity for a load of 2): the group's layers of a shape whose calls run on one stream share
     one, whatever their tags, and in FP8 each call whose weights are not the copies' quantises them
     again (_fp8_weights: a layer's forward and its backward each, when other layers ran between). That
     is safe because passes on one stream run one after another, each ended by its barrier before the

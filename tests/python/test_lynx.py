@@ -11,7 +11,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 import lynx  # noqa: E402
 from moe_weights import expert_weights  # noqa: E402
 
-TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
+TOL = 1e-2  # relative Frobenius error, bf16 operands (docs/testing.md)
 
 
 def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None):
