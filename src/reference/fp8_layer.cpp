@@ -87,6 +87,16 @@ std::vector<double> routed_forward(const RoutedLayer& L) {
         }
         h[size_t(i)] = round_bf16(silu(g) * u);
       }
+      if (L.near_scale_boundary) {
+        uint8_t near = 0;
+        for (int64_t b0 = 0; b0 < I; b0 += 128) {
+          float amax = 0.0f;
+          for (int64_t i = b0; i < std::min(I, b0 + 128); ++i) amax = std::max(amax, std::fabs(h[size_t(i)]));
+          const double r = std::log2(double(amax) / 448.0);
+          if (amax > 0.0f && std::fabs(r - std::round(r)) < std::log2(1.0 + 1.0 / 128.0)) near = 1;
+        }
+        L.near_scale_boundary[t * k + j] = near;
+      }
       const std::vector<double> hq = dequantised_tiles(h.data(), 1, I);
       const double w = L.topk_weights[t * k + j];
       for (int64_t c = 0; c < H; ++c) {

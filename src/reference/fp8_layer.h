@@ -19,6 +19,11 @@ struct RoutedLayer {
   const float* w_gate = nullptr;        // [E, I, H] (bf16 values)
   const float* w_up = nullptr;          // [E, I, H]
   const float* w_down = nullptr;        // [E, H, I]
+  // Out, optional ([T, k]): 1 where a 1×128 tile of the slot's h has its amax within 2^-7 of a scale
+  // boundary (amax / 448 near a power of two), so that a GPU whose sums moved h by a bf16 step there
+  // may pick the scale twice or half this one's: that slot's row of y may then differ from this
+  // emulation by E4M3 steps of the whole tile, not by the fp32 sums alone.
+  uint8_t* near_scale_boundary = nullptr;
 };
 
 // y without the shared expert: [T, H]. Throws std::invalid_argument for a non-finite input (the GPU
