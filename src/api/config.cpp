@@ -110,11 +110,6 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
     require(shape.num_ranks == 1, "config.precision",
             "fp8_block runs at one rank so far (shape.num_ranks == 1), got num_ranks = " + str(shape.num_ranks));
     require(r.backend == Backend::kFused, "config.precision", "fp8_block needs the fused backend");
-    // NOTES: the FP8 GEMMs' grid has one row of CTAs per 128 schedule rows (at most 65535).
-    require(r.schedule_capacity <= int64_t(65535) * kTileRows, "config.precision",
-            "fp8_block takes a schedule capacity of at most " + str(int64_t(65535) * kTileRows) +
-                " rows, this shape needs " + str(r.schedule_capacity) +
-                " (set config.schedule_capacity: schedule_capacity_for_load)");
   }
   r.precision = c.precision;
   r.bf16_weight_grads = c.bf16_weight_grads;
