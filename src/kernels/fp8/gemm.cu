@@ -68,7 +68,7 @@ __device__ __forceinline__ void store(bf16_t* p, float v) {
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
-// One output tile: its corner, expert, the K blocks it sums, and whether it has anything to do.
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
 };
@@ -292,7 +292,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   // schedule's rows are not counted by the kernel, so some CTAs may find none.
   const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
-  if (tiles > INT32_MAX) throw Error("fp8 gemm", "more than 2^31 tiles");
+  if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
   const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
   gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
                                                                int32_t(M), int32_t(N), int32_t(K), expert_offset,
