@@ -134,15 +134,15 @@ std::string format_error(double e) {
 // Adds the failures of one output: non-finite values, the per-tensor and the per-row bounds (a "row"
 // is what tensor_error was given: a token's row of y or dx, one expert's weight gradient).
 void judge(CheckReport& report, const std::string& name, const TensorError& err, bool frobenius_applies,
-           double row_tolerance = kRowTolerance) {
+           double row_tolerance = kRowTolerance, double tolerance = kTolerance) {
   report.outputs.push_back({name, err});
   if (err.first_non_finite >= 0) {
     report.failures.push_back(name + "[" + std::to_string(err.first_non_finite) + "] is not finite");
     return;
   }
-  if (frobenius_applies && !(err.frobenius < kTolerance)) {
+  if (frobenius_applies && !(err.frobenius < tolerance)) {
     report.failures.push_back(name + ": relative error " + format_error(err.frobenius) + " >= " +
-                              format_error(kTolerance));
+                              format_error(tolerance));
   }
   if (!(err.worst_row < row_tolerance)) {
     report.failures.push_back(name + ": row " + std::to_string(err.worst_row_index) + " relative error " +
@@ -173,11 +173,11 @@ std::vector<double> dw_term_scale(const ref::Gradients& g, int q) {
   return scale;
 }
 
-void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, CheckReport& report) {
+void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, CheckReport& report, const Bounds& b) {
   judge(report, "d_topk_weights", tensor_error(o.d_topk, g.d_topk_weights, c.k, d_topk_row_scale(g, c.T, c.k, c.I)),
-        o.d_topk.size() >= 32, kDTopkRowTolerance);
+        o.d_topk.size() >= 32, b.d_topk_row, b.tensor);
   for (size_t i = 0; i < o.d_topk.size(); ++i) {
-    if (!(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]) <= kTolerance * g.d_topk_magnitude[i])) {
+    if (!(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]) <= b.d_topk_value * g.d_topk_magnitude[i])) {
       report.failures.push_back("d_topk_weights[" + std::to_string(i) + "] = " + std::to_string(o.d_topk[i]) +
                                 ", reference " + std::to_string(g.d_topk_weights[i]) + ", terms' magnitude " +
                                 std::to_string(g.d_topk_magnitude[i]));
@@ -476,17 +476,17 @@ std::string CheckReport::failure_text() const {
   return s;
 }
 
-CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLayer& L) {
+CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLayer& L, const Bounds& b) {
   const Case& c = L.c;
   const ref::Gradients& g = want.g;
   CheckReport report;
-  judge(report, "y", tensor_error(o.y, want.y, c.H, want.y_term_scale), true);
-  judge(report, "dx", tensor_error(o.dx, g.dx, c.H, want.dx_term_scale), true);
-  check_d_topk(o, g, c, report);
+  judge(report, "y", tensor_error(o.y, want.y, c.H, want.y_term_scale), true, b.row, b.tensor);
+  judge(report, "dx", tensor_error(o.dx, g.dx, c.H, want.dx_term_scale), true, b.row, b.tensor);
+  check_d_topk(o, g, c, report, b);
   // NOTES: the weight gradients' "rows" are experts (random_case.h says why).
-  judge(report, "dw_gate", tensor_error(o.dw_gate, g.dw_gate, c.I * c.H, dw_term_scale(g, 0)), true);
-  judge(report, "dw_up", tensor_error(o.dw_up, g.dw_up, c.I * c.H, dw_term_scale(g, 1)), true);
-  judge(report, "dw_down", tensor_error(o.dw_down, g.dw_down, c.H * c.I, dw_term_scale(g, 2)), true);
+  judge(report, "dw_gate", tensor_error(o.dw_gate, g.dw_gate, c.I * c.H, dw_term_scale(g, 0)), true, b.row, b.tensor);
+  judge(report, "dw_up", tensor_error(o.dw_up, g.dw_up, c.I * c.H, dw_term_scale(g, 1)), true, b.row, b.tensor);
+  judge(report, "dw_down", tensor_error(o.dw_down, g.dw_down, c.H * c.I, dw_term_scale(g, 2)), true, b.row, b.tensor);
   if (c.Is > 0) check_shared_gradients(o, g, c, report);
   check_unused_experts_zero(o, L, report);
   return report;
@@ -565,10 +565,10 @@ std::string describe(const RandomCase& rc) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "T=%" PRId64 " H=%" PRId64 " I=%" PRId64 " E=%" PRId64 " k=%" PRId64 " Is=%" PRId64
-                " routing=%s weights=%s ids=%s backend=%s R=%d context=%s",
+                " routing=%s weights=%s ids=%s backend=%s R=%d context=%s%s",
                 c.T, c.H, c.I, c.E, c.k, c.Is, routing_name(rc.routing), weights_name(rc.weights),
                 c.int64_ids ? "int64" : "int32", rc.backend == Backend::kUnfused ? "unfused" : "fused", rc.R,
-                rc.recompute ? "recomputed" : "saved");
+                rc.recompute ? "recomputed" : "saved", rc.fp8 ? " precision=fp8" : "");
   return buf;
 }
 
@@ -580,9 +580,17 @@ std::string CaseOutcome::line() const {
          report.row_errors() + times + " | " + verdict;
 }
 
-CaseOutcome run_random_case(uint64_t seed) {
+RandomCase draw_fp8_case(uint64_t seed) {
+  RandomCase rc = draw_case(seed);
+  rc.R = 1;
+  rc.backend = Backend::kFused;
+  rc.fp8 = true;
+  return rc;
+}
+
+CaseOutcome run_random_case(uint64_t seed, bool fp8) {
   CaseOutcome out;
-  out.rc = draw_case(seed);
+  out.rc = fp8 ? draw_fp8_case(seed) : draw_case(seed);
   const RandomCase& rc = out.rc;
   using Clock = std::chrono::steady_clock;
   const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
@@ -595,12 +603,14 @@ CaseOutcome run_random_case(uint64_t seed) {
     Config config;
     config.backend = rc.backend;
     config.save_forward_context = !rc.recompute;
+    if (rc.fp8) config.precision = Precision::kFp8Block;
     out.inputs_ms = ms_since(t);
     t = Clock::now();
     Outputs o;
     if (rc.R == 1) {
       Workspace ws(L.shape, config);
       test_hooks::poison_row_buffers(ws);
+      if (rc.fp8) quantize_weights(ws, L.inputs().weights, nullptr);
       o = run_layer(ws, L, dy, rc.recompute);
       ws.check(nullptr);
     } else {
@@ -609,7 +619,7 @@ CaseOutcome run_random_case(uint64_t seed) {
     out.gpu_ms = ms_since(t);
     t = Clock::now();
     const std::vector<double> w = L.weights_double();
-    out.report = check_outputs(o, parallel_reference(L.reference(w), to_double_vec(dy)), L);
+    out.report = check_outputs(o, parallel_reference(L.reference(w), to_double_vec(dy)), L, rc.fp8 ? kFp8Bounds : Bounds{});
     out.reference_ms = ms_since(t);
   } catch (const std::exception& e) {
     out.error = e.what();

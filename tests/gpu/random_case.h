@@ -103,11 +103,27 @@ struct CheckReport {
   std::string failure_text() const;
 };
 
+// The bounds of check_outputs: the bf16 path's by default.
+struct Bounds {
+  double tensor = kTolerance;        // relative Frobenius error per tensor
+  double row = kRowTolerance;        // per row (an expert's whole weight gradient is one row)
+  double d_topk_row = kDTopkRowTolerance;
+  double d_topk_value = kTolerance;  // per value, of the magnitude of its terms
+};
+
+// NOTES: the FP8 path's (Config::precision = kFp8Block): each tensor's relative error is at most
+// √(2 × its dissimilarity bound) (tests/gpu/test_fp8_layer.cpp derives those, docs/fp8.md tabulates
+// them): 0.102 for dx and dw_gate, the largest, used for every tensor; a row averages 64 values or
+// more, so 3 times that leaves room for a batch's worst row, as kRowTolerance does for bf16; a
+// d_topk_weights value within √6·ε = √2/16 of its terms' magnitude. A wrong scale, expert or row is
+// off by the order of the value itself.
+inline const Bounds kFp8Bounds{0.102, 0.31, 0.31, 0.0884};
+
 // Every output of layer L (y, dx, d_topk_weights, dw_*, dws_*) against `want`: finite, within
-// kTolerance per tensor and kRowTolerance per row; d_topk_weights also per value against the
+// bounds.tensor per tensor and bounds.row per row; d_topk_weights also per value against the
 // magnitude of its terms (as expect_matches_reference); the experts that received no row have weight
 // gradients of exact zeros.
-CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLayer& L);
+CheckReport check_outputs(const Outputs& o, const Reference& want, const HostLayer& L, const Bounds& bounds = {});
 
 // Adds the failures of expert e's weight gradients against `want` (expert_terms_reference) to
 // `report`, each named "<name>[e]".
@@ -147,6 +163,7 @@ struct RandomCase {
   Backend backend = Backend::kFused;
   bool recompute = false;  // context recomputed (save_forward_context off) instead of saved
   int32_t R = 1;           // virtual ranks
+  bool fp8 = false;        // Config::precision = kFp8Block (one rank, fused)
 };
 
 // NOTES: the fp64 reference runs on the CPU. Each case's routed and shared multiply-adds per pass,
@@ -159,6 +176,9 @@ inline constexpr double kMaxReferenceMacs = 1.5e9;
 inline constexpr int64_t kMaxExpertElements = int64_t(1) << 22;
 
 RandomCase draw_case(uint64_t seed);
+
+// The case of `seed` in FP8: draw_case's shape, routing and context, at one rank on the fused backend.
+RandomCase draw_fp8_case(uint64_t seed);
 
 // "T=.. H=.. I=.. E=.. k=.. Is=.. routing=.. weights=.. ids=.. backend=.. R=.. context=..".
 std::string describe(const RandomCase& rc);
@@ -175,8 +195,9 @@ struct CaseOutcome {
   std::string line() const;
 };
 
-// Draws, runs (forward and backward on poisoned outputs) and checks case `seed`.
-CaseOutcome run_random_case(uint64_t seed);
+// Draws, runs (forward and backward on poisoned outputs) and checks case `seed` (in FP8: draw_fp8_case,
+// against the exact reference within kFp8Bounds).
+CaseOutcome run_random_case(uint64_t seed, bool fp8 = false);
 
 // The seed of case i of a batch drawn from `base` (splitmix64).
 uint64_t case_seed(uint64_t base, int64_t i);

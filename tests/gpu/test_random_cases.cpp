@@ -1,10 +1,14 @@
 // Seeded random cases (RandomCases.*): shapes, routings, backends, context and virtual ranks drawn
-// from a seed, forward and backward against the fp64 reference, every output per tensor and per row.
+// from a seed, forward and backward against the fp64 reference, every output per tensor and per row;
+// and (Fp8RandomCases.*) the first cases of the same batch in FP8 at one rank (random_case.h,
+// draw_fp8_case), within the FP8 bounds.
 //   LYNX_RANDOM_CASES=N        cases in a batch (default 200)
+//   LYNX_FP8_RANDOM_CASES=N    of which the FP8 test runs (default 40)
 //   LYNX_RANDOM_BATCH_SEED=S   the batch's seed (default: a fresh one, printed)
 //   LYNX_RANDOM_FIRST=F        runs the batch's cases F … F+N−1 (default 0): a long batch in pieces,
 //                              each case the same as in one run
-//   LYNX_RANDOM_SEED=S         replays the one case of seed S (printed on every case's line)
+//   LYNX_RANDOM_SEED=S         replays the one case of seed S (printed on every case's line; in FP8 by the
+//                              FP8 test)
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -38,8 +42,10 @@ constexpr int kParts = 4;
 
 class RandomCases : public GpuTest, public ::testing::WithParamInterface<int> {};
 
-// The seeds part `part` runs: its share of a batch's cases [0, n), or the one replayed (part 0).
-std::vector<uint64_t> seeds_to_run(int part) {
+// The seeds part `part` of `parts` runs: its share of a batch's cases [first, first + n), n from
+// `count_env` (else `default_count`), or the one replayed (part 0).
+std::vector<uint64_t> seeds_to_run(int part, int parts = kParts, const char* count_env = "LYNX_RANDOM_CASES",
+                                   int64_t default_count = 200) {
   if (const std::optional<uint64_t> one = env_u64("LYNX_RANDOM_SEED")) {
     if (part != 0) return {};
     std::printf("random cases: replaying seed %llu\n", static_cast<unsigned long long>(*one));
@@ -47,9 +53,9 @@ std::vector<uint64_t> seeds_to_run(int part) {
   }
   static const uint64_t fresh = uint64_t(fresh_seed()) << 32 | fresh_seed();  // one batch per process
   const uint64_t base = env_u64("LYNX_RANDOM_BATCH_SEED").value_or(fresh);
-  const int64_t n = int64_t(env_u64("LYNX_RANDOM_CASES").value_or(200));
+  const int64_t n = int64_t(env_u64(count_env).value_or(uint64_t(default_count)));
   const int64_t first = int64_t(env_u64("LYNX_RANDOM_FIRST").value_or(0));
-  const int64_t begin = first + n * part / kParts, end = first + n * (part + 1) / kParts;
+  const int64_t begin = first + n * part / parts, end = first + n * (part + 1) / parts;
   std::printf("random cases: cases %lld-%lld of batch seed %llu (LYNX_RANDOM_BATCH_SEED=%llu replays the batch)\n",
               static_cast<long long>(begin), static_cast<long long>(end - 1), static_cast<unsigned long long>(base),
               static_cast<unsigned long long>(base));
@@ -58,12 +64,11 @@ std::vector<uint64_t> seeds_to_run(int part) {
   return seeds;
 }
 
-TEST_P(RandomCases, Batch) {
-  const std::vector<uint64_t> seeds = seeds_to_run(GetParam());
-  if (seeds.empty()) GTEST_SKIP() << "no case for this part (a replayed seed runs in part 0; LYNX_RANDOM_CASES may be small)";
+// Runs the cases of `seeds`, a line each, and fails with every failing line.
+void run_cases(const std::vector<uint64_t>& seeds, bool fp8) {
   std::vector<std::string> failed;
   for (const uint64_t seed : seeds) {
-    const CaseOutcome outcome = run_random_case(seed);
+    const CaseOutcome outcome = run_random_case(seed, fp8);
     std::printf("%s\n", outcome.line().c_str());
     std::fflush(stdout);
     if (!outcome.ok()) failed.push_back(outcome.line());
@@ -72,10 +77,21 @@ TEST_P(RandomCases, Batch) {
   std::string list;
   for (const std::string& f : failed) list += "\n  " + f;
   EXPECT_TRUE(failed.empty()) << failed.size() << " of " << seeds.size() << " cases failed; replay one with "
-                              << "LYNX_RANDOM_SEED=<seed> lynx_gpu_tests --gtest_filter='*RandomCases.*':" << list;
+                              << "LYNX_RANDOM_SEED=<seed> lynx_gpu_tests --gtest_filter='"
+                              << (fp8 ? "Fp8RandomCases" : "*RandomCases") << ".*':" << list;
+}
+
+TEST_P(RandomCases, Batch) {
+  const std::vector<uint64_t> seeds = seeds_to_run(GetParam());
+  if (seeds.empty()) GTEST_SKIP() << "no case for this part (a replayed seed runs in part 0; LYNX_RANDOM_CASES may be small)";
+  run_cases(seeds, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Parts, RandomCases, ::testing::Range(0, kParts));
+
+class Fp8RandomCases : public GpuTest {};
+
+TEST_F(Fp8RandomCases, Batch) { run_cases(seeds_to_run(0, 1, "LYNX_FP8_RANDOM_CASES", 40), true); }
 
 }  // namespace
 }  // namespace lynx::test
