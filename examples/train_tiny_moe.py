@@ -109,7 +109,7 @@ def train(moe_class, args):
         losses.append(loss.item())
         times.append(start.elapsed_time(stop))
         if not math.isfinite(losses[-1]):
-            raise RuntimeError(f"{moe_class.__name__}: loss is {losses[-1]} at step {step}")
+            raise RuntimeError(f"{getattr(moe_class, '__name__', args.precision)}: loss is {losses[-1]} at step {step}")
     lynx.check()
     return losses, times
 

@@ -204,6 +204,15 @@ def backward(ws: Workspace, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down,
     return Gradients(*grads[:5], *(g if shared else None for g in grads[5:]))
 
 
+def fp8_weights_changed():
+    """FP8 (Config(precision="fp8_block")): the next call of every lynx layer makes its weights' FP8
+    copies again. lynx sees a change of the weight tensors through their version counters (any in-place
+    op, torch's optimizers); call this after changes no counter records: through `.data`, or by an
+    optimizer that writes through raw pointers."""
+    for ws in _workspaces.all_workspaces():
+        ws._fp8_weights = None
+
+
 def check(device=None):
     """Waits for the current stream and raises lynx.LynxError if a lynx kernel reported an error
     (an expert id out of range, a non-finite router weight, a schedule over capacity). The fused path

@@ -2,7 +2,8 @@
 whose MoE experts use Transformers' experts interface with concatenated gate and up weights
 (`gate_up_proj` [E, 2I, H], gate first, and `down_proj` [E, H, I], bf16; Qwen3-MoE among others) runs
 them on lynx with `experts_implementation="lynx"` (at `from_pretrained` / `from_config`, or
-`model.set_experts_implementation("lynx")`). The router stays the model's."""
+`model.set_experts_implementation("lynx")`), or in FP8 with `experts_implementation="lynx_fp8"`
+(lynx.Config(precision="fp8_block"), docs/fp8.md). The router stays the model's."""
 
 import weakref
 
@@ -20,8 +21,8 @@ class _Experts(torch.autograd.Function):
     the experts' weight bytes per layer, 768 MiB at qwen3-30b-a3b)."""
 
     @staticmethod
-    def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag):
-        backend, capacity, _, _, _, precision = _op_config(Config(), tag)
+    def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag, config):
+        backend, capacity, _, _, _, precision = _op_config(config, tag)
         gate, up = _halves(gate_up)
         y, context = ops.moe_forward_saving(x, topk_ids, topk_weights, gate, up, down, None, None, None, backend,
                                             capacity, tag, precision)
@@ -36,7 +37,7 @@ class _Experts(torch.autograd.Function):
         dx, d_topk, d_gate, d_up, d_down = ops.moe_backward_from(
             dy.to(torch.bfloat16).contiguous(), context, x, topk_ids, topk_weights, gate, up, down, None, None, None,
             *ctx.config)[:5]
-        return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None
+        return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None, None
 
 
 # Each experts module's workspace tag, released with the module. NOTES: kept here, not as an attribute
@@ -59,16 +60,31 @@ def _halves(gate_up):
     return gate_up[:, :I].contiguous(), gate_up[:, I:].contiguous()
 
 
-def lynx_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                         top_k_weights: torch.Tensor) -> torch.Tensor:
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     if self.has_bias or not self.has_gate or self.is_transposed or not self.is_concatenated:
         raise NotImplementedError("lynx: experts with biases, without a gate, transposed or interleaved gate/up "
                                   "weights are not supported")
     if self.gate_up_proj.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
         raise ValueError("lynx: the experts' weights and hidden states must be bf16")
     y = _Experts.apply(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
-                       self.gate_up_proj, self.down_proj.contiguous(), workspace_tag(self))
+                       self.gate_up_proj, self.down_proj.contiguous(), workspace_tag(self), config)
     return y.to(hidden_states.dtype)
 
 
+# NOTES: FP8 quantises gate and up again at every call (their halves are fresh copies, so their version
+# counters cannot tell that the parameter is unchanged).
+_FP8 = Config(precision="fp8_block")
+
+
+def lynx_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor) -> torch.Tensor:
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, Config())
+
+
+def lynx_fp8_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _FP8)
+
+
 ExpertsInterface.register("lynx", lynx_experts_forward)
+ExpertsInterface.register("lynx_fp8", lynx_fp8_experts_forward)

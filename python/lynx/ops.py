@@ -46,20 +46,33 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate), config, x.device)
 
 
+# Whether an FP8 call has been captured in a CUDA graph in this process: see _fp8_weights.
+_FP8_CAPTURED = False
+
+
 def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
     """FP8: makes the workspace's E4M3 copies of the expert weights (lynx::quantize_weights) unless they
-    are of these very tensors, unchanged since (weak references and version counters, as the context's
-    inputs are compared in functional.Workspace). NOTES: inside a CUDA graph capture always: a replay
-    must requantise the weights the optimizer has changed in place since, which no host check sees."""
+    are of these very tensors, at the same addresses, unchanged since (weak references, data pointers and
+    version counters, as the context's inputs are compared in functional.Workspace). NOTES: always
+    inside a CUDA graph capture (a replay must requantise what the optimizer has changed in place since,
+    which no host check sees), and on every call once an FP8 call has been captured in this process (a
+    graph's replays, an optimizer step among them, change weights without bumping their version
+    counters, and may run the kernels that overwrite the copies); always for inference tensors, which
+    keep no version counter. A change no counter records (through `.data`, or an optimizer writing
+    through raw pointers) is not seen: functional.fp8_weights_changed() forces new copies."""
+    global _FP8_CAPTURED
     if precision != _workspaces._PRECISIONS["fp8_block"]:
         return
     now = (w_gate, w_up, w_down)
+    if torch.cuda.is_current_stream_capturing():
+        _FP8_CAPTURED = True
+    untracked = _FP8_CAPTURED or any(t.is_inference() for t in now)
     kept = getattr(ws, "_fp8_weights", None)
-    same = (kept is not None and not torch.cuda.is_current_stream_capturing() and
-            all(ref() is t and t._version == v for (ref, v), t in zip(kept, now)))
+    same = (not untracked and kept is not None and
+            all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(kept, now)))
     if not same:
         _C.quantize_weights(ws, inputs, stream)
-        ws._fp8_weights = tuple((weakref.ref(t), t._version) for t in now)
+        ws._fp8_weights = None if untracked else tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity) -> int:

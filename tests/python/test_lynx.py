@@ -453,10 +453,12 @@ def test_fp8_forward_and_gradients_close_to_the_exact_layer():
     y = lynx.moe(x, topk_ids, topk_weights, *w, *s, config=FP8)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
+    lynx.check()
     y_ref = reference_moe(x, topk_ids, topk_weights, *w, *s)
     grads_ref = torch.autograd.grad(y_ref, leaves, dy.float())
     assert dissimilarity(y, y_ref) < FP8_MAX_DISSIMILARITY
-    assert dissimilarity(y, y_ref) > 0  # it is FP8: not the bf16 path
+    with torch.no_grad():  # it is FP8: not the bf16 path's bits
+        assert not torch.equal(y, lynx.moe(x, topk_ids, topk_weights, *w, *s))
     for name, got, want in zip(["dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up",
                                 "dws_down"], grads, grads_ref):
         # dx's and dw_gate's GEMMs carry two more quantised operands (tests/gpu/test_fp8_layer.cpp): 2^-6/3
@@ -477,8 +479,19 @@ def test_fp8_weights_changed_in_place_are_quantised_again():
 
 def test_fp8_module_trains_and_bad_precision_is_named():
     layer = lynx.nn.MoE(256, 128, 8, 2, config=FP8, device="cuda")
-    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    layer(x).float().square().mean().backward()
-    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    losses = []
+    for _ in range(3):  # each step changes the weights in place: the next forward requantises them
+        opt.zero_grad(set_to_none=True)
+        loss = layer(x).float().square().mean()
+        loss.backward()
+        for name in ("w1", "w2", "w3", "router.weight"):
+            g = layer.get_parameter(name).grad
+            assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
+        opt.step()
+        losses.append(loss.item())
+    lynx.check()
+    assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="config.precision"):
         lynx.Config(precision="fp8")
