@@ -131,7 +131,9 @@ PYBIND11_MODULE(_C, m) {
              c.save_forward_context = save_forward_context;
              c.caller_context = caller_context;
              c.peer_timeout_ms = peer_timeout_ms;
-             c.precision = static_cast<lynx::Precision>(precision);
+             // lynx/_workspaces.py's codes: lynx::Precision, and 2 for kFp8Block with bf16 weight gradients.
+             c.precision = static_cast<lynx::Precision>(precision == 2 ? 1 : precision);
+             c.bf16_weight_grads = precision == 2;
              if (scratch_from_allocator) {
                if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
                c.scratch_allocator = scratch_allocator;

@@ -9,6 +9,8 @@ from lynx import _C, _groups
 
 _BACKENDS = {"auto": 0, "unfused": 1, "fused": 2}  # lynx::Backend
 _PRECISIONS = {"bf16": 0, "fp8_block": 1}  # lynx::Precision
+# The ops' precision code: _PRECISIONS', and fp8_block with bf16 weight gradients (Config::bf16_weight_grads).
+FP8_BF16_WEIGHT_GRADS = 2
 
 
 class WorkspaceConfig(NamedTuple):
@@ -20,7 +22,7 @@ class WorkspaceConfig(NamedTuple):
     tag: int                    # calls with different tags never share a workspace
     caller_context: bool        # the caller holds each forward's context (Config::caller_context)
     ep_group: int               # expert-parallel group id (lynx/_groups.py; 0: none)
-    precision: int              # _PRECISIONS' code
+    precision: int              # _PRECISIONS' code, or FP8_BF16_WEIGHT_GRADS
 _BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.

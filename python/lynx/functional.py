@@ -30,6 +30,8 @@ class Config:
     # DeepSeek-V3 recipe, docs/fp8.md); the expert weights' FP8 copies are made again whenever they
     # change (their version counters); the backward's GEMMs are FP8 too. One rank, the fused backend.
     precision: str = "bf16"
+    # fp8_block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.
+    bf16_weight_grads: bool = False
 
     def __post_init__(self):
         if self.backend not in _workspaces._BACKENDS:
@@ -38,6 +40,8 @@ class Config:
         if self.precision not in _workspaces._PRECISIONS:
             raise ValueError(f"lynx: config.precision: must be one of {sorted(_workspaces._PRECISIONS)}, "
                              f"got {self.precision!r}")
+        if self.bf16_weight_grads and self.precision != "fp8_block":
+            raise ValueError("lynx: config.bf16_weight_grads: only with precision=\"fp8_block\"")
 
 
 class Gradients(NamedTuple):
@@ -308,5 +312,6 @@ def _op_config(config: Config, tag: int, ep_group: int = 0):
     """The trailing arguments of the custom ops: backend code, schedule capacity, save context, tag,
     expert-parallel group id (lynx/_groups.py; 0: none), precision code."""
     return (_workspaces._BACKENDS[config.backend], config.schedule_capacity, config.save_forward_context, tag,
-            ep_group, _workspaces._PRECISIONS[config.precision])
+            ep_group, _workspaces.FP8_BF16_WEIGHT_GRADS if config.bf16_weight_grads
+            else _workspaces._PRECISIONS[config.precision])
 

@@ -61,7 +61,7 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
     keep no version counter. A change no counter records (through `.data`, or an optimizer writing
     through raw pointers) is not seen: functional.fp8_weights_changed() forces new copies."""
     global _FP8_CAPTURED
-    if precision != _workspaces._PRECISIONS["fp8_block"]:
+    if precision == _workspaces._PRECISIONS["bf16"]:
         return
     now = (w_gate, w_up, w_down)
     if torch.cuda.is_current_stream_capturing():

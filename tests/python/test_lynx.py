@@ -445,12 +445,14 @@ def dissimilarity(a, b):
     return (1 - 2 * (a @ b) / (a @ a + b @ b)).item()
 
 
-def test_fp8_forward_and_gradients_close_to_the_exact_layer():
+@pytest.mark.parametrize("bf16_weight_grads", [False, True], ids=["fp8-wgrad", "bf16-wgrad"])
+def test_fp8_forward_and_gradients_close_to_the_exact_layer(bf16_weight_grads):
     x, topk_ids, topk_weights, w, s = make(256, 256, 192, 8, 2, Is=64)
     leaves = [x, topk_weights, *w, *s]
     for t in leaves:
         t.requires_grad_(True)
-    y = lynx.moe(x, topk_ids, topk_weights, *w, *s, config=FP8)
+    config = lynx.Config(precision="fp8_block", bf16_weight_grads=bf16_weight_grads)
+    y = lynx.moe(x, topk_ids, topk_weights, *w, *s, config=config)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     lynx.check()
@@ -495,3 +497,5 @@ def test_fp8_module_trains_and_bad_precision_is_named():
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="config.precision"):
         lynx.Config(precision="fp8")
+    with pytest.raises(ValueError, match="config.bf16_weight_grads"):
+        lynx.Config(bf16_weight_grads=True)
