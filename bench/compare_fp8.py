@@ -47,20 +47,18 @@ keeps the shapes it finished; --budget-s starts no new shape after that many sec
 
 import argparse
 import datetime
-import gc
 import json
 import statistics
 import sys
 import time
-import traceback
 from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from compare_torch import (SHAPES as BENCH_SHAPES, _commit, clear_grads, make_inputs, median_ms,  # noqa: E402
-                           moe_forward, rel_err, sm_clock_mhz)
+from compare_torch import (SHAPES as BENCH_SHAPES, _commit, add_run_arguments, clear_grads, make_inputs,  # noqa: E402
+                           median_ms, moe_forward, rel_err, run_each_shape, shape_names, sm_clock_mhz)
 
 import lynx  # noqa: E402
 from lynx import _workspaces  # noqa: E402
@@ -338,21 +336,9 @@ def print_table(rows, ups):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default=DEFAULT_SHAPES,
-                        help=f"'all' or shape names, comma-separated, run in the order given: {', '.join(SHAPES)}")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, C, A, B, C, ...)")
-    parser.add_argument("--iters", type=int, default=20, help="timed iterations per pass per round")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each pass's timing")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no new shape once this many seconds have passed (those left are listed as skipped)")
+    add_run_arguments(parser, SHAPES, DEFAULT_SHAPES)
     args = parser.parse_args()
-    names = list(SHAPES) if args.shape == "all" else [n.strip() for n in args.shape.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SHAPES]
-    if unknown or not names or len(set(names)) != len(names):
-        parser.error(f"--shape: 'all' or distinct names among {', '.join(SHAPES)}; got {args.shape!r}")
-    if min(args.rounds, args.iters) < 1 or args.warmup < 0:
-        parser.error("--rounds and --iters must be at least 1, --warmup at least 0")
+    names = shape_names(parser, args, SHAPES)
     if not torch.cuda.is_available():
         print("compare_fp8: no CUDA GPU available", file=sys.stderr)
         return 2
@@ -363,7 +349,6 @@ def main():
     for impl, why in missing.items():
         print(f"{impl}: left out ({why})")
     rows, ups, clocks, failures, peer_failures, skipped = [], [], {}, [], [], []
-    started = time.perf_counter()
 
     def write_json():  # after every shape, so that a run stopped by a time limit keeps what it finished
         if not args.json:
@@ -377,29 +362,19 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
 
-    for i, name in enumerate(names):
-        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
-            skipped += names[i:]
-            print(f"compare_fp8: --budget-s {args.budget_s:g} spent; skipped {', '.join(skipped)}", flush=True)
-            break
-        t0 = time.perf_counter()
+    def shape(i, name):
         tags = (1000 + 2 * i, 1001 + 2 * i)  # lynx bf16 and fp8 (their precisions keep them apart), lynx fp8 requant
         try:
             shape_rows, shape_ups, clocks[name] = run_shape(name, tags, peers, args, failures, peer_failures)
-        except Exception as e:  # e.g. out of memory at one shape: the others still run (SystemExit is not caught)
-            traceback.print_exc()
-            failures.append(f"{name}: {type(e).__name__}: {e}")
-            shape_rows, shape_ups = [], []
-        rows += shape_rows
-        ups += shape_ups
-        for tag in tags:  # this shape's tensors went with run_shape; its workspaces go now
-            _workspaces.release(tag)
-        gc.collect()
-        torch.cuda.empty_cache()
+        finally:
+            for tag in tags:  # this shape's tensors went with run_shape; its workspaces go now
+                _workspaces.release(tag)
+        rows.extend(shape_rows)
+        ups.extend(shape_ups)
         if shape_rows:
             print_table(shape_rows, shape_ups)
-        print(f"  {name}: {time.perf_counter() - t0:.0f} s, {time.perf_counter() - started:.0f} s so far", flush=True)
-        write_json()
+
+    run_each_shape(names, args.budget_s, "compare_fp8", failures, skipped, shape, write_json)
     if len({r["shape"] for r in rows}) > 1:
         print_table(rows, ups)
     write_json()

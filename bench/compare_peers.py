@@ -39,13 +39,12 @@ import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from compare_torch import (SHAPES as BENCH_SHAPES, _commit, clear_grads, make_inputs, median_ms,  # noqa: E402
-                           moe_forward, rel_err, sm_clock_mhz)
+from compare_torch import (SHAPES as BENCH_SHAPES, _commit, add_run_arguments, clear_grads, make_inputs,  # noqa: E402
+                           median_ms, moe_forward, rel_err, run_each_shape, shape_names, sm_clock_mhz)
 
 import lynx  # noqa: E402
 from lynx import _workspaces  # noqa: E402
@@ -289,22 +288,10 @@ def print_table(rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="all",
-                        help=f"'all' or shape names, comma-separated, run in the order given: {', '.join(SHAPES)}")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, C, A, B, C, ...)")
-    parser.add_argument("--iters", type=int, default=20, help="timed iterations per pass per round")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each pass's timing")
-    parser.add_argument("--json", help="write the results here")
+    add_run_arguments(parser, SHAPES, "all")
     parser.add_argument("--no-sonic", action="store_true", help="leave SonicMoE out")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no new shape once this many seconds have passed (those left are listed as skipped)")
     args = parser.parse_args()
-    names = list(SHAPES) if args.shape == "all" else [n.strip() for n in args.shape.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SHAPES]
-    if unknown or not names or len(set(names)) != len(names):
-        parser.error(f"--shape: 'all' or distinct names among {', '.join(SHAPES)}; got {args.shape!r}")
-    if min(args.rounds, args.iters) < 1 or args.warmup < 0:
-        parser.error("--rounds and --iters must be at least 1, --warmup at least 0")
+    names = shape_names(parser, args, SHAPES)
     if not torch.cuda.is_available():
         print("compare_peers: no CUDA GPU available", file=sys.stderr)
         return 2
@@ -315,7 +302,6 @@ def main():
         print(f"SonicMoE {sonic_version() or '(version unknown)'}: its first call at each shape JIT-compiles "
               f"(~60 s), untimed")
     rows, clocks, failures, skipped = [], {}, [], []
-    started = time.perf_counter()
 
     def write_json():  # after every shape, so that a run stopped by a time limit keeps what it finished
         if not args.json:
@@ -328,26 +314,16 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
 
-    for i, name in enumerate(names):
-        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
-            skipped += names[i:]
-            print(f"compare_peers: --budget-s {args.budget_s:g} spent; skipped {', '.join(skipped)}", flush=True)
-            break
-        t0 = time.perf_counter()
+    def shape(i, name):
         try:
             shape_rows, clocks[name] = run_shape(name, 1000 + i, sonic, args, failures)
-        except Exception as e:  # e.g. out of memory at one shape: the others still run (SystemExit is not caught)
-            traceback.print_exc()
-            failures.append(f"{name}: {type(e).__name__}: {e}")
-            shape_rows = []
-        rows += shape_rows
-        _workspaces.release(1000 + i)  # this shape's tensors went with run_shape; its workspace goes now
-        gc.collect()
-        torch.cuda.empty_cache()
+        finally:
+            _workspaces.release(1000 + i)  # this shape's tensors went with run_shape; its workspace goes now
+        rows.extend(shape_rows)
         if shape_rows:
             print_table(shape_rows)
-        print(f"  {name}: {time.perf_counter() - t0:.0f} s, {time.perf_counter() - started:.0f} s so far", flush=True)
-        write_json()
+
+    run_each_shape(names, args.budget_s, "compare_peers", failures, skipped, shape, write_json)
     if len({r["shape"] for r in rows}) > 1:
         print_table(rows)
     write_json()

@@ -10,11 +10,14 @@ the ratio of each lynx-bench row to the PyTorch path."""
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +111,53 @@ def gemms_alone(x, topk_ids, w_gate, w_up, w_down):
         torch._grouped_mm(xs, w_gu, offs=offs)
         torch._grouped_mm(h, w_dt, offs=offs)
     return run
+
+
+def add_run_arguments(parser, shapes, default_shapes):
+    """The options of the side-by-side scripts (compare_peers.py, compare_fp8.py): --shape, --rounds,
+    --iters, --warmup, --json, --budget-s."""
+    parser.add_argument("--shape", default=default_shapes,
+                        help=f"'all' or shape names, comma-separated, run in the order given: {', '.join(shapes)}")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, C, A, B, C, ...)")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per pass per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each pass's timing")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new shape once this many seconds have passed (those left are listed as skipped)")
+
+
+def shape_names(parser, args, shapes):
+    """--shape's names, in order; the options add_run_arguments adds checked (parser.error otherwise)."""
+    names = list(shapes) if args.shape == "all" else [n.strip() for n in args.shape.split(",") if n.strip()]
+    unknown = [n for n in names if n not in shapes]
+    if unknown or not names or len(set(names)) != len(names):
+        parser.error(f"--shape: 'all' or distinct names among {', '.join(shapes)}; got {args.shape!r}")
+    if min(args.rounds, args.iters) < 1 or args.warmup < 0:
+        parser.error("--rounds and --iters must be at least 1, --warmup at least 0")
+    return names
+
+
+def run_each_shape(names, budget_s, prog, failures, skipped, body, after):
+    """body(i, name) for each shape in turn, then after() (e.g. the JSON rewritten, so that a run stopped
+    by a time limit keeps the shapes it finished). No new shape once budget_s seconds have passed (those
+    left go to `skipped`); an exception at one shape (e.g. out of memory) goes to `failures`, and the
+    others still run (SystemExit is not caught). The caching allocator is emptied after each shape."""
+    started = time.perf_counter()
+    for i, name in enumerate(names):
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            skipped += names[i:]
+            print(f"{prog}: --budget-s {budget_s:g} spent; skipped {', '.join(skipped)}", flush=True)
+            break
+        t0 = time.perf_counter()
+        try:
+            body(i, name)
+        except Exception as e:
+            traceback.print_exc()
+            failures.append(f"{name}: {type(e).__name__}: {e}")
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"  {name}: {time.perf_counter() - t0:.0f} s, {time.perf_counter() - started:.0f} s so far", flush=True)
+        after()
 
 
 def median_ms(fn, warmup, iters):

@@ -124,6 +124,10 @@ struct LayerStack {
 };
 LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute);
 
+// Every d_topk_weights value within `tolerance` of the magnitude of its terms (g.d_topk_magnitude):
+// a cancelled dot product's error scales with its terms, not with its value (fatal on the first miss).
+void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
+
 // Every output against the reference for these inputs and dy.
 void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);
 

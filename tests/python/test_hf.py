@@ -17,8 +17,11 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def test_qwen3_moe_matches_the_eager_experts():
-    import lynx.hf  # noqa: F401  registers "lynx"
+def run_both(implementation):
+    """A small Qwen3-MoE model run forward and backward twice from the same weights and tokens: with its
+    eager experts, and with `implementation` (after checking that its experts ran on lynx). Returns
+    (eager model, its output, the other model, its output)."""
+    import lynx.hf  # noqa: F401  registers "lynx" and "lynx_fp8"
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     # NOTES: one decoder layer: its router sees the same inputs on both paths, so both route alike (with a
@@ -30,7 +33,7 @@ def test_qwen3_moe_matches_the_eager_experts():
     eager = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
     eager.set_experts_implementation("eager")
     model = copy.deepcopy(eager)
-    model.set_experts_implementation("lynx")
+    model.set_experts_implementation(implementation)
     ids = torch.randint(0, config.vocab_size, (2, 96), device="cuda")
     want = eager(ids, labels=ids)
     want.loss.backward()
@@ -38,6 +41,11 @@ def test_qwen3_moe_matches_the_eager_experts():
     experts = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
     assert experts and all(m in lynx.hf._TAGS for m in experts), "the model's experts did not run on lynx"
     got.loss.backward()
+    return eager, want, model, got
+
+
+def test_qwen3_moe_matches_the_eager_experts():
+    eager, want, model, got = run_both("lynx")
     assert rel(got.logits, want.logits) < TOL
     for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
         assert q.grad is not None and torch.isfinite(q.grad).all(), name
@@ -46,27 +54,10 @@ def test_qwen3_moe_matches_the_eager_experts():
 
 def test_qwen3_moe_in_fp8_close_to_the_eager_experts():
     """experts_implementation="lynx_fp8": the same model with its experts in FP8 (docs/fp8.md). NOTES: the
-    layer's outputs carry at most a relative error of 0.102 (√(2 × its largest dissimilarity bound),
+    layer's outputs bear at most a relative error of 0.102 (√(2 × its largest dissimilarity bound),
     tests/gpu/random_case.h, kFp8Bounds); the rest of the model (residual stream, attention, norms) is
     computed alike on both paths and only dilutes it."""
-    import lynx.hf  # noqa: F401  registers "lynx_fp8"
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
-    torch.manual_seed(0)
-    eager = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    eager.set_experts_implementation("eager")
-    model = copy.deepcopy(eager)
-    model.set_experts_implementation("lynx_fp8")
-    ids = torch.randint(0, config.vocab_size, (2, 96), device="cuda")
-    want = eager(ids, labels=ids)
-    want.loss.backward()
-    got = model(ids, labels=ids)
-    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
-    assert experts and all(m in lynx.hf._TAGS for m in experts), "the model's experts did not run on lynx"
-    got.loss.backward()
+    eager, want, model, got = run_both("lynx_fp8")
     assert rel(got.logits, want.logits) < 0.102
     for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
         assert q.grad is not None and torch.isfinite(q.grad).all(), name

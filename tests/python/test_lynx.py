@@ -463,7 +463,7 @@ def test_fp8_forward_and_gradients_close_to_the_exact_layer(bf16_weight_grads):
         assert not torch.equal(y, lynx.moe(x, topk_ids, topk_weights, *w, *s))
     for name, got, want in zip(["dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up",
                                 "dws_down"], grads, grads_ref):
-        # dx's and dw_gate's GEMMs carry two more quantised operands (tests/gpu/test_fp8_layer.cpp): 2^-6/3
+        # dx's and dw_gate's GEMMs bear two more quantised operands (tests/gpu/test_fp8_layer.cpp): 2^-6/3
         assert dissimilarity(got, want) < (1 / 192 if name in ("dx", "dw_gate") else FP8_MAX_DISSIMILARITY), name
 
 
