@@ -27,7 +27,7 @@ struct PrecisionResult {
 
 // NOTES: the yardsticks of the check (tests/gpu/test_fp8_layer.cpp derives them against the exact
 // layer; the bf16 outputs are within their own 1e-2 of that, which adds at most 5e-5): y's, and dx's,
-// whose FP8 dgrad carries two more quantised operands.
+// whose FP8 dgrad bears two more quantised operands.
 constexpr double kFp8MaxDissimilarity = 1.0 / 256.0;
 constexpr double kFp8MaxDxDissimilarity = 1.0 / 192.0;
 
