@@ -43,7 +43,7 @@ struct Options {
   bool keep_context = true;  // config.save_forward_context of both workspaces
   bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
   std::vector<int32_t> ranks;  // --ranks: virtual-rank mode (bench/ranks_bench.h)
-  bool fp8 = false;            // --precision fp8: the bf16 and FP8 forwards side by side (bench/precision_bench.h)
+  bool fp8 = false;            // --precision fp8: bf16 and FP8 side by side (bench/precision_bench.h); with --ranks, FP8
   int rounds = 3;
   std::string json;
   std::string command;
@@ -82,8 +82,9 @@ const char* kUsage =
     "             the dense GEMM rate is measured in each regime timed\n"
     "  --ranks    expert parallelism on virtual ranks of this GPU: the same global batch (the shape's T\n"
     "             tokens, E experts) on each R given (e.g. 1,2,4,8), checked bit for bit against the first,\n"
-    "             timed in --rounds (default 3) interleaved rounds, with the bytes moved between ranks\n"
-    "  --precision bf16 (default): the passes above; fp8: the fused layer in bf16 and in FP8\n"
+    "             timed in --rounds (default 3) interleaved rounds, with the bytes moved between ranks;\n"
+    "             with --precision fp8, every R in FP8\n"
+    "  --precision bf16 (default): the passes above; fp8 (without --ranks): the fused layer in bf16 and in FP8\n"
     "             (Config::precision, docs/fp8.md) on the same problem, FP8 y and dx checked against bf16's,\n"
     "             forward and forward+backward timed in --rounds interleaved rounds, with quantize_weights\n"
     "             (once per optimizer step) beside them\n"
@@ -183,7 +184,6 @@ Options parse(int argc, char** argv) {
       usage_error("unknown option '" + flag + "'");
     }
   }
-  if (o.fp8 && !o.ranks.empty()) usage_error("--precision fp8 runs at one rank: leave out --ranks");
   if (!o.keep_context && (o.passes.size() != 1 || o.passes[0] != "forward")) {
     usage_error("--context drop times the forward pass only: add --pass forward");
   }
@@ -367,9 +367,12 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
   ResultsJson json(o, gpu);
   bool ok = true;
   for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
-    const std::vector<RanksRow> rows = time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock);
-    std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU\n", name.c_str(),
-                routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(p.shape().tokens));
+    const Precision precision = o.fp8 ? Precision::kFp8Block : Precision::kBf16;
+    const std::vector<RanksRow> rows =
+        time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock, precision);
+    std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU, %s\n", name.c_str(),
+                routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(p.shape().tokens),
+                o.fp8 ? "FP8" : "bf16");
     std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
                 "fwd MB", "bwd MB", "check");
     for (const RanksRow& r : rows) {
@@ -386,7 +389,8 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
                   r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
       if (json.enabled()) {
         json.row() << "{\"shape\": " << json_string(name) << ", \"regime\": " << json_string(regime_name(regime))
-                   << ", \"ranks\": " << r.ranks << ", \"pass\": " << json_string(r.pass) << ", \"ms\": " << r.ms
+                   << ", \"precision\": " << json_string(o.fp8 ? "fp8" : "bf16") << ", \"ranks\": " << r.ranks
+                   << ", \"pass\": " << json_string(r.pass) << ", \"ms\": " << r.ms
                    << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"remote_rows\": " << r.traffic.remote_rows
                    << ", \"forward_bytes\": " << r.traffic.forward_bytes
                    << ", \"backward_bytes\": " << r.traffic.backward_bytes << ", \"check\": " << json_string(r.check)

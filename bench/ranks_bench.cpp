@@ -64,18 +64,23 @@ struct Group {
   std::vector<TensorView> y, dy;
   std::vector<Gradients> grads;
 
-  Group(const Problem& p, int32_t ranks) : R(ranks) {
+  Group(const Problem& p, int32_t ranks, Precision precision) : R(ranks) {
+    Config config;
+    config.precision = precision;
     for (int32_t r = 0; r < R; ++r) {
       LayerShape s = p.shape();
       s.tokens /= R;
       s.num_ranks = R;
       s.rank = r;
-      owned.push_back(std::make_unique<Workspace>(s));
+      owned.push_back(std::make_unique<Workspace>(s, config));
       ws.push_back(owned.back().get());
       const Share sh = share_of(p, R, r);
       in.push_back(sh.in), y.push_back(sh.y), dy.push_back(sh.dy), grads.push_back(sh.grads);
     }
     connect_ranks(ws);
+    if (precision == Precision::kFp8Block) {
+      for (int32_t r = 0; r < R; ++r) quantize_weights(*ws[r], in[r].weights, nullptr);
+    }
   }
   void forward(cudaStream_t s) { forward_ranks(ws, in, y, s); }
   void backward(cudaStream_t s) { backward_ranks(ws, in, dy, grads, s); }
@@ -128,9 +133,9 @@ RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, i
 }
 
 std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
-                                 const Protocol& protocol, int rounds, const GpuClock* clock) {
+                                 const Protocol& protocol, int rounds, const GpuClock* clock, Precision precision) {
   std::vector<std::unique_ptr<Group>> groups;
-  for (int32_t R : ranks) groups.push_back(std::make_unique<Group>(p, R));
+  for (int32_t R : ranks) groups.push_back(std::make_unique<Group>(p, R, precision));
   // Correctness: every R's routed outputs against R = 1's (the first group's when it is R = 1).
   std::vector<uint8_t> want;
   std::vector<std::string> checks;

@@ -31,8 +31,10 @@ struct RanksRow {
 };
 
 // `ranks` in the order given; each R needs E and T divisible by it. Rounds interleave the R values:
-// each row's ms is the median over the rounds of each round's median.
+// each row's ms is the median over the rounds of each round's median. In `precision` (FP8: each rank's
+// weights quantised once, before the check).
 std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
-                                 const Protocol& protocol, int rounds, const GpuClock* clock);
+                                 const Protocol& protocol, int rounds, const GpuClock* clock,
+                                 Precision precision = Precision::kBf16);
 
 }  // namespace lynx::bench

@@ -1,6 +1,7 @@
 // Expert parallelism from C++: one layer's forward and backward on R virtual ranks of this GPU,
 // checked bit for bit against one rank holding every token and every expert.
-//   usage: lynx-example-ranks [R]   (default 4; E = 16 experts and T = 1024 tokens must divide by R)
+//   usage: lynx-example-ranks [R] [--fp8]   (default 4; E = 16 experts and T = 1024 tokens must divide by
+//   R; --fp8: Config::precision = kFp8Block, each rank quantising its own experts' weights)
 // With one process per rank, each process makes only its own Workspace, calls
 // lynx::connect_process_group with an all-gather of its choice, and then lynx::forward / backward.
 #include <cuda_runtime_api.h>
@@ -48,7 +49,12 @@ char* at(void* p, int64_t bytes) { return static_cast<char*>(p) + bytes; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int32_t R = argc > 1 ? std::atoi(argv[1]) : 4;
+  int32_t R = 4;
+  lynx::Config config;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--fp8") == 0) config.precision = lynx::Precision::kFp8Block;
+    else R = std::atoi(argv[i]);
+  }
   const int64_t T = 1024, H = 512, I = 256, E = 16, k = 4;
   if (R < 1 || T % R || E % R) {
     std::fprintf(stderr, "R must divide T = %lld and E = %lld\n", (long long)T, (long long)E);
@@ -84,7 +90,7 @@ int main(int argc, char** argv) {
     for (int32_t r = 0; r < ranks; ++r) {
       lynx::LayerShape s{.tokens = Tr, .hidden = H, .intermediate = I, .num_experts = E, .top_k = k,
                          .num_ranks = ranks, .rank = r};
-      owned.push_back(std::make_unique<lynx::Workspace>(s));
+      owned.push_back(std::make_unique<lynx::Workspace>(s, config));
       ws.push_back(owned.back().get());
       lynx::LayerInputs li;  // rank r: tokens [r·Tr, (r+1)·Tr), experts [r·Er, (r+1)·Er)
       li.x = lynx::make_view(at(d_x, 2 * r * Tr * H), lynx::DType::kBF16, {Tr, H});
@@ -105,6 +111,9 @@ int main(int argc, char** argv) {
       grads.push_back(g);
     }
     lynx::connect_ranks(ws);
+    if (config.precision == lynx::Precision::kFp8Block) {
+      for (int32_t r = 0; r < ranks; ++r) lynx::quantize_weights(*ws[r], in[r].weights, nullptr);
+    }
     lynx::forward_ranks(ws, in, y, nullptr);
     lynx::backward_ranks(ws, in, dys, grads, nullptr);
     for (lynx::Workspace* w : ws) w->check(nullptr);
@@ -125,7 +134,9 @@ int main(int argc, char** argv) {
       same = same && eq;
       std::printf("%-15s R = %d %s R = 1\n", names[i], R, eq ? "==" : "!=");
     }
-    std::printf(same ? "every output of R = %d ranks equals R = 1 bit for bit\n" : "R = %d DIFFERS from R = 1\n", R);
+    const char* precision = config.precision == lynx::Precision::kFp8Block ? "FP8" : "bf16";
+    std::printf(same ? "%s: every output of R = %d ranks equals R = 1 bit for bit\n" : "%s: R = %d DIFFERS from R = 1\n",
+                precision, R);
     return same ? 0 : 1;
   } catch (const lynx::Error& e) {
     std::fprintf(stderr, "lynx: %s\n", e.what());

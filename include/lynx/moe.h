@@ -141,10 +141,13 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
 
 // Config::precision == Precision::kFp8Block: makes the workspace's E4M3 copies of the routed experts'
 // weights (one power-of-two scale per 128×128 block of each expert's matrix, and of the transposed
-// matrices the backward's dgrads read; docs/fp8.md), which every later forward and backward reads. Call it before the first forward and again whenever the weights change (after
-// each optimizer step): forward and backward throw unless it was last given the same w_gate, w_up and w_down
-// tensors (pointer identity, which cannot see values changed in place). A NaN or an infinity in the
-// weights is reported by Workspace::check (the next forward then writes no y). No host synchronisation.
+// matrices the backward's dgrads read; docs/fp8.md), which every later forward and backward reads. Call
+// it before the first forward and again whenever the weights change (after each optimizer step), on the
+// stream of the passes (or with the streams ordered: it rewrites copies a queued backward may still
+// read): forward and backward throw unless it was last given the same w_gate, w_up and w_down tensors
+// (pointer identity, which cannot see values changed in place). At R > 1 each rank quantises its own
+// experts' weights. A NaN or an infinity in the weights is reported by Workspace::check (the next
+// forward then writes no y). No host synchronisation.
 void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

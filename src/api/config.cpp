@@ -107,8 +107,6 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
   require(c.precision == Precision::kBf16 || c.precision == Precision::kFp8Block, "config.precision",
           "unknown precision " + str(static_cast<int64_t>(c.precision)));
   if (c.precision == Precision::kFp8Block) {
-    require(shape.num_ranks == 1, "config.precision",
-            "fp8_block runs at one rank so far (shape.num_ranks == 1), got num_ranks = " + str(shape.num_ranks));
     require(r.backend == Backend::kFused, "config.precision", "fp8_block needs the fused backend");
   }
   r.precision = c.precision;

@@ -5,11 +5,10 @@
 #include <string>
 
 #include "api/call.h"
+#include "api/passes.h"
 #include "baseline/passes.h"
 #include "lynx/error.h"
 #include "runtime/context.h"
-#include "runtime/fp8_passes.h"
-#include "runtime/fused_passes.h"
 #include "runtime/scratch.h"
 #include "runtime/workspace.h"
 
@@ -18,6 +17,7 @@ namespace lynx {
 using api::check_device;
 using api::enqueue_pass;
 using api::require_connected;
+using api::require_quantized_weights;
 
 namespace {
 
@@ -53,18 +53,6 @@ void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, 
   });
 }
 
-// The FP8 forward reads the weights' E4M3 copies: they must be those of the weights given.
-void require_quantized_weights(const Workspace::Impl& w, const LayerInputs& in) {
-  if (w.config.precision != Precision::kFp8Block) return;
-  if (!w.quantized_weights.valid) {
-    throw Error("weights", "config.precision is fp8_block: call quantize_weights before the first forward");
-  }
-  const QuantizedWeightsKey given{in.weights.w_gate.data, in.weights.w_up.data, in.weights.w_down.data, true};
-  if (!(w.quantized_weights == given)) {
-    throw Error("weights", "are not the tensors quantize_weights was given: call it with these weights");
-  }
-}
-
 void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext* ctx,
                   cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
@@ -80,10 +68,8 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
     ctx->valid = false;  // until this call has queued its work
   }
   run(w, ctx, ctx, stream, [&] {
-    if (w.config.precision == Precision::kFp8Block) {
-      fp8pass::forward(w, in, y, stream);
-    } else if (w.config.backend == Backend::kFused) {
-      for (fused::Step step : fused::kSteps) fused::forward(w, in, y, stream, step);
+    if (w.config.backend == Backend::kFused) {
+      for (fused::Step step : fused::kSteps) api::forward_step(w, in, y, stream, step);
     } else {
       baseline::forward(w, in, y, stream);
     }
@@ -103,10 +89,8 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
     ctx->valid = false;
   }
   run(w, ctx, ctx, stream, [&] {
-    if (w.config.precision == Precision::kFp8Block) {
-      fp8pass::recompute_forward_context(w, in, stream);
-    } else if (w.config.backend == Backend::kFused) {
-      for (fused::Step step : fused::kSteps) fused::recompute_forward_context(w, in, stream, step);
+    if (w.config.backend == Backend::kFused) {
+      for (fused::Step step : fused::kSteps) api::recompute_step(w, in, stream, step);
     } else {
       baseline::recompute_forward_context(w, in, stream);
     }
@@ -135,10 +119,8 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
     }
   }
   run(w, ctx, nullptr, stream, [&] {
-    if (w.config.precision == Precision::kFp8Block) {
-      fp8pass::backward(w, in, dy, grads, stream);
-    } else if (w.config.backend == Backend::kFused) {
-      for (fused::Step step : fused::kSteps) fused::backward(w, in, dy, grads, stream, step);
+    if (w.config.backend == Backend::kFused) {
+      for (fused::Step step : fused::kSteps) api::backward_step(w, in, dy, grads, stream, step);
     } else {
       baseline::backward(w, in, dy, grads, stream);
     }

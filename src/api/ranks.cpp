@@ -4,10 +4,10 @@
 #include <string>
 
 #include "api/call.h"
+#include "api/passes.h"
 #include "comm/transport.h"
 #include "common/cuda_check.h"
 #include "lynx/error.h"
-#include "runtime/fused_passes.h"
 #include "runtime/scratch.h"
 #include "runtime/steps.h"
 #include "runtime/workspace.h"
@@ -40,7 +40,8 @@ void check_group(const std::vector<Workspace*>& ranks) {
       throw Error("ranks", "[" + str(r) + "] has another shape than rank 0: every rank needs the same shape");
     }
     if (w.layout.bytes != first.layout.bytes || w.config.peer_timeout_ms != first.config.peer_timeout_ms ||
-        w.config.save_forward_context != first.config.save_forward_context) {
+        w.config.save_forward_context != first.config.save_forward_context ||
+        w.config.precision != first.config.precision) {
       throw Error("ranks", "[" + str(r) + "] has another config than rank 0: every rank needs the same config");
     }
     if (w.connected() && R > 1) throw Error("ranks", "[" + str(r) + "] is connected already");
@@ -197,9 +198,10 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
         validate_inputs(w.shape, in[r]);
         validate_output(w.shape, y[r]);
         if (y[r].data == in[r].x.data) throw Error("y", "must not alias x");
+        api::require_quantized_weights(w, in[r]);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
-        fused::forward(w, in[r], y[r], st, s);
+        api::forward_step(w, in[r], y[r], st, s);
         if (s == fused::Step::kClose) ++w.forward_calls;
       });
 }
@@ -207,9 +209,13 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
 void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const std::vector<LayerInputs>& in,
                                      cudaStream_t stream) {
   run_ranks(
-      ranks, in.size(), stream, [&](Workspace::Impl& w, size_t r) { validate_inputs(w.shape, in[r]); },
+      ranks, in.size(), stream,
+      [&](Workspace::Impl& w, size_t r) {
+        validate_inputs(w.shape, in[r]);
+        api::require_quantized_weights(w, in[r]);
+      },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
-        fused::recompute_forward_context(w, in[r], st, s);
+        api::recompute_step(w, in[r], st, s);
       });
 }
 
@@ -223,9 +229,10 @@ void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Laye
         validate_gradients(w.shape, dy[r], grads[r]);
         if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
         require_context(w, in[r]);  // before any rank queues anything: a pass begun must be ended
+        api::require_quantized_weights(w, in[r]);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
-        fused::backward(w, in[r], dy[r], grads[r], st, s);
+        api::backward_step(w, in[r], dy[r], grads[r], st, s);
         if (s == fused::Step::kClose) ++w.backward_calls;
       });
 }

@@ -57,7 +57,8 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
       static const char* const names[] = {"x", "the SwiGLU output h (from finite x: an overflow, or weights "
                                           "reported not finite earlier)",
                                           "weights.w_gate", "weights.w_up", "weights.w_down", "dy",
-                                          "the SwiGLU backward's dg | du (of finite inputs: an overflow)"};
+                                          "the SwiGLU backward's dg | du (of finite inputs: an overflow, or weights "
+                                          "reported not finite earlier)"};
       const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
       return std::string(known ? names[st.a] : "an input") +
              " holds a NaN or an infinity, which the FP8 path cannot quantise" + on_rank;
@@ -66,6 +67,7 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
       return "rank " + std::to_string(st.a) + " reported an error in this pass (" +
              (st.b == int64_t(StatusCode::kCapacityOverflow) ? std::string("schedule capacity")
               : st.b == int64_t(StatusCode::kWaitTimeout)    ? std::string("a device wait timed out")
+              : st.b == int64_t(StatusCode::kNonFiniteInput) ? std::string("a NaN or an infinity in an FP8 operand")
                                                              : std::string("a bad route")) +
              "; its own check() says which), so rank " + std::to_string(st.rank) + " wrote no outputs";
   }

@@ -104,6 +104,14 @@ inline void poison_row_buffers(Workspace& ws) {
   for (const auto& [ptr, count] : buffers) {
     if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(count) * sizeof(uint16_t)));
   }
+  // FP8 (sizes in bytes): 0xFF is an E4M3 NaN, and a NaN scale.
+  const int64_t kbH = (H + 127) / 128, kbI = (I + 127) / 128, kb2I = (2 * I + 127) / 128;
+  const std::pair<void*, int64_t> fp8_buffers[] = {
+      {w.f8.xg, cap * H}, {w.f8.xg_scales, 4 * cap * kbH}, {w.f8.h, cap * I},
+      {w.f8.h_scales, 4 * cap * kbI}, {w.f8.dgu, cap * 2 * I}, {w.f8.dgu_scales, 4 * cap * kb2I}};
+  for (const auto& [ptr, bytes] : fp8_buffers) {
+    if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(bytes)));
+  }
   LYNX_CUDA(cudaDeviceSynchronize());
 }
 

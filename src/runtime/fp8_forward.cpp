@@ -34,20 +34,36 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
 
 namespace {
 
+// The 1×128 tiles of `rows`' token rows ([T, H]: x, or dy) in schedule order, into f8.xg. One rank
+// quantises each token once and gathers its tiles; at R > 1 the rows come from their source ranks' token
+// rows, pulled in bf16 into `gathered` (schedule order) and quantised there: the same tiles, a tile
+// being one row's. `gathered` must then be free, or hold these rows already (`pulled`).
+void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, bf16_t* gathered, bool pulled,
+                             Fp8Tensor what, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  if (w.ranks() == 1) {
+    fp8::quantize_tiles(data_of<const bf16_t>(rows), T, H, nullptr, f.x, f.x_scales, report(w, what), s);
+    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, w.schedule.row_token_slot, w.device_total_rows(), cap,
+                      sh.top_k, H, s);
+    return;
+  }
+  if (!pulled) fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, rows, gathered, s);
+  fp8::quantize_tiles(gathered, cap, H, w.device_total_rows(), f.xg, f.xg_scales, report(w, what), s);
+}
+
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
-// slot, with the schedule, as the forward context when `keep_gate_up`.
+// slot (by row at R > 1), with the schedule, as the forward context when `keep_gate_up`. At R > 1 the
+// bf16 x rows pulled from their source ranks are context too (un.xg: backward stages dy, not x).
 void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
   const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
+  const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   w.context_valid = false;
   enqueue_schedule(w, in, s);
   enqueue_shared_gate_up(w, in, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) {
-    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
-    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, w.schedule.row_token_slot, w.device_total_rows(), cap,
-                      sh.top_k, H, s);
-  }
+  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, w.un.xg, false, Fp8Tensor::kX, s);
   fp8::KeptGateUp kept;
   if (keep_gate_up) {
     kept.gate = w.un.g;
@@ -61,32 +77,11 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   w.context = ContextKey::of(in);
 }
 
-}  // namespace
-
-void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
-  forward_context(w, in, s, true);
-  w.context_valid = true;
-}
-
-void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {
+// The experts' backward (and the shared expert's), between the two barriers at R > 1.
+void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
+                      cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
-  const Fp8Buffers& f = w.f8;
-  forward_context(w, in, s, w.config.save_forward_context);
-  if (!omitted(Stage::kDown, w.forward_calls)) {
-    fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
-    fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
-                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
-  }
-  enqueue_shared_down(w, in, s);
-  enqueue_combine(w, in, y, s);
-  w.context_valid = w.config.save_forward_context;
-}
-
-void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s) {
-  require_context(w, in);
-  const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
@@ -94,20 +89,24 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
+    // At R > 1 the rows are pulled from every rank's staged dy (the open step), not from `dy`.
     fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, dy, dyg, s);
-    fp8::quantize_tiles(data_of<const bf16_t>(dy), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kDy), s);
-    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, slots, total, cap, sh.top_k, H, s);
+    tiles_in_schedule_order(w, dy, dyg, true, Fp8Tensor::kDy, s);
   }
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
                                    w.schedule.expert_offset, w.un.da, w.stall_report_device, s);
   }
-  // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16.
+  // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
+  // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
+  // quantisations below read whole 128-row blocks.
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
-    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, data_of<float>(grads.d_topk_weights), w.un.da, w.un.g, w.un.u,
-                          data_of<const float>(in.topk_weights), slots, total, cap, I, s, RowSources{},
-                          w.gate_up_by_slot);
+    float* d_topk = data_of<float>(grads.d_topk_weights);
+    if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
+    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
+                          data_of<const float>(in.topk_weights), slots, total, cap, I, s,
+                          w.row_sources(comm::kWeights), w.gate_up_by_slot, true);
   }
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: tiles over K = 2I times [w_gate; w_up]ᵀ [H, 2I] blocks.
   if (!omitted(Stage::kDgradGateUp, w.backward_calls)) {
@@ -115,9 +114,12 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s);
   }
-  fused::dx_combine(w, grads, s);
-  if (!omitted(Stage::kXGather, w.backward_calls)) {
-    fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, in.x, w.un.xg, s);
+  if (w.ranks() == 1) {
+    fused::dx_combine(w, grads, s);
+    // One rank keeps no x rows from its forward: gathered again for dw_gate and dw_up.
+    if (!omitted(Stage::kXGather, w.backward_calls)) {
+      fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, in.x, w.un.xg, s);
+    }
   }
   if (w.config.bf16_weight_grads) return fused::weight_grads(w, grads, dyg, s);
   // The weight gradients sum over each expert's rows: their operands transposed and quantised in 1×128
@@ -135,6 +137,40 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
   }
+}
+
+}  // namespace
+
+// The open and close steps are the bf16 passes' (staging x or dy, the barriers, the combines in bf16).
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, fused::Step step) {
+  if (step != fused::Step::kCompute) return fused::recompute_forward_context(w, in, s, step);
+  fused::compute_begins(w, s);
+  forward_context(w, in, s, true);
+  fused::compute_ends(w, s);
+}
+
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s, fused::Step step) {
+  if (step != fused::Step::kCompute) return fused::forward(w, in, y, s, step);
+  const LayerShape& sh = w.shape;
+  const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  fused::compute_begins(w, s);
+  forward_context(w, in, s, w.config.save_forward_context);
+  if (!omitted(Stage::kDown, w.forward_calls)) {
+    fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
+                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
+  }
+  enqueue_shared_down(w, in, s);
+  fused::compute_ends(w, s);
+}
+
+void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s,
+              fused::Step step) {
+  if (step != fused::Step::kCompute) return fused::backward(w, in, dy, grads, s, step);
+  fused::compute_begins(w, s);
+  backward_compute(w, in, dy, grads, s);
+  fused::compute_ends(w, s);
 }
 
 }  // namespace lynx::fp8pass

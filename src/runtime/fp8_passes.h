@@ -1,13 +1,18 @@
-// The FP8 passes (Config::precision == Precision::kFp8Block, one rank, docs/fp8.md), by launches of their
-// own, correct first. The forward: the schedule; x quantised once per token (1×128 tiles) and its tiles gathered into
-// schedule order; the gate/up GEMM with SwiGLU on E4M3 operands (h in bf16); h quantised; the down GEMM
-// on E4M3 operands into the rows the combine reads; the shared expert (bf16) and the combine as in the
-// bf16 forward. No host synchronisation. With config.save_forward_context it keeps the context the
-// backward reads: the schedule, and g and u (the FP8 products, rounded to bf16) by slot, as the bf16
-// forward keeps them. A NaN or an infinity in x or h is reported through the status word
-// (Workspace::check), and y is then not written.
+// The FP8 passes (Config::precision == Precision::kFp8Block, docs/fp8.md), by launches of their own,
+// correct first. Each runs in the bf16 passes' three steps (fused_passes.h); the open and close steps
+// are the bf16 passes' own (at R > 1 the rows travel between ranks in bf16, and are quantised on the
+// rank of their expert), the compute step is FP8's.
+// The forward: the schedule; x's 1×128 tiles in schedule order (one rank: x quantised once per token and
+// its tiles gathered; R > 1: the rows pulled, then quantised); the gate/up GEMM with SwiGLU on E4M3
+// operands (h in bf16); h quantised; the down GEMM on E4M3 operands into the rows the combine reads; the
+// shared expert (bf16) and the combine as in the bf16 forward. No host synchronisation. With
+// config.save_forward_context it keeps the context the backward reads: the schedule, and g and u (the
+// FP8 products, rounded to bf16), as the bf16 forward keeps them. A NaN or an infinity in x (at R > 1:
+// in a routed row of x) or in h is reported through the status word (Workspace::check, on every rank),
+// and y is then not written.
 #pragma once
 
+#include "runtime/fused_passes.h"
 #include "runtime/workspace.h"
 
 namespace lynx::fp8pass {
@@ -16,18 +21,19 @@ namespace lynx::fp8pass {
 // that is not finite is reported through the status word, as the pass reports x.
 void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s);
 
-void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s);
+void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s, fused::Step step);
 
 // The forward's context without y (Workspace::recompute_forward_context): the same FP8 g and u.
-void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, fused::Step step);
 
-// The backward on that context, its two dgrad GEMMs in FP8: dy quantised once per token (1×128 tiles)
-// and its tiles gathered, da = dy_row · w_down on w_downᵀ's blocks; the SwiGLU backward in bf16; dg | du
-// quantised in 1×128 tiles over K = 2I, dx_row on [w_gate; w_up]ᵀ's blocks; the combine into dx. The
-// weight gradients per expert over its rows, in FP8 with both operands transposed and quantised in
-// 1×128 tiles along the rows (dg | du with the x rows gathered again, the bf16 dy rows with w·silu(g)⊙u),
-// or in bf16 (config.bf16_weight_grads). A NaN or an infinity in dy, or an overflow of dg | du, is
-// reported as the forward reports x.
-void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s);
+// The backward on that context, its two dgrad GEMMs in FP8: dy's tiles in schedule order (as x's), da
+// = dy_row · w_down on w_downᵀ's blocks; the SwiGLU backward in bf16; dg | du quantised in 1×128 tiles
+// over K = 2I, dx_row on [w_gate; w_up]ᵀ's blocks; the combine into dx. The weight gradients per expert
+// over its rows, in FP8 with both operands transposed and quantised in 1×128 tiles along the rows (dg |
+// du with the x rows, gathered again at R = 1; the bf16 dy rows with w·silu(g)⊙u), or in bf16
+// (config.bf16_weight_grads). A NaN or an infinity in dy (at R > 1: in a routed row), or an overflow of
+// dg | du, is reported as the forward reports x.
+void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s,
+              fused::Step step);
 
 }  // namespace lynx::fp8pass

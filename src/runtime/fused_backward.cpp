@@ -154,9 +154,9 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
       peer::arrive(w.barrier_args(), false, s);
       break;
     case Step::kCompute:
-      if (ranks) peer::wait(w.barrier_args(), false, s);
+      compute_begins(w, s);
       backward_compute(w, in, dy, grads, s);
-      if (ranks) peer::arrive(w.barrier_args(), true, s);
+      compute_ends(w, s);
       break;
     case Step::kClose:
       if (!ranks) break;

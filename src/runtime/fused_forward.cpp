@@ -80,17 +80,18 @@ void open(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   enqueue_stage_inputs(w, in, s);
   peer::arrive(w.barrier_args(), false, s);
 }
+void close(const Workspace::Impl& w, cudaStream_t s) {
+  if (w.ranks() > 1) peer::wait(w.barrier_args(), true, s);
+}
+
+}  // namespace
+
 void compute_begins(const Workspace::Impl& w, cudaStream_t s) {
   if (w.ranks() > 1) peer::wait(w.barrier_args(), false, s);
 }
 void compute_ends(const Workspace::Impl& w, cudaStream_t s) {
   if (w.ranks() > 1) peer::arrive(w.barrier_args(), true, s);
 }
-void close(const Workspace::Impl& w, cudaStream_t s) {
-  if (w.ranks() > 1) peer::wait(w.barrier_args(), true, s);
-}
-
-}  // namespace
 
 void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, Step step) {
   switch (step) {

@@ -19,6 +19,11 @@ void gather_rows_in(gemm::ExpertGemmArgs& a, const Workspace::Impl& w, const Ten
 void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, const TensorView& rows, bf16_t* dst,
                          cudaStream_t s);
 
+// The compute step's barriers at R > 1 (fused_passes.h), nothing at R = 1: its wait for every rank's
+// open step, and its arrival (with this rank's status, for the others' close step).
+void compute_begins(const Workspace::Impl& w, cudaStream_t s);
+void compute_ends(const Workspace::Impl& w, cudaStream_t s);
+
 // dx[t] = dx_s[t] + Σ_j dx_row of (t, j) (w.un.rows_b); at R > 1 pulled from the ranks that computed
 // them, with the d_topk_weights those ranks computed; 0 for the slots not routed.
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s);

@@ -49,7 +49,7 @@ void await_file(const fs::path& dir, const std::string& name) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s DIR RANK RANKS SEED [--no-pass] [--timeout-ms N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR RANK RANKS SEED [--no-pass] [--timeout-ms N] [--fp8]\n", argv[0]);
     return 2;
   }
   const fs::path dir = argv[1];
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   for (int i = 5; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-pass") pass = false;
+    if (a == "--fp8") config.precision = Precision::kFp8Block;
     if (a == "--timeout-ms" && i + 1 < argc) config.peer_timeout_ms = std::atoll(argv[++i]);
   }
   try {
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
       const int64_t T = L.c.T / R;
       const TensorView my_dy =
           make_view(static_cast<char*>(d_dy.get()) + 2 * rank * T * L.c.H, DType::kBF16, {T, L.c.H});
+      if (config.precision == Precision::kFp8Block) quantize_weights(ws, slice.in.weights, nullptr);
       forward(ws, slice.in, slice.y, nullptr);
       backward(ws, slice.in, my_dy, slice.grads, nullptr);
       ws.check(nullptr);

@@ -122,6 +122,7 @@ VirtualGroup::VirtualGroup(const HostLayer& L, int32_t R, const std::vector<Host
     y.push_back(slices[r].y);
     dy.push_back(make_view(at(d_dy, 2 * r * T * L.c.H), DType::kBF16, {T, L.c.H}));
     grads.push_back(slices[r].grads);
+    if (config.precision == Precision::kFp8Block) quantize_weights(*ws[r], slices[r].in.weights, nullptr);
   }
 }
 

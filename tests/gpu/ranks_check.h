@@ -38,7 +38,7 @@ std::vector<std::unique_ptr<Workspace>> make_virtual_ranks(const LayerShape& glo
 std::vector<Workspace*> pointers(const std::vector<std::unique_ptr<Workspace>>& ranks);
 
 // R connected virtual ranks of global layer L with their shares: poisoned outputs in `global`, dy from
-// the global `dy`.
+// the global `dy`; in FP8 (config.precision) each rank's weights quantised.
 struct VirtualGroup {
   std::vector<std::unique_ptr<Workspace>> owned;
   std::vector<Workspace*> ws;

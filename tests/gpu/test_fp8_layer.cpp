@@ -1,7 +1,8 @@
 // The FP8 forward of the layer (Config::precision == kFp8Block, runtime/fp8_passes.h) against the CPU
 // emulation of its roundings (src/reference/fp8_layer.h) and against the exact layer; its backward (FP8
 // dgrad GEMMs on the FP8 g and u, bf16 weight gradients) against the exact layer; the context of forward
-// and of recompute alike; determinism; the errors: weights not quantised, a NaN in x, dy or the weights.
+// and of recompute alike; determinism; the same bits at R virtual ranks; the errors: weights not
+// quantised, a NaN in x, dy or the weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +12,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "experiments/test_hooks.h"
 #include "gpu/gpu_test.h"
 #include "gpu/layer_check.h"
+#include "gpu/ranks_check.h"
 #include "lynx/error.h"
 #include "reference/fp8.h"
 #include "reference/fp8_layer.h"
@@ -131,6 +134,8 @@ void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false) {
   Config config = fp8_config();
   config.bf16_weight_grads = bf16_weight_grads;
   Workspace ws(L.shape, config);
+  // A row no kernel wrote (a padding row of a 128-row block the quantisations read) cannot pass.
+  test_hooks::poison_row_buffers(ws);
   quantize_weights(ws, L.inputs().weights, nullptr);
   const Outputs o = run_layer(ws, L, dy);
   ws.check(nullptr);
@@ -161,6 +166,45 @@ TEST_F(Fp8Layer, ForwardMatchesEmulation) {
 
 // The recipe's option: the weight gradients in bf16 (within the same bounds).
 TEST_F(Fp8Layer, Bf16WeightGradients) { expect_fp8_layer_matches({257, 320, 192, 16, 4, 128}, true); }
+
+// FP8 at R virtual ranks (the R·T tokens cut into R) gives FP8 at R = 1's bits: a row's tiles are the
+// row's wherever it is quantised, its products are its own, and each expert's weight-gradient K blocks
+// hold the same rows in the same order (docs/expert-parallel.md). R = 1 itself against the exact layer,
+// so that equal bits are right bits; the shared expert's per-rank gradients sum to R = 1's.
+void expect_fp8_every_r(const Case& c, const std::vector<int32_t>& Rs, const Config& config, bool recompute) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace one(L.shape, config);
+  test_hooks::poison_row_buffers(one);  // as every rank's (VirtualGroup)
+  quantize_weights(one, L.inputs().weights, nullptr);
+  const Outputs want = run_layer(one, L, dy, recompute);
+  one.check(nullptr);
+  EXPECT_LT(dissimilarity_of(want.y, ref::forward(L.reference(L.weights_double())), "y"), kMaxDissimilarity);
+  expect_gradients_close(want, L, dy);
+  if (::testing::Test::HasFailure()) return;
+  for (const int32_t R : Rs) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
+    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
+    if (c.Is > 0) {
+      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
+    }
+  }
+}
+
+TEST_F(Fp8Layer, BitwiseEqualAtEveryR) { expect_fp8_every_r({512, 256, 256, 16, 4, 128}, {2, 4, 8}, fp8_config(), false); }
+
+// Three ranks, H and I past a multiple of 128, the context recomputed, bf16 weight gradients.
+TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
+  Config config = fp8_config();
+  config.save_forward_context = false;
+  config.bf16_weight_grads = true;
+  expect_fp8_every_r({300, 192, 160, 60, 6, 64}, {3}, config, true);
+}
 
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};

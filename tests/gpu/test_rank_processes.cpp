@@ -1,5 +1,6 @@
 // Expert parallelism across processes on this GPU (Processes.*): R processes (lynx_rank_process)
-// connected through CUDA IPC give the bits of one rank; a rank that never runs its pass is reported.
+// connected through CUDA IPC give the bits of one rank, in bf16 and in FP8; a rank that never runs its
+// pass is reported.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -58,16 +59,21 @@ std::vector<int> run_processes(const fs::path& dir, int32_t R, uint64_t seed, co
   return codes;
 }
 
-void check_processes(int32_t R) {
+// R processes give one rank's bits; in FP8 (`fp8`) one rank's FP8 bits (Fp8Layer.* check those).
+void check_processes(int32_t R, bool fp8 = false) {
   const Case c = process_case();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("R = " + std::to_string(R) + " seed " + std::to_string(seed));
+  SCOPED_TRACE("R = " + std::to_string(R) + " seed " + std::to_string(seed) + (fp8 ? " fp8" : ""));
   const HostLayer L(c, seed);
-  Workspace one(L.shape);
+  Config config;
+  if (fp8) config.precision = Precision::kFp8Block;
+  Workspace one(L.shape, config);
+  if (fp8) quantize_weights(one, L.inputs().weights, nullptr);
   const Outputs want = run_layer(one, L, process_dy(c, seed));
   one.check(nullptr);
   const fs::path dir = fresh_dir("ranks" + std::to_string(R));
-  const std::vector<int> codes = run_processes(dir, R, seed, std::vector<std::vector<std::string>>(R));
+  const std::vector<std::vector<std::string>> args(R, fp8 ? std::vector<std::string>{"--fp8"} : std::vector<std::string>{});
+  const std::vector<int> codes = run_processes(dir, R, seed, args);
   Outputs got = want;
   for (int32_t r = 0; r < R; ++r) {
     ASSERT_EQ(codes[r], 0) << "rank " << r << ": " << read_text(dir / ("error" + std::to_string(r)));
@@ -81,6 +87,8 @@ void check_processes(int32_t R) {
 TEST_F(Processes, TwoOnOneGpu) { check_processes(2); }
 
 TEST_F(Processes, FourOnOneGpu) { check_processes(4); }
+
+TEST_F(Processes, TwoOnOneGpuFp8) { check_processes(2, true); }
 
 // Rank 1 connects but never runs its pass: rank 0 reports it and stops.
 TEST_F(Processes, RankThatNeverArrivesIsReported) {

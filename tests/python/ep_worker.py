@@ -37,27 +37,27 @@ def problem(N, H, I, E, k, Is, routing, seed):
     return x, ids.int().contiguous(), tw, w, s, dy
 
 
-def run(x, ids, tw, w, s, dy, group, forwards=1):
+def run(x, ids, tw, w, s, dy, group, forwards=1, config=lynx.Config()):
     """y and every gradient (x, topk_weights, experts, shared expert) of `forwards` forwards, of x, 2x, …,
     all made before their backwards (at R > 1 a backward whose context a later forward replaced
     recomputes it)."""
     leaves = [t.clone().requires_grad_() for t in (x, tw, *w)] + [t.clone().requires_grad_() if t is not None else None
                                                                   for t in s]
-    ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], ep_group=group)
+    ys = [lynx.moe(leaves[0] * (i + 1), ids, leaves[1], *leaves[2:5], *leaves[5:], config=config, ep_group=group)
           for i in range(forwards)]
     grads = torch.autograd.grad(ys, [t for t in leaves if t is not None], [dy] * forwards)
     return ys[0].detach(), list(grads)
 
 
-def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1):
+def check_case(name, T, H, I, E, k, Is, routing, seed, group, forwards=1, config=lynx.Config()):
     R, r = dist.get_world_size(group), dist.get_rank(group)
     x, ids, tw, w, s, dy = problem(R * T, H, I, E, k, Is, routing, seed)
-    y1, g1 = run(x, ids, tw, w, s, dy, None, forwards)
+    y1, g1 = run(x, ids, tw, w, s, dy, None, forwards, config)
     mine, experts = slice(r * T, (r + 1) * T), slice(r * E // R, (r + 1) * E // R)
     # Copies, not views: lynx takes 16-byte aligned tensors, and a view of rank r's rows of topk_ids
     # starts at r·T·k·4 bytes.
     yR, gR = run(x[mine].clone(), ids[mine].clone(), tw[mine].clone(), [t[experts].clone() for t in w], s,
-                 dy[mine].clone(), group, forwards)
+                 dy[mine].clone(), group, forwards, config)
     torch.cuda.synchronize()
     lynx.check()
     assert torch.isfinite(yR).all(), f"{name}: non-finite y"
@@ -145,6 +145,7 @@ def main():
     check_case("every token on rank 0's experts", 64, 128, 64, E, 3, 0, "rank0", 3, group)
     check_case("T = 1 per rank, k = 1", 1, 128, 64, E, 1, 0, "random", 4, group)
     check_case("two forwards in flight", 80, 128, 64, E, 2, 64, "random", 5, group, forwards=2)
+    check_case("fp8_block", 96, 256, 128, E, 2, 128, "random", 7, group, config=lynx.Config(precision="fp8_block"))
     check_fewer_tokens(group)
     layer = check_module(group)
     torch.cuda.synchronize()

@@ -23,3 +23,4 @@ def test_ranks_equal_one_rank_bit_for_bit(ranks):
     for r in range(ranks):
         assert f"rank {r}/{ranks} nn.MoE" in passed, passed
         assert f"rank {r}/{ranks} fewer tokens" in passed, passed
+        assert f"rank {r}/{ranks} fp8_block" in passed, passed

@@ -42,7 +42,9 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // null), from da = dL/d(unweighted expert hidden) and the saved g, u:
 //   d_topk_weights[slot] = <da, silu(g) ⊙ u>   (fixed-order fp32 sum; skipped when null)
 //   dg = w·da ⊙ u ⊙ silu'(g),  du = w·da ⊙ silu(g),  hw = w · silu(g) ⊙ u   (hw skipped when null)
-// Padding rows (row_token_slot < 0) below *total_rows get zeros in dg, du and hw.
+// Padding rows (row_token_slot < 0) below *total_rows get zeros in dg, du and hw, except those in a 64-row
+// half without rows, which no bf16 GEMM reads (sched::core::in_rowless_half); with `every_padding_row`
+// those too (the FP8 passes quantise whole 128-row blocks).
 // dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
 // are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
 // With remote `weight_sources` (R > 1) a row's weight is read from its source rank's copy of the
@@ -52,7 +54,8 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
-                     const RowSources& weight_sources = {}, bool gate_up_by_slot = false);
+                     const RowSources& weight_sources = {}, bool gate_up_by_slot = false,
+                     bool every_padding_row = false);
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.

@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kS
     Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
     float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
-    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources) {
+    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources, bool every_padding_row) {
   static_assert(!(kRemote && kBySlot), "by slot: one rank");
   // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
   if (total_rows && *total_rows > rows) return;
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kS
   for (int64_t row = int64_t(blockIdx.x) * kSwigluWarps + threadIdx.x / 32; row < used; row += stride) {
     const int32_t slot = row_token_slot ? row_token_slot[row] : 0;
     if (row_token_slot && slot < 0) {  // padding: zeros, for the weight gradients
-      // ... except in a 64-row half without rows, which nothing reads.
-      if (sched::core::in_rowless_half(row_token_slot, row)) continue;
+      // ... except in a 64-row half without rows, which no bf16 GEMM reads.
+      if (!every_padding_row && sched::core::in_rowless_half(row_token_slot, row)) continue;
       for (int64_t v = lane; v < vecs_per_row; v += 32) {
         dg[row * out_vecs_per_row + v] = Vec8{};
         du[row * out_vecs_per_row + v] = Vec8{};
@@ -404,7 +404,7 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
-                     const RowSources& weight_sources, bool gate_up_by_slot) {
+                     const RowSources& weight_sources, bool gate_up_by_slot, bool every_padding_row) {
   if (gate_up_by_slot && (!row_token_slot || weight_sources.remote())) {
     throw Error("", "internal: swiglu_backward: g and u by slot need one rank's row slots");
   }
@@ -420,7 +420,7 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, floa
   kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
-      topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources);
+      topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources, every_padding_row);
   LYNX_CHECK_LAUNCH();
 }
 
