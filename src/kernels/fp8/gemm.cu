@@ -1,12 +1,14 @@
 // The block-scaled FP8 GEMMs (api.h, gemm_block_scaled and its grouped form over the experts' rows):
 // the first pieces of the FP8 path, checked on their own before they become modes of the expert GEMM
 // (docs/fp8.md). Persistent CTAs, one per SM, each taking output tiles in turn (the next tile's loads
-// overlap this one's epilogue); no overlap of the promotion with the next K block's products yet.
+// overlap this one's epilogue).
 //
 // Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
 // ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
 // m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
-// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe).
+// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). Two temporaries
+// alternate, so that the next K block's products run on the tensor cores while one block's are
+// promoted (the weight-gradient form, whose B scales are per column, one block at a time).
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -33,6 +35,14 @@ constexpr int kTileN = 128;  // output columns per CTA: one B scale block
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
+// NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
+// __launch_bounds__(384, 1) allows): the producer warpgroup keeps 40 (one thread issues the TMA loads)
+// and the consumers take 232, for the running accumulator and two K blocks' products in flight
+// (3 × 64 fp32 a thread); at 168 each the weight-gradient form spilled.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+              "register budget");
 
 struct SharedStorage {
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
@@ -55,6 +65,25 @@ __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16_t* p, float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   *reinterpret_cast<__nv_bfloat16*>(p) = b;
+}
+
+// Columns col (even) and col + 1 of a row of N: one store of both where N is even (the pair is then
+// aligned), else each below N on its own.
+__device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, float v0, float v1) {
+  if (col + 1 < N && N % 2 == 0) {
+    *reinterpret_cast<float2*>(row + col) = make_float2(v0, v1);
+    return;
+  }
+  if (col < N) store(row + col, v0);
+  if (col + 1 < N) store(row + col + 1, v1);
+}
+__device__ __forceinline__ void store_pair(bf16_t* row, int32_t col, int32_t N, float v0, float v1) {
+  if (col + 1 < N && N % 2 == 0) {
+    *reinterpret_cast<__nv_bfloat162*>(row + col) = __floats2bfloat162_rn(v0, v1);
+    return;
+  }
+  if (col < N) store(row + col, v0);
+  if (col + 1 < N) store(row + col + 1, v1);
 }
 
 // What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
@@ -145,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {  // producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     sm90::prefetch_tma_descriptor(&tma_a);
     sm90::prefetch_tma_descriptor(&tma_b);
@@ -177,58 +207,112 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers. Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row
   // 64c + 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
-  int32_t it = 0;
+  int32_t it = 0;  // K blocks consumed before this tile
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
     const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
     const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+    const int32_t n = tile.kb_end - tile.kb_begin;
     // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
     const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
     float acc[64];
-    float part[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
-    for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
-      const int stage = it % kStages;
-      // Scales first: their global loads overlap the wait and the products.
-      const float sb = kWeightGrad ? 1.0f : b_scales[b_scale_row + kb];
-      const float sb2 = kSwiGLU ? b2_scales[b_scale_row + kb] : sb;  // the up half's
-      const float a0 = row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f;
-      const float a1 = row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f;
-      // kWeightGrad: B's scale per column, the thread's 32 (column 8j + 2(l%4) + r%2 at 2j + r%2).
-      float sbc[kWeightGrad ? 32 : 1];
-      if constexpr (kWeightGrad) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
-          sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
-        }
-      }
-      sm90::mbarrier_wait(&smem.full[stage], uint32_t(it / kStages) & 1, status, sm90::Wait::kFullStage, t);
+    for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+    // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
+    const auto issue = [&](float(&d)[64], int32_t i) {
+      const int32_t g = it + i;
+      const int stage = g % kStages;
+      sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, status, sm90::Wait::kFullStage, t);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
         const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
         const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
-        sm90::wgmma_m64n128k32_e4m3(part, da, db, kk > 0);
+        sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
       }
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::mbarrier_arrive(&smem.empty[stage]);
-      // Promotion: the K block's sums, exact products of E4M3 values, times both scales (column groups
-      // 8-15 of a SwiGLU tile are the up half's).
+    };
+    // The two rows' A scales of K block i.
+    const auto a_scale = [&](int32_t row, int32_t i) {
+      return row < M ? a_scales[int64_t(row) * k_blocks + tile.kb_begin + i] : 0.0f;
+    };
+    if constexpr (!kWeightGrad) {
+      // Block i's products d, its group completed: the stage goes back to the producer, and the sums,
+      // exact products of E4M3 values, into acc times both scales (column groups 8-15 of a SwiGLU tile
+      // are the up half's). The scales were loaded before the wait.
+      struct Scales {
+        float a0, a1, b, b2;
+      };
+      const auto scales_of = [&](int32_t i) {
+        const int32_t kb = tile.kb_begin + i;
+        const float b = b_scales[b_scale_row + kb];
+        return Scales{a_scale(row0, i), a_scale(row1, i), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
+      };
+      const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+        sm90::fence_registers(d);
+        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
 #pragma unroll
-      for (int e = 0; e < 64; ++e) {
-        const float sa = (e % 4) < 2 ? a0 : a1;
-        const float scale = kWeightGrad ? sa * sbc[kWeightGrad ? 2 * (e / 4) + e % 2 : 0] : sa * (e / 4 < 8 ? sb : sb2);
-        acc[e] = fmaf(part[e], scale, acc[e]);
+        for (int e = 0; e < 64; ++e) {
+          const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
+          acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
+        }
+      };
+      // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
+      // tensor cores work on it meanwhile (wait_group 1: only block i's group must have completed).
+      float pa[64], pb[64];
+      if (n > 0) issue(pa, 0);
+      int32_t i = 0;
+      for (; i + 2 < n; i += 2) {
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        issue(pa, i + 2);
+        sm90::wgmma_wait<1>();
+        promote(pb, i + 1, sc);
+      }
+      if (i + 1 < n) {  // two blocks left, in pa and pb
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        sm90::wgmma_wait<0>();
+        promote(pb, i + 1, sc);
+      } else if (i < n) {  // one, in pa
+        const Scales sc = scales_of(i);
+        sm90::wgmma_wait<0>();
+        promote(pa, i, sc);
+      }
+    } else {
+      // The weight gradient: B's scale per column (32 a thread), one K block at a time.
+      float part[64];
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t kb = tile.kb_begin + i;
+        const float a0 = a_scale(row0, i), a1 = a_scale(row1, i);
+        // The thread's columns 8j + 2(l%4) + r%2 at 2j + r%2.
+        float sbc[32];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
+          sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
+        }
+        issue(part, i);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(part);
+        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = fmaf(part[e], ((e % 4) < 2 ? a0 : a1) * sbc[2 * (e / 4) + e % 2], acc[e]);
       }
     }
+    it += n;
 
     // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
-    // acc[4(j + 8) + r].
+    // acc[4(j + 8) + r]; each thread's two adjacent columns (r % 2) stored together.
     constexpr int kGroups = kSwiGLU ? 8 : 16;
     // The rows g and u go to (kept.gate set): the thread's two rows' slots, -1 for none.
     int32_t kept_row[2] = {-1, -1};
@@ -240,29 +324,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kGroups; ++j) {
       const int32_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int32_t row = r < 2 ? row0 : row1;
-        float v = acc[4 * j + r];
+      for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
+        const int32_t row = h == 0 ? row0 : row1;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
         if constexpr (kSwiGLU) {
-          const int32_t kr = kept_row[r / 2];
-          if (kr >= 0 && col + r % 2 < N) {
-            store(&kept.gate[int64_t(kr) * N + col + r % 2], v);
-            store(&kept.up[int64_t(kr) * N + col + r % 2], acc[4 * (j + 8) + r]);
+          const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
+          const int32_t kr = kept_row[h];
+          if (kr >= 0) {
+            store_pair(kept.gate + int64_t(kr) * N, col, N, v0, v1);
+            store_pair(kept.up + int64_t(kr) * N, col, N, u0, u1);
           }
-          v = silu(v) * acc[4 * (j + 8) + r];
+          v0 = silu(v0) * u0;
+          v1 = silu(v1) * u1;
         }
-        if (row >= M || col + r % 2 >= N) continue;
+        if (row >= M) continue;
         if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
           Out* dst = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
                                       : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
-          store(&dst[col + r % 2], v);
+          store_pair(dst, col, N, v0, v1);
         } else {
-          store(&out[int64_t(row) * N + col + r % 2], v);
+          store_pair(out + int64_t(row) * N, col, N, v0, v1);
         }
       }
     }
   }
 }
+
 
 void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
