@@ -36,7 +36,8 @@ enum class Precision : int32_t {
                   // the weights' E4M3 copies made by quantize_weights (moe.h). The backward's GEMMs too:
                   // the dgrads (dy and dg | du in 1×128 tiles, transposed weight copies) and the weight
                   // gradients (operands in 1×128 tiles along the tokens; bf16 with bf16_weight_grads).
-                  // The shared expert stays bf16. So far at one rank, fused backend.
+                  // The shared expert stays bf16. Fused backend; at R > 1 the same on every rank, each
+                  // quantising its own experts' weights, and every R gives one rank's bits.
 };
 
 // What a caller may choose. A zero means "choose for me" (see resolve_config). Every path is

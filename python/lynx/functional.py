@@ -28,7 +28,8 @@ class Config:
     peer_timeout_ms: int = 0
     # "bf16", or "fp8_block": the routed experts' forward GEMMs on E4M3 operands with block scales (the
     # DeepSeek-V3 recipe, docs/fp8.md); the expert weights' FP8 copies are made again whenever they
-    # change (their version counters); the backward's GEMMs are FP8 too. One rank, the fused backend.
+    # change (their version counters); the backward's GEMMs are FP8 too. The fused backend, with or
+    # without an ep_group.
     precision: str = "bf16"
     # fp8_block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.
     bf16_weight_grads: bool = False

@@ -41,7 +41,8 @@ void check_group(const std::vector<Workspace*>& ranks) {
     }
     if (w.layout.bytes != first.layout.bytes || w.config.peer_timeout_ms != first.config.peer_timeout_ms ||
         w.config.save_forward_context != first.config.save_forward_context ||
-        w.config.precision != first.config.precision) {
+        w.config.precision != first.config.precision ||
+        w.config.bf16_weight_grads != first.config.bf16_weight_grads) {
       throw Error("ranks", "[" + str(r) + "] has another config than rank 0: every rank needs the same config");
     }
     if (w.connected() && R > 1) throw Error("ranks", "[" + str(r) + "] is connected already");

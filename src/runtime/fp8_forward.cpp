@@ -8,8 +8,9 @@
 namespace lynx::fp8pass {
 namespace {
 
-fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what) {
-  return fp8::NonfiniteReport{nullptr, w.status, int64_t(what)};
+// `pulled`: rows of every rank's tokens, pulled by this rank (R > 1).
+fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what, bool pulled = false) {
+  return fp8::NonfiniteReport{nullptr, w.status, int64_t(what), w.shape.rank, pulled};
 }
 
 }  // namespace
@@ -50,7 +51,7 @@ void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, bf16_t*
     return;
   }
   if (!pulled) fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, rows, gathered, s);
-  fp8::quantize_tiles(gathered, cap, H, w.device_total_rows(), f.xg, f.xg_scales, report(w, what), s);
+  fp8::quantize_tiles(gathered, cap, H, w.device_total_rows(), f.xg, f.xg_scales, report(w, what, true), s);
 }
 
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
@@ -126,13 +127,13 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // tiles along the rows, into the buffers the dgrads are done with (each at least that large).
   if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x rows
     fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
-    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
+    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX, w.ranks() > 1), s);
     fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
                                           data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
   }
   if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dy rowsᵀ · w·silu(g)⊙u
-    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy, w.ranks() > 1), s);
     fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);

@@ -157,8 +157,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       f8.w_down_t_scales = alloc<float>(E * kbI * kbH);
       f8.w_gate_up_t = alloc<uint8_t>(E * H * 2 * I);
       f8.w_gate_up_t_scales = alloc<float>(E * kbH * kb2I);
-      scratch(f8.x, T * H);
-      scratch(f8.x_scales, T * kbH);
+      if (s.num_ranks == 1) {  // at R > 1 the rows are quantised where they were pulled (docs/fp8.md)
+        scratch(f8.x, T * H);
+        scratch(f8.x_scales, T * kbH);
+      }
       scratch(f8.xg, cap * H);
       scratch(f8.xg_scales, cap * kbH);
       scratch(f8.h, cap * I);

@@ -65,7 +65,7 @@ struct Fp8Buffers {
   float* w_gate_up_t_scales;  // [E_loc, H/128↑, 2I/128↑]
   // Scratch of a call. The weight gradients' transposed operands ([width, cap], scales [width, cap/128])
   // reuse the buffers of the same width, which hold at least as many scales.
-  uint8_t* x;            // [T, H]    forward: x, quantised once per token; backward: dy
+  uint8_t* x;            // [T, H]    one rank: forward: x, quantised once per token; backward: dy
   float* x_scales;       // [T, H/128↑]
   uint8_t* xg;           // [cap, H]  their rows in schedule order; backward, then: x's rows, dy's rows transposed
   float* xg_scales;      // [cap, H/128↑]

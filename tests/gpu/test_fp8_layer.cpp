@@ -206,6 +206,50 @@ TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   expect_fp8_every_r({300, 192, 160, 60, 6, 64}, {3}, config, true);
 }
 
+// At R ranks a NaN in one rank's x (found by the ranks whose experts pull its row), or an infinity in
+// one rank's w_gate (found by that rank's quantize_weights), is reported by every rank, and none
+// writes y: the rank that met it names the tensor and itself, the others name a rank.
+TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
+  const Case c{256, 256, 128, 8, 2, 0};
+  constexpr int32_t R = 4;
+  for (const bool weight : {false, true}) {
+    SCOPED_TRACE(weight ? "infinity in rank 2's w_gate" : "NaN in rank 1's x");
+    HostLayer L(c, fresh_seed());
+    if (weight) {  // expert 5, rank 2's second
+      std::vector<HostBf16> wg = L.w_gate;
+      wg[size_t(5 * c.I * c.H + 77)] = float_to_bf16(INFINITY);
+      LYNX_TEST_CUDA(cudaMemcpy(L.d_wg.get(), wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
+    } else {  // token 5 of rank 1 (64 tokens a rank), routed to k experts
+      std::vector<HostBf16> x = L.x;
+      x[size_t((64 + 5) * c.H + 31)] = float_to_bf16(std::nanf(""));
+      LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    }
+    VirtualGroup g(L, R, random_dy(c), fp8_config());
+    g.forward(nullptr);
+    int named = 0;
+    for (int32_t r = 0; r < R; ++r) {
+      try {
+        g.ws[r]->check(nullptr);
+        ADD_FAILURE() << "rank " << r << " reported nothing";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        const std::string own = weight ? "weights.w_gate holds a NaN" : "x (a row this rank's experts pulled";
+        if (msg.find(own) != std::string::npos) {
+          ++named;
+          EXPECT_NE(msg.find("(rank " + std::to_string(r) + ")"), std::string::npos) << msg;
+          if (weight) EXPECT_EQ(r, 2) << msg;
+        } else {
+          EXPECT_NE(msg.find("reported an error in this pass (a NaN or an infinity"), std::string::npos)
+              << "rank " << r << ": " << msg;
+        }
+      }
+    }
+    EXPECT_GE(named, 1);
+    const std::vector<HostBf16> yh = to_host<HostBf16>(g.global.y, c.T * c.H);
+    for (size_t i = 0; i < yh.size(); ++i) ASSERT_TRUE(std::isnan(to_double(yh[i]))) << "y[" << i << "] written";
+  }
+}
+
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};
   const HostLayer L(c, fresh_seed());

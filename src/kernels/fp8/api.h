@@ -24,6 +24,8 @@ struct NonfiniteReport {
   int32_t* flag = nullptr;
   DeviceStatus* status = nullptr;
   int64_t what = 0;
+  int32_t rank = 0;     // the rank the status names
+  bool pulled = false;  // the rows were pulled from every rank's tokens (R > 1), not this rank's own
 };
 
 // q[r, c] = E4M3(x[r, c] / scale), scale = the smallest power of two 2^e >= amax / 448 (2^-126 at

@@ -55,6 +55,8 @@ __device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
       atomicCAS(&r.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kNonFiniteInput)) ==
           int32_t(StatusCode::kOk)) {
     r.status->a = r.what;
+    r.status->b = r.pulled ? 1 : 0;
+    r.status->rank = r.rank;
   }
 }
 
