@@ -377,7 +377,7 @@ __device__ __forceinline__ void wgmma_wait() {
 template <int N>
 __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]));
 }
 
 // acc[64, 256] (+)= A[64, 16] · B[256, 16]ᵀ, bf16 operands from shared memory, fp32 accumulators.

@@ -288,7 +288,7 @@ TEST_F(Fp8Gemm, OneRowShortK) { expect_matches_reference(1, 128, 64); }
 // stages runs across tile boundaries.
 TEST_F(Fp8Gemm, MoreTilesThanSMs) { expect_matches_reference(1280, 1792, 640); }
 // Every count of K blocks the pipelined mainloop's tails distinguish (1-5, the last one short in 400),
-// and an odd N (the outputs' column pairs stored one by one at the end of a row).
+// and an odd N (every pair of output columns stored one by one; the other tests' even N, together).
 TEST_F(Fp8Gemm, EveryBlockCountOfThePipeline) {
   for (const int64_t K : {128, 256, 384, 400, 512, 640}) {
     SCOPED_TRACE("K = " + std::to_string(K));

@@ -288,6 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::wgmma_wait<0>();
         promote(pa, i, sc);
       }
+      // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
+      // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
+      // tools/sass-check would say SERIAL).
     } else {
       // The weight gradient: B's scale per column (32 a thread), one K block at a time.
       float part[64];
@@ -364,6 +367,17 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
             const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
             const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream,
             KeptGateUp kept = {}, SplitOut split = {}) {
+  // With N even the kernel stores two adjacent columns at once (store_pair): every output is then
+  // aligned to two elements, as the library's buffers are.
+  const auto check_pairs = [&](const void* p, size_t element, const char* what) {
+    if (p != nullptr && N % 2 == 0 && reinterpret_cast<uintptr_t>(p) % (2 * element) != 0) {
+      throw Error(what, "must be aligned to two elements (N is even: the columns are stored in pairs)");
+    }
+  };
+  check_pairs(out, sizeof(Out), "out");
+  check_pairs(kept.gate, sizeof(bf16_t), "kept.gate");
+  check_pairs(kept.up, sizeof(bf16_t), "kept.up");
+  check_pairs(split.second, sizeof(bf16_t), "out2");
   // The attribute and the SM count are per device: looked up once on each.
   static detail::PerDeviceCache configured, sm_count;
   detail::per_device(configured, [](int) {
