@@ -118,7 +118,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, int32_t R) {
+RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, int32_t R, Precision precision) {
   RankTraffic t;
   if (R == 1) return t;
   const int64_t T = g.tokens / R, k = g.top_k, E_loc = g.num_experts / R;
@@ -127,8 +127,9 @@ RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, i
     if (source != owner) ++t.remote_rows;
   }
   const int64_t row = 2 * g.hidden, routing = (R - 1) * g.tokens * k * 4;  // every rank reads the others' ids
-  t.forward_bytes = t.remote_rows * 2 * row + routing;
-  t.backward_bytes = t.remote_rows * (2 * row + 4 + 4);
+  const int64_t pulled = precision == Precision::kFp8Block ? g.hidden + 4 * ((g.hidden + 127) / 128) : row;
+  t.forward_bytes = t.remote_rows * (pulled + row) + routing;
+  t.backward_bytes = t.remote_rows * (pulled + row + 4 + 4);
   return t;
 }
 
@@ -174,7 +175,7 @@ std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, 
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     for (size_t pi = 0; pi < passes.size(); ++pi) {
       rows.push_back({ranks[gi], passes[pi], median(ms[gi][pi]), clocks[gi][pi],
-                      rank_traffic(p.shape(), p.host_ids(), ranks[gi]), checks[gi]});
+                      rank_traffic(p.shape(), p.host_ids(), ranks[gi], precision), checks[gi]});
     }
   }
   return rows;

@@ -14,12 +14,14 @@ namespace lynx::bench {
 // Bytes read from another rank's memory in one pass, over all ranks.
 struct RankTraffic {
   int64_t remote_rows = 0;     // routed rows whose expert lives on another rank than their token
-  int64_t forward_bytes = 0;   // the x rows pulled, the expert outputs pulled back, the routing read
+  int64_t forward_bytes = 0;   // the x rows (or tiles) pulled, the expert outputs pulled back, the routing read
   int64_t backward_bytes = 0;  // the dy rows pulled, the dx rows pulled back, weights and d_topk_weights
 };
 
-// From the routing alone (host ids of all R·T tokens).
-RankTraffic rank_traffic(const LayerShape& global, const std::vector<int32_t>& ids, int32_t R);
+// From the routing alone (host ids of all R·T tokens). In FP8 the x and dy rows travel as 1×128 tiles
+// (a byte an element, 4 bytes a tile), the expert outputs and dx rows in bf16 as ever.
+RankTraffic rank_traffic(const LayerShape& global, const std::vector<int32_t>& ids, int32_t R,
+                         Precision precision = Precision::kBf16);
 
 struct RanksRow {
   int32_t ranks;

@@ -8,6 +8,7 @@
 #include "comm/transport.h"
 #include "common/cuda_check.h"
 #include "lynx/error.h"
+#include "plan/overrides.h"
 #include "runtime/scratch.h"
 #include "runtime/steps.h"
 #include "runtime/workspace.h"
@@ -101,6 +102,15 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     });
     return;
   }
+#if LYNX_EXPERIMENTS
+  // LYNX_VIRTUAL_RANKS=serial: every step of every rank on `stream`, rank after rank (each launch has the
+  // GPU to itself; a rank's barrier waits find the ranks before it arrived), to time against the ranks
+  // at once.
+  if (plan::environment_overrides().virtual_serial == 1) {
+    for (fused::Step s : fused::kSteps) each(s, [&](const Workspace::Impl&) { return stream; });
+    return;
+  }
+#endif
   Workspace::Impl& first = ranks[0]->impl();
   LYNX_CUDA(cudaEventRecord(first.fork_event, stream));
   for (Workspace* ws : ranks) LYNX_CUDA(cudaStreamWaitEvent(ws->impl().rank_stream, first.fork_event, 0));

@@ -19,7 +19,8 @@ struct RegionLayout {
   int64_t slot_row;     // [T*k] int32: row of (t, j) on the rank that computes it (that rank writes it)
   int64_t weights;      // [T*k] fp32: this rank's router weights (the SwiGLU backward reads them)
   int64_t d_topk_rows;  // [cap] fp32: d_topk_weights of this rank's rows (their sources pull them)
-  int64_t token_rows;   // [T, H] bf16: x in forward, dy in backward (pulled by the ranks that need the rows)
+  int64_t token_rows;   // [T, H] bf16: x in forward, dy in backward (pulled by the ranks that need the rows);
+                        // FP8: their 1×128 tiles, bytes [T, H] then fp32 scales [T, H/128↑] (fit: H >= 64)
   int64_t rows_a;       // [cap, H] bf16: forward's expert outputs (pulled by the combines)
   int64_t rows_b;       // [cap, H] bf16: backward's per-row dx (pulled by the dx combines)
   int64_t bytes;        // the whole region

@@ -61,7 +61,6 @@ std::string describe_status(const DeviceStatus& st, int64_t top_k) {
                                           "reported not finite earlier)"};
       const bool known = st.a >= 0 && st.a < int64_t(sizeof(names) / sizeof(names[0]));
       return std::string(known ? names[st.a] : "an input") +
-             (st.b == 1 ? " (a row this rank's experts pulled: a token of any rank)" : "") +
              " holds a NaN or an infinity, which the FP8 path cannot quantise" + on_rank;
     }
     case StatusCode::kPeerFailed:

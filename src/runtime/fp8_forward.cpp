@@ -1,5 +1,6 @@
 #include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
+#include "kernels/peer/api.h"
 #include "runtime/fp8_passes.h"
 #include "runtime/fused_launch.h"
 #include "runtime/stages.h"
@@ -8,9 +9,8 @@
 namespace lynx::fp8pass {
 namespace {
 
-// `pulled`: rows of every rank's tokens, pulled by this rank (R > 1).
-fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what, bool pulled = false) {
-  return fp8::NonfiniteReport{nullptr, w.status, int64_t(what), w.shape.rank, pulled};
+fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what) {
+  return fp8::NonfiniteReport{nullptr, w.status, int64_t(what), w.shape.rank};
 }
 
 }  // namespace
@@ -35,38 +35,62 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
 
 namespace {
 
-// The 1×128 tiles of `rows`' token rows ([T, H]: x, or dy) in schedule order, into f8.xg. One rank
-// quantises each token once and gathers its tiles; at R > 1 the rows come from their source ranks' token
-// rows, pulled in bf16 into `gathered` (schedule order) and quantised there: the same tiles, a tile
-// being one row's. `gathered` must then be free, or hold these rows already (`pulled`).
-void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, bf16_t* gathered, bool pulled,
-                             Fp8Tensor what, cudaStream_t s) {
+// R > 1, the open step: this rank's tokens of `rows` (x, or dy) quantised once per token in 1×128 tiles
+// into its shared region's token rows (bytes [T, H], then scales [T, H/128↑]), where the ranks whose
+// experts need them pull them; a NaN or an infinity is reported by this rank, which holds it, and by
+// every rank that pulls a tile of it (naming this rank).
+void stage_tiles(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s) {
+  const int64_t T = w.shape.tokens, H = w.shape.hidden;
+  uint8_t* q = w.in_region<uint8_t>(w.layout.token_rows);
+  fp8::quantize_tiles(data_of<const bf16_t>(rows), T, H, nullptr, q, reinterpret_cast<float*>(q + T * H),
+                      report(w, what), s);
+}
+
+// The 1×128 tiles of `rows`' tokens (x, or dy) in schedule order, into f8.xg: one rank quantises its
+// tokens once and gathers their tiles; at R > 1 each row's tile is pulled from its source rank's
+// staged tiles (stage_tiles): one byte an element, and a scale per 128.
+void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
+  const int32_t* slots = w.schedule.row_token_slot;
   if (w.ranks() == 1) {
     fp8::quantize_tiles(data_of<const bf16_t>(rows), T, H, nullptr, f.x, f.x_scales, report(w, what), s);
-    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, w.schedule.row_token_slot, w.device_total_rows(), cap,
-                      sh.top_k, H, s);
+    fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
     return;
   }
-  if (!pulled) fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, rows, gathered, s);
-  fp8::quantize_tiles(gathered, cap, H, w.device_total_rows(), f.xg, f.xg_scales, report(w, what, true), s);
+  const RowSources rs = w.row_sources(comm::kTokenRows);
+  fp8::gather_tiles(f.xg, f.xg_scales, nullptr, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
+                    fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
+}
+
+// f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled, which the weight gradients
+// read (so that every R gives one rank's bits; docs/fp8.md).
+void dequantized_rows(const Workspace::Impl& w, bf16_t* out, cudaStream_t s) {
+  fp8::dequantize_tiles(w.f8.xg, w.f8.xg_scales, w.problem.capacity, w.shape.hidden, w.device_total_rows(), out, s);
+}
+
+// The open step of a forward or recompute at R > 1: the routing and x's tiles staged; arrive.
+void open_forward(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (w.ranks() == 1) return;
+  enqueue_stage_routing(w, in, s);
+  stage_tiles(w, in.x, Fp8Tensor::kX, s);
+  peer::arrive(w.barrier_args(), false, s);
 }
 
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
-// slot (by row at R > 1), with the schedule, as the forward context when `keep_gate_up`. At R > 1 the
-// bf16 x rows pulled from their source ranks are context too (un.xg: backward stages dy, not x).
-void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_gate_up) {
+// slot (by row at R > 1), with the schedule, as the forward context when `keep_context`. At R > 1 the
+// context also keeps the x rows as they travelled (x̂, un.xg): backward stages dy, not x.
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_context) {
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   w.context_valid = false;
   enqueue_schedule(w, in, s);
   enqueue_shared_gate_up(w, in, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, w.un.xg, false, Fp8Tensor::kX, s);
+  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
   fp8::KeptGateUp kept;
-  if (keep_gate_up) {
+  if (keep_context) {
     kept.gate = w.un.g;
     kept.up = w.un.u;
     kept.slot = w.gate_up_by_slot ? w.schedule.row_token_slot : w.row_numbers;
@@ -75,6 +99,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
                                      I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept);
   }
+  if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
 }
 
@@ -86,13 +111,12 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   const Fp8Buffers& f = w.f8;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
-  bf16_t* dyg = w.un.rows_a;  // [cap, H]  gathered dy rows, bf16, for dw_down
+  bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for dw_down
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
-    // At R > 1 the rows are pulled from every rank's staged dy (the open step), not from `dy`.
-    fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, dy, dyg, s);
-    tiles_in_schedule_order(w, dy, dyg, true, Fp8Tensor::kDy, s);
+    tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
+    dequantized_rows(w, dyg, s);
   }
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
@@ -117,23 +141,25 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);
-    // One rank keeps no x rows from its forward: gathered again for dw_gate and dw_up.
+    // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again into
+    // f8.xg (the dgrads are done with it).
     if (!omitted(Stage::kXGather, w.backward_calls)) {
-      fused::queue_gather_kernel(plan::GatherPlace::kRowKernel, w, in.x, w.un.xg, s);
+      tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+      dequantized_rows(w, w.un.xg, s);
     }
   }
   if (w.config.bf16_weight_grads) return fused::weight_grads(w, grads, dyg, s);
   // The weight gradients sum over each expert's rows: their operands transposed and quantised in 1×128
   // tiles along the rows, into the buffers the dgrads are done with (each at least that large).
-  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x rows
+  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
     fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
-    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX, w.ranks() > 1), s);
+    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
     fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
                                           data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
   }
-  if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dy rowsᵀ · w·silu(g)⊙u
-    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy, w.ranks() > 1), s);
+  if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
+    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
     fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
@@ -142,16 +168,23 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
 
 }  // namespace
 
-// The open and close steps are the bf16 passes' (staging x or dy, the barriers, the combines in bf16).
+// The close steps are the bf16 passes' (the barrier, the combines of bf16 rows).
 void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, fused::Step step) {
-  if (step != fused::Step::kCompute) return fused::recompute_forward_context(w, in, s, step);
-  fused::compute_begins(w, s);
-  forward_context(w, in, s, true);
-  fused::compute_ends(w, s);
+  switch (step) {
+    case fused::Step::kOpen:
+      return open_forward(w, in, s);
+    case fused::Step::kCompute:
+      fused::compute_begins(w, s);
+      forward_context(w, in, s, true);
+      return fused::compute_ends(w, s);
+    case fused::Step::kClose:
+      return fused::recompute_forward_context(w, in, s, step);
+  }
 }
 
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s, fused::Step step) {
-  if (step != fused::Step::kCompute) return fused::forward(w, in, y, s, step);
+  if (step == fused::Step::kOpen) return open_forward(w, in, s);
+  if (step == fused::Step::kClose) return fused::forward(w, in, y, s, step);
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
@@ -168,10 +201,19 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
 
 void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s,
               fused::Step step) {
-  if (step != fused::Step::kCompute) return fused::backward(w, in, dy, grads, s, step);
-  fused::compute_begins(w, s);
-  backward_compute(w, in, dy, grads, s);
-  fused::compute_ends(w, s);
+  switch (step) {
+    case fused::Step::kOpen:
+      require_context(w, in);
+      if (w.ranks() == 1) return;
+      stage_tiles(w, dy, Fp8Tensor::kDy, s);
+      return peer::arrive(w.barrier_args(), false, s);
+    case fused::Step::kCompute:
+      fused::compute_begins(w, s);
+      backward_compute(w, in, dy, grads, s);
+      return fused::compute_ends(w, s);
+    case fused::Step::kClose:
+      return fused::backward(w, in, dy, grads, s, step);
+  }
 }
 
 }  // namespace lynx::fp8pass

@@ -30,7 +30,7 @@ void enqueue_schedule(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s)
   sched::build_schedule_device(w.problem, w.plan.schedule, routing, buffers, s);
 }
 
-void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+void enqueue_stage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   sched::OwnRouting own;
   own.topk_ids = in.topk_ids.data;
@@ -39,6 +39,11 @@ void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_
   own.ids32 = w.ids32;
   sched::stage_routing(own, w.in_region<float>(w.layout.weights), sh.tokens * sh.top_k, sh.num_experts, sh.rank,
                        w.status, s);
+}
+
+void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  enqueue_stage_routing(w, in, s);
   LYNX_CUDA(cudaMemcpyAsync(w.in_region<void>(w.layout.token_rows), in.x.data, size_t(2 * sh.tokens * sh.hidden),
                             cudaMemcpyDeviceToDevice, s));
 }

@@ -16,7 +16,8 @@ T* data_of(const TensorView& v) {
 void enqueue_schedule(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 
 // R > 1, the opening step of a forward or recompute: this rank's routing checked and copied into its
-// shared region, and `rows` (x) copied to its token rows, for the other ranks to read.
+// shared region (enqueue_stage_routing), and x copied to its token rows, for the other ranks to read.
+void enqueue_stage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 
 // The shared expert's gate/up GEMMs, and its SwiGLU and down GEMM (fp32 output in w.un.ys).

@@ -157,7 +157,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       f8.w_down_t_scales = alloc<float>(E * kbI * kbH);
       f8.w_gate_up_t = alloc<uint8_t>(E * H * 2 * I);
       f8.w_gate_up_t_scales = alloc<float>(E * kbH * kb2I);
-      if (s.num_ranks == 1) {  // at R > 1 the rows are quantised where they were pulled (docs/fp8.md)
+      // At R > 1 each rank's tiles are staged in its shared region's token rows (fp8_forward.cpp): H bytes
+      // and 4 per 128 columns a token, within the 2·H of a bf16 row.
+      if (s.num_ranks > 1 && H + 4 * kbH > 2 * H) throw Error("shape.hidden", "internal: FP8 tiles exceed a token row");
+      if (s.num_ranks == 1) {
         scratch(f8.x, T * H);
         scratch(f8.x_scales, T * kbH);
       }
@@ -246,6 +249,10 @@ plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
   // expert GEMMs keep every SM: planned for 1/R of them too, R = 8's forward took 1.81 ms against 1.62
   // with full grids (2026-12-04, af72472 against 366ac75; R = 1 1.19).
   plan::DeviceProps props = device_props;
+#if LYNX_EXPERIMENTS
+  // LYNX_VIRTUAL_RANKS=serial (api/ranks.cpp): one rank's launches at a time, each with every SM.
+  if (overrides.virtual_serial == 1) return props;
+#endif
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
   return props;
 }

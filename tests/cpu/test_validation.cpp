@@ -268,6 +268,17 @@ TEST(Validation, StatusMessagesNameTheEntry) {
             "weights.w_down holds a NaN or an infinity, which the FP8 path cannot quantise (rank 0)");
   st.a = int64_t(Fp8Tensor::kX);
   EXPECT_EQ(describe_status(st, 4).find("x holds a NaN"), size_t(0));
+  // At R > 1: found on rank 2, which holds it; a peer's report of it.
+  st.rank = 2;
+  EXPECT_EQ(describe_status(st, 4), "x holds a NaN or an infinity, which the FP8 path cannot quantise (rank 2)");
+  st = DeviceStatus{};
+  st.code = int32_t(StatusCode::kPeerFailed);
+  st.rank = 0;
+  st.a = 2;
+  st.b = int64_t(StatusCode::kNonFiniteInput);
+  EXPECT_NE(describe_status(st, 4).find("rank 2 reported an error in this pass (a NaN or an infinity in an FP8 operand"),
+            std::string::npos)
+      << describe_status(st, 4);
 }
 
 TEST(Validation, MakeViewRejectsTooManyDims) {

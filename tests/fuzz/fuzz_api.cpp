@@ -115,6 +115,9 @@ void fuzz_shape_and_config(Input& in) {
   c.backend = Backend(in.in(0, 2));
   c.peer_timeout_ms = in.take<uint8_t>() % 4 == 0 ? in.in(-10, 4'000'000) : 0;
   c.save_forward_context = in.take<uint8_t>() % 2;
+  c.precision = Precision(in.in(0, 2));  // 2: not a precision
+  c.bf16_weight_grads = in.take<uint8_t>() % 2;
+  c.caller_context = in.take<uint8_t>() % 4 == 0;
   ResolvedConfig r;
   try {
     r = resolve_config(s, c, DeviceInfo{});
@@ -126,6 +129,10 @@ void fuzz_shape_and_config(Input& in) {
          "resolve_config's capacity");
   expect(r.backend == Backend::kFused || (r.backend == Backend::kUnfused && s.num_ranks == 1), "resolve_config's backend");
   expect(r.peer_timeout_ms > 0, "resolve_config's peer timeout");
+  expect(r.precision == c.precision && (r.precision == Precision::kBf16 || r.precision == Precision::kFp8Block),
+         "resolve_config's precision");
+  expect(r.precision == Precision::kBf16 || r.backend == Backend::kFused, "FP8 on the unfused backend");
+  expect(!r.caller_context || (s.num_ranks == 1 && r.save_forward_context), "resolve_config's caller_context");
 
   // The tensors of a call on this shape.
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, E = s.local_experts(), k = s.top_k;

@@ -113,12 +113,12 @@ struct Bounds {
 
 // NOTES: the FP8 path's (Config::precision = kFp8Block): each tensor's relative error is at most
 // √(2 × its dissimilarity bound) (tests/gpu/test_fp8_layer.cpp derives those, docs/fp8.md tabulates
-// them): 0.102 for dx and dw_gate, the largest, used for every tensor; a d_topk_weights value within
+// them): 0.109 for dw_gate, the largest, used for every tensor; a d_topk_weights value within
 // √6·ε = √2/16 of its terms' magnitude. Per row (a token's y, dx or d_topk_weights; an expert's whole
 // weight gradient) 0.5: a wrong scale, expert or row is off by the order of the value itself, while a
 // right row's error, an average over 64 values or more of per-value errors of the tensor's size, stays
 // well below (bf16's 3e-2 is 7 times its typical error; these bounds have not met a batch yet).
-inline const Bounds kFp8Bounds{0.102, 0.5, 0.5, 0.0884};
+inline const Bounds kFp8Bounds{0.109, 0.5, 0.5, 0.0884};
 
 // Every output of layer L (y, dx, d_topk_weights, dw_*, dws_*) against `want`: finite, within
 // bounds.tensor per tensor and bounds.row per row; d_topk_weights also per value against the
@@ -164,7 +164,7 @@ struct RandomCase {
   Backend backend = Backend::kFused;
   bool recompute = false;  // context recomputed (save_forward_context off) instead of saved
   int32_t R = 1;           // virtual ranks
-  bool fp8 = false;        // Config::precision = kFp8Block (one rank, fused)
+  bool fp8 = false;        // Config::precision = kFp8Block (fused)
 };
 
 // NOTES: the fp64 reference runs on the CPU. Each case's routed and shared multiply-adds per pass,
@@ -178,7 +178,7 @@ inline constexpr int64_t kMaxExpertElements = int64_t(1) << 22;
 
 RandomCase draw_case(uint64_t seed);
 
-// The case of `seed` in FP8: draw_case's shape, routing and context, at one rank on the fused backend.
+// The case of `seed` in FP8: draw_case's shape, routing, context and ranks, on the fused backend.
 RandomCase draw_fp8_case(uint64_t seed);
 
 // "T=.. H=.. I=.. E=.. k=.. Is=.. routing=.. weights=.. ids=.. backend=.. R=.. context=..".

@@ -143,4 +143,18 @@ Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostB
   return gather_outputs(L, g.global, g.slices);
 }
 
+void expect_every_r_gives(const Outputs& want, const HostLayer& L, const std::vector<int32_t>& Rs,
+                          const std::vector<HostBf16>& dy, const Config& config, bool recompute) {
+  for (const int32_t R : Rs) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
+    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
+    if (L.c.Is > 0) {
+      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
+      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
+    }
+  }
+}
+
 }  // namespace lynx::test

@@ -56,6 +56,12 @@ struct VirtualGroup {
   void check(cudaStream_t s) const;
 };
 
+// For each R of Rs: forward, then backward with `dy`, on R virtual ranks give the routed outputs of `want`
+// (one rank's) bit for bit, and shared expert gradients whose per-rank parts sum to want's (within
+// kTolerance: a sum of R roundings).
+void expect_every_r_gives(const Outputs& want, const HostLayer& L, const std::vector<int32_t>& Rs,
+                          const std::vector<HostBf16>& dy, const Config& config, bool recompute);
+
 // Forward, then backward with `dy`, on R virtual ranks (poisoned outputs), outputs gathered; `hook`, if
 // given, is applied to every rank's workspace first (a test hook).
 Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostBf16>& dy, const Config& config = {},

@@ -29,16 +29,7 @@ void check_every_r(const Case& c, const std::vector<int32_t>& Rs, const Config& 
   const Outputs want = run_layer(one, L, dy, recompute);
   one.check(nullptr);
   expect_matches_reference(want, L, dy);
-  for (const int32_t R : Rs) {
-    SCOPED_TRACE("R = " + std::to_string(R));
-    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
-    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
-    if (c.Is > 0) {
-      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
-    }
-  }
+  expect_every_r_gives(want, L, Rs, dy, config, recompute);
 }
 
 TEST_F(Ranks, BitwiseEqualToOneRankAtEveryR) { check_every_r({512, 256, 128, 16, 4, 128}, {2, 4, 8}); }

@@ -74,13 +74,16 @@ std::vector<double> emulated_y(const HostLayer& L) {
 // makes it 3.3ε²), while E4M3's actual RMS error is 0.5-0.6 of ε: the CPU emulation measures 0.67 of
 // the bound (Fp8Reference.LayerForwardIsCloseToTheExactLayer). The backward: da takes dy's and
 // w_downᵀ's (2ε²); dg = da·u·silu′(g) da's, u's and g's (6ε²), du = da·silu(g) 4ε², h 4ε²; so
-// d_topk_weights = ⟨da, h⟩ and the weight gradients (bf16 GEMMs of dg, du, h with x and dy) bear at
-// most 6ε², within 2^-8 too; dx_row = [dg | du] · [w_gate; w_up] adds the quantisation of dg | du and
-// of the weights (8ε²): a dissimilarity of at most 4ε² = 2^-6/3 ≈ 5.2e-3. The FP8 weight gradients add
-// the quantisation of both operands (2ε²): dw_gate's dg bears 8ε² (4ε², as dx), dw_up's du and
-// dw_down's h 6ε² (within 2^-8). The shared expert's gradients are bf16 throughout (the layer's 1e-2).
+// d_topk_weights = ⟨da, h⟩ bears 6ε², within 2^-8 too; dx_row = [dg | du] · [w_gate; w_up] adds the
+// quantisation of dg | du and of the weights (8ε²): a dissimilarity of at most 4ε² = 2^-6/3 ≈ 5.2e-3.
+// The weight gradients read the token rows as they travelled, x̂ and dŷ (one ε² each), and in FP8 the
+// quantisation of both operands along the rows (2ε²): dw_gate's dg 6ε² + 3ε² = 9ε² (3·2^-9 ≈ 5.9e-3),
+// dw_up's du and dw_down's h 4ε² + 3ε² = 7ε² (7·2^-9/3 ≈ 4.6e-3); with bf16 weight gradients 2ε² less.
+// The shared expert's gradients are bf16 throughout (the layer's 1e-2).
 constexpr double kMaxDissimilarity = 1.0 / 256.0;
 constexpr double kMaxDxDissimilarity = 1.0 / 192.0;
+constexpr double kMaxDwGateDissimilarity = 3.0 / 512.0;
+constexpr double kMaxDwDissimilarity = 7.0 / 1536.0;
 
 template <class T>
 double dissimilarity_of(const std::vector<T>& got, const std::vector<double>& want, const char* what) {
@@ -115,9 +118,9 @@ void expect_gradients_close(const Outputs& o, const HostLayer& L, const std::vec
   if (o.d_topk.size() >= 32) {
     EXPECT_LT(dissimilarity_of(o.d_topk, g.d_topk_weights, "d_topk_weights"), kMaxDissimilarity);
   }
-  EXPECT_LT(dissimilarity_of(o.dw_gate, g.dw_gate, "dw_gate"), kMaxDxDissimilarity);
-  EXPECT_LT(dissimilarity_of(o.dw_up, g.dw_up, "dw_up"), kMaxDissimilarity);
-  EXPECT_LT(dissimilarity_of(o.dw_down, g.dw_down, "dw_down"), kMaxDissimilarity);
+  EXPECT_LT(dissimilarity_of(o.dw_gate, g.dw_gate, "dw_gate"), kMaxDwGateDissimilarity);
+  EXPECT_LT(dissimilarity_of(o.dw_up, g.dw_up, "dw_up"), kMaxDwDissimilarity);
+  EXPECT_LT(dissimilarity_of(o.dw_down, g.dw_down, "dw_down"), kMaxDwDissimilarity);
   if (L.c.Is > 0) {
     EXPECT_LT(rel_error(o.dws_gate, g.dws_gate, "dws_gate"), kTolerance);
     EXPECT_LT(rel_error(o.dws_up, g.dws_up, "dws_up"), kTolerance);
@@ -184,16 +187,7 @@ void expect_fp8_every_r(const Case& c, const std::vector<int32_t>& Rs, const Con
   EXPECT_LT(dissimilarity_of(want.y, ref::forward(L.reference(L.weights_double())), "y"), kMaxDissimilarity);
   expect_gradients_close(want, L, dy);
   if (::testing::Test::HasFailure()) return;
-  for (const int32_t R : Rs) {
-    SCOPED_TRACE("R = " + std::to_string(R));
-    const Outputs got = run_virtual_ranks(L, R, dy, config, recompute);
-    EXPECT_EQ(first_routed_difference(got, want), "") << "differs from R = 1";
-    if (c.Is > 0) {
-      EXPECT_LT(rel_error(got.dws_gate, to_double_vec(want.dws_gate), "dws_gate"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_up, to_double_vec(want.dws_up), "dws_up"), kTolerance);
-      EXPECT_LT(rel_error(got.dws_down, to_double_vec(want.dws_down), "dws_down"), kTolerance);
-    }
-  }
+  expect_every_r_gives(want, L, Rs, dy, config, recompute);
 }
 
 TEST_F(Fp8Layer, BitwiseEqualAtEveryR) { expect_fp8_every_r({512, 256, 256, 16, 4, 128}, {2, 4, 8}, fp8_config(), false); }
@@ -206,45 +200,50 @@ TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   expect_fp8_every_r({300, 192, 160, 60, 6, 64}, {3}, config, true);
 }
 
-// At R ranks a NaN in one rank's x (found by the ranks whose experts pull its row), or an infinity in
-// one rank's w_gate (found by that rank's quantize_weights), is reported by every rank, and none
-// writes y: the rank that met it names the tensor and itself, the others name a rank.
+// At R ranks a NaN in one rank's x, or an infinity in one rank's w_gate (found by that rank's
+// quantize_weights), is reported by every rank, and none writes y. The x case: token 5 of rank 1 (64
+// tokens a rank) routed to experts 0 (rank 0's) and 2 (rank 1's): rank 1 finds it when it stages its
+// tiles, rank 0 when it pulls the tile, both naming rank 1; ranks 2 and 3 report a peer's error. The
+// w_gate case: rank 2 names itself, every other rank reports rank 2.
 TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
   const Case c{256, 256, 128, 8, 2, 0};
   constexpr int32_t R = 4;
+  const auto holds = [](const char* tensor, int32_t rank) {
+    return std::string(tensor) + " holds a NaN or an infinity, which the FP8 path cannot quantise (rank " +
+           std::to_string(rank) + ")";
+  };
+  const auto peer = [](int32_t rank) {
+    return "rank " + std::to_string(rank) + " reported an error in this pass (a NaN or an infinity in an FP8 operand";
+  };
   for (const bool weight : {false, true}) {
     SCOPED_TRACE(weight ? "infinity in rank 2's w_gate" : "NaN in rank 1's x");
     HostLayer L(c, fresh_seed());
+    std::vector<std::string> want(R);
     if (weight) {  // expert 5, rank 2's second
       std::vector<HostBf16> wg = L.w_gate;
       wg[size_t(5 * c.I * c.H + 77)] = float_to_bf16(INFINITY);
       LYNX_TEST_CUDA(cudaMemcpy(L.d_wg.get(), wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
-    } else {  // token 5 of rank 1 (64 tokens a rank), routed to k experts
+      want = {peer(2), peer(2), holds("weights.w_gate", 2), peer(2)};
+    } else {
+      const int64_t t = 64 + 5;
       std::vector<HostBf16> x = L.x;
-      x[size_t((64 + 5) * c.H + 31)] = float_to_bf16(std::nanf(""));
+      x[size_t(t * c.H + 31)] = float_to_bf16(std::nanf(""));
       LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+      L.ids[size_t(t * c.k)] = 0;  // the ranks' slices take their ids from the host copy (RankSlice)
+      L.ids[size_t(t * c.k + 1)] = 2;
+      want = {holds("x", 1), holds("x", 1), "reported an error in this pass (a NaN or an infinity in an FP8 operand",
+              "reported an error in this pass (a NaN or an infinity in an FP8 operand"};
     }
     VirtualGroup g(L, R, random_dy(c), fp8_config());
     g.forward(nullptr);
-    int named = 0;
     for (int32_t r = 0; r < R; ++r) {
       try {
         g.ws[r]->check(nullptr);
         ADD_FAILURE() << "rank " << r << " reported nothing";
       } catch (const Error& e) {
-        const std::string msg = e.what();
-        const std::string own = weight ? "weights.w_gate holds a NaN" : "x (a row this rank's experts pulled";
-        if (msg.find(own) != std::string::npos) {
-          ++named;
-          EXPECT_NE(msg.find("(rank " + std::to_string(r) + ")"), std::string::npos) << msg;
-          if (weight) EXPECT_EQ(r, 2) << msg;
-        } else {
-          EXPECT_NE(msg.find("reported an error in this pass (a NaN or an infinity"), std::string::npos)
-              << "rank " << r << ": " << msg;
-        }
+        EXPECT_NE(std::string(e.what()).find(want[size_t(r)]), std::string::npos) << "rank " << r << ": " << e.what();
       }
     }
-    EXPECT_GE(named, 1);
     const std::vector<HostBf16> yh = to_host<HostBf16>(g.global.y, c.T * c.H);
     for (size_t i = 0; i < yh.size(); ++i) ASSERT_TRUE(std::isnan(to_double(yh[i]))) << "y[" << i << "] written";
   }

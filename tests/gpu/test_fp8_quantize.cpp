@@ -255,6 +255,78 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   }
 }
 
+// At R > 1 the tiles travel: two ranks' staged tiles (bytes [T, cols], then scales) gathered into one
+// schedule by each row's source rank, as the same rows' tiles gathered from one rank holding all the
+// tokens; then dequantised to bf16 below a row limit, exact (value · power-of-two scale), the rows past
+// it untouched.
+TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t T = 40, cols = 320, kb = fp8::blocks_of(cols), k = 2, cap = 128, total = 120;
+  const std::vector<HostBf16> x = spread_values(2 * T, cols, 6, seed);  // rank 0's tokens, then rank 1's
+  const std::vector<float> xf = to_floats(x);
+  const ref::fp8::Quantized tiles = ref::fp8::quantize_tiles(xf.data(), 2 * T, cols);
+  // Each rank's staged tiles: its T rows' bytes, then their scales.
+  std::vector<DeviceBuffer> staged;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<uint8_t> bytes(size_t(T * cols + 4 * T * kb));
+    std::memcpy(bytes.data(), tiles.q.data() + r * T * cols, size_t(T * cols));
+    std::memcpy(bytes.data() + T * cols, tiles.scales.data() + r * T * kb, size_t(4 * T * kb));
+    staged.push_back(to_device(bytes));
+  }
+  const std::vector<const void*> bases{staged[0].get(), staged[1].get()};
+  // Schedule row r: slot (5r) mod (T·k) of rank r % 2, every seventh a padding row.
+  std::vector<int32_t> slots(static_cast<size_t>(cap)), src(static_cast<size_t>(cap)),
+      one_rank_slots(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) {
+    src[size_t(r)] = int32_t(r % 2);
+    slots[size_t(r)] = r % 7 == 6 ? -1 : int32_t((5 * r) % (T * k));
+    one_rank_slots[size_t(r)] = slots[size_t(r)] < 0 ? -1 : int32_t(src[size_t(r)] * T * k + slots[size_t(r)]);
+  }
+  DeviceBuffer d_bases = to_device(bases), d_src = to_device(src), d_slots = to_device(slots);
+  DeviceBuffer d_one_slots = to_device(one_rank_slots), d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  DeviceBuffer d_all = to_device(tiles.q), d_all_s = to_device(tiles.scales);
+  DeviceBuffer d_gq(size_t(cap * cols)), d_gs(size_t(cap * kb) * 4), d_wq(size_t(cap * cols)), d_ws(size_t(cap * kb) * 4);
+  for (DeviceBuffer* d : {&d_gq, &d_gs, &d_wq, &d_ws}) d->fill_bytes(0xFF);
+  fp8::gather_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), nullptr, nullptr, d_slots.as<int32_t>(), d_total.as<int32_t>(),
+                    cap, k, cols, nullptr,
+                    fp8::TileSources{static_cast<const void* const*>(d_bases.get()), d_src.as<int32_t>(), T});
+  fp8::gather_tiles(d_wq.as<uint8_t>(), d_ws.as<float>(), d_all.as<uint8_t>(), d_all_s.as<float>(),
+                    d_one_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k, cols, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_TRUE(to_host<uint8_t>(d_gq, size_t(cap * cols)) == to_host<uint8_t>(d_wq, size_t(cap * cols)))
+      << "the pulled tiles differ from one rank's";
+  const std::vector<float> gs = to_host<float>(d_gs, size_t(cap * kb)), ws = to_host<float>(d_ws, size_t(cap * kb));
+  for (int64_t i = 0; i < cap * kb; ++i) {
+    if (i < total * kb) {
+      ASSERT_EQ(bits(gs[size_t(i)]), bits(ws[size_t(i)])) << "scale " << i;
+    } else {
+      ASSERT_TRUE(std::isnan(gs[size_t(i)])) << "scale past the schedule written: " << i;
+    }
+  }
+  // Dequantised below a limit of 100 rows.
+  const int64_t limit = 100;
+  DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)}), d_out(size_t(cap * cols) * 2);
+  d_out.fill_bytes(0xFF);
+  fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), cap, cols, d_limit.as<int32_t>(), d_out.as<bf16_t>(),
+                        nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<HostBf16> out = to_host<HostBf16>(d_out, size_t(cap * cols));
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t slot = one_rank_slots[size_t(r)];
+    for (int64_t c = 0; c < cols; ++c) {
+      const HostBf16 got = out[size_t(r * cols + c)];
+      if (r >= limit) {
+        ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the limit written";
+        continue;
+      }
+      const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
+      ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "row " << r << " column " << c;
+      ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
+    }
+  }
+}
+
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows
 // each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit.
 TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {

@@ -1,6 +1,6 @@
 // Seeded random cases (RandomCases.*): shapes, routings, backends, context and virtual ranks drawn
 // from a seed, forward and backward against the fp64 reference, every output per tensor and per row;
-// and (Fp8RandomCases.*) the first cases of the same batch in FP8 at one rank (random_case.h,
+// and (Fp8RandomCases.*) the first cases of the same batch in FP8, on the fused backend (random_case.h,
 // draw_fp8_case), within the FP8 bounds.
 //   LYNX_RANDOM_CASES=N        cases in a batch (default 200)
 //   LYNX_FP8_RANDOM_CASES=N    of which the FP8 test runs (default 40)

@@ -24,8 +24,7 @@ struct NonfiniteReport {
   int32_t* flag = nullptr;
   DeviceStatus* status = nullptr;
   int64_t what = 0;
-  int32_t rank = 0;     // the rank the status names
-  bool pulled = false;  // the rows were pulled from every rank's tokens (R > 1), not this rank's own
+  int32_t rank = 0;  // the rank the status names
 };
 
 // q[r, c] = E4M3(x[r, c] / scale), scale = the smallest power of two 2^e >= amax / 448 (2^-126 at
@@ -69,15 +68,36 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
 void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
                      float* scales, NonfiniteReport report, cudaStream_t stream);
 
+// Where gather_tiles finds each schedule row's token at R > 1: rank q's tiles of its tokens, staged at
+// base[q] (device addresses of every rank's, as this rank reaches them): bytes [tokens, cols], then
+// their scales [tokens, blocks_of(cols)] right after.
+struct TileSources {
+  const void* const* base = nullptr;      // [R] device
+  const int32_t* row_src_rank = nullptr;  // [capacity] device: the schedule's
+  int64_t tokens = 0;                     // every rank's T
+
+  LYNX_HD bool remote() const { return base != nullptr; }
+};
+
 // The 1×128 tiles of token rows in schedule order: for each schedule row r below *total_rows, dst row r
 // = src row row_token_slot[r] / top_k (bytes [cols] and scales [blocks_of(cols)]); a padding row
 // (row_token_slot < 0) gets zero bytes and scales of 1. Rows from *total_rows on are not written. The
 // quantised form of the bf16 gather (glue::gather_rows): quantising then gathering equals gathering
 // then quantising, a tile being one row's. *total_rows above the capacity (a schedule over capacity,
-// which placed no rows) gathers nothing. dst and src 16-byte aligned where cols % 16 == 0.
+// which placed no rows) gathers nothing. dst and src 16-byte aligned where cols % 16 == 0. With remote
+// `sources` (R > 1) each row comes from its source rank's staged tiles, and src, src_scales are unused;
+// a pulled tile whose scale is not finite (its source found a NaN or an infinity) is reported through
+// `report`, naming the source rank.
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
-                  int64_t cols, cudaStream_t stream);
+                  int64_t cols, cudaStream_t stream, const TileSources& sources = {}, NonfiniteReport report = {});
+
+// The rows below *row_limit of tiles q [capacity, cols] (scales [capacity, blocks_of(cols)]) as bf16:
+// out[r, c] = value(q[r, c]) · scale of its tile, exact (an E4M3 value has 4 significant bits; only a
+// value below bf16's smallest subnormal would round). Nothing when *row_limit > capacity. cols % 8 == 0;
+// q 8-byte and out 16-byte aligned.
+void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,
+                      bf16_t* out, cudaStream_t stream);
 
 // x[r, c] = value(q[r, c]) · scale of its tile (`blocks`: of its 128×128 block), in fp32 (exact).
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,

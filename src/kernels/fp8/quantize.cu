@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "device/remote.cuh"
 #include "kernels/fp8/api.h"
 #include "lynx/error.h"
 
@@ -55,7 +56,6 @@ __device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
       atomicCAS(&r.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kNonFiniteInput)) ==
           int32_t(StatusCode::kOk)) {
     r.status->a = r.what;
-    r.status->b = r.pulled ? 1 : 0;
     r.status->rank = r.rank;
   }
 }
@@ -246,11 +246,15 @@ __global__ void transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int6
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
 
 // One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
-// its scales.
+// its scales. kRemote (R > 1): from the row's source rank's staged tiles (TileSources), not from src.
+// NOTES: a template parameter, as the bf16 gathers' (glue.cu): the one-rank loads keep their read-only
+// path.
+template <bool kRemote>
 __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict__ dst_scales,
                                     const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
-                                    int64_t capacity, int64_t top_k, int64_t cols) {
+                                    int64_t capacity, int64_t top_k, int64_t cols, TileSources sources,
+                                    NonfiniteReport report) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
   // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
   const int32_t total = *total_rows;
@@ -266,15 +270,58 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
     return;
   }
   const int64_t token = slot / top_k;
+  int32_t source = 0;
+  if constexpr (kRemote) {
+    source = sources.row_src_rank[row];
+    const uint8_t* base = static_cast<const uint8_t*>(sources.base[source]);
+    src = base;
+    src_scales = reinterpret_cast<const float*>(base + sources.tokens * cols);
+  }
   const uint8_t* s = src + token * cols;
   if (cols % 16 == 0) {
     for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
-      *reinterpret_cast<uint4*>(d + c) = *reinterpret_cast<const uint4*>(s + c);
+      *reinterpret_cast<uint4*>(d + c) = remote::load(reinterpret_cast<const uint4*>(s + c));
     }
   } else {
-    for (int64_t c = lane; c < cols; c += 32) d[c] = s[c];
+    for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
   }
-  for (int64_t b = lane; b < kb; b += 32) ds[b] = src_scales[token * kb + b];
+  for (int64_t b = lane; b < kb; b += 32) {
+    const float scale = remote::load(src_scales + token * kb + b);
+    ds[b] = scale;
+    // A tile its source found not finite (a NaN scale): reported here too, naming the source rank, before
+    // this rank's later quantisations meet the NaNs it spreads.
+    if constexpr (kRemote) {
+      if (!isfinite(scale)) {
+        NonfiniteReport r = report;
+        r.rank = source;
+        report_nonfinite(r);
+      }
+    }
+  }
+}
+
+// One thread per 8 values of a row below *row_limit: value(q) · its tile's scale, exact in bf16 (an E4M3
+// value has 4 significant bits, a power-of-two scale none).
+__global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
+                                        int64_t capacity, int64_t cols, const int32_t* __restrict__ row_limit,
+                                        __nv_bfloat16* __restrict__ out) {
+  const int64_t limit = *row_limit;
+  if (limit > capacity) return;  // a schedule over capacity: its rows hold nothing
+  const int64_t kb = blocks_of(cols), groups = cols / 8;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < limit * groups;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / groups, c = (i % groups) * 8;
+    const float s = scales[r * kb + c / kBlock];
+    const uint2 bytes = *reinterpret_cast<const uint2*>(q + r * cols + c);
+    __nv_bfloat162 v[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t word = p < 2 ? bytes.x : bytes.y;
+      const int shift = 16 * (p % 2);
+      v[p] = __floats2bfloat162_rn(from_e4m3(uint8_t(word >> shift)) * s, from_e4m3(uint8_t(word >> (shift + 8))) * s);
+    }
+    *reinterpret_cast<uint4*>(out + r * cols + c) = *reinterpret_cast<const uint4*>(v);
+  }
 }
 
 __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t rows,
@@ -344,10 +391,24 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
-                  int64_t cols, cudaStream_t stream) {
+                  int64_t cols, cudaStream_t stream, const TileSources& sources, NonfiniteReport report) {
   if (capacity == 0 || cols == 0) return;
-  gather_tiles_kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
-      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols);
+  if (sources.remote() && (sources.row_src_rank == nullptr || sources.tokens <= 0)) {
+    throw Error("sources", "internal: remote tiles need the rows' source ranks and the ranks' token count");
+  }
+  const auto kernel = sources.remote() ? gather_tiles_kernel<true> : gather_tiles_kernel<false>;
+  kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
+      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report);
+  LYNX_CHECK_LAUNCH();
+}
+
+void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,
+                      bf16_t* out, cudaStream_t stream) {
+  if (cols % 8 != 0) throw Error("cols", "must be a multiple of 8, got " + std::to_string(cols));
+  if (capacity == 0 || cols == 0) return;
+  const int64_t threads = 256, grid = std::min<int64_t>((capacity * (cols / 8) + threads - 1) / threads, 65536);
+  dequantize_tiles_kernel<<<grid_of(grid), threads, 0, stream>>>(q, scales, capacity, cols, row_limit,
+                                                                reinterpret_cast<__nv_bfloat16*>(out));
   LYNX_CHECK_LAUNCH();
 }
 
