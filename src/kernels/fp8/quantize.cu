@@ -300,27 +300,32 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
   }
 }
 
-// One thread per 8 values of a row below *row_limit: value(q) · its tile's scale, exact in bf16 (an E4M3
-// value has 4 significant bits, a power-of-two scale none).
+constexpr int kDequantWarps = 8;  // rows per CTA of dequantize_tiles at a time
+
+// One warp per row below *row_limit (grid-stride), a lane 8 values at a time: value(q) · its tile's
+// scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale none).
 __global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
                                         int64_t capacity, int64_t cols, const int32_t* __restrict__ row_limit,
                                         __nv_bfloat16* __restrict__ out) {
   const int64_t limit = *row_limit;
   if (limit > capacity) return;  // a schedule over capacity: its rows hold nothing
-  const int64_t kb = blocks_of(cols), groups = cols / 8;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < limit * groups;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / groups, c = (i % groups) * 8;
-    const float s = scales[r * kb + c / kBlock];
-    const uint2 bytes = *reinterpret_cast<const uint2*>(q + r * cols + c);
-    __nv_bfloat162 v[4];
+  const int64_t kb = blocks_of(cols);
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = int64_t(blockIdx.x) * kDequantWarps + threadIdx.x / 32; r < limit;
+       r += int64_t(gridDim.x) * kDequantWarps) {
+    for (int64_t c = 8 * lane; c < cols; c += 8 * 32) {
+      const float s = scales[r * kb + c / kBlock];
+      const uint2 bytes = *reinterpret_cast<const uint2*>(q + r * cols + c);
+      __nv_bfloat162 v[4];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t word = p < 2 ? bytes.x : bytes.y;
-      const int shift = 16 * (p % 2);
-      v[p] = __floats2bfloat162_rn(from_e4m3(uint8_t(word >> shift)) * s, from_e4m3(uint8_t(word >> (shift + 8))) * s);
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t word = p < 2 ? bytes.x : bytes.y;
+        const int shift = 16 * (p % 2);
+        v[p] = __floats2bfloat162_rn(from_e4m3(uint8_t(word >> shift)) * s,
+                                     from_e4m3(uint8_t(word >> (shift + 8))) * s);
+      }
+      *reinterpret_cast<uint4*>(out + r * cols + c) = *reinterpret_cast<const uint4*>(v);
     }
-    *reinterpret_cast<uint4*>(out + r * cols + c) = *reinterpret_cast<const uint4*>(v);
   }
 }
 
@@ -406,9 +411,9 @@ void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, i
                       bf16_t* out, cudaStream_t stream) {
   if (cols % 8 != 0) throw Error("cols", "must be a multiple of 8, got " + std::to_string(cols));
   if (capacity == 0 || cols == 0) return;
-  const int64_t threads = 256, grid = std::min<int64_t>((capacity * (cols / 8) + threads - 1) / threads, 65536);
-  dequantize_tiles_kernel<<<grid_of(grid), threads, 0, stream>>>(q, scales, capacity, cols, row_limit,
-                                                                reinterpret_cast<__nv_bfloat16*>(out));
+  const int64_t grid = std::min<int64_t>((capacity + kDequantWarps - 1) / kDequantWarps, 65536);
+  dequantize_tiles_kernel<<<grid_of(grid), kDequantWarps * 32, 0, stream>>>(q, scales, capacity, cols, row_limit,
+                                                                           reinterpret_cast<__nv_bfloat16*>(out));
   LYNX_CHECK_LAUNCH();
 }
 
