@@ -43,7 +43,8 @@ struct Options {
   bool keep_context = true;  // config.save_forward_context of both workspaces
   bool graph = false;        // time the fused path as CUDA-graph replays (the unfused path stays eager)
   std::vector<int32_t> ranks;  // --ranks: virtual-rank mode (bench/ranks_bench.h)
-  bool fp8 = false;            // --precision fp8: bf16 and FP8 side by side (bench/precision_bench.h); with --ranks, FP8
+  bool fp8 = false;            // --precision fp8: bf16 and FP8 side by side (bench/precision_bench.h);
+                               // with --ranks, every R in FP8
   int rounds = 3;
   std::string json;
   std::string command;

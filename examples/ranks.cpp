@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
       std::printf("%-15s R = %d %s R = 1\n", names[i], R, eq ? "==" : "!=");
     }
     const char* precision = config.precision == lynx::Precision::kFp8Block ? "FP8" : "bf16";
-    std::printf(same ? "%s: every output of R = %d ranks equals R = 1 bit for bit\n" : "%s: R = %d DIFFERS from R = 1\n",
+    std::printf(same ? "%s: every output of R = %d ranks equals R = 1 bit for bit\n"
+                     : "%s: R = %d DIFFERS from R = 1\n",
                 precision, R);
     return same ? 0 : 1;
   } catch (const lynx::Error& e) {

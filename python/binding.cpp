@@ -234,6 +234,19 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     lynx::quantize_weights(ws, inputs.weights, to_stream(stream));
   });
+  // (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
+  m.def("set_quantized_weights", [](lynx::Workspace& ws, const py::tuple& t, uintptr_t stream) {
+    if (t.size() != 6) throw lynx::Error("weights", "internal: expected 6 tensors");
+    lynx::Fp8ExpertWeights f;
+    f.w_gate = to_view(t[0], "w_gate");
+    f.w_up = to_view(t[1], "w_up");
+    f.w_down = to_view(t[2], "w_down");
+    f.w_gate_scales = to_view(t[3], "w_gate_scales");
+    f.w_up_scales = to_view(t[4], "w_up_scales");
+    f.w_down_scales = to_view(t[5], "w_down_scales");
+    py::gil_scoped_release release;
+    lynx::set_quantized_weights(ws, f, to_stream(stream));
+  });
   m.def("recompute_forward_context", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
     const lynx::LayerInputs inputs = to_inputs(in);
     py::gil_scoped_release release;

@@ -25,10 +25,12 @@
 namespace lynx {
 
 // Expert weights, nn.Linear layout ("out × in", row-major, contiguous).
+// The routed experts' weights are bf16, or (Config::precision == kFp8Block) the E4M3 tensors last given
+// to set_quantized_weights.
 struct ExpertWeights {
-  TensorView w_gate;   // [E_loc, I, H] bf16
-  TensorView w_up;     // [E_loc, I, H] bf16
-  TensorView w_down;   // [E_loc, H, I] bf16
+  TensorView w_gate;   // [E_loc, I, H] bf16 (or e4m3)
+  TensorView w_up;     // [E_loc, I, H] bf16 (or e4m3)
+  TensorView w_down;   // [E_loc, H, I] bf16 (or e4m3)
   TensorView ws_gate;  // [I_s, H] bf16, absent when shape.shared_intermediate == 0
   TensorView ws_up;    // [I_s, H] bf16, absent when shape.shared_intermediate == 0
   TensorView ws_down;  // [H, I_s] bf16, absent when shape.shared_intermediate == 0
@@ -150,6 +152,27 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
 // forward then writes no y). No host synchronisation.
 void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream);
 
+// The routed experts' weights already in FP8 (made elsewhere): each matrix as E4M3 values with one fp32
+// scale per 128×128 block, value = e4m3 · scale (quantize_weights' layout; any finite scale, not only
+// powers of two). Scales [E_loc, I/128↑, H/128↑] for gate and up, [E_loc, H/128↑, I/128↑] for down.
+struct Fp8ExpertWeights {
+  TensorView w_gate, w_up;                // [E_loc, I, H] e4m3
+  TensorView w_down;                      // [E_loc, H, I] e4m3
+  TensorView w_gate_scales, w_up_scales;  // fp32
+  TensorView w_down_scales;               // fp32
+};
+
+// Config::precision == kFp8Block, instead of quantize_weights: takes pre-quantised weights as the
+// workspace's E4M3 copies (copied, on `stream`), and makes from their values the transposed copies the
+// backward's dgrads read (quantised again in 128×128 blocks of the transposed matrices, power-of-two
+// scales). Forward and backward are then given these three e4m3 tensors as the routed weights
+// (LayerInputs::weights; pointer identity, as for quantize_weights). A NaN scale or value is reported
+// by Workspace::check. Weights quantised from bf16 ones by lynx's recipe (power-of-two block scales)
+// give the forward quantize_weights gives; the backward too where I % 128 == 0 (each transposed block
+// then holds one given block's values), while elsewhere the [w_gate; w_up]ᵀ blocks that straddle gate
+// and up are rounded again. No host synchronisation.
+void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream);
+
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and
 // config.caller_context (its value is ignored here): what a ForwardContext needs, with no device.
 int64_t forward_context_bytes(const LayerShape& shape, const Config& config);
@@ -164,7 +187,8 @@ void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const 
 
 // Host-side argument checks (used by the calls above; public so bindings can check early).
 void validate_inputs(const LayerShape& shape, const LayerInputs& in);
-void validate_weights(const LayerShape& shape, const ExpertWeights& weights);
+void validate_weights(const LayerShape& shape, const ExpertWeights& weights);  // bf16 routed weights
+void validate_fp8_weights(const LayerShape& shape, const Fp8ExpertWeights& weights);
 void validate_output(const LayerShape& shape, const TensorView& y);
 void validate_gradients(const LayerShape& shape, const TensorView& dy, const Gradients& grads);
 

@@ -6,9 +6,12 @@
 
 namespace lynx {
 
-enum class DType : int32_t { kBF16 = 0, kF32 = 1, kI32 = 2, kI64 = 3 };
+// kE4M3: FP8 E4M3 (the OCP format, no infinities), a byte an element: pre-quantised expert weights.
+enum class DType : int32_t { kBF16 = 0, kF32 = 1, kI32 = 2, kI64 = 3, kE4M3 = 4 };
 
-constexpr int64_t dtype_size(DType t) { return t == DType::kBF16 ? 2 : (t == DType::kI64 ? 8 : 4); }
+constexpr int64_t dtype_size(DType t) {
+  return t == DType::kE4M3 ? 1 : t == DType::kBF16 ? 2 : t == DType::kI64 ? 8 : 4;
+}
 const char* dtype_name(DType t);
 
 constexpr int kMaxTensorRank = 4;

@@ -3,7 +3,7 @@
 import torch
 
 # The codes of lynx::DType (include/lynx/tensor.h).
-_DTYPE_CODES = {torch.bfloat16: 0, torch.float32: 1, torch.int32: 2, torch.int64: 3}
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float32: 1, torch.int32: 2, torch.int64: 3, torch.float8_e4m3fn: 4}
 
 
 def view(t, name):
@@ -12,7 +12,8 @@ def view(t, name):
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"lynx: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _DTYPE_CODES:
-        raise ValueError(f"lynx: {name}: dtype {t.dtype} is not one lynx takes (bf16, fp32, int32, int64)")
+        raise ValueError(f"lynx: {name}: dtype {t.dtype} is not one lynx takes (bf16, fp32, int32, int64, "
+                         "float8_e4m3fn)")
     if not t.is_cuda:
         raise ValueError(f"lynx: {name}: must be a CUDA tensor, got device {t.device}")
     return (t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(t.shape), tuple(t.stride()))

@@ -209,6 +209,19 @@ def backward(ws: Workspace, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down,
     return Gradients(*grads[:5], *(g if shared else None for g in grads[5:]))
 
 
+def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales):
+    """lynx::set_quantized_weights (Config(precision="fp8_block")): the routed experts' weights already in
+    FP8, as torch.float8_e4m3fn tensors (w_gate, w_up [E, I, H], w_down [E, H, I]) with fp32 scales per
+    128×128 block ([E, I/128↑, H/128↑] for gate and up, [E, H/128↑, I/128↑] for down; value = e4m3 ·
+    scale). Then pass these e4m3 tensors as the weights to forward / backward / recompute_forward_context
+    on `ws` (the gradients come back in bf16); lynx does not quantise them again, so call this again after
+    changing them. docs/fp8.md."""
+    tensors = (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
+    names = ("w_gate", "w_up", "w_down", "w_gate_scales", "w_up_scales", "w_down_scales")
+    _C.set_quantized_weights(ws._impl(), tuple(_views.view(t, n) for t, n in zip(tensors, names)),
+                             torch.cuda.current_stream(ws.device).cuda_stream)
+
+
 def fp8_weights_changed():
     """FP8 (Config(precision="fp8_block")): the next call of every lynx layer makes its weights' FP8
     copies again. lynx sees a change of the weight tensors through their version counters (any in-place

@@ -1,6 +1,7 @@
 """lynx.nn.MoE: a TorchTitan-style MoE layer (router + routed experts + optional shared expert)
 whose experts run on the fused lynx ops."""
 
+import dataclasses
 import math
 import weakref
 from typing import Optional
@@ -17,7 +18,9 @@ class MoE(nn.Module):
 
     Weights, TorchTitan layout ("out x in" per expert, bf16): w1 (gate) and w3 (up) [E, I, H], w2
     (down) [E, H, I]; shared expert shared_w1, shared_w3 [I_s, H], shared_w2 [H, I_s]; router
-    weight [E, H]. Input [..., H] bf16, output the same shape.
+    weight [E, H]. Input [..., H] bf16, output the same shape. `precision` ("bf16" or "fp8_block")
+    replaces config.precision: lynx.nn.MoE(..., precision="fp8_block") runs the experts' GEMMs in FP8
+    (docs/fp8.md).
 
     Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks, this layer is
     this process's rank r of the group: it holds the experts r·E/R … (r+1)·E/R − 1 (w1, w3, w2 have
@@ -33,8 +36,10 @@ class MoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
                  *, renormalize: bool = True, config: functional.Config = functional.Config(),
                  device: Optional[torch.device] = None, dtype: torch.dtype = torch.bfloat16, ep_group=None,
-                 ep_tokens: Optional[int] = None):
+                 ep_tokens: Optional[int] = None, precision: Optional[str] = None):
         super().__init__()
+        if precision is not None:  # config's, replaced: "bf16" or "fp8_block" (Config checks it)
+            config = dataclasses.replace(config, precision=precision)
         if dtype != torch.bfloat16:
             raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
         self._ep = _groups.group_id(ep_group, config.peer_timeout_ms)

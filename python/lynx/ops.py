@@ -61,8 +61,8 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
     keep no version counter. A change no counter records (through `.data`, or an optimizer writing
     through raw pointers) is not seen: functional.fp8_weights_changed() forces new copies."""
     global _FP8_CAPTURED
-    if precision == _workspaces._PRECISIONS["bf16"]:
-        return
+    if precision == _workspaces._PRECISIONS["bf16"] or w_gate.dtype == torch.float8_e4m3fn:
+        return  # e4m3 weights: those given to functional.set_quantized_weights (lynx checks they are)
     now = (w_gate, w_up, w_down)
     if torch.cuda.is_current_stream_capturing():
         _FP8_CAPTURED = True
@@ -143,10 +143,15 @@ def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_
 
 
 def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
-    """Empty gradients, as the ops return them (a shared expert's are [0] without one)."""
+    """Empty gradients, as the ops return them (a shared expert's are [0] without one; the experts' bf16,
+    also for e4m3 weights)."""
     shared = ws_gate is not None
+
+    def like(w):
+        return torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
+
     return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-            torch.empty_like(w_gate), torch.empty_like(w_up), torch.empty_like(w_down),
+            like(w_gate), like(w_up), like(w_down),
             torch.empty_like(ws_gate) if shared else x.new_empty(0),
             torch.empty_like(ws_up) if shared else x.new_empty(0),
             torch.empty_like(ws_down) if shared else x.new_empty(0))

@@ -140,6 +140,16 @@ void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t 
   enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, stream); });
 }
 
+void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream) {
+  Workspace::Impl& w = ws.impl();
+  if (w.config.precision != Precision::kFp8Block) {
+    throw Error("config.precision", "is bf16: set_quantized_weights is for a workspace made with fp8_block");
+  }
+  validate_fp8_weights(w.shape, weights);
+  check_device(w);
+  enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
+}
+
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {
   forward_call(ws, in, y, nullptr, stream);
 }

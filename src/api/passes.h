@@ -2,6 +2,8 @@
 // backend only), and the check that an FP8 pass is given the weights its E4M3 copies were made from.
 #pragma once
 
+#include <string>
+
 #include "lynx/error.h"
 #include "runtime/fp8_passes.h"
 #include "runtime/fused_passes.h"
@@ -29,15 +31,30 @@ inline void backward_step(Workspace::Impl& w, const LayerInputs& in, const Tenso
 }
 
 // The FP8 passes read the weights' E4M3 copies: they must be those of the weights given (pointer
-// identity). Nothing for bf16.
+// identity and dtype: bf16 ones given to quantize_weights, or e4m3 ones to set_quantized_weights). The
+// bf16 passes take bf16 weights only.
 inline void require_quantized_weights(const Workspace::Impl& w, const LayerInputs& in) {
-  if (!fp8(w)) return;
-  if (!w.quantized_weights.valid) {
-    throw Error("weights", "config.precision is fp8_block: call quantize_weights before the first forward");
+  const ExpertWeights& x = in.weights;
+  const DType dtype = x.w_gate.dtype;
+  if (x.w_up.dtype != dtype || x.w_down.dtype != dtype) {
+    throw Error("weights", "w_gate, w_up and w_down must have one dtype, got " + std::string(dtype_name(dtype)) + ", " +
+                               dtype_name(x.w_up.dtype) + " and " + dtype_name(x.w_down.dtype));
   }
-  const QuantizedWeightsKey given{in.weights.w_gate.data, in.weights.w_up.data, in.weights.w_down.data, true};
+  if (!fp8(w)) {
+    if (dtype != DType::kBF16) {
+      throw Error("weights", "are e4m3, but config.precision is bf16 (fp8_block takes them, after set_quantized_weights)");
+    }
+    return;
+  }
+  if (!w.quantized_weights.valid) {
+    throw Error("weights", "config.precision is fp8_block: call quantize_weights (or set_quantized_weights) before "
+                           "the first forward");
+  }
+  const QuantizedWeightsKey given{x.w_gate.data, x.w_up.data, x.w_down.data, dtype, true};
   if (!(w.quantized_weights == given)) {
-    throw Error("weights", "are not the tensors quantize_weights was given: call it with these weights");
+    throw Error("weights", dtype == DType::kE4M3
+                               ? "are not the tensors set_quantized_weights was given: call it with these weights"
+                               : "are not the tensors quantize_weights was given: call it with these weights");
   }
 }
 

@@ -12,6 +12,7 @@ const char* dtype_name(DType t) {
     case DType::kF32: return "fp32";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kE4M3: return "e4m3";
   }
   return "unknown";
 }

@@ -57,24 +57,13 @@ void check_absent(const TensorView& v, const std::string& name) {
   if (v.present()) throw Error(name, "must be absent: the layer has no shared expert (shape.shared_intermediate == 0)");
 }
 
-}  // namespace
-
-void validate_inputs(const LayerShape& s, const LayerInputs& in) {
+// The routed weights in one of `routed` dtypes, and the shared expert's (bf16).
+void check_weights(const LayerShape& s, const ExpertWeights& w, std::initializer_list<DType> routed) {
   validate_shape(s);
-  const int64_t T = s.tokens, H = s.hidden, k = s.top_k;
-  check_tensor(in.x, "x", {DType::kBF16}, {T, H});
-  check_tensor(in.topk_ids, "topk_ids", {DType::kI32, DType::kI64}, {T, k});
-  check_tensor(in.topk_weights, "topk_weights", {DType::kF32}, {T, k});
-  validate_weights(s, in.weights);
-}
-
-void validate_weights(const LayerShape& s, const ExpertWeights& weights) {
-  validate_shape(s);
-  const ExpertWeights& w = weights;
   const int64_t H = s.hidden, I = s.intermediate, E_loc = s.local_experts();
-  check_tensor(w.w_gate, "w_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(w.w_up, "w_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(w.w_down, "w_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
+  check_tensor(w.w_gate, "w_gate", routed, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_up, "w_up", routed, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_down, "w_down", routed, {E_loc, H, I}, kTmaAlignment);
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
     check_tensor(w.ws_gate, "ws_gate", {DType::kBF16}, {Is, H});
@@ -85,6 +74,32 @@ void validate_weights(const LayerShape& s, const ExpertWeights& weights) {
     check_absent(w.ws_up, "ws_up");
     check_absent(w.ws_down, "ws_down");
   }
+}
+
+}  // namespace
+
+// The routed weights' dtype against the workspace's precision: api/passes.h (require_quantized_weights).
+void validate_inputs(const LayerShape& s, const LayerInputs& in) {
+  validate_shape(s);
+  const int64_t T = s.tokens, H = s.hidden, k = s.top_k;
+  check_tensor(in.x, "x", {DType::kBF16}, {T, H});
+  check_tensor(in.topk_ids, "topk_ids", {DType::kI32, DType::kI64}, {T, k});
+  check_tensor(in.topk_weights, "topk_weights", {DType::kF32}, {T, k});
+  check_weights(s, in.weights, {DType::kBF16, DType::kE4M3});
+}
+
+void validate_weights(const LayerShape& s, const ExpertWeights& weights) { check_weights(s, weights, {DType::kBF16}); }
+
+void validate_fp8_weights(const LayerShape& s, const Fp8ExpertWeights& w) {
+  validate_shape(s);
+  const int64_t H = s.hidden, I = s.intermediate, E_loc = s.local_experts();
+  const int64_t kbH = (H + 127) / 128, kbI = (I + 127) / 128;
+  check_tensor(w.w_gate, "w_gate", {DType::kE4M3}, {E_loc, I, H});
+  check_tensor(w.w_up, "w_up", {DType::kE4M3}, {E_loc, I, H});
+  check_tensor(w.w_down, "w_down", {DType::kE4M3}, {E_loc, H, I});
+  check_tensor(w.w_gate_scales, "w_gate_scales", {DType::kF32}, {E_loc, kbI, kbH});
+  check_tensor(w.w_up_scales, "w_up_scales", {DType::kF32}, {E_loc, kbI, kbH});
+  check_tensor(w.w_down_scales, "w_down_scales", {DType::kF32}, {E_loc, kbH, kbI});
 }
 
 void validate_output(const LayerShape& s, const TensorView& y) {

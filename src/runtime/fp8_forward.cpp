@@ -1,3 +1,4 @@
+#include "common/cuda_check.h"
 #include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
 #include "kernels/peer/api.h"
@@ -30,7 +31,30 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
                                   f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
   fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_gate), I, data_of<const bf16_t>(weights.w_up), I,
                                   E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s);
-  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, true};
+  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
+}
+
+void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
+  const int64_t kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
+  Fp8Buffers& f = w.f8;
+  w.quantized_weights.valid = false;  // until every copy is queued
+  const auto copy = [&](void* dst, const TensorView& src, int64_t bytes) {
+    LYNX_CUDA(cudaMemcpyAsync(dst, src.data, size_t(bytes), cudaMemcpyDeviceToDevice, s));
+  };
+  copy(f.w_gate, weights.w_gate, E * I * H);
+  copy(f.w_up, weights.w_up, E * I * H);
+  copy(f.w_down, weights.w_down, E * H * I);
+  copy(f.w_gate_scales, weights.w_gate_scales, 4 * E * kbI * kbH);
+  copy(f.w_up_scales, weights.w_up_scales, 4 * E * kbI * kbH);
+  copy(f.w_down_scales, weights.w_down_scales, 4 * E * kbH * kbI);
+  // The transposed copies from the values (e4m3 · scale), read from the workspace's own copies.
+  fp8::quantize_blocks_transposed_fp8(f.w_down, f.w_down_scales, H, nullptr, nullptr, 0, E, I, f.w_down_t,
+                                      f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+  fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
+                                      f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s);
+  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
 }
 
 namespace {

@@ -22,6 +22,10 @@ namespace lynx::fp8pass {
 // that is not finite is reported through the status word, as the pass reports x.
 void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s);
 
+// Pre-quantised weights (moe.h, set_quantized_weights): copied as the E4M3 copies, the transposed copies
+// quantised from their values; a value or scale that is not finite reported as quantize_weights does.
+void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, cudaStream_t s);
+
 void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s, fused::Step step);
 
 // The forward's context without y (Workspace::recompute_forward_context): the same FP8 g and u.

@@ -75,12 +75,13 @@ struct Fp8Buffers {
   float* dgu_scales;     // [cap, 2I/128↑]
 };
 
-// The bf16 weights the FP8 copies were made from (pointer identity, as ContextKey compares), and
-// whether any were.
+// The weights the FP8 copies were made from (pointer identity, as ContextKey compares): bf16 ones
+// (quantize_weights) or pre-quantised e4m3 ones (set_quantized_weights); and whether any were.
 struct QuantizedWeightsKey {
   const void* w_gate = nullptr;
   const void* w_up = nullptr;
   const void* w_down = nullptr;
+  DType dtype = DType::kBF16;
   bool valid = false;
   bool operator==(const QuantizedWeightsKey&) const = default;
 };

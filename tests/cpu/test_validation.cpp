@@ -86,6 +86,40 @@ TEST(Validation, GoodInputsPass) {
   EXPECT_NO_THROW(validate_inputs(small_shape(), in));
 }
 
+// Pre-quantised FP8 weights (set_quantized_weights): e4m3 values and fp32 block scales, each named when
+// wrong; e4m3 routed weights pass validate_inputs (the workspace's precision decides, api/passes.h), but
+// not validate_weights (bf16 ones, for quantize_weights).
+TEST(Validation, Fp8WeightsNameTheArgument) {
+  EXPECT_EQ(dtype_size(DType::kE4M3), 1);
+  EXPECT_STREQ(dtype_name(DType::kE4M3), "e4m3");
+  LayerShape s = small_shape();
+  s.intermediate = 192;  // two 128-blocks of I, the last short
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, kbH = 1, kbI = 2;
+  Fp8ExpertWeights f;
+  f.w_gate = make_view(fake(30), DType::kE4M3, {E, I, H});
+  f.w_up = make_view(fake(31), DType::kE4M3, {E, I, H});
+  f.w_down = make_view(fake(32), DType::kE4M3, {E, H, I});
+  f.w_gate_scales = make_view(fake(33), DType::kF32, {E, kbI, kbH});
+  f.w_up_scales = make_view(fake(34), DType::kF32, {E, kbI, kbH});
+  f.w_down_scales = make_view(fake(35), DType::kF32, {E, kbH, kbI});
+  EXPECT_NO_THROW(validate_fp8_weights(s, f));
+  Fp8ExpertWeights bad = f;
+  bad.w_down_scales = make_view(fake(35), DType::kF32, {E, kbI, kbH});
+  expect_error([&] { validate_fp8_weights(s, bad); }, "w_down_scales", "shape");
+  bad = f;
+  bad.w_up = make_view(fake(31), DType::kBF16, {E, I, H});
+  expect_error([&] { validate_fp8_weights(s, bad); }, "w_up", "e4m3");
+  bad = f;
+  bad.w_gate_scales = TensorView{};
+  expect_error([&] { validate_fp8_weights(s, bad); }, "w_gate_scales", "absent");
+  LayerInputs in = good_inputs(s);
+  in.weights.w_gate = f.w_gate;
+  in.weights.w_up = f.w_up;
+  in.weights.w_down = f.w_down;
+  EXPECT_NO_THROW(validate_inputs(s, in));
+  expect_error([&] { validate_weights(s, in.weights); }, "w_gate", "bf16");
+}
+
 TEST(Validation, WrongShapeNamesTheArgument) {
   const LayerShape s = small_shape();
   LayerInputs in = good_inputs(s);

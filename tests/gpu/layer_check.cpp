@@ -218,11 +218,15 @@ Outputs OutputBuffers::to_host_outputs() const {
 }
 
 Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute) {
+  return run_layer(ws, L, L.inputs(), dy, recompute);
+}
+
+Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, const std::vector<HostBf16>& dy,
+                  bool recompute) {
   const Case& c = L.c;
   OutputBuffers out(c);
   out.poison();
   DeviceBuffer d_dy = to_device(dy);
-  const LayerInputs in = L.inputs();
   forward(ws, in, out.y_view(), nullptr);
   if (recompute) recompute_forward_context(ws, in, nullptr);
   backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), nullptr);

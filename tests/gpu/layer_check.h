@@ -114,6 +114,9 @@ struct OutputBuffers {
 
 // Runs forward and backward on poisoned outputs and copies everything back.
 Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>& dy, bool recompute = false);
+// The same with other inputs than L's (its routing and shapes; other weight tensors, say).
+Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, const std::vector<HostBf16>& dy,
+                  bool recompute = false);
 
 // n layers of case c, each with its inputs and dy drawn from rng, and its outputs as a workspace of
 // `config` that owns its buffers gives them (what tests of lent scratch or contexts compare with).

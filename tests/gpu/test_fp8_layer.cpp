@@ -249,6 +249,96 @@ TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
   }
 }
 
+// Pre-quantised weights (set_quantized_weights): L's weights quantised on the host by the reference
+// (lynx's recipe, the GPU's bit for bit) and given as e4m3 tensors with their scales give quantize_weights'
+// y bit for bit, and every output where I % 128 == 0 (each transposed block then one given block's
+// values); elsewhere the gradients stay within the bounds. Errors: e4m3 weights on a bf16 workspace, other
+// e4m3 tensors than those given, scales of the wrong shape.
+void expect_prequantized_like_quantize_weights(const Case& c) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  const HostLayer L(c, seed);
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace by_lynx(L.shape, fp8_config());
+  quantize_weights(by_lynx, L.inputs().weights, nullptr);
+  const Outputs want = run_layer(by_lynx, L, dy);
+  by_lynx.check(nullptr);
+  // Each expert's matrix quantised in 128×128 blocks: e4m3 [E, rows, cols], scales [E, rows/128↑, cols/128↑].
+  struct Blocks {
+    DeviceBuffer q, scales;
+  };
+  const auto quantise = [&](const std::vector<HostBf16>& w, int64_t rows, int64_t cols) {
+    std::vector<uint8_t> q;
+    std::vector<float> scales;
+    for (int64_t e = 0; e < c.E; ++e) {
+      std::vector<float> m(size_t(rows * cols));
+      for (int64_t i = 0; i < rows * cols; ++i) m[size_t(i)] = bf16_to_float(w[size_t(e * rows * cols + i)]);
+      const ref::fp8::Quantized b = ref::fp8::quantize_blocks(m.data(), rows, cols);
+      q.insert(q.end(), b.q.begin(), b.q.end());
+      scales.insert(scales.end(), b.scales.begin(), b.scales.end());
+    }
+    return Blocks{to_device(q), to_device(scales)};
+  };
+  const Blocks gate = quantise(L.w_gate, c.I, c.H), up = quantise(L.w_up, c.I, c.H), down = quantise(L.w_down, c.H, c.I);
+  const int64_t kbH = (c.H + 127) / 128, kbI = (c.I + 127) / 128;
+  Fp8ExpertWeights f;
+  f.w_gate = make_view(gate.q.get(), DType::kE4M3, {c.E, c.I, c.H});
+  f.w_up = make_view(up.q.get(), DType::kE4M3, {c.E, c.I, c.H});
+  f.w_down = make_view(down.q.get(), DType::kE4M3, {c.E, c.H, c.I});
+  f.w_gate_scales = make_view(gate.scales.get(), DType::kF32, {c.E, kbI, kbH});
+  f.w_up_scales = make_view(up.scales.get(), DType::kF32, {c.E, kbI, kbH});
+  f.w_down_scales = make_view(down.scales.get(), DType::kF32, {c.E, kbH, kbI});
+  LayerInputs in = L.inputs();
+  in.weights.w_gate = f.w_gate;
+  in.weights.w_up = f.w_up;
+  in.weights.w_down = f.w_down;
+  Workspace given(L.shape, fp8_config());
+  EXPECT_THROW(forward(given, in, OutputBuffers(c).y_view(), nullptr), Error);  // nothing given yet
+  set_quantized_weights(given, f, nullptr);
+  const Outputs got = run_layer(given, L, in, dy);
+  given.check(nullptr);
+  Outputs got_y, want_y;
+  got_y.y = got.y;
+  want_y.y = want.y;
+  EXPECT_EQ(first_difference(got_y, want_y), "") << "y differs from quantize_weights'";
+  if (c.I % 128 == 0) {
+    EXPECT_EQ(first_difference(got, want), "") << "differs from quantize_weights'";
+  } else {
+    expect_gradients_close(got, L, dy);
+  }
+  // Errors, each named.
+  Workspace bf16(L.shape, Config{});
+  EXPECT_THROW(set_quantized_weights(bf16, f, nullptr), Error);
+  try {
+    forward(bf16, in, OutputBuffers(c).y_view(), nullptr);
+    ADD_FAILURE() << "a bf16 workspace took e4m3 weights";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("e4m3"), std::string::npos) << e.what();
+  }
+  const Blocks other = quantise(L.w_gate, c.I, c.H);
+  LayerInputs moved = in;
+  moved.weights.w_gate = make_view(other.q.get(), DType::kE4M3, {c.E, c.I, c.H});
+  try {
+    forward(given, moved, OutputBuffers(c).y_view(), nullptr);
+    ADD_FAILURE() << "other e4m3 tensors were taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_quantized_weights"), std::string::npos) << e.what();
+  }
+  Fp8ExpertWeights bad = f;
+  bad.w_up_scales = make_view(up.scales.get(), DType::kF32, {c.E, kbH, kbI + 1});
+  try {
+    set_quantized_weights(given, bad, nullptr);
+    ADD_FAILURE() << "scales of the wrong shape were taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "w_up_scales") << e.what();
+  }
+}
+
+TEST_F(Fp8Layer, PreQuantizedWeights) {
+  expect_prequantized_like_quantize_weights({256, 320, 256, 8, 2, 64});  // H past a multiple of 128
+  expect_prequantized_like_quantize_weights({200, 320, 192, 8, 4, 0});  // H and I past a multiple of 128
+}
+
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};
   const HostLayer L(c, fresh_seed());

@@ -521,6 +521,48 @@ def test_fp8_cuda_graph_replays_see_new_routing_and_weights():
         previous = y.clone()
 
 
+def e4m3_blocks(w):
+    """w [E, R, C] quantised by lynx's recipe (docs/fp8.md): per 128×128 block the smallest power-of-two
+    scale 2^e with amax <= 448·2^e (2^-126 at least, 1 for a block of zeros), values rounded to nearest
+    even: (float8_e4m3fn [E, R, C], fp32 scales [E, R/128↑, C/128↑])."""
+    E, R, C = w.shape
+    rb, cb = -(-R // 128), -(-C // 128)
+    padded = torch.zeros(E, rb * 128, cb * 128, dtype=torch.float32, device=w.device)
+    padded[:, :R, :C] = w.float()
+    amax = padded.view(E, rb, 128, cb, 128).abs().amax(dim=(2, 4))
+    m, p = torch.frexp(amax)  # amax = m·2^p, m in [0.5, 1); 448 = 0.875·2^9
+    e = torch.where(m <= 0.875, p - 9, p - 8).clamp(min=-126)
+    scales = torch.ldexp(torch.ones_like(amax), torch.where(amax > 0, e, torch.zeros_like(e)))
+    full = scales.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)[:, :R, :C]
+    return (w.float() / full).to(torch.float8_e4m3fn), scales
+
+
+def test_fp8_prequantized_weights_give_quantize_weights_bits():
+    """Weights quantised outside lynx by its recipe, given with their scales (set_quantized_weights), give
+    the bits of lynx quantising the bf16 weights itself: y, and with I a multiple of 128 every gradient."""
+    T, H, I, E, k = 256, 320, 256, 8, 2
+    x, ids, tw, w, _ = make(T, H, I, E, k)
+    blocks = [e4m3_blocks(t) for t in w]
+    q = [b for b, _ in blocks]
+    given = lynx.Workspace(T, H, I, E, k, config=FP8)
+    lynx.functional.set_quantized_weights(given, *q, *(s for _, s in blocks))
+    by_lynx = lynx.Workspace(T, H, I, E, k, config=FP8)
+    y = lynx.functional.forward(given, x, ids, tw, *q)
+    y_ref = lynx.functional.forward(by_lynx, x, ids, tw, *w)
+    dy = torch.randn_like(y)
+    got = lynx.functional.backward(given, dy, x, ids, tw, *q)
+    want = lynx.functional.backward(by_lynx, dy, x, ids, tw, *w)
+    lynx.check()
+    assert torch.isfinite(y).all() and torch.equal(y, y_ref)
+    for name in ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.dw_gate.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="set_quantized_weights"):  # other e4m3 tensors than those given
+        lynx.functional.forward(given, x, ids, tw, q[0].clone(), q[1], q[2])
+    with pytest.raises(ValueError, match="e4m3"):  # e4m3 weights on a bf16 workspace
+        lynx.functional.forward(lynx.Workspace(T, H, I, E, k), x, ids, tw, *q)
+
+
 def test_fp8_weights_changed_in_place_are_quantised_again():
     x, topk_ids, topk_weights, w, _ = make(128, 256, 128, 4, 2)
     layer_ws = lynx.Workspace(128, 256, 128, 4, 2, config=FP8)
@@ -534,7 +576,8 @@ def test_fp8_weights_changed_in_place_are_quantised_again():
 
 
 def test_fp8_module_trains_and_bad_precision_is_named():
-    layer = lynx.nn.MoE(256, 128, 8, 2, config=FP8, device="cuda")
+    layer = lynx.nn.MoE(256, 128, 8, 2, precision="fp8_block", device="cuda")
+    assert layer.config.precision == "fp8_block"
     opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     losses = []
@@ -551,5 +594,7 @@ def test_fp8_module_trains_and_bad_precision_is_named():
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="config.precision"):
         lynx.Config(precision="fp8")
+    with pytest.raises(ValueError, match="config.precision"):
+        lynx.nn.MoE(256, 128, 8, 2, precision="fp8", device="cuda")
     with pytest.raises(ValueError, match="config.bf16_weight_grads"):
         lynx.Config(bf16_weight_grads=True)

@@ -59,6 +59,14 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
 void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
                                 int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream);
 
+// The same from E4M3 sources with a scale per 128×128 block (quantize_blocks' layout: src0 [batch, n0,
+// rows] with scales0 [batch, blocks_of(n0), blocks_of(rows)], likewise src1): src(c, r) = value(c, r) ·
+// its block's scale, in fp32 (exact where the scales are powers of two: then equal to the bf16 form on
+// the dequantised matrices, bit for bit).
+void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
+                                    const float* scales1, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
+                                    float* scales, NonfiniteReport report, cudaStream_t stream);
+
 // The weight-gradient GEMM's operands: rows [capacity, cols] bf16 (schedule order, the rows below
 // *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128
 // tiles along the rows: q [cols, capacity] with q[c, r] = E4M3(x[r, c] / scale of (c, r / 128)), scales

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "device/remote.cuh"
@@ -155,29 +156,56 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
+// The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
+// 128×128 block (value · scale).
+struct Bf16Source {
+  const __nv_bfloat16* m0;
+  const __nv_bfloat16* m1;
+};
+struct Fp8Source {
+  const uint8_t* m0;
+  const float* scales0;
+  const uint8_t* m1;
+  const float* scales1;
+};
+
 // One CTA of 128 threads per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the
 // transposed matrix of matrix blockIdx.y: thread t reads source row c0 + t along [r0, r0 + 128), one
 // after another, and writes column c0 + t of the block's rows (a row's 128 bytes by 128 threads).
-__global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restrict__ src0, int64_t n0,
-                                                  const __nv_bfloat16* __restrict__ src1, int64_t n1, int64_t rows,
+template <class Source>
+__global__ void quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows,
                                                   uint8_t* __restrict__ q, float* __restrict__ scales,
                                                   NonfiniteReport report) {
+  constexpr bool kFp8 = std::is_same_v<Source, Fp8Source>;
   __shared__ float warp_amax[kBlock / 32];
   const int64_t cols = n0 + n1, kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int64_t c = c0 + threadIdx.x;
-  const __nv_bfloat16* row = nullptr;  // source row c
+  // Source row c: its values (and, FP8, the scale of its block of columns [r0, r0 + 128)).
+  const void* row = nullptr;
+  float row_scale = 1.0f;
+  const auto locate = [&](const auto* m, const float* s, int64_t n, int64_t i) {
+    row = m + (matrix * n + i) * rows;
+    if constexpr (kFp8) row_scale = s[(matrix * blocks_of(n) + i / kBlock) * blocks_of(rows) + r0 / kBlock];
+  };
   if (c < n0) {
-    row = src0 + (matrix * n0 + c) * rows;
+    if constexpr (kFp8) locate(src.m0, src.scales0, n0, c); else locate(src.m0, nullptr, n0, c);
   } else if (c < cols) {
-    row = src1 + (matrix * n1 + (c - n0)) * rows;
+    if constexpr (kFp8) locate(src.m1, src.scales1, n1, c - n0); else locate(src.m1, nullptr, n1, c - n0);
   }
+  const auto value = [&](int64_t r) {
+    if constexpr (kFp8) {
+      return from_e4m3(static_cast<const uint8_t*>(row)[r]) * row_scale;
+    } else {
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[r]);
+    }
+  };
   float amax = 0.0f;
   bool finite = true;
   if (row != nullptr) {
     for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) {
-      const float v = __bfloat162float(row[r]);
+      const float v = value(r);
       finite &= isfinite(v);
       amax = fmaxf(amax, fabsf(v));
     }
@@ -193,7 +221,7 @@ __global__ void quantize_blocks_transposed_kernel(const __nv_bfloat16* __restric
   const float inv = pow2(-e);
   uint8_t* out = q + matrix * rows * cols;
   if (row != nullptr) {
-    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(__bfloat162float(row[r]) * inv);
+    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(value(r) * inv);
   }
   if (threadIdx.x == 0) {
     scales[matrix * blocks_of(rows) * kb + blockIdx.x] = block_finite ? pow2(e) : __int_as_float(0x7fc00000);
@@ -378,9 +406,22 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && src1 == nullptr) throw Error("src1", "is null with n1 > 0");
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(src0), n0, reinterpret_cast<const __nv_bfloat16*>(src1), n1, rows, q,
-      scales, report);
+  const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), reinterpret_cast<const __nv_bfloat16*>(src1)};
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(src, n0, n1, rows,
+                                                                                                   q, scales, report);
+  LYNX_CHECK_LAUNCH();
+}
+
+void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
+                                    const float* scales1, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
+                                    float* scales, NonfiniteReport report, cudaStream_t stream) {
+  const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
+  if (blocks == 0 || batch == 0) return;
+  if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
+  if (n1 > 0 && (src1 == nullptr || scales1 == nullptr)) throw Error("src1", "is null with n1 > 0");
+  const Fp8Source src{src0, scales0, src1, scales1};
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(src, n0, n1, rows,
+                                                                                                   q, scales, report);
   LYNX_CHECK_LAUNCH();
 }
 
