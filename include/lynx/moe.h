@@ -169,8 +169,8 @@ struct Fp8ExpertWeights {
 // (LayerInputs::weights; pointer identity, as for quantize_weights). A NaN scale or value is reported
 // by Workspace::check. Weights quantised from bf16 ones by lynx's recipe (power-of-two block scales)
 // give the forward quantize_weights gives; the backward too where I % 128 == 0 (each transposed block
-// then holds one given block's values), while elsewhere the [w_gate; w_up]ᵀ blocks that straddle gate
-// and up are rounded again. No host synchronisation.
+// then holds one given block's values), while elsewhere blocks of [w_gate; w_up]ᵀ hold values of two
+// given blocks and are rounded again where their scales differ. No host synchronisation.
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

@@ -218,8 +218,14 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     changing them. docs/fp8.md."""
     tensors = (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
     names = ("w_gate", "w_up", "w_down", "w_gate_scales", "w_up_scales", "w_down_scales")
-    _C.set_quantized_weights(ws._impl(), tuple(_views.view(t, n) for t, n in zip(tensors, names)),
+    impl = ws._impl()
+    _C.set_quantized_weights(impl, tuple(_views.view(t, n) for t, n in zip(tensors, names)),
                              torch.cuda.current_stream(ws.device).cuda_stream)
+    # The copies are these: bf16 weights given later are quantised again (ops._fp8_weights), and the e4m3
+    # ones are checked to be these, unchanged (scales included).
+    impl._fp8_weights = None
+    impl._fp8_given = None if any(t.is_inference() for t in tensors) else tuple(
+        (weakref.ref(t), t._version) for t in tensors)
 
 
 def fp8_weights_changed():

@@ -61,9 +61,16 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
     keep no version counter. A change no counter records (through `.data`, or an optimizer writing
     through raw pointers) is not seen: functional.fp8_weights_changed() forces new copies."""
     global _FP8_CAPTURED
-    if precision == _workspaces._PRECISIONS["bf16"] or w_gate.dtype == torch.float8_e4m3fn:
-        return  # e4m3 weights: those given to functional.set_quantized_weights (lynx checks they are)
+    if precision == _workspaces._PRECISIONS["bf16"]:
+        return
     now = (w_gate, w_up, w_down)
+    if w_gate.dtype == torch.float8_e4m3fn:  # given by functional.set_quantized_weights: never quantised here
+        given = getattr(ws, "_fp8_given", None)  # the six tensors given (values, scales): weak refs, versions
+        if given is not None and not (all(ref() is t for (ref, _), t in zip(given, now)) and
+                                      all(ref() is not None and ref()._version == v for ref, v in given)):
+            raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that are not those given to "
+                             "set_quantized_weights, unchanged since: call it again with them")
+        return
     if torch.cuda.is_current_stream_capturing():
         _FP8_CAPTURED = True
     untracked = _FP8_CAPTURED or any(t.is_inference() for t in now)

@@ -94,9 +94,10 @@ void validate_fp8_weights(const LayerShape& s, const Fp8ExpertWeights& w) {
   validate_shape(s);
   const int64_t H = s.hidden, I = s.intermediate, E_loc = s.local_experts();
   const int64_t kbH = (H + 127) / 128, kbI = (I + 127) / 128;
-  check_tensor(w.w_gate, "w_gate", {DType::kE4M3}, {E_loc, I, H});
-  check_tensor(w.w_up, "w_up", {DType::kE4M3}, {E_loc, I, H});
-  check_tensor(w.w_down, "w_down", {DType::kE4M3}, {E_loc, H, I});
+  // 128-byte aligned, as validate_inputs wants the routed weights that forward is then given.
+  check_tensor(w.w_gate, "w_gate", {DType::kE4M3}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_up, "w_up", {DType::kE4M3}, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_down, "w_down", {DType::kE4M3}, {E_loc, H, I}, kTmaAlignment);
   check_tensor(w.w_gate_scales, "w_gate_scales", {DType::kF32}, {E_loc, kbI, kbH});
   check_tensor(w.w_up_scales, "w_up_scales", {DType::kF32}, {E_loc, kbI, kbH});
   check_tensor(w.w_down_scales, "w_down_scales", {DType::kF32}, {E_loc, kbH, kbI});

@@ -29,8 +29,9 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStre
                        report(w, Fp8Tensor::kDown), s);
   fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_down), H, nullptr, 0, E, I, f.w_down_t,
                                   f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+  const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_gate), I, data_of<const bf16_t>(weights.w_up), I,
-                                  E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s);
+                                  E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
   w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
 }
 
@@ -52,8 +53,9 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   // The transposed copies from the values (e4m3 · scale), read from the workspace's own copies.
   fp8::quantize_blocks_transposed_fp8(f.w_down, f.w_down_scales, H, nullptr, nullptr, 0, E, I, f.w_down_t,
                                       f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+  const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
-                                      f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s);
+                                      f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
   w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
 }
 

@@ -249,6 +249,15 @@ TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
   }
 }
 
+void expect_check_names(Workspace& ws, const std::string& name) {
+  try {
+    ws.check(nullptr);
+    ADD_FAILURE() << "check() reported nothing; expected " << name;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+}
+
 // Pre-quantised weights (set_quantized_weights): L's weights quantised on the host by the reference
 // (lynx's recipe, the GPU's bit for bit) and given as e4m3 tensors with their scales give quantize_weights'
 // y bit for bit, and every output where I % 128 == 0 (each transposed block then one given block's
@@ -332,6 +341,14 @@ void expect_prequantized_like_quantize_weights(const Case& c) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "w_up_scales") << e.what();
   }
+  // A NaN code (0x7F) in w_up: reported by set_quantized_weights, naming w_up.
+  std::vector<uint8_t> nan_up = to_host<uint8_t>(up.q, size_t(c.E * c.I * c.H));
+  nan_up[size_t(c.I * c.H + 7)] = 0x7F;
+  DeviceBuffer d_nan_up = to_device(nan_up);
+  Fp8ExpertWeights with_nan = f;
+  with_nan.w_up = make_view(d_nan_up.get(), DType::kE4M3, {c.E, c.I, c.H});
+  set_quantized_weights(given, with_nan, nullptr);
+  expect_check_names(given, "weights.w_up holds a NaN");
 }
 
 TEST_F(Fp8Layer, PreQuantizedWeights) {
@@ -388,14 +405,6 @@ void expect_y_unwritten(const OutputBuffers& out) {
   }
 }
 
-void expect_check_names(Workspace& ws, const std::string& name) {
-  try {
-    ws.check(nullptr);
-    ADD_FAILURE() << "check() reported nothing; expected " << name;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-  }
-}
 
 // A routing that needs more rows than the schedule's capacity: reported, y not written, and no row of
 // the schedule's arrays (never placed) read (run under memcheck).

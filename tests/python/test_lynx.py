@@ -561,6 +561,11 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
         lynx.functional.forward(given, x, ids, tw, q[0].clone(), q[1], q[2])
     with pytest.raises(ValueError, match="e4m3"):  # e4m3 weights on a bf16 workspace
         lynx.functional.forward(lynx.Workspace(T, H, I, E, k), x, ids, tw, *q)
+    blocks[1][1].mul_(2)  # a scale changed in place since: refused until given again
+    with pytest.raises(ValueError, match="set_quantized_weights"):
+        lynx.functional.forward(given, x, ids, tw, *q)
+    # bf16 weights after pre-quantised ones: quantised again (nothing kept from before)
+    assert torch.equal(lynx.functional.forward(given, x, ids, tw, *w), y_ref)
 
 
 def test_fp8_weights_changed_in_place_are_quantised_again():

@@ -55,9 +55,11 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
 // src1[m][c − n0][r] otherwise (src0 [batch, n0, rows], src1 [batch, n1, rows] bf16; n1 = 0: src0 only):
 // q [batch, rows, n0 + n1], scales [batch, blocks_of(rows), blocks_of(n0 + n1)]. w_downᵀ is (w_down, n1 =
 // 0); [w_gate; w_up]ᵀ, the dgrad of gate/up's K = 2I operand, is (w_gate, w_up). Equals quantize_blocks of
-// the transposed matrix bit for bit.
+// the transposed matrix bit for bit. A value that is not finite is reported through `report`, or, in
+// src1 and with `report1` given, through *report1.
 void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
-                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream);
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
+                                const NonfiniteReport* report1 = nullptr);
 
 // The same from E4M3 sources with a scale per 128×128 block (quantize_blocks' layout: src0 [batch, n0,
 // rows] with scales0 [batch, blocks_of(n0), blocks_of(rows)], likewise src1): src(c, r) = value(c, r) ·
@@ -65,7 +67,8 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
 // the dequantised matrices, bit for bit).
 void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
                                     const float* scales1, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
-                                    float* scales, NonfiniteReport report, cudaStream_t stream);
+                                    float* scales, NonfiniteReport report, cudaStream_t stream,
+                                    const NonfiniteReport* report1 = nullptr);
 
 // The weight-gradient GEMM's operands: rows [capacity, cols] bf16 (schedule order, the rows below
 // *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128

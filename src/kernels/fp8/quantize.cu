@@ -175,7 +175,7 @@ struct Fp8Source {
 template <class Source>
 __global__ void quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows,
                                                   uint8_t* __restrict__ q, float* __restrict__ scales,
-                                                  NonfiniteReport report) {
+                                                  NonfiniteReport report0, NonfiniteReport report1) {
   constexpr bool kFp8 = std::is_same_v<Source, Fp8Source>;
   __shared__ float warp_amax[kBlock / 32];
   const int64_t cols = n0 + n1, kb = blocks_of(cols);
@@ -212,8 +212,11 @@ __global__ void quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_
   }
   amax = warp_max(amax);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  const bool block_finite = !__syncthreads_or(!finite);
-  if (threadIdx.x == 0 && !block_finite) report_nonfinite(report);
+  // Each source's own report (a block may straddle them); also orders warp_amax's writes before the reads.
+  const bool bad0 = __syncthreads_or(!finite && c < n0), bad1 = __syncthreads_or(!finite && c >= n0);
+  const bool block_finite = !bad0 && !bad1;
+  if (threadIdx.x == 0 && bad0) report_nonfinite(report0);
+  if (threadIdx.x == 0 && bad1) report_nonfinite(report1);
   float block_amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
@@ -401,27 +404,29 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 }
 
 void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
-                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream) {
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
+                                const NonfiniteReport* report1) {
   const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && src1 == nullptr) throw Error("src1", "is null with n1 > 0");
   const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), reinterpret_cast<const __nv_bfloat16*>(src1)};
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(src, n0, n1, rows,
-                                                                                                   q, scales, report);
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
+      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report);
   LYNX_CHECK_LAUNCH();
 }
 
 void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
                                     const float* scales1, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
-                                    float* scales, NonfiniteReport report, cudaStream_t stream) {
+                                    float* scales, NonfiniteReport report, cudaStream_t stream,
+                                    const NonfiniteReport* report1) {
   const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && (src1 == nullptr || scales1 == nullptr)) throw Error("src1", "is null with n1 > 0");
   const Fp8Source src{src0, scales0, src1, scales1};
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(src, n0, n1, rows,
-                                                                                                   q, scales, report);
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
+      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report);
   LYNX_CHECK_LAUNCH();
 }
 
