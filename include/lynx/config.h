@@ -33,7 +33,8 @@ enum class Precision : int32_t {
   kBf16 = 0,      // bf16 operands, fp32 accumulation
   kFp8Block = 1,  // forward: E4M3 operands with power-of-two fp32 scales per 1×128 tile of x and h and per
                   // 128×128 block of the weights, promoted into fp32 once per 128-wide K block (docs/fp8.md);
-                  // the weights' E4M3 copies made by quantize_weights (moe.h). The backward's GEMMs too:
+                  // the weights' E4M3 copies made by quantize_weights, or given quantised with any fp32
+                  // block scales by set_quantized_weights (moe.h). The backward's GEMMs too:
                   // the dgrads (dy and dg | du in 1×128 tiles, transposed weight copies) and the weight
                   // gradients (operands in 1×128 tiles along the tokens; bf16 with bf16_weight_grads).
                   // The shared expert stays bf16. Fused backend; at R > 1 the same on every rank, each

@@ -166,8 +166,10 @@ struct Fp8ExpertWeights {
 // workspace's E4M3 copies (copied, on `stream`), and makes from their values the transposed copies the
 // backward's dgrads read (quantised again in 128×128 blocks of the transposed matrices, power-of-two
 // scales). Forward and backward are then given these three e4m3 tensors as the routed weights
-// (LayerInputs::weights; pointer identity, as for quantize_weights). A NaN scale or value is reported
-// by Workspace::check. Weights quantised from bf16 ones by lynx's recipe (power-of-two block scales)
+// (LayerInputs::weights; pointer identity, as for quantize_weights). On the stream of the passes, as
+// quantize_weights: it rewrites copies a queued backward may still read, and reads `weights` when the
+// stream gets there. At R > 1 each rank gives its own experts'. A NaN scale or value is reported by
+// Workspace::check. Weights quantised from bf16 ones by lynx's recipe (power-of-two block scales)
 // give the forward quantize_weights gives; the backward too where I % 128 == 0 (each transposed block
 // then holds one given block's values), while elsewhere blocks of [w_gate; w_up]ᵀ hold values of two
 // given blocks and are rounded again where their scales differ. No host synchronisation.
@@ -185,7 +187,9 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, ForwardCont
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
               const ForwardContext& ctx, cudaStream_t stream);
 
-// Host-side argument checks (used by the calls above; public so bindings can check early).
+// Host-side argument checks (used by the calls above; public so bindings can check early). validate_inputs
+// takes bf16 or e4m3 routed weights: which a workspace takes (its precision, the tensors last given to
+// quantize_weights or set_quantized_weights) the calls check themselves.
 void validate_inputs(const LayerShape& shape, const LayerInputs& in);
 void validate_weights(const LayerShape& shape, const ExpertWeights& weights);  // bf16 routed weights
 void validate_fp8_weights(const LayerShape& shape, const Fp8ExpertWeights& weights);

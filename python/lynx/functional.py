@@ -224,6 +224,7 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     # The copies are these: bf16 weights given later are quantised again (ops._fp8_weights), and the e4m3
     # ones are checked to be these, unchanged (scales included).
     impl._fp8_weights = None
+    impl._fp8_prequantized = True
     impl._fp8_given = None if any(t.is_inference() for t in tensors) else tuple(
         (weakref.ref(t), t._version) for t in tensors)
 

@@ -65,6 +65,10 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
         return
     now = (w_gate, w_up, w_down)
     if w_gate.dtype == torch.float8_e4m3fn:  # given by functional.set_quantized_weights: never quantised here
+        if not getattr(ws, "_fp8_prequantized", False):
+            raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
+                             "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
+                             "lynx.nn.MoE take bf16 weights)")
         given = getattr(ws, "_fp8_given", None)  # the six tensors given (values, scales): weak refs, versions
         if given is not None and not (all(ref() is t for (ref, _), t in zip(given, now)) and
                                       all(ref() is not None and ref()._version == v for ref, v in given)):
@@ -79,6 +83,7 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
             all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(kept, now)))
     if not same:
         _C.quantize_weights(ws, inputs, stream)
+        ws._fp8_prequantized = False  # the copies are of bf16 weights now
         ws._fp8_weights = None if untracked else tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
 
 

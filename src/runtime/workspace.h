@@ -51,7 +51,8 @@ struct FusedBuffers {
 // The FP8 forward's buffers (Config::precision == Precision::kFp8Block; all null otherwise). E4M3 values,
 // fp32 scales (kernels/fp8/api.h): per 128×128 block of a weight, per 1×128 tile of a row; ↑ rounds up.
 struct Fp8Buffers {
-  // The routed experts' weights, made by quantize_weights and kept from call to call.
+  // The routed experts' weights, made by quantize_weights (or given by set_quantized_weights: then the
+  // block scales may be any fp32) and kept from call to call.
   uint8_t* w_gate;       // [E_loc, I, H]
   float* w_gate_scales;  // [E_loc, I/128↑, H/128↑]
   uint8_t* w_up;         // [E_loc, I, H]

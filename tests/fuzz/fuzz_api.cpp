@@ -67,7 +67,7 @@ TensorView view(Input& in, DType dtype, std::initializer_list<int64_t> shape) {
   // Mostly right, sometimes wrong in one way: dtype, a dimension, alignment, strides, absent.
   TensorView v = make_view(reinterpret_cast<void*>(uintptr_t(0x100000)), dtype, shape);
   switch (in.take<uint8_t>() % 12) {
-    case 0: v.dtype = DType(in.take<uint8_t>() % 4); break;
+    case 0: v.dtype = DType(in.take<uint8_t>() % 5); break;
     case 1: v.shape[in.take<uint8_t>() % kMaxTensorRank] = in.in(-2, 70000); break;
     case 2: v.data = reinterpret_cast<void*>(uintptr_t(0x100000) + in.take<uint8_t>()); break;
     case 3: {  // wrapping: in() is sometimes any value, and the sum must not overflow

@@ -261,7 +261,8 @@ void expect_check_names(Workspace& ws, const std::string& name) {
 // Pre-quantised weights (set_quantized_weights): L's weights quantised on the host by the reference
 // (lynx's recipe, the GPU's bit for bit) and given as e4m3 tensors with their scales give quantize_weights'
 // y bit for bit, and every output where I % 128 == 0 (each transposed block then one given block's
-// values); elsewhere the gradients stay within the bounds. Errors: e4m3 weights on a bf16 workspace, other
+// values; and at 2 virtual ranks, each given its share); elsewhere the gradients stay within the bounds.
+// Errors: e4m3 weights on a bf16 workspace, other
 // e4m3 tensors than those given, scales of the wrong shape.
 void expect_prequantized_like_quantize_weights(const Case& c) {
   const auto seed = fresh_seed();
@@ -312,6 +313,29 @@ void expect_prequantized_like_quantize_weights(const Case& c) {
   EXPECT_EQ(first_difference(got_y, want_y), "") << "y differs from quantize_weights'";
   if (c.I % 128 == 0) {
     EXPECT_EQ(first_difference(got, want), "") << "differs from quantize_weights'";
+    // At 2 virtual ranks, each given its experts' share of the same tensors: the same routed bits.
+    VirtualGroup g(L, 2, dy, fp8_config());
+    const int64_t E_loc = c.E / 2;
+    const auto share = [&](const DeviceBuffer& b, int64_t r, int64_t bytes) {
+      return static_cast<char*>(b.get()) + r * bytes;
+    };
+    for (int64_t r = 0; r < 2; ++r) {
+      Fp8ExpertWeights mine;
+      mine.w_gate = make_view(share(gate.q, r, E_loc * c.I * c.H), DType::kE4M3, {E_loc, c.I, c.H});
+      mine.w_up = make_view(share(up.q, r, E_loc * c.I * c.H), DType::kE4M3, {E_loc, c.I, c.H});
+      mine.w_down = make_view(share(down.q, r, E_loc * c.H * c.I), DType::kE4M3, {E_loc, c.H, c.I});
+      mine.w_gate_scales = make_view(share(gate.scales, r, 4 * E_loc * kbI * kbH), DType::kF32, {E_loc, kbI, kbH});
+      mine.w_up_scales = make_view(share(up.scales, r, 4 * E_loc * kbI * kbH), DType::kF32, {E_loc, kbI, kbH});
+      mine.w_down_scales = make_view(share(down.scales, r, 4 * E_loc * kbH * kbI), DType::kF32, {E_loc, kbH, kbI});
+      set_quantized_weights(*g.ws[size_t(r)], mine, nullptr);
+      g.in[size_t(r)].weights.w_gate = mine.w_gate;
+      g.in[size_t(r)].weights.w_up = mine.w_up;
+      g.in[size_t(r)].weights.w_down = mine.w_down;
+    }
+    g.forward(nullptr);
+    g.backward(nullptr);
+    g.check(nullptr);
+    EXPECT_EQ(first_routed_difference(gather_outputs(L, g.global, g.slices), want), "") << "2 ranks differ";
   } else {
     expect_gradients_close(got, L, dy);
   }

@@ -566,6 +566,8 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
         lynx.functional.forward(given, x, ids, tw, *q)
     # bf16 weights after pre-quantised ones: quantised again (nothing kept from before)
     assert torch.equal(lynx.functional.forward(given, x, ids, tw, *w), y_ref)
+    with pytest.raises(ValueError, match="explicit lynx.Workspace"):  # lynx.moe's own workspaces: bf16 weights
+        lynx.moe(x, ids, tw, *q, config=FP8)
 
 
 def test_fp8_weights_changed_in_place_are_quantised_again():
