@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lynx's FP8 forward beside lynx BF16 and PyTorch's FP8 MoE paths in one process, same inputs,
 interleaved rounds (lynx bf16, lynx fp8, lynx fp8 requant, torchao fp8, torch._scaled_grouped_mm,
-lynx bf16, ...): the speed table of the issue "FP8 forward and backward", item 5. Per shape (--shape:
+lynx bf16, ...): the FP8 speed table. Per shape (--shape:
 qwen3-30b-a3b, olmoe-1b-7b and deepseek-v3 by default; any of compare_torch.py's, or gpt-oss-like), the
 forward and forward+backward times (CUDA events, median over --iters after --warmup, then median over
 --rounds). The forward is the training forward (autograd on, its graph dropped); before every
@@ -41,7 +41,7 @@ that fails or raises is left out of that shape and reported (the exit status sta
 missing, or a torch without _scaled_grouped_mm, leaves that path out of the whole run, with the reason
 printed. The SM clock is read before and after each shape's timed rounds. Per shape the speed-ups of
 both lynx fp8 rows over lynx bf16 and over the faster PyTorch FP8 path of each pass (forward: either;
-forward+backward: torchao's alone) are printed beside the issue's targets. Each shape's rows are
+forward+backward: torchao's alone) are printed beside the targets (below). Each shape's rows are
 printed, and the JSON rewritten, as soon as that shape is done, so that a run stopped by a time limit
 keeps the shapes it finished; --budget-s starts no new shape after that many seconds."""
 
@@ -72,7 +72,7 @@ GROUP_ALIGN = 16                # rows per expert group of an FP8 grouped GEMM: 
 FP8 = lynx.Config(precision="fp8_block")
 LYNX_FP8 = ("lynx fp8", "lynx fp8 requant")
 TORCH_FP8 = ("torchao fp8", "torch._scaled_grouped_mm")
-# The issue's targets (item 5) for lynx fp8's speed-up, by pass: over lynx bf16 at two shapes, and over
+# The targets for lynx fp8's speed-up, by pass: over lynx bf16 at two shapes, and over
 # the faster PyTorch FP8 path at every shape.
 TARGET_OVER_BF16 = {"qwen3-30b-a3b": {"fwd_ms": 1.6, "fwd_bwd_ms": 1.4}, "deepseek-v3": {"fwd_ms": 1.7}}
 TARGET_OVER_TORCH = {"fwd_ms": 1.5, "fwd_bwd_ms": 1.3}
@@ -269,7 +269,7 @@ def check_all(name, impls, inputs, leaves, dy, failures, peer_failures):
 
 
 def speedups(shape, by_impl):
-    """Both lynx fp8 rows over lynx bf16 and over the faster PyTorch FP8 path, per pass, with the issue's targets."""
+    """Both lynx fp8 rows over lynx bf16 and over the faster PyTorch FP8 path, per pass, with the FP8 targets."""
     out = []
     for mine in (m for m in LYNX_FP8 if m in by_impl):
         for col, pass_name in (("fwd_ms", "forward"), ("fwd_bwd_ms", "forward+backward")):

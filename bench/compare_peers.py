@@ -200,7 +200,7 @@ def run_shape(name, tag, sonic, args, failures):
     errors = {"torch": {"y": 0.0, **{g: 0.0 for g in ref_grads}}}
     for impl in [n for n in impls if n != "torch"]:
         if impl == "sonicmoe":
-            print("  sonicmoe: warm-up, JIT-compiling and autotuning this shape (~60 s) ...", flush=True)
+            print("  sonicmoe: warm-up, JIT-compiling and autotuning this shape (over 400 s on a cold cache, 2026-12-05) ...", flush=True)
         t0 = time.perf_counter()
         try:
             forward_backward(impls[impl], inputs, leaves, dy, w1 if impl == "sonicmoe" else None)
@@ -300,7 +300,7 @@ def main():
         print(f"SonicMoE: {missing}; comparing lynx and the PyTorch path only")
     else:
         print(f"SonicMoE {sonic_version() or '(version unknown)'}: its first call at each shape JIT-compiles "
-              f"(~60 s), untimed")
+              f"(minutes on a cold cache: over 400 s at qwen3-30b-a3b, 2026-12-05), untimed")
     rows, clocks, failures, skipped = [], {}, [], []
 
     def write_json():  # after every shape, so that a run stopped by a time limit keeps what it finished

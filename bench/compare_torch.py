@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The PyTorch path of an MoE layer (argsort + torch._grouped_mm + SwiGLU + index_add_), timed on the
-benchmark shapes of ARCHITECTURE.md section 9 at uniform and skewed routing (lynx-bench's), side by
+benchmark shapes of bench/shapes.cpp at uniform and skewed routing (lynx-bench's), side by
 side with lynx through its PyTorch binding when the `lynx` package is installed (same inputs, same
 process; impl "lynx-python", baseline the PyTorch path), and the PyTorch path's two expert GEMMs
 alone (pass "forward GEMMs alone"). Passes: forward, backward (alone: autograd through one kept
@@ -94,7 +94,7 @@ def sm_clock_mhz():
 
 def gemms_alone(x, topk_ids, w_gate, w_up, w_down):
     """The PyTorch path's two expert GEMMs alone, on inputs already in expert order: gate and up as one
-    grouped GEMM (N = 2I), then down over h. What a fused layer's GEMMs compare with (issue 3: beat the
+    grouped GEMM (N = 2I), then down over h. What a fused layer's GEMMs compare with (a target: beat the
     PyTorch path's GEMMs-alone time). Returns the callable to time."""
     T, k = topk_ids.shape
     E, I = w_gate.shape[0], w_gate.shape[1]

@@ -1,4 +1,4 @@
-// lynx-bench: times the MoE layer on the benchmark shapes (ARCHITECTURE.md §9) after checking it
+// lynx-bench: times the MoE layer on the benchmark shapes (bench/shapes.h) after checking it
 // against the CPU reference, with the dense bf16 GEMM rate of the same GPU measured in the same run.
 #include <cuda_runtime_api.h>
 

@@ -1,4 +1,4 @@
-// The benchmark shapes of ARCHITECTURE.md §9.
+// The benchmark shapes: four released MoE models' layers (docs/performance.md).
 #pragma once
 
 #include <optional>

@@ -21,7 +21,7 @@ import lynx
 
 # Tolerance on the loss curves: bf16 rounding differs between the two implementations, so the runs
 # drift apart slowly; averaged over the last 50 steps they must agree within 2% of the loss. FP8
-# against bf16: within 1% (the FP8 issue's target for training).
+# against bf16: within 1% (the FP8 target for training).
 TOLERANCE = 0.02
 FP8_TOLERANCE = 0.01
 

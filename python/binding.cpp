@@ -185,14 +185,18 @@ PYBIND11_MODULE(_C, m) {
       return out;
     });
   });
-  m.def("forward_context_bytes", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
-                                    int64_t top_k, int64_t shared_intermediate, int backend, int64_t schedule_capacity) {
-    lynx::Config c;
-    c.backend = static_cast<lynx::Backend>(backend);
-    c.schedule_capacity = schedule_capacity;
-    return lynx::forward_context_bytes(
-        layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, 1, 0), c);
-  });
+  m.def(
+      "forward_context_bytes",
+      [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
+         int64_t shared_intermediate, int backend, int64_t schedule_capacity, int num_ranks) {
+        lynx::Config c;
+        c.backend = static_cast<lynx::Backend>(backend);
+        c.schedule_capacity = schedule_capacity;
+        return lynx::forward_context_bytes(
+            layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, 0), c);
+      },
+      py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
+      py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"), py::arg("num_ranks") = 1);
   // forward and backward with the context in a caller's block (a tensor autograd saves).
   m.def("forward_into", [](lynx::Workspace& ws, const py::tuple& in, const py::handle& y, uintptr_t context,
                            int64_t context_bytes, uintptr_t stream) {

@@ -51,11 +51,12 @@ struct Config {
   // that did not come and stops (its kernel traps, the CUDA context is lost); 0: 30 s.
   int64_t peer_timeout_ms = 0;
   // Where each call takes the workspace's scratch (lynx/allocator.h); it must outlive the workspace.
-  // Null: the workspace owns its scratch for its whole life. One rank only (num_ranks == 1): other
-  // ranks read a rank's per-row results from its workspace.
+  // Null: the workspace owns its scratch for its whole life. At R > 1 what other ranks read (the
+  // shared region: the token rows, the per-row results) stays the workspace's own.
   ScratchAllocator* scratch_allocator = nullptr;
   // The caller holds each forward's context (lynx::ForwardContext, moe.h): the workspace keeps none, and
-  // any number of forwards may be in flight before their backwards. Needs save_forward_context; one rank.
+  // any number of forwards may be in flight before their backwards. Needs save_forward_context. At R > 1
+  // every rank of a group makes the same choice, and each rank's backward is given its own forward's context.
   bool caller_context = false;
   Precision precision = Precision::kBf16;
   // kFp8Block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.

@@ -57,7 +57,7 @@ struct Gradients {
   TensorView dws_down;        // [H, I_s] bf16
 };
 
-// The device-side schedule: the ordered routed rows this rank computes (ARCHITECTURE.md §4, step 2).
+// The device-side schedule: the ordered routed rows this rank computes (docs/design.md, "The schedule").
 // Every pointer is device memory owned by the Workspace, valid until the next call that rebuilds it.
 // The row arrays hold rows [0, expert_offset[E_loc]); the rows past that, up to capacity, are not
 // written. A schedule over capacity (an error, Workspace::check) places no rows: then only

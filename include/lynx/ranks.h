@@ -20,7 +20,10 @@
 // passes, say). Other ranks read and write a rank's buffers during their passes:
 // keep every rank's workspace alive until every rank's last pass has ended. By default each rank's
 // schedule_capacity is the worst case over all ranks' tokens (R times the one-rank size): set it to
-// what the routing needs (schedule_capacity_for_load, config.h).
+// what the routing needs (schedule_capacity_for_load, config.h). Config::scratch_allocator and
+// Config::caller_context work at R > 1 as at one rank, for what is a rank's alone (the shared region,
+// what the other ranks read and write, stays the workspace's): a group made with caller_context (every
+// rank alike) runs the one-rank calls with each rank's ForwardContext, which the *_ranks calls do not take.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -34,7 +34,10 @@ def group_id(group, peer_timeout_ms: int = 0) -> int:
     key = (id(group), peer_timeout_ms)
     gid = _IDS.get(key)
     if gid is None:
-        gid = len(_BY_ID)
+        # NOTES: the id holds the group's size (R < 256): the fake kernels size a forward's context from
+        # R, and torch.compile's caches (on disk too, across processes) key on the ops' arguments, so a
+        # graph compiled for one group size must not be found for another with the same small id.
+        gid = len(_BY_ID) * 256 + dist.get_world_size(group)
         _BY_ID[gid] = (group, peer_timeout_ms)
         _IDS[key] = gid
     return gid

@@ -27,6 +27,11 @@ _BY_SPEC: dict = {}  # spec -> _C.Workspace
 # Tags >= 0 are the caller's (0 is the shared default of lynx.functional.moe); every lynx.nn.MoE and
 # lynx.functional.Workspace takes a fresh negative one, so that no caller's tag can collide with it.
 _TAGS = itertools.count(-1, -1)
+# The tags of the workspaces that an expert-parallel group's layers of one shape share (ops.py,
+# _context_workspace), one per CUDA stream: a workspace's passes must run one after another, as the
+# passes queued on one stream do. Below every tag new_tag gives, and never released.
+_EP_SHARED_TAGS = itertools.count(-(1 << 62), -1)
+_EP_SHARED_BY_STREAM: dict = {}
 _RELEASED: set = set()
 # Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
 # the capture, so they wait here until the next lookup outside a capture.
@@ -41,7 +46,8 @@ _PARKED: dict = {}
 # allocator at each call and gives it back on the call's stream when the call is queued: layers that
 # run one after another share it, torch.cuda.memory_allocated() counts it while a call runs, and a
 # CUDA graph capture takes it from the graph's pool. What a workspace holds between calls is its
-# forward context and the schedule.
+# forward context and the schedule (none with the caller's context, Config::caller_context), and in an
+# expert-parallel group its shared region.
 def _scratch_alloc(nbytes: int, stream: int) -> int:
     return torch.cuda.caching_allocator_alloc(nbytes, torch.cuda.current_device(), stream)
 
@@ -55,6 +61,14 @@ _C.set_scratch_allocator(_scratch_alloc, _scratch_free)
 
 def new_tag() -> int:
     return next(_TAGS)
+
+
+def ep_shared_tag(stream: int) -> int:
+    """The tag of the expert-parallel workspaces shared by the layers whose calls run on `stream`."""
+    tag = _EP_SHARED_BY_STREAM.get(stream)
+    if tag is None:
+        tag = _EP_SHARED_BY_STREAM[stream] = next(_EP_SHARED_TAGS)
+    return tag
 
 
 def _capturing() -> bool:
@@ -79,8 +93,8 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
 
     In an expert-parallel group, creating a workspace is collective: every rank of the group creates
     its own in the same order (as it does when every rank runs the same sequence of calls), and they
-    are connected through the group before their first pass. Their scratch is their own (other ranks
-    read it), not PyTorch's."""
+    are connected through the group before their first pass. Their shared region (what the other
+    ranks read and write) is their own; their scratch is PyTorch's, as at one rank."""
     if _PENDING and not _capturing():
         _PENDING.clear()
     index = torch.device(device).index
@@ -102,7 +116,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config.backend,
                               schedule_capacity=config.schedule_capacity,
                               save_forward_context=config.save_forward_context,
-                              scratch_from_allocator=R == 1, caller_context=config.caller_context, num_ranks=R, rank=rank,
+                              scratch_from_allocator=True, caller_context=config.caller_context, num_ranks=R, rank=rank,
                               peer_timeout_ms=_groups.peer_timeout_ms(config.ep_group),
                               precision=config.precision)
             if R > 1:

@@ -277,10 +277,11 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     weight. Arguments are validated before anything runs (lynx.LynxError, a ValueError, names the
     argument).
 
-    Calls of the same shape share one workspace (its buffers, and the forward context it keeps for
-    backward) unless their `workspace_tag`s differ; a backward whose context was replaced by another
-    call recomputes it. lynx.nn.MoE gives every layer its own tag. A `workspace` given explicitly
-    replaces `config` and `workspace_tag`.
+    Calls of the same shape share one workspace unless their `workspace_tag`s differ (lynx.nn.MoE gives
+    every layer its own tag); each forward's context is a tensor autograd saves for its backward, or with
+    config.save_forward_context=False none is kept and the backward recomputes it. With `ep_group` the
+    calls of one shape on one CUDA stream share one workspace whatever their tags. A `workspace` given
+    explicitly replaces `config` and `workspace_tag`.
 
     Expert parallelism: with `ep_group`, a torch.distributed process group of R ranks (one process
     each; several may share a GPU), this process is rank r of the group and holds the experts
@@ -295,6 +296,12 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     gets back only its own rows, with the bits of one rank holding every rank's real tokens."""
     if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
         raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
+    if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
+        # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
+        # reach the caller as e4m3.
+        raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that require grad (autograd would cast "
+                         "lynx's bf16 weight gradients to e4m3): pass them detached and take the weight "
+                         "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None:
         if ep_group is None:
             raise ValueError("lynx: ep_tokens: only with an ep_group")

@@ -25,9 +25,9 @@ class _Experts(torch.autograd.Function):
         backend, capacity, _, _, _, precision = _op_config(config, tag)
         gate, up = _halves(gate_up)
         y, context = ops.moe_forward_saving(x, topk_ids, topk_weights, gate, up, down, None, None, None, backend,
-                                            capacity, tag, precision)
+                                            capacity, tag, 0, precision)
         ctx.save_for_backward(x, topk_ids, topk_weights, gate_up, down, context)
-        ctx.config = (backend, capacity, tag, precision)
+        ctx.config = (backend, capacity, tag, 0, precision)
         return y
 
     @staticmethod

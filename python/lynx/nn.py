@@ -57,8 +57,9 @@ class MoE(nn.Module):
         self.shared_intermediate = shared_intermediate
         self.renormalize = renormalize
         self.config = config
-        # Each layer gets its own workspace, so that its saved forward context survives the other
-        # layers' forward passes until its backward.
+        # A workspace tag of its own: at one rank a layer's workspace holds the FP8 copies of its weights
+        # (in bf16 nothing of the layer: the contexts are autograd's). In an expert-parallel group the
+        # layers of one shape share one whatever their tags (ops._context_workspace).
         self._take_workspace_tag()
         factory = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **factory)
@@ -74,13 +75,14 @@ class MoE(nn.Module):
         self.reset_parameters()
 
     def _take_workspace_tag(self):
-        """A tag of its own (a workspace of its own), released when the layer is garbage-collected."""
+        """A tag of its own (at one rank a workspace of its own), released when the layer is garbage-collected."""
         self.workspace_tag = _workspaces.new_tag()
         weakref.finalize(self, _workspaces.release, self.workspace_tag)
 
     def __setstate__(self, state):
         # Copies (copy.deepcopy) and unpickled layers get their own tag: sharing one would make the
-        # layers overwrite each other's saved forward context.
+        # layers quantise each other's weights again (FP8), or overwrite each other's context where the
+        # workspace keeps it (save_forward_context=False recomputes it).
         super().__setstate__(state)
         self._take_workspace_tag()
 

@@ -33,17 +33,32 @@ def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
 def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
                precision):
     # NOTES: looked up (and created on first use) when the op runs, not when it is traced, so that
-    # torch.compile sees only plain arguments.
+    # torch.compile sees only plain arguments. In an expert-parallel group these ops run only without a
+    # saved context (moe_autograd), which nothing keeps from call to call: the group's layers share the
+    # workspace of their shape and stream, as _context_workspace says.
+    if ep_group != 0:
+        tag = _workspaces.ep_shared_tag(_stream(x))
     config = _workspaces.WorkspaceConfig(backend, schedule_capacity, save_forward_context, tag, False, ep_group,
                                          precision)
     R, _ = _groups.ranks(ep_group)
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
-def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision):
-    """The workspace of the autograd pair: it keeps no context (Config::caller_context)."""
-    config = _workspaces.WorkspaceConfig(backend, schedule_capacity, True, tag, True, 0, precision)
-    return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate), config, x.device)
+def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision):
+    """The workspace of the autograd pair: it keeps no context (Config::caller_context). NOTES: in an
+    expert-parallel group it holds nothing of a layer between calls (its scratch is lent, its context
+    the caller's) but, in FP8, the E4M3 copies of the weights it was last given, and the group's
+    exchange buffers (the shared region, sized by the schedule capacity: rows of every rank, 1 GiB a
+    rank at qwen3-30b-a3b shapes, T = 8192, R = 8 and a capacity for a load of 2): the group's layers of a shape whose calls run on one stream share
+    one, whatever their tags, and in FP8 each call whose weights are not the copies' quantises them
+    again (_fp8_weights: a layer's forward and its backward each, when other layers ran between). That
+    is safe because passes on one stream run one after another, each ended by its barrier before the
+    next begins; layers on different streams (which may overlap) get different workspaces."""
+    if ep_group != 0:
+        tag = _workspaces.ep_shared_tag(_stream(x))
+    config = _workspaces.WorkspaceConfig(backend, schedule_capacity, True, tag, True, ep_group, precision)
+    R, _ = _groups.ranks(ep_group)
+    return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
 # Whether an FP8 call has been captured in a CUDA graph in this process: see _fp8_weights.
@@ -87,8 +102,9 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
         ws._fp8_weights = None if untracked else tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
 
 
-def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity) -> int:
-    return _C.forward_context_bytes(*_shape(x, topk_ids, w_gate, ws_gate), backend, schedule_capacity)
+def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group) -> int:
+    R, _ = _groups.ranks(ep_group)
+    return _C.forward_context_bytes(*_shape(x, topk_ids, w_gate, ws_gate, R), backend, schedule_capacity, R)
 
 
 def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
@@ -103,13 +119,14 @@ def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_
 @torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
 def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                        w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
-                       backend: int, schedule_capacity: int, tag: int, precision: int) -> tuple[Tensor, Tensor]:
+                       backend: int, schedule_capacity: int, tag: int, ep_group: int,
+                       precision: int) -> tuple[Tensor, Tensor]:
     """y, and the forward context backward needs (uint8 [forward_context_bytes]): a tensor like any
     other that autograd saves, so that any number of forwards may be in flight before their backwards,
     under checkpointing or saved-tensor hooks too."""
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision)
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity),
+    context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group),
                           dtype=torch.uint8, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
@@ -119,10 +136,10 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
 
 @moe_forward_saving.register_fake
 def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity, tag,
-      precision):
+      ep_group, precision):
     dims = (*x.shape, *w_gate.shape, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
     if all(isinstance(d, int) for d in dims):
-        context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity)
+        context_bytes = _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group)
     else:  # symbolic shapes (torch.compile's dynamic shapes): a size the op's output will tell
         context_bytes = torch.library.get_ctx().new_dynamic_size()
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
@@ -133,13 +150,14 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor,
                       w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
                       ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
-                      tag: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      tag: int, ep_group: int,
+                      precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     # A saved-tensor hook may have handed the context back elsewhere or in another form.
     if context.device != x.device or context.dtype != torch.uint8 or not context.is_contiguous():
         raise ValueError(f"lynx: the saved forward context came back as a {context.dtype} tensor on {context.device}"
                          f"{'' if context.is_contiguous() else ', not contiguous'}; backward needs it as saved: uint8, "
                          f"contiguous, on {x.device}")
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, precision)
+    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     # The FP8 dgrads read the weights' copies: another layer's forward on this workspace may have made its own.
@@ -150,7 +168,7 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
 
 @moe_backward_from.register_fake
 def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-      schedule_capacity, tag, precision):
+      schedule_capacity, tag, ep_group, precision):
     return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
@@ -265,7 +283,7 @@ def _backward_saving(ctx, dy, _dcontext):
                                                                   w_down, ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
     return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None, None)
+            dwsd if shared else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, setup_context=_setup_saving)
@@ -273,14 +291,12 @@ torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, se
 
 def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
                  schedule_capacity, save_forward_context, tag, ep_group, precision):
-    """y with autograd: with a saved context on one rank, the pair that hands autograd the context;
-    without one, the forward that keeps none (its backward recomputes it); in an expert-parallel group,
-    the forward that keeps its context in the workspace (other ranks read it), which a backward whose
-    context another forward of the layer has replaced recomputes, on every rank alike (each runs the
-    same sequence of calls)."""
-    if save_forward_context and ep_group == 0:
+    """y with autograd: with a saved context, the pair that hands autograd the context (at any R: in an
+    expert-parallel group each rank's backward is given its own forward's); without one, the forward
+    that keeps none (its backward recomputes it, on every rank alike)."""
+    if save_forward_context:
         y, _ = moe_forward_saving(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                                  schedule_capacity, tag, precision)
+                                  schedule_capacity, tag, ep_group, precision)
         return y
     return moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
                        schedule_capacity, save_forward_context, tag, ep_group, precision)

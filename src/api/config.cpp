@@ -95,11 +95,7 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
   require(c.peer_timeout_ms >= 0 && c.peer_timeout_ms <= 3'600'000, "config.peer_timeout_ms",
           "must be in [0, 3600000] (0: 30 s), got " + str(c.peer_timeout_ms));
   r.peer_timeout_ms = c.peer_timeout_ms == 0 ? 30'000 : c.peer_timeout_ms;
-  require(c.scratch_allocator == nullptr || shape.num_ranks == 1, "config.scratch_allocator",
-          "is for one rank (shape.num_ranks == 1): at R > 1 other ranks read a rank's per-row results from its workspace");
   r.scratch_allocator = c.scratch_allocator;
-  require(!c.caller_context || shape.num_ranks == 1, "config.caller_context",
-          "is for one rank (shape.num_ranks == 1): at R > 1 other ranks write a rank's slot_row");
   require(!c.caller_context || c.save_forward_context, "config.caller_context",
           "needs save_forward_context: the caller's context is what forward saves");
   r.caller_context = c.caller_context;

@@ -132,9 +132,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
 
 void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
-  if (w.config.precision != Precision::kFp8Block) {
-    throw Error("config.precision", "is bf16: quantize_weights is for a workspace made with fp8_block");
-  }
+  api::require_fp8(w, "quantize_weights");
   validate_weights(w.shape, weights);
   check_device(w);
   enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, stream); });
@@ -142,9 +140,7 @@ void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t 
 
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
-  if (w.config.precision != Precision::kFp8Block) {
-    throw Error("config.precision", "is bf16: set_quantized_weights is for a workspace made with fp8_block");
-  }
+  api::require_fp8(w, "set_quantized_weights");
   validate_fp8_weights(w.shape, weights);
   check_device(w);
   enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });

@@ -13,6 +13,13 @@ namespace lynx::api {
 
 inline bool fp8(const Workspace::Impl& w) { return w.config.precision == Precision::kFp8Block; }
 
+// The calls that give a workspace its FP8 weights (`call`) need one made with fp8_block.
+inline void require_fp8(const Workspace::Impl& w, const char* call) {
+  if (!fp8(w)) {
+    throw Error("config.precision", std::string("is bf16: ") + call + " is for a workspace made with fp8_block");
+  }
+}
+
 inline void forward_step(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s,
                          fused::Step step) {
   if (fp8(w)) return fp8pass::forward(w, in, y, s, step);
@@ -42,7 +49,8 @@ inline void require_quantized_weights(const Workspace::Impl& w, const LayerInput
   }
   if (!fp8(w)) {
     if (dtype != DType::kBF16) {
-      throw Error("weights", "are e4m3, but config.precision is bf16 (fp8_block takes them, after set_quantized_weights)");
+      throw Error("weights",
+                  "are e4m3, but config.precision is bf16 (fp8_block takes them, after set_quantized_weights)");
     }
     return;
   }

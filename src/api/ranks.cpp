@@ -1,7 +1,9 @@
 // Expert parallelism's entry points: connecting a group, and the virtual-rank driver.
 #include "lynx/ranks.h"
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "api/call.h"
 #include "api/passes.h"
@@ -43,7 +45,8 @@ void check_group(const std::vector<Workspace*>& ranks) {
     if (w.layout.bytes != first.layout.bytes || w.config.peer_timeout_ms != first.config.peer_timeout_ms ||
         w.config.save_forward_context != first.config.save_forward_context ||
         w.config.precision != first.config.precision ||
-        w.config.bf16_weight_grads != first.config.bf16_weight_grads) {
+        w.config.bf16_weight_grads != first.config.bf16_weight_grads ||
+        w.config.caller_context != first.config.caller_context) {
       throw Error("ranks", "[" + str(r) + "] has another config than rank 0: every rank needs the same config");
     }
     if (w.connected() && R > 1) throw Error("ranks", "[" + str(r) + "] is connected already");
@@ -95,9 +98,14 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
       api::enqueue_pass(w, [&] { step(w, r, s, stream_of(w)); });
     }
   };
+  // NOTES: each rank's scratch (Config::scratch_allocator) is taken on `stream` before the ranks fork from
+  // it and given back on it after they have joined it again (at the end of this function).
+  std::vector<std::unique_ptr<ScratchLease>> scratch;
+  for (Workspace* ws : ranks) {
+    api::enqueue_pass(ws->impl(), [&] { scratch.push_back(std::make_unique<ScratchLease>(ws->impl(), stream)); });
+  }
   if (ranks.size() == 1) {
     api::enqueue_pass(ranks[0]->impl(), [&] {
-      const ScratchLease scratch(ranks[0]->impl(), stream);  // one rank may take its scratch from an allocator
       for (fused::Step s : fused::kSteps) step(ranks[0]->impl(), 0, s, stream);
     });
     return;
@@ -114,7 +122,20 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
   Workspace::Impl& first = ranks[0]->impl();
   LYNX_CUDA(cudaEventRecord(first.fork_event, stream));
   for (Workspace* ws : ranks) LYNX_CUDA(cudaStreamWaitEvent(ws->impl().rank_stream, first.fork_event, 0));
-  for (fused::Step s : fused::kSteps) each(s, [](const Workspace::Impl& w) { return w.rank_stream; });
+  // NOTES: joined on every path, a throwing one too: the scratch goes back on `stream` (the leases'
+  // destructors) only behind whatever the rank streams were given.
+  const auto join = [&] {
+    for (Workspace* ws : ranks) {
+      cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream);
+      cudaStreamWaitEvent(stream, ws->impl().join_event, 0);
+    }
+  };
+  try {
+    for (fused::Step s : fused::kSteps) each(s, [](const Workspace::Impl& w) { return w.rank_stream; });
+  } catch (...) {
+    join();
+    throw;
+  }
   for (Workspace* ws : ranks) {
     LYNX_CUDA(cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream));
     LYNX_CUDA(cudaStreamWaitEvent(stream, ws->impl().join_event, 0));

@@ -32,8 +32,8 @@ RegionLayout region_layout(const LayerShape& s, int64_t cap, bool rows, bool slo
   l.weights = c.take(shared ? 4 * entries : 0);
   l.d_topk_rows = c.take(shared ? 4 * cap : 0);
   l.token_rows = c.take(shared ? 2 * s.tokens * s.hidden : 0);
-  l.rows_a = c.take(rows ? 2 * cap * s.hidden : 0);
-  l.rows_b = c.take(rows ? 2 * cap * s.hidden : 0);
+  l.rows_a = c.take(shared || rows ? 2 * cap * s.hidden : 0);
+  l.rows_b = c.take(shared || rows ? 2 * cap * s.hidden : 0);
   l.bytes = c.at;
   return l;
 }

@@ -29,7 +29,8 @@ struct RegionLayout {
 // At R = 1 nothing is shared, but the region holds the buffers all the same (ids32, token_rows,
 // weights and d_topk_rows take no space: the ids are scratch), rows_a and rows_b too unless `rows` is
 // false (they are then scratch a call takes: Config::scratch_allocator), slot_row unless `slot_row` is
-// false (a caller's forward context holds it).
+// false (a caller's forward context holds it). At R > 1 every buffer is there whatever the flags: the
+// other ranks read the rows and write slot_row (a caller's context keeps a copy of it).
 RegionLayout region_layout(const LayerShape& shape, int64_t capacity, bool rows = true, bool slot_row = true);
 
 // The device tables, each R pointers: table t of rank s at [t * R + s].

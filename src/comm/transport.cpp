@@ -17,7 +17,7 @@ struct Exported {
   int32_t rank, ranks;
   int64_t tokens, hidden, intermediate, num_experts, top_k, shared_intermediate;
   int64_t capacity, peer_timeout_ms;
-  int32_t save_forward_context, backend, precision, bf16_weight_grads;
+  int32_t save_forward_context, backend, precision, bf16_weight_grads, caller_context;
   cudaUUID_t device_uuid;
   cudaIpcMemHandle_t handle;
 };
@@ -35,6 +35,7 @@ Exported group_fields(const LayerShape& s, const ResolvedConfig& c) {
   e.save_forward_context = c.save_forward_context, e.backend = int32_t(c.backend);
   e.precision = int32_t(c.precision);
   e.bf16_weight_grads = c.bf16_weight_grads;
+  e.caller_context = c.caller_context;
   return e;
 }
 
@@ -98,7 +99,8 @@ char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expe
                 {"save_forward_context", e.save_forward_context, mine.save_forward_context},
                 {"backend", e.backend, mine.backend},
                 {"precision", e.precision, mine.precision},
-                {"bf16_weight_grads", e.bf16_weight_grads, mine.bf16_weight_grads}};
+                {"bf16_weight_grads", e.bf16_weight_grads, mine.bf16_weight_grads},
+                {"caller_context", e.caller_context, mine.caller_context}};
   for (const auto& f : fields) {
     if (f.theirs != f.ours) {
       throw Error("all_gather", who + ": " + f.name + " = " + std::to_string(f.theirs) + ", this rank has " +

@@ -11,6 +11,7 @@
 
 #include "common/cuda_check.h"
 #include "kernels/expert_gemm/api.h"
+#include "kernels/fp8/api.h"
 #include "runtime/workspace.h"
 
 namespace lynx::test_hooks {
@@ -105,7 +106,7 @@ inline void poison_row_buffers(Workspace& ws) {
     if (ptr != nullptr) LYNX_CUDA(cudaMemset(ptr, 0xFF, size_t(count) * sizeof(uint16_t)));
   }
   // FP8 (sizes in bytes): 0xFF is an E4M3 NaN, and a NaN scale.
-  const int64_t kbH = (H + 127) / 128, kbI = (I + 127) / 128, kb2I = (2 * I + 127) / 128;
+  const int64_t kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I), kb2I = fp8::blocks_of(2 * I);
   const std::pair<void*, int64_t> fp8_buffers[] = {
       {w.f8.xg, cap * H}, {w.f8.xg_scales, 4 * cap * kbH}, {w.f8.h, cap * I},
       {w.f8.h_scales, 4 * cap * kbI}, {w.f8.dgu, cap * 2 * I}, {w.f8.dgu_scales, 4 * cap * kb2I}};

@@ -1,4 +1,4 @@
-// The CPU reference of the FP8 recipe (ARCHITECTURE.md §6; the DeepSeek-V3 recipe): E4M3 values with
+// The CPU reference of the FP8 recipe (docs/fp8.md; the DeepSeek-V3 recipe): E4M3 values with
 // one fp32 scale per 1×128 tile of an activation row and per 128×128 block of a weight, and the GEMM
 // whose per-128-K partial products are promoted to fp32 with both scales. The GPU's quantisation
 // kernels are to equal quantize_tiles / quantize_blocks bit for bit; its FP8 GEMMs are checked

@@ -1,5 +1,6 @@
 #include "reference/fp8_layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -37,6 +38,29 @@ std::vector<double> dequantised_tiles(const float* x, int64_t rows, int64_t cols
   return out;
 }
 
+// The matrices [rows, cols] of `count` after one another, each transposed: [count, cols, rows].
+std::vector<float> transposed(const float* w, int64_t count, int64_t rows, int64_t cols) {
+  std::vector<float> out(size_t(count * rows * cols));
+  for (int64_t m = 0; m < count; ++m) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) out[size_t((m * cols + c) * rows + r)] = w[(m * rows + r) * cols + c];
+    }
+  }
+  return out;
+}
+
+// Σ over the rows of a [rows, m] and b [rows, n] (rows a multiple of 128) of a[r]ᵀ b[r], both operands
+// transposed and quantised in 1×128 tiles along the rows (the weight-gradient GEMM), rounded to bf16:
+// [m, n].
+std::vector<double> weight_gradient(const std::vector<float>& a, int64_t m, const std::vector<float>& b, int64_t n,
+                                    int64_t rows) {
+  const std::vector<float> at = transposed(a.data(), 1, rows, m), bt = transposed(b.data(), 1, rows, n);
+  const std::vector<double> out = fp8_gemm(quantize_tiles(at.data(), m, rows), quantize_tiles(bt.data(), n, rows), true);
+  std::vector<double> rounded(out.size());
+  for (size_t i = 0; i < out.size(); ++i) rounded[i] = round_bf16(out[i]);
+  return rounded;
+}
+
 }  // namespace
 
 std::vector<double> routed_forward(const RoutedLayer& L) {
@@ -63,6 +87,16 @@ std::vector<double> routed_forward(const RoutedLayer& L) {
         }
         h[size_t(i)] = round_bf16(silu(g) * u);
       }
+      if (L.near_scale_boundary) {
+        uint8_t near = 0;
+        for (int64_t b0 = 0; b0 < I; b0 += 128) {
+          float amax = 0.0f;
+          for (int64_t i = b0; i < std::min(I, b0 + 128); ++i) amax = std::max(amax, std::fabs(h[size_t(i)]));
+          const double r = std::log2(double(amax) / 448.0);
+          if (amax > 0.0f && std::fabs(r - std::round(r)) < std::log2(1.0 + 1.0 / 128.0)) near = 1;
+        }
+        L.near_scale_boundary[t * k + j] = near;
+      }
       const std::vector<double> hq = dequantised_tiles(h.data(), 1, I);
       const double w = L.topk_weights[t * k + j];
       for (int64_t c = 0; c < H; ++c) {
@@ -74,6 +108,74 @@ std::vector<double> routed_forward(const RoutedLayer& L) {
     }
   }
   return y;
+}
+
+RoutedGradients routed_backward(const RoutedLayer& L, const float* dy) {
+  const int64_t T = L.T, H = L.H, I = L.I, E = L.E, k = L.k;
+  const std::vector<double> x = dequantised_tiles(L.x, T, H), dyq = dequantised_tiles(dy, T, H);
+  const std::vector<double> wg = dequantised_blocks(L.w_gate, E, I, H);
+  const std::vector<double> wu = dequantised_blocks(L.w_up, E, I, H);
+  const std::vector<double> wd_t = dequantised_blocks(transposed(L.w_down, E, H, I).data(), E, I, H);
+  // [w_gate; w_up]ᵀ per expert: [H, 2I].
+  std::vector<float> gu(size_t(E * 2 * I * H));
+  for (int64_t e = 0; e < E; ++e) {
+    std::copy(L.w_gate + e * I * H, L.w_gate + (e + 1) * I * H, gu.begin() + e * 2 * I * H);
+    std::copy(L.w_up + e * I * H, L.w_up + (e + 1) * I * H, gu.begin() + e * 2 * I * H + I * H);
+  }
+  const std::vector<double> wgu_t = dequantised_blocks(transposed(gu.data(), E, 2 * I, H).data(), E, H, 2 * I);
+  RoutedGradients out;
+  out.dx.assign(size_t(T * H), 0.0);
+  out.d_topk_weights.assign(size_t(T * k), 0.0);
+  out.dw_gate.assign(size_t(E * I * H), 0.0);
+  out.dw_up.assign(size_t(E * I * H), 0.0);
+  out.dw_down.assign(size_t(E * H * I), 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> slots;  // the expert's rows, in token order
+    for (int64_t s = 0; s < T * k; ++s) {
+      if (L.topk_ids[s] == e) slots.push_back(s);
+    }
+    const int64_t rows = (int64_t(slots.size()) + kBlock - 1) / kBlock * kBlock;  // padding rows: zeros
+    std::vector<float> dgu(size_t(rows * 2 * I), 0.0f), hw(size_t(rows * I), 0.0f), xr(size_t(rows * H), 0.0f),
+        dyr(size_t(rows * H), 0.0f);
+    for (size_t r = 0; r < slots.size(); ++r) {
+      const int64_t s = slots[r], t = s / k;
+      const double w = L.topk_weights[s];
+      for (int64_t c = 0; c < H; ++c) {
+        xr[r * H + c] = float(x[size_t(t * H + c)]);
+        dyr[r * H + c] = float(dyq[size_t(t * H + c)]);
+      }
+      double dot = 0.0;
+      for (int64_t i = 0; i < I; ++i) {
+        double g = 0.0, u = 0.0, da = 0.0;
+        for (int64_t c = 0; c < H; ++c) {
+          g += wg[size_t((e * I + i) * H + c)] * x[size_t(t * H + c)];
+          u += wu[size_t((e * I + i) * H + c)] * x[size_t(t * H + c)];
+          da += wd_t[size_t((e * I + i) * H + c)] * dyq[size_t(t * H + c)];
+        }
+        g = round_bf16(g), u = round_bf16(u), da = round_bf16(da);
+        const double sig = 1.0 / (1.0 + std::exp(-g)), silg = g * sig;
+        dot += da * silg * u;
+        dgu[r * 2 * I + i] = round_bf16(w * da * u * sig * (1.0 + g * (1.0 - sig)));
+        dgu[r * 2 * I + I + i] = round_bf16(w * da * silg);
+        hw[r * I + i] = round_bf16(w * silg * u);
+      }
+      out.d_topk_weights[size_t(s)] = dot;
+      const std::vector<double> q = dequantised_tiles(&dgu[r * 2 * I], 1, 2 * I);
+      for (int64_t c = 0; c < H; ++c) {
+        double v = 0.0;
+        for (int64_t i = 0; i < 2 * I; ++i) v += wgu_t[size_t((e * H + c) * 2 * I + i)] * q[size_t(i)];
+        out.dx[size_t(t * H + c)] += round_bf16(v);
+      }
+    }
+    if (rows == 0) continue;  // an expert without rows: zero gradients
+    const std::vector<double> dw_gu = weight_gradient(dgu, 2 * I, xr, H, rows);
+    std::copy(dw_gu.begin(), dw_gu.begin() + I * H, out.dw_gate.begin() + e * I * H);
+    std::copy(dw_gu.begin() + I * H, dw_gu.end(), out.dw_up.begin() + e * I * H);
+    const std::vector<double> dw_d = weight_gradient(dyr, H, hw, I, rows);
+    std::copy(dw_d.begin(), dw_d.end(), out.dw_down.begin() + e * H * I);
+  }
+  for (double& v : out.dx) v = round_bf16(v);
+  return out;
 }
 
 }  // namespace lynx::ref::fp8

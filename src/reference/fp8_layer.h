@@ -19,10 +19,30 @@ struct RoutedLayer {
   const float* w_gate = nullptr;        // [E, I, H] (bf16 values)
   const float* w_up = nullptr;          // [E, I, H]
   const float* w_down = nullptr;        // [E, H, I]
+  // Out, optional ([T, k]): 1 where a 1×128 tile of the slot's h has its amax within 2^-7 of a scale
+  // boundary (amax / 448 near a power of two), so that a GPU whose sums moved h by a bf16 step there
+  // may pick the scale twice or half this one's: that slot's row of y may then differ from this
+  // emulation by E4M3 steps of the whole tile, not by the fp32 sums alone.
+  uint8_t* near_scale_boundary = nullptr;
 };
 
 // y without the shared expert: [T, H]. Throws std::invalid_argument for a non-finite input (the GPU
 // reports it instead).
 std::vector<double> routed_forward(const RoutedLayer& layer);
+
+// The routed experts' gradients of the FP8 backward (FP8 weight gradients), with the roundings lynx
+// makes, in double where the GPU keeps fp32: dŷ and x̂ (dy and x in 1×128 tiles per token, dequantised);
+// g and u as the forward keeps them (its FP8 products rounded to bf16); da = dŷ · w_down on w_downᵀ's
+// 128×128 blocks, rounded to bf16; the SwiGLU backward (dg, du, w·silu(g)⊙u rounded to bf16);
+// dx_row = [dg | du] in 1×128 tiles over K = 2I times [w_gate; w_up]ᵀ's blocks, rounded to bf16; the
+// weight gradients per expert over its rows in token order, padded to 128-row blocks, both operands in
+// 1×128 tiles along the rows (dg | du with x̂, dŷ with w·silu(g)⊙u), rounded to bf16.
+struct RoutedGradients {
+  std::vector<double> dx;              // [T, H] (the routed part)
+  std::vector<double> d_topk_weights;  // [T, k]
+  std::vector<double> dw_gate, dw_up;  // [E, I, H]
+  std::vector<double> dw_down;         // [E, H, I]
+};
+RoutedGradients routed_backward(const RoutedLayer& layer, const float* dy);
 
 }  // namespace lynx::ref::fp8

@@ -231,6 +231,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     case fused::Step::kOpen:
       require_context(w, in);
       if (w.ranks() == 1) return;
+      fused::restage_routing(w, in, s);
       stage_tiles(w, dy, Fp8Tensor::kDy, s);
       return peer::arrive(w.barrier_args(), false, s);
     case fused::Step::kCompute:

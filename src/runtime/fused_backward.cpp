@@ -51,6 +51,10 @@ void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg,
   if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
 }
 
+void restage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (w.config.caller_context) enqueue_stage_routing(w, in, s);
+}
+
 namespace {
 
 // The experts' backward (and the shared expert's), between the two barriers at R > 1.
@@ -149,6 +153,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     case Step::kOpen:
       require_context(w, in);
       if (!ranks) break;
+      restage_routing(w, in, s);
       LYNX_CUDA(cudaMemcpyAsync(w.in_region<void>(w.layout.token_rows), dy.data,
                                 size_t(2 * w.shape.tokens * w.shape.hidden), cudaMemcpyDeviceToDevice, s));
       peer::arrive(w.barrier_args(), false, s);

@@ -1,3 +1,4 @@
+#include "common/cuda_check.h"
 #include "kernels/glue/api.h"
 #include "runtime/fused_launch.h"
 #include "runtime/fused_passes.h"
@@ -80,8 +81,15 @@ void open(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   enqueue_stage_inputs(w, in, s);
   peer::arrive(w.barrier_args(), false, s);
 }
+// After the closing barrier every rank has written this rank's slot_row (the region's, at R > 1): a
+// caller's context keeps a copy, since the next forward's schedules write the region's again.
 void close(const Workspace::Impl& w, cudaStream_t s) {
-  if (w.ranks() > 1) peer::wait(w.barrier_args(), true, s);
+  if (w.ranks() == 1) return;
+  peer::wait(w.barrier_args(), true, s);
+  if (w.config.caller_context) {
+    LYNX_CUDA(cudaMemcpyAsync(w.schedule.slot_row, w.in_region<int32_t>(w.layout.slot_row),
+                              sizeof(int32_t) * size_t(w.shape.tokens * w.shape.top_k), cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 }  // namespace

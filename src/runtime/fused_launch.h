@@ -24,6 +24,11 @@ void queue_gather_kernel(plan::GatherPlace place, const Workspace::Impl& w, cons
 void compute_begins(const Workspace::Impl& w, cudaStream_t s);
 void compute_ends(const Workspace::Impl& w, cudaStream_t s);
 
+// The backward's open step at R > 1 with a caller's context: this rank's routing staged again (ids32
+// and router weights in the region, read by the dx combine and by the other ranks' SwiGLU backward),
+// since another forward on the workspace may have staged its own since this backward's forward.
+void restage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
+
 // dx[t] = dx_s[t] + Σ_j dx_row of (t, j) (w.un.rows_b); at R > 1 pulled from the ranks that computed
 // them, with the d_topk_weights those ranks computed; 0 for the slots not routed.
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s);

@@ -100,8 +100,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     context_buffer(schedule.expert_offset, E_loc + 1);
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
+    // NOTES: at R > 1 the other ranks write slot_row into the region, where the next forward's schedule
+    // writes it again: a caller's context keeps a copy (fused_forward.cpp, close), which the combines read.
     if (config.caller_context) {
-      context_buffer(schedule.slot_row, T * k);  // one rank: no other rank writes it
+      context_buffer(schedule.slot_row, T * k);
     } else {
       schedule.slot_row = in_region<int32_t>(layout.slot_row);
     }
@@ -123,7 +125,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     context_buffer(un.g, gate_up_rows * I);
     context_buffer(un.u, gate_up_rows * I);
     scratch(un.h, cap * I);
-    if (own_scratch) {
+    if (own_scratch || s.num_ranks > 1) {  // at R > 1 the other ranks read them
       un.rows_a = in_region<bf16_t>(layout.rows_a);
       un.rows_b = in_region<bf16_t>(layout.rows_b);
     } else {

@@ -18,6 +18,11 @@
 //            close:   wait; read ERR[r][q], RB[q] and SLOT[r][q] (the forward's) of every rank q
 // A read must see the value written in the pass it belongs to: its own pass, or for W and SLOT in
 // backward, the forward's before it.
+// With caller contexts (Config::caller_context) the passes may come in any order a model's step takes
+// (several forwards in flight before their backwards: "FFBB", each backward taking the context of the
+// latest forward not yet taken); then a forward's close step also copies SLOT[r][q] into its context
+// (CTX, the rank's own memory), and a backward's open step writes W[r] again (the routing restaged),
+// reads W[s] of its own pass in compute, and reads CTX, not SLOT, in close.
 // Arrive adds 1 to arrivals[s][r] in every rank s's signals; wait blocks until arrivals[r][p] >=
 // passed[r] + 1 for every p, then sets passed[r] to that (kernels/peer/barrier.cu). Each step is
 // atomic and the model is sequentially consistent: the kernels' release/acquire pairs (the arrival's
@@ -38,6 +43,8 @@ enum class Bug {
   kNoEpochIncrement,  // a wait does not count the barrier as passed (its target never grows)
   kNoComputeArrival,  // the compute step ends without its arrival
   kCloseWithoutWait,  // the close step reads without waiting
+  kNoRestage,         // caller contexts: the backward does not stage its routing again
+  kNoSlotCopy,        // caller contexts: the backward reads the region's slot_row, not its context's copy
 };
 
 struct Result {
@@ -50,6 +57,12 @@ struct Result {
 class Model {
  public:
   Model(int32_t ranks, int32_t passes, Bug bug = Bug::kNone) : R_(ranks), passes_(passes), bug_(bug) {
+    for (int32_t p = 1; p <= passes; ++p) order_.push_back(p % 2 == 1 ? 'F' : 'B');
+    build_program();
+  }
+  // Caller contexts: the passes in `order` ('F' forward, 'B' backward).
+  Model(int32_t ranks, const std::string& order, Bug bug = Bug::kNone)
+      : R_(ranks), passes_(int32_t(order.size())), bug_(bug), caller_context_(true), order_(order) {
     build_program();
   }
 
@@ -64,6 +77,7 @@ class Model {
     s0.rb.assign(R_, 0);
     s0.slot.assign(R_ * R_, 0);
     s0.err.assign(R_ * R_, 0);
+    s0.ctx.assign(R_ * (passes_ + 1) * R_, 0);
     Result res;
     std::unordered_set<std::string> seen;
     std::vector<State> stack{s0};
@@ -99,7 +113,7 @@ class Model {
 
  private:
   enum class Op { kWriteTok, kWriteW, kArrive, kWait, kReadTok, kReadW, kWriteSlot, kWriteRa, kWriteRb, kWriteErr,
-                  kReadRa, kReadRb, kReadSlot, kReadErr };
+                  kReadRa, kReadRb, kReadSlot, kReadErr, kCopySlot, kReadCtx };
   struct Instr {
     Op op;
     int32_t peer;    // the rank a per-rank step addresses (-1: none)
@@ -108,21 +122,30 @@ class Model {
   };
   struct State {
     std::vector<int32_t> pc, arrivals, passed, tok, w, ra, rb, slot, err;  // arrivals, slot, err: [s * R + r]
+    std::vector<int32_t> ctx;  // [(r * (passes + 1) + forward) * R + q]: rank r's context copy of SLOT[r][q]
   };
 
   void build_program() {
+    std::vector<int32_t> open_forwards;  // caller contexts: the forwards whose backward is still to come
     for (int32_t p = 1; p <= passes_; ++p) {
-      const bool forward = p % 2 == 1;
-      const int32_t fwd = forward ? p : p - 1;  // the forward whose W and SLOT this pass reads
+      const bool forward = order_[p - 1] == 'F';
+      int32_t fwd = forward ? p : p - 1;  // the forward whose W and SLOT this pass reads
+      if (caller_context_ && forward) open_forwards.push_back(p);
+      if (caller_context_ && !forward) {
+        fwd = open_forwards.back();
+        open_forwards.pop_back();
+      }
+      // With caller contexts a backward stages its routing again, and reads its own pass's W.
+      const bool restage = caller_context_ && !forward && bug_ != Bug::kNoRestage;
       const auto each = [&](Op op, int32_t expect) {
         for (int32_t s = 0; s < R_; ++s) program_.push_back({op, s, p, expect});
       };
       program_.push_back({Op::kWriteTok, -1, p, 0});
-      if (forward) program_.push_back({Op::kWriteW, -1, p, 0});
+      if (forward || restage) program_.push_back({Op::kWriteW, -1, p, 0});
       each(Op::kArrive, 0);
       program_.push_back({Op::kWait, -1, p, 0});
       each(Op::kReadTok, p);
-      each(Op::kReadW, fwd);
+      each(Op::kReadW, caller_context_ && !forward ? p : fwd);
       if (forward) each(Op::kWriteSlot, 0);
       program_.push_back({Op::kWriteRa, -1, p, 0});
       if (!forward) program_.push_back({Op::kWriteRb, -1, p, 0});
@@ -131,7 +154,13 @@ class Model {
       if (bug_ != Bug::kCloseWithoutWait) program_.push_back({Op::kWait, -1, p, 0});
       each(Op::kReadErr, p);
       each(forward ? Op::kReadRa : Op::kReadRb, p);
-      each(Op::kReadSlot, fwd);
+      if (caller_context_ && forward) {
+        each(Op::kCopySlot, p);
+      } else if (caller_context_ && bug_ != Bug::kNoSlotCopy) {
+        each(Op::kReadCtx, fwd);
+      } else {
+        each(Op::kReadSlot, fwd);
+      }
     }
   }
 
@@ -194,6 +223,14 @@ class Model {
       case Op::kReadSlot:
         check_read(s.slot[r * R_ + in.peer], in, r, "SLOT (slot_row entries it wrote)", violation);
         break;
+      case Op::kCopySlot:  // the forward's close: SLOT read (checked) into the context
+        check_read(s.slot[r * R_ + in.peer], in, r, "SLOT (slot_row entries it wrote)", violation);
+        s.ctx[(r * (passes_ + 1) + in.pass) * R_ + in.peer] = s.slot[r * R_ + in.peer];
+        break;
+      case Op::kReadCtx:  // the backward's close: the copy its forward's context holds
+        check_read(s.ctx[(r * (passes_ + 1) + in.expect) * R_ + in.peer], in, r,
+                   "SLOT (as its forward's context copied it)", violation);
+        break;
     }
     ++s.pc[r];
     return true;
@@ -201,7 +238,7 @@ class Model {
 
   static std::string key(const State& s) {
     std::string k;
-    for (const auto* v : {&s.pc, &s.arrivals, &s.passed, &s.tok, &s.w, &s.ra, &s.rb, &s.slot, &s.err}) {
+    for (const auto* v : {&s.pc, &s.arrivals, &s.passed, &s.tok, &s.w, &s.ra, &s.rb, &s.slot, &s.err, &s.ctx}) {
       for (int32_t x : *v) k.push_back(char(x));
       k.push_back('|');
     }
@@ -219,6 +256,8 @@ class Model {
 
   int32_t R_, passes_;
   Bug bug_;
+  bool caller_context_ = false;
+  std::string order_;  // 'F' or 'B' per pass
   std::vector<Instr> program_;
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -185,6 +186,60 @@ TEST(Fp8Reference, LayerForwardIsCloseToTheExactLayer) {
   ids[0] = ids[1] = -1;
   const std::vector<double> none = routed_forward(L);
   for (int64_t c = 0; c < H; ++c) ASSERT_EQ(none[size_t(c)], 0.0);
+}
+
+// The FP8 backward's emulation (routed_backward) against the exact layer, each gradient within its
+// bound (docs/fp8.md's table; tests/gpu/test_fp8_layer.cpp derives them): dx 2^-6/3, d_topk_weights
+// 2^-8, dw_gate 3·2^-9, dw_up and dw_down 7·2^-9/3. About 100 rows an expert: one 128-row block each.
+// The inputs are drawn as the GPU layer tests draw theirs (tests/gpu/layer_check.cpp): x and dy uniform
+// in ±1, w_gate and w_up in ±2/√H, w_down in ±1/√I, router weights in [0.05, 1].
+TEST(Fp8Reference, LayerBackwardIsWithinTheBounds) {
+  std::mt19937 rng(7);
+  const int64_t T = 200, H = 320, I = 192, E = 4, k = 2;
+  const auto uniform = [&](int64_t n, double scale) {
+    std::uniform_real_distribution<float> d(-float(scale), float(scale));
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& e : v) e = d(rng);
+    return v;
+  };
+  const std::vector<float> x = uniform(T * H, 1.0), wg = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
+                           wu = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
+                           wd = uniform(E * H * I, 1.0 / std::sqrt(double(I))), dy = uniform(T * H, 1.0);
+  std::vector<int32_t> ids(size_t(T * k));
+  std::vector<double> w(size_t(T * k));
+  for (int64_t s = 0; s < T * k; ++s) {
+    ids[size_t(s)] = int32_t((s * 7 + s / k) % E);
+    w[size_t(s)] = 0.05 + 0.95 * double(s % 5) / 4.0;
+  }
+  RoutedLayer L;
+  L.T = T, L.H = H, L.I = I, L.E = E, L.k = k;
+  L.x = x.data(), L.topk_ids = ids.data(), L.topk_weights = w.data();
+  L.w_gate = wg.data(), L.w_up = wu.data(), L.w_down = wd.data();
+  const RoutedGradients got = routed_backward(L, dy.data());
+  std::vector<double> xd(x.begin(), x.end()), wgd(wg.begin(), wg.end()), wud(wu.begin(), wu.end()),
+      wdd(wd.begin(), wd.end()), dyd(dy.begin(), dy.end());
+  Layer<double> exact_layer;
+  exact_layer.T = T, exact_layer.H = H, exact_layer.I = I, exact_layer.E = E, exact_layer.k = k;
+  exact_layer.x = xd.data(), exact_layer.topk_ids = ids.data(), exact_layer.topk_weights = w.data();
+  exact_layer.w_gate = wgd.data(), exact_layer.w_up = wud.data(), exact_layer.w_down = wdd.data();
+  const Gradients exact = backward(exact_layer, dyd.data());
+  const struct {
+    const char* name;
+    const std::vector<double>& got;
+    const std::vector<double>& want;
+    double bound;
+  } tensors[] = {{"dx", got.dx, exact.dx, 1.0 / 192.0},
+                 {"d_topk_weights", got.d_topk_weights, exact.d_topk_weights, 1.0 / 256.0},
+                 {"dw_gate", got.dw_gate, exact.dw_gate, 3.0 / 512.0},
+                 {"dw_up", got.dw_up, exact.dw_up, 7.0 / 1536.0},
+                 {"dw_down", got.dw_down, exact.dw_down, 7.0 / 1536.0}};
+  for (const auto& t : tensors) {
+    const double d = dissimilarity(t.got, t.want);
+    RecordProperty(t.name, std::to_string(d));
+    std::printf("  fp8 backward emulation: %s dissimilarity %.2e (bound %.2e)\n", t.name, d, t.bound);
+    EXPECT_LT(d, t.bound) << t.name;
+    EXPECT_GT(d, 0.0) << t.name;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The cross-rank protocol (docs/expert-parallel.md) checked exhaustively over every interleaving of R
-// = 2, 3 and 4 ranks for four consecutive passes (a forward and a backward, then a graph replay of both):
-// no deadlock, no read of another rank's buffer before its write or after its next write. Each seeded
-// bug is found.
+// = 2, 3 and 4 ranks for four consecutive passes (a forward and a backward, then a graph replay of both),
+// and with caller contexts for several forwards in flight before their backwards: no deadlock, no read
+// of another rank's buffer before its write or after its next write. Each seeded bug is found.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -57,6 +57,32 @@ TEST(ProtocolModel, CloseWithoutWaitReadsTooEarly) {
   const Result r = Model(3, 2, Bug::kCloseWithoutWait).explore();
   ASSERT_FALSE(r.ok);
   EXPECT_NE(r.error.find("read before its write"), std::string::npos) << r.error;
+}
+
+// Caller contexts: two and three forwards in flight before their backwards, and a forward between a
+// forward and its backward.
+TEST(ProtocolModel, CallerContextsHold) {
+  for (const char* order : {"FFBB", "FBFB", "FFBFBB"}) {
+    for (const int32_t R : {2, 3}) {
+      const Result r = Model(R, order).explore();
+      EXPECT_TRUE(r.ok) << order << " at R = " << R << ": " << r.error;
+    }
+  }
+  const Result r = Model(2, "FFFBBB").explore();
+  EXPECT_TRUE(r.ok) << r.error;
+  report(2, 6, r);
+}
+
+// Without staging the routing again, a backward reads the later forward's weights; reading the region's
+// slot_row instead of the context's copy, the later forward's rows.
+TEST(ProtocolModel, CallerContextBugsAreFound) {
+  Result r = Model(2, "FFBB", Bug::kNoRestage).explore();
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("W (ids, weights)"), std::string::npos) << r.error;
+  r = Model(2, "FFBB", Bug::kNoSlotCopy).explore();
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("SLOT"), std::string::npos) << r.error;
+  EXPECT_TRUE(Model(2, "FBFB", Bug::kNoSlotCopy).explore().ok) << "one forward at a time needs no copy";
 }
 
 }  // namespace

@@ -141,7 +141,7 @@ bool bits_equal(const std::vector<double>& a, const std::vector<double>& b) {
 
 double silu_literal(double z) { return z / (1.0 + std::exp(-z)); }
 
-// The formula of ARCHITECTURE.md §1 written out literally, with the layouts spelled as index
+// The formula of docs/design.md written out literally, with the layouts spelled as index
 // formulas: an independent check of forward (finite differences only tie backward to forward).
 std::vector<double> forward_literal(const Problem& p) {
   const auto [T, H, I, E, k, Is] = p.s;

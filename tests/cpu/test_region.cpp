@@ -29,19 +29,18 @@ std::vector<Span> spans(const RegionLayout& l, const LayerShape& s, int64_t cap,
           {"weights", l.weights, shared ? 4 * entries : 0},
           {"d_topk_rows", l.d_topk_rows, shared ? 4 * cap : 0},
           {"token_rows", l.token_rows, shared ? 2 * s.tokens * s.hidden : 0},
-          {"rows_a", l.rows_a, rows ? 2 * cap * s.hidden : 0},
-          {"rows_b", l.rows_b, rows ? 2 * cap * s.hidden : 0}};
+          {"rows_a", l.rows_a, shared || rows ? 2 * cap * s.hidden : 0},
+          {"rows_b", l.rows_b, shared || rows ? 2 * cap * s.hidden : 0}};
 }
 
 TEST(Region, BuffersAreAlignedDisjointAndInside) {
   for (const int32_t R : {1, 2, 3, 8, 64}) {
     LayerShape s{.tokens = 37, .hidden = 192, .intermediate = 64, .num_experts = 64 * 2, .top_k = 3, .num_ranks = R};
     const int64_t cap = worst_case_schedule_rows(s);
-    // Without the per-row results (one rank with a scratch allocator: they are scratch then), and
-    // without slot_row (one rank with a caller's context, which holds it).
+    // Without the per-row results (a scratch allocator: at R = 1 they are scratch then), and without
+    // slot_row (a caller's context, which at R = 1 holds it): at R > 1 both stay, the other ranks' to read.
     for (const bool rows : {true, false}) {
-      if (!rows && R > 1) continue;
-      const bool slot_row = rows || R > 1;
+      const bool slot_row = rows;
       const RegionLayout l = region_layout(s, cap, rows, slot_row);
       std::vector<Span> v = spans(l, s, cap, rows, slot_row);
       std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.at < b.at; });
@@ -52,12 +51,21 @@ TEST(Region, BuffersAreAlignedDisjointAndInside) {
           EXPECT_LE(v[i].at + v[i].bytes, v[i + 1].at) << v[i].name << " overlaps at R = " << R;
         }
       }
-      if (!rows) {
+      if (!rows && R == 1) {
         EXPECT_LT(l.bytes, 4 * cap * s.hidden) << "the rows are not in the region";
         EXPECT_LE(l.bytes, 2048) << "one rank, caller's context: the status and the signals alone";
       }
+      if (R > 1) EXPECT_EQ(l.bytes, region_layout(s, cap).bytes) << "at R = " << R << " the flags change nothing";
     }
   }
+}
+
+// docs/python.md's figure: what a rank keeps at qwen3-30b-a3b shapes, T = 8192 a rank, R = 8, the
+// capacity for a load of 2, with lent scratch and a caller's context (the flags change nothing at R > 1).
+TEST(Region, SizeAtEightRanks) {
+  LayerShape s{.tokens = 8192, .hidden = 2048, .intermediate = 768, .num_experts = 128, .top_k = 8, .num_ranks = 8};
+  const RegionLayout l = region_layout(s, schedule_capacity_for_load(s, 2.0), false, false);
+  EXPECT_NEAR(double(l.bytes) / (1 << 20), 1073.3, 0.1);
 }
 
 TEST(Region, TablesPointAtEveryRanksCopy) {

@@ -171,7 +171,7 @@ TEST(Schedule, SourceMajorPositionCountsTheSourcesBefore) {
   EXPECT_EQ(core::source_major_position(4, 3, n.data()), 9);
 }
 
-// Invariance in R (ARCHITECTURE.md §3): the R-rank schedules of a routing, expert by expert, list the
+// Invariance in R (docs/expert-parallel.md): the R-rank schedules of a routing, expert by expert, list the
 // same rows in the same order as the one-rank schedule of all R ranks' tokens numbered rank-major.
 TEST(Schedule, EveryExpertsRowsAreTheOneRankOrderAtEveryR) {
   std::mt19937 rng(11);

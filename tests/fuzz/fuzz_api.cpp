@@ -132,7 +132,7 @@ void fuzz_shape_and_config(Input& in) {
   expect(r.precision == c.precision && (r.precision == Precision::kBf16 || r.precision == Precision::kFp8Block),
          "resolve_config's precision");
   expect(r.precision == Precision::kBf16 || r.backend == Backend::kFused, "FP8 on the unfused backend");
-  expect(!r.caller_context || (s.num_ranks == 1 && r.save_forward_context), "resolve_config's caller_context");
+  expect(!r.caller_context || r.save_forward_context, "resolve_config's caller_context");
 
   // The tensors of a call on this shape.
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, E = s.local_experts(), k = s.top_k;

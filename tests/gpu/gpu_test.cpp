@@ -1,5 +1,7 @@
 #include "gpu/gpu_test.h"
 
+#include <algorithm>
+
 namespace lynx::test {
 
 const std::string& gpu_unavailable_reason() {
@@ -18,6 +20,20 @@ const std::string& gpu_unavailable_reason() {
     return std::string();
   }();
   return reason;
+}
+
+int32_t peer_group_gpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  int32_t R = 1;
+  while (R * 2 <= std::min(count, 8)) R *= 2;
+  for (int a = 0; a < R; ++a) {
+    for (int b = 0; b < R; ++b) {
+      int ok = 1;
+      if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) return 0;
+    }
+  }
+  return R >= 2 ? R : 0;
 }
 
 void check_cuda(cudaError_t err, const char* what) {

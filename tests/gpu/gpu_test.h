@@ -13,6 +13,11 @@ namespace lynx::test {
 // Empty when a Hopper (sm_90) GPU is usable, else the reason it is not.
 const std::string& gpu_unavailable_reason();
 
+// The GPUs an expert-parallel group across GPUs uses here: the largest power of two up to 8 of those
+// visible (the tests' E and T divide by it), each with peer access to the others; 0 when there are
+// fewer than two, or two cannot reach each other (the multi-GPU tests then skip).
+int32_t peer_group_gpus();
+
 // Every GPU test derives from this: without a Hopper GPU it is skipped (CTest shows it as skipped).
 class GpuTest : public ::testing::Test {
  protected:

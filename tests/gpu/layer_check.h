@@ -88,7 +88,7 @@ double rel_error(const std::vector<T>& got, const std::vector<double>& want, con
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-inline constexpr double kTolerance = 1e-2;  // bf16 operands, fp32 accumulation (ARCHITECTURE.md §8)
+inline constexpr double kTolerance = 1e-2;  // bf16 operands, fp32 accumulation (docs/testing.md)
 
 struct Outputs {
   std::vector<HostBf16> y, dx, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down;

@@ -1,8 +1,9 @@
 // One rank of a process group, for the multi-process tests (Processes.*): builds the global test
 // layer from its seed, connects through CUDA IPC with an all-gather over files in a folder, runs
 // forward and backward on its share and writes its outputs there. With --no-pass it connects and then
-// runs nothing (a rank that never arrives), waiting until rank 0 is done.
-//   usage: lynx_rank_process DIR RANK RANKS SEED [--no-pass] [--timeout-ms N]
+// runs nothing (a rank that never arrives), waiting until rank 0 is done. With --gpu-per-rank rank r
+// runs on GPU r (of those there are, modulo their count); else every rank on the current one.
+//   usage: lynx_rank_process DIR RANK RANKS SEED [--no-pass] [--timeout-ms N] [--fp8] [--gpu-per-rank]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,7 +50,8 @@ void await_file(const fs::path& dir, const std::string& name) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s DIR RANK RANKS SEED [--no-pass] [--timeout-ms N] [--fp8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR RANK RANKS SEED [--no-pass] [--timeout-ms N] [--fp8] [--gpu-per-rank]\n",
+                 argv[0]);
     return 2;
   }
   const fs::path dir = argv[1];
@@ -62,6 +64,14 @@ int main(int argc, char** argv) {
     if (a == "--no-pass") pass = false;
     if (a == "--fp8") config.precision = Precision::kFp8Block;
     if (a == "--timeout-ms" && i + 1 < argc) config.peer_timeout_ms = std::atoll(argv[++i]);
+    if (a == "--gpu-per-rank") {
+      int count = 1;
+      if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) count = 1;
+      if (cudaSetDevice(rank % count) != cudaSuccess) {
+        std::fprintf(stderr, "rank %d: cannot use GPU %d\n", rank, rank % count);
+        return 2;
+      }
+    }
   }
   try {
     const HostLayer L(process_case(), seed);

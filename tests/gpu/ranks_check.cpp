@@ -143,6 +143,20 @@ Outputs run_virtual_ranks(const HostLayer& L, int32_t R, const std::vector<HostB
   return gather_outputs(L, g.global, g.slices);
 }
 
+void expect_forward_reported(VirtualGroup& g, const HostLayer& L, const std::vector<std::string>& want) {
+  g.forward(nullptr);
+  for (size_t r = 0; r < g.ws.size(); ++r) {
+    try {
+      g.ws[r]->check(nullptr);
+      ADD_FAILURE() << "rank " << r << " reported nothing";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want[r]), std::string::npos) << "rank " << r << ": " << e.what();
+    }
+  }
+  const std::vector<HostBf16> y = to_host<HostBf16>(g.global.y, L.c.T * L.c.H);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_TRUE(std::isnan(to_double(y[i]))) << "y[" << i << "] written";
+}
+
 void expect_every_r_gives(const Outputs& want, const HostLayer& L, const std::vector<int32_t>& Rs,
                           const std::vector<HostBf16>& dy, const Config& config, bool recompute) {
   for (const int32_t R : Rs) {

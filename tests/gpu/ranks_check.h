@@ -56,6 +56,10 @@ struct VirtualGroup {
   void check(cudaStream_t s) const;
 };
 
+// A forward of every rank of g (whose inputs make it fail): each rank's check() throws a message holding
+// want[r], and no rank writes y.
+void expect_forward_reported(VirtualGroup& g, const HostLayer& L, const std::vector<std::string>& want);
+
 // For each R of Rs: forward, then backward with `dy`, on R virtual ranks give the routed outputs of `want`
 // (one rank's) bit for bit, and shared expert gradients whose per-rank parts sum to want's (within
 // kTolerance: a sum of R roundings).

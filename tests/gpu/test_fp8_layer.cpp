@@ -39,7 +39,14 @@ std::vector<float> to_float(const std::vector<HostBf16>& v) {
 
 // y as the FP8 forward computes it: the routed part emulated (reference/fp8_layer.h), the shared
 // expert's (bf16) from the reference with no slot routed.
-std::vector<double> emulated_y(const HostLayer& L) {
+// y as the emulation makes it, and for each slot whether its h lies near a scale boundary
+// (ref::fp8::RoutedLayer::near_scale_boundary).
+struct Emulated {
+  std::vector<double> y;
+  std::vector<uint8_t> near_scale_boundary;
+};
+
+Emulated emulated_y(const HostLayer& L) {
   const Case& c = L.c;
   const std::vector<double> w = L.weights_double();
   const std::vector<float> x = to_float(L.x), wg = to_float(L.w_gate), wu = to_float(L.w_up), wd = to_float(L.w_down);
@@ -51,6 +58,8 @@ std::vector<double> emulated_y(const HostLayer& L) {
   r.w_gate = wg.data();
   r.w_up = wu.data();
   r.w_down = wd.data();
+  std::vector<uint8_t> near(L.ids.size(), 0);
+  r.near_scale_boundary = near.data();
   std::vector<double> y = ref::fp8::routed_forward(r);
   if (c.Is > 0) {
     const std::vector<int32_t> none(L.ids.size(), -1);
@@ -59,14 +68,18 @@ std::vector<double> emulated_y(const HostLayer& L) {
     const std::vector<double> ys = ref::forward(shared);
     for (size_t i = 0; i < y.size(); ++i) y[i] += ys[i];
   }
-  return y;
+  return {std::move(y), std::move(near)};
 }
 
 // NOTES: the bounds (estimates, not proofs). Against the emulation, y differs by the GPU's fp32 and tensor-core sums (about
 // 1e-3 of each product, Fp8Gemm's bound) and where those tip h's bf16 rounding, after which h's E4M3
 // rounding may move an element by one E4M3 step (2^-3 of it): a few per mille of h's elements, a few
 // 1e-3 of y's norm; 1e-2, the layer's bf16 tolerance, holds that with room, where a wrong scale, row,
-// expert or block is off by order one. Against the exact layer: each quantised operand has an RMS
+// expert or block is off by order one. Where h's tile has its amax at a scale boundary, the GPU's sums
+// may tip the tile's scale itself (twice or half the emulation's), and all of its elements move by E4M3
+// steps: seen at T = 5, k = 1, where one such row of five made y 1.9e-2 from the emulation (2026-12-05);
+// so tokens with such a slot are left out of the comparison with the emulation (the exact layer's
+// bound still covers them). Against the exact layer: each quantised operand has an RMS
 // relative error of at most ε = 2^-4/√3 (docs/fp8.md), and a dot product with random signs brings it
 // into its result: g and u take x's and their weights' (2ε² each), h = silu(g)·u both of them and its
 // own (5ε²), y that and w_down's (6ε²); the dissimilarity, half of y's squared relative error, 3ε² =
@@ -145,14 +158,30 @@ void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false) {
   // The context recomputed gives the same bits as the forward's.
   const Outputs again = run_layer(ws, L, dy, true);
   EXPECT_EQ(first_difference(o, again), "") << "differs with the context recomputed";
-  const double err = rel_error(o.y, emulated_y(L), "y");
+  const Emulated em = emulated_y(L);
+  std::vector<HostBf16> got;
+  std::vector<double> want;
+  int64_t left_out = 0;
+  for (int64_t t = 0; t < c.T; ++t) {
+    bool near = false;
+    for (int64_t j = 0; j < c.k; ++j) near = near || em.near_scale_boundary[size_t(t * c.k + j)] != 0;
+    if (near) {
+      ++left_out;
+      continue;
+    }
+    got.insert(got.end(), o.y.begin() + t * c.H, o.y.begin() + (t + 1) * c.H);
+    want.insert(want.end(), em.y.begin() + t * c.H, em.y.begin() + (t + 1) * c.H);
+  }
+  EXPECT_LT(left_out, c.T) << "every token's h at a scale boundary: nothing compared with the emulation";
+  const double err = rel_error(got, want, "y");
   EXPECT_LT(err, kTolerance);
   std::vector<double> y(o.y.size());
   for (size_t i = 0; i < y.size(); ++i) y[i] = to_double(o.y[i]);
   const double dis = ref::fp8::dissimilarity(y, ref::forward(L.reference(L.weights_double())));
   EXPECT_LT(dis, kMaxDissimilarity);
-  std::printf("  fp8 y: %.2e from the emulation, dissimilarity %.2e from the exact layer (%s)\n", err, dis,
-              case_name(c).c_str());
+  std::printf("  fp8 y: %.2e from the emulation (%lld of %lld tokens at an h scale boundary left out), "
+              "dissimilarity %.2e from the exact layer (%s)\n",
+              err, static_cast<long long>(left_out), static_cast<long long>(c.T), dis, case_name(c).c_str());
   expect_gradients_close(o, L, dy);
 }
 
@@ -197,7 +226,7 @@ TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   Config config = fp8_config();
   config.save_forward_context = false;
   config.bf16_weight_grads = true;
-  expect_fp8_every_r({300, 192, 160, 60, 6, 64}, {3}, config, true);
+  expect_fp8_every_r({300, 192, 192, 60, 6, 64}, {3}, config, true);
 }
 
 // At R ranks a NaN in one rank's x, or an infinity in one rank's w_gate (found by that rank's
@@ -235,17 +264,7 @@ TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
               "reported an error in this pass (a NaN or an infinity in an FP8 operand"};
     }
     VirtualGroup g(L, R, random_dy(c), fp8_config());
-    g.forward(nullptr);
-    for (int32_t r = 0; r < R; ++r) {
-      try {
-        g.ws[r]->check(nullptr);
-        ADD_FAILURE() << "rank " << r << " reported nothing";
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(want[size_t(r)]), std::string::npos) << "rank " << r << ": " << e.what();
-      }
-    }
-    const std::vector<HostBf16> yh = to_host<HostBf16>(g.global.y, c.T * c.H);
-    for (size_t i = 0; i < yh.size(); ++i) ASSERT_TRUE(std::isnan(to_double(yh[i]))) << "y[" << i << "] written";
+    expect_forward_reported(g, L, want);
   }
 }
 

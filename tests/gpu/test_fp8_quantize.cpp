@@ -223,6 +223,11 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   const DeviceStatus st = to_host<DeviceStatus>(d_status, 1)[0];
   EXPECT_EQ(st.code, int32_t(StatusCode::kNonFiniteInput));
   EXPECT_EQ(st.a, int64_t(Fp8Tensor::kH));
+  // The finite x again, quantised again: the tiles the gather below reads are `tiles`.
+  x[size_t(10 * cols + 300)] = float_to_bf16(xf[size_t(10 * cols + 300)]);
+  LYNX_TEST_CUDA(cudaMemcpy(d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  fp8::quantize_tiles(d_x.as<bf16_t>(), T, cols, d_limit.as<int32_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), {},
+                      nullptr);
 
   // The first 64 tokens' tiles gathered into a schedule of 256 rows (top-2), of which 200 are rows:
   // row r takes token slot/2 for slot = (7r) mod 128, every fifth a padding row (-1).

@@ -10,34 +10,13 @@
 #include <vector>
 
 #include "gpu/layer_check.h"
+#include "gpu/poisoning_allocator.h"
 #include "lynx/allocator.h"
 
 namespace lynx::test {
 namespace {
 
 class ScratchAllocatorTest : public GpuTest {};
-
-// Stream-ordered (cudaMallocAsync / cudaFreeAsync); every block poisoned when handed out (0xFF bytes:
-// NaN in bf16 and fp32), so that a read of scratch no kernel wrote cannot pass; counts what it lends.
-class CountingAllocator final : public ScratchAllocator {
- public:
-  void* allocate(size_t bytes, cudaStream_t stream) override {
-    void* p = nullptr;
-    LYNX_TEST_CUDA(cudaMallocAsync(&p, bytes, stream));
-    LYNX_TEST_CUDA(cudaMemsetAsync(p, 0xFF, bytes, stream));
-    ++allocations;
-    ++outstanding;
-    last_bytes = bytes;
-    return p;
-  }
-  void deallocate(void* p, size_t, cudaStream_t stream) override {
-    cudaFreeAsync(p, stream);
-    --outstanding;
-  }
-  int allocations = 0;
-  int outstanding = 0;
-  size_t last_bytes = 0;
-};
 
 // An allocator that has no memory.
 class EmptyAllocator final : public ScratchAllocator {
@@ -66,7 +45,7 @@ void expect_layers_share_scratch(Backend b, bool save_context) {
   std::mt19937_64 rng(seed);
   const LayerStack stack = layers_with_outputs(c, kLayers, rng, config_of(b, save_context), !save_context);
   const auto& [L, dy, want] = stack;
-  CountingAllocator alloc;
+  PoisoningAllocator alloc;
   std::vector<std::unique_ptr<Workspace>> ws;
   std::vector<std::unique_ptr<OutputBuffers>> out;
   std::vector<DeviceBuffer> d_dy;
@@ -108,7 +87,7 @@ TEST_F(ScratchAllocatorTest, LayersShareOneScratchRecomputed) { expect_layers_sh
 // (memory nodes); replays with new routing match the reference.
 TEST_F(ScratchAllocatorTest, GraphReplay) {
   HostLayer L({250, 128, 128, 8, 2, 64}, fresh_seed());
-  CountingAllocator alloc;
+  PoisoningAllocator alloc;
   Workspace ws(L.shape, config_of(Backend::kFused, true, &alloc));
   expect_graph_replays_match_reference(ws, L, false);
   EXPECT_EQ(alloc.allocations, 2);  // taken once by each captured call, not by the replays

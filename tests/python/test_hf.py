@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
+TOL = 1e-2  # relative Frobenius error, bf16 operands (docs/testing.md)
 
 
 def rel(a, b):

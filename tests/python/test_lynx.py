@@ -11,7 +11,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 import lynx  # noqa: E402
 from moe_weights import expert_weights  # noqa: E402
 
-TOL = 1e-2  # relative Frobenius error, bf16 operands (ARCHITECTURE.md section 8)
+TOL = 1e-2  # relative Frobenius error, bf16 operands (docs/testing.md)
 
 
 def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None):
@@ -568,6 +568,8 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
     assert torch.equal(lynx.functional.forward(given, x, ids, tw, *w), y_ref)
     with pytest.raises(ValueError, match="explicit lynx.Workspace"):  # lynx.moe's own workspaces: bf16 weights
         lynx.moe(x, ids, tw, *q, config=FP8)
+    with pytest.raises(ValueError, match="require grad"):  # autograd would hand back e4m3 weight gradients
+        lynx.moe(x, ids, tw, q[0].detach().requires_grad_(), q[1], q[2], workspace=given)
 
 
 def test_fp8_weights_changed_in_place_are_quantised_again():

@@ -157,17 +157,16 @@ __global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int6
 }
 
 // The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
-// 128×128 block (value · scale).
-struct Bf16Source {
-  const __nv_bfloat16* m0;
-  const __nv_bfloat16* m1;
-};
-struct Fp8Source {
-  const uint8_t* m0;
+// 128×128 block (value · scale; no scales for bf16).
+template <class T>
+struct BlockSource {
+  const T* m0;
   const float* scales0;
-  const uint8_t* m1;
+  const T* m1;
   const float* scales1;
 };
+using Bf16Source = BlockSource<__nv_bfloat16>;
+using Fp8Source = BlockSource<uint8_t>;
 
 // One CTA of 128 threads per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the
 // transposed matrix of matrix blockIdx.y: thread t reads source row c0 + t along [r0, r0 + 128), one
@@ -190,9 +189,9 @@ __global__ void quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_
     if constexpr (kFp8) row_scale = s[(matrix * blocks_of(n) + i / kBlock) * blocks_of(rows) + r0 / kBlock];
   };
   if (c < n0) {
-    if constexpr (kFp8) locate(src.m0, src.scales0, n0, c); else locate(src.m0, nullptr, n0, c);
+    locate(src.m0, src.scales0, n0, c);
   } else if (c < cols) {
-    if constexpr (kFp8) locate(src.m1, src.scales1, n1, c - n0); else locate(src.m1, nullptr, n1, c - n0);
+    locate(src.m1, src.scales1, n1, c - n0);
   }
   const auto value = [&](int64_t r) {
     if constexpr (kFp8) {
@@ -403,31 +402,38 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
   quantize_blocks(w, 1, rows, cols, q, scales, NonfiniteReport{nonfinite, nullptr, 0}, stream);
 }
 
-void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
-                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
-                                const NonfiniteReport* report1) {
+namespace {
+
+template <class Source>
+void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
+                              float* scales, NonfiniteReport report, cudaStream_t stream,
+                              const NonfiniteReport* report1) {
   const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
-  if (n1 > 0 && src1 == nullptr) throw Error("src1", "is null with n1 > 0");
-  const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), reinterpret_cast<const __nv_bfloat16*>(src1)};
+  if (n1 > 0 && src.m1 == nullptr) throw Error("src1", "is null with n1 > 0");
   quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
       src, n0, n1, rows, q, scales, report, report1 ? *report1 : report);
   LYNX_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
+                                const NonfiniteReport* report1) {
+  const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), nullptr,
+                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr};
+  launch_blocks_transposed(src, n0, n1, batch, rows, q, scales, report, stream, report1);
 }
 
 void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
                                     const float* scales1, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
                                     float* scales, NonfiniteReport report, cudaStream_t stream,
                                     const NonfiniteReport* report1) {
-  const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
-  if (blocks == 0 || batch == 0) return;
-  if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
-  if (n1 > 0 && (src1 == nullptr || scales1 == nullptr)) throw Error("src1", "is null with n1 > 0");
-  const Fp8Source src{src0, scales0, src1, scales1};
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
-      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report);
-  LYNX_CHECK_LAUNCH();
+  if (n1 > 0 && scales1 == nullptr) throw Error("scales1", "is null with n1 > 0");
+  launch_blocks_transposed(Fp8Source{src0, scales0, src1, scales1}, n0, n1, batch, rows, q, scales, report, stream,
+                           report1);
 }
 
 void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,

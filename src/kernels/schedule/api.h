@@ -1,4 +1,4 @@
-// The schedule builder (ARCHITECTURE.md §4 steps 1–2): which routed rows this rank computes, in which
+// The schedule builder (docs/design.md, "The schedule"): which routed rows this rank computes, in which
 // order. The row-placement rules live in schedule_core.h and compile for host and device; the host
 // builder (tests, reference) and the device builder (every forward) produce identical schedules.
 //

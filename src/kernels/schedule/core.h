@@ -64,7 +64,7 @@ LYNX_HD int32_t pair_index(int32_t e, int32_t s, int32_t num_sources) { return e
 // number of rows source s' sends to this expert: the rows of the sources before s, then q.
 // NOTES: global token order (tokens numbered rank-major, a source's rows in t*k + j order), with no
 // padding per source: an expert's rows stand in the same order at every R, so the weight gradients'
-// K order, and with it their bits, do not depend on R (ARCHITECTURE.md §3, "Invariance in R").
+// K order, and with it their bits, do not depend on R (docs/expert-parallel.md, "Invariance in R").
 LYNX_HD int64_t source_major_position(int64_t q, int32_t s, const int32_t* source_rows) {
   int64_t pos = q;
   for (int32_t other = 0; other < s; ++other) pos += source_rows[other];
