@@ -414,7 +414,7 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
     std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n", name.c_str(),
                 routing_name(o.routings.front()), regime_name(regime), r.dissimilarity, r.dx_dissimilarity,
                 good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
-    std::printf("%-17s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
+    std::printf("%-24s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
     for (const PrecisionRow& row : r.rows) {
       // Each pass against the same pass in bf16; quantize_weights is no pass to compare.
       const PrecisionRow* base = nullptr;
@@ -425,7 +425,7 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
         }
       }
       const bool pass = row.what != "quantize_weights" && base != nullptr;
-      std::printf("%-17s %9.3f %9s %6.0f\n", row.what.c_str(), row.ms,
+      std::printf("%-24s %9.3f %9s %6.0f\n", row.what.c_str(), row.ms,
                   pass ? (std::to_string(base->ms / row.ms).substr(0, 5) + "x").c_str() : "-",
                   row.clocks.samples > 0 ? row.clocks.median_mhz : 0.0);
       if (json.enabled()) {

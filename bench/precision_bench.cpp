@@ -48,11 +48,14 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   Config bf16_config, fp8_config;
   bf16_config.backend = fp8_config.backend = Backend::kFused;
   fp8_config.precision = Precision::kFp8Block;
-  Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config);
+  Config fp8_bf16_wgrad_config = fp8_config;
+  fp8_bf16_wgrad_config.bf16_weight_grads = true;
+  Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config), fp8_bf16_wgrad(p.shape(), fp8_bf16_wgrad_config);
   const LayerInputs in = p.inputs();
   const Gradients grads = p.gradients();
   const TensorView y = p.y(), dy = p.dy();
   quantize_weights(fp8, in.weights, nullptr);
+  quantize_weights(fp8_bf16_wgrad, in.weights, nullptr);
   // Each precision's y and dx, from outputs poisoned with NaN.
   auto outputs = [&](Workspace& ws) {
     LYNX_CUDA(cudaMemset(y.data, 0xFF, size_t(y.numel()) * 2));
@@ -67,8 +70,9 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   r.finite = all_finite(got.first) && all_finite(got.second);
   r.dissimilarity = dissimilarity(got.first, want.first);
   r.dx_dissimilarity = dissimilarity(got.second, want.second);
-  const char* names[] = {"forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "quantize_weights"};
-  constexpr int kRows = 5;
+  const char* names[] = {"forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "fwd+bwd fp8, bf16 wgrad",
+                         "quantize_weights"};
+  constexpr int kRows = 6;
   std::vector<double> ms[kRows];
   ClockSummary clocks[kRows];
   for (int round = 0; round < rounds; ++round) {
@@ -79,11 +83,16 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
                   clock),
         time_pass([&] { forward(fp8, in, y, nullptr); backward(fp8, in, dy, grads, nullptr); }, protocol, nullptr,
                   clock),
+        time_pass([&] {
+          forward(fp8_bf16_wgrad, in, y, nullptr);
+          backward(fp8_bf16_wgrad, in, dy, grads, nullptr);
+        }, protocol, nullptr, clock),
         time_pass([&] { quantize_weights(fp8, in.weights, nullptr); }, protocol, nullptr, clock)};
     for (int i = 0; i < kRows; ++i) ms[i].push_back(t[i].ms), clocks[i] = t[i].clocks;
   }
   bf16.check(nullptr);
   fp8.check(nullptr);
+  fp8_bf16_wgrad.check(nullptr);
   for (int i = 0; i < kRows; ++i) r.rows.push_back({names[i], median(ms[i]), clocks[i]});
   return r;
 }

@@ -1,6 +1,7 @@
 // lynx-bench --precision fp8: the fused layer in bf16 and in FP8 (Config::precision) on the same
 // problem, the FP8 y and dx checked against the bf16 ones, the forward and forward+backward timed in
-// interleaved rounds, with the time to quantise the weights (once per optimizer step) beside them.
+// interleaved rounds (forward+backward in FP8 also with bf16 weight gradients), with the time to
+// quantise the weights (once per optimizer step) beside them.
 #pragma once
 
 #include <string>
@@ -13,7 +14,8 @@
 namespace lynx::bench {
 
 struct PrecisionRow {
-  std::string what;  // "forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "quantize_weights"
+  std::string what;  // "forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "fwd+bwd fp8, bf16 wgrad"
+                     // (Config::bf16_weight_grads), "quantize_weights"
   double ms;
   ClockSummary clocks;
 };

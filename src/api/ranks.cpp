@@ -1,6 +1,7 @@
 // Expert parallelism's entry points: connecting a group, and the virtual-rank driver.
 #include "lynx/ranks.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -114,7 +115,7 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
   // LYNX_VIRTUAL_RANKS=serial: every step of every rank on `stream`, rank after rank (each launch has the
   // GPU to itself; a rank's barrier waits find the ranks before it arrived), to time against the ranks
   // at once.
-  if (plan::environment_overrides().virtual_serial == 1) {
+  if (plan::environment_overrides().virtual_ranks == 1) {
     for (fused::Step s : fused::kSteps) each(s, [&](const Workspace::Impl&) { return stream; });
     return;
   }
@@ -142,6 +143,23 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
   }
 }
 
+// The priority of virtual rank r's stream: the default, or with LYNX_VIRTUAL_RANKS=ordered (experiments
+// build) rank 0's the highest and each next rank's one lower while the device has levels, so that a
+// rank's grid takes the SMs that free up before the grids of the ranks after it.
+int virtual_rank_priority(size_t r) {
+  int priority = 0;
+#if LYNX_EXPERIMENTS
+  if (plan::environment_overrides().virtual_ranks == 2) {
+    int least = 0, greatest = 0;
+    LYNX_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    priority = std::min(least, greatest + int(r));
+  }
+#else
+  (void)r;
+#endif
+  return priority;
+}
+
 }  // namespace
 
 void connect_ranks(const std::vector<Workspace*>& ranks) {
@@ -167,7 +185,7 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
   try {
     for (size_t r = 0; r < drivers.size(); ++r) {
       drivers[r].plan = ranks[r]->impl().virtual_rank_plan();
-      LYNX_CUDA(cudaStreamCreateWithFlags(&drivers[r].stream, cudaStreamNonBlocking));
+      LYNX_CUDA(cudaStreamCreateWithPriority(&drivers[r].stream, cudaStreamNonBlocking, virtual_rank_priority(r)));
       LYNX_CUDA(cudaEventCreateWithFlags(&drivers[r].fork, cudaEventDisableTiming));
       LYNX_CUDA(cudaEventCreateWithFlags(&drivers[r].join, cudaEventDisableTiming));
     }

@@ -58,7 +58,7 @@ Overrides read_environment() {
   o.schedule_min_warps = env_count("LYNX_SCHEDULE_MIN_WARPS", 16, "warps");
   o.baseline_gemm = env_choice("LYNX_UNFUSED_GEMM", {"loop", "grouped"});
   o.x_rows_again = env_choice("LYNX_X_ROWS_AGAIN", {"kernel", "dgrad-down", "dgrad-gate-up"});
-  o.virtual_serial = env_choice("LYNX_VIRTUAL_RANKS", {"streams", "serial"});
+  o.virtual_ranks = env_choice("LYNX_VIRTUAL_RANKS", {"streams", "serial", "ordered"});
   return o;
 }
 

@@ -22,8 +22,10 @@ struct Overrides {
   int32_t gemm_sm_count = 0;        // CTAs of the expert GEMMs' grid (test hook only)
   int32_t schedule_min_warps = 0;   // the schedule kernel's fewest warps per block, 1-16 LYNX_SCHEDULE_MIN_WARPS
   int32_t baseline_gemm = -1;       // the baseline's products: 0 one call each, 1 grouped LYNX_UNFUSED_GEMM=loop|grouped
-  int32_t virtual_serial = -1;      // virtual ranks: 1 every rank's steps on the caller's stream, one rank after
-                                    // another; 0 (default) each rank on its own stream   LYNX_VIRTUAL_RANKS=serial|streams
+  int32_t virtual_ranks = -1;       // virtual ranks: 0 (default) each rank on its own stream; 1 every rank's steps
+                                    // on the caller's stream, one rank after another; 2 each rank on its own
+                                    // stream, rank r's of a lower priority than r - 1's
+                                    //                          LYNX_VIRTUAL_RANKS=streams|serial|ordered
   int32_t x_rows_again = -1;        // one rank's x rows for the weight gradients: 0 a kernel, 1 beside the dgrad of
                                     // down (where it gathers no dy rows; else a kernel), 2 beside the dgrad of
                                     // gate/up                  LYNX_X_ROWS_AGAIN=kernel|dgrad-down|dgrad-gate-up

@@ -253,7 +253,7 @@ plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
   plan::DeviceProps props = device_props;
 #if LYNX_EXPERIMENTS
   // LYNX_VIRTUAL_RANKS=serial (api/ranks.cpp): one rank's launches at a time, each with every SM.
-  if (overrides.virtual_serial == 1) return props;
+  if (overrides.virtual_ranks == 1) return props;
 #endif
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
   return props;

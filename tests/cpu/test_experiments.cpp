@@ -67,7 +67,7 @@ TEST(EnvironmentOverrides, ReadsEveryVariable) {
   EXPECT_EQ(o.schedule_min_warps, 2);
   EXPECT_EQ(o.baseline_gemm, 1);
   EXPECT_EQ(o.x_rows_again, 2);
-  EXPECT_EQ(o.virtual_serial, 1);
+  EXPECT_EQ(o.virtual_ranks, 1);
   EXPECT_EQ(o.gemm_sm_count, 0);  // a test hook only
 }
 
