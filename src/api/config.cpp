@@ -104,11 +104,6 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
           "unknown precision " + str(static_cast<int64_t>(c.precision)));
   if (c.precision == Precision::kFp8Block) {
     require(r.backend == Backend::kFused, "config.precision", "fp8_block needs the fused backend");
-    // NOTES: the FP8 GEMMs' grid has one row of CTAs per 128 schedule rows (at most 65535).
-    require(r.schedule_capacity <= int64_t(65535) * kTileRows, "config.precision",
-            "fp8_block takes a schedule capacity of at most " + str(int64_t(65535) * kTileRows) +
-                " rows, this shape needs " + str(r.schedule_capacity) +
-                " (set config.schedule_capacity: schedule_capacity_for_load)");
   }
   r.precision = c.precision;
   r.bf16_weight_grads = c.bf16_weight_grads;

@@ -372,6 +372,13 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// Pins registers d here: the compiler sees them written, so their reads stay after a wgmma_wait before
+// this (otherwise nothing orders a read of a wgmma's result after the wait that completes it).
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]));
+}
 
 // acc[64, 256] (+)= A[64, 16] · B[256, 16]ᵀ, bf16 operands from shared memory, fp32 accumulators.
 // `accumulate` = false overwrites acc. Fragment of thread t (warp w = t/32, lane l): acc[4j + r]

@@ -120,13 +120,11 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   EXPECT_EQ(resolve_config(bad, c, DeviceInfo{}).precision, Precision::kFp8Block);
   c.backend = Backend::kUnfused;
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.precision");
-  // The FP8 GEMMs' grid takes at most 65535 row blocks: a larger worst case needs a capacity given.
+  // The FP8 GEMMs take any capacity (persistent CTAs, not a grid row per 128 rows).
   c.backend = Backend::kAuto;
   LayerShape huge = qwen3();
   huge.tokens = int64_t(1) << 20;
-  expect_error([&] { resolve_config(huge, c, DeviceInfo{}); }, "config.precision");
-  c.schedule_capacity = int64_t(65535) * kTileRows;
-  EXPECT_EQ(resolve_config(huge, c, DeviceInfo{}).schedule_capacity, int64_t(65535) * kTileRows);
+  EXPECT_EQ(resolve_config(huge, c, DeviceInfo{}).schedule_capacity, worst_case_schedule_rows(huge));
   c = Config{};
   c.precision = static_cast<Precision>(7);
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.precision");

@@ -284,6 +284,17 @@ TEST_F(Fp8Gemm, OneTile) { expect_matches_reference(128, 128, 128); }
 TEST_F(Fp8Gemm, EdgesPastEveryBlock) { expect_matches_reference(200, 384, 2880); }
 TEST_F(Fp8Gemm, ColumnsPastABlock) { expect_matches_reference(256, 200, 1024); }
 TEST_F(Fp8Gemm, OneRowShortK) { expect_matches_reference(1, 128, 64); }
+// More tiles (140) than an H200's SMs, of 5 K blocks each: CTAs take a second tile, and the ring of
+// stages runs across tile boundaries.
+TEST_F(Fp8Gemm, MoreTilesThanSMs) { expect_matches_reference(1280, 1792, 640); }
+// Every count of K blocks the pipelined mainloop's tails distinguish (1-5, the last one short in 400),
+// and an odd N (every pair of output columns stored one by one; the other tests' even N, together).
+TEST_F(Fp8Gemm, EveryBlockCountOfThePipeline) {
+  for (const int64_t K : {128, 256, 384, 400, 512, 640}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    expect_matches_reference(130, 199, K);
+  }
+}
 TEST_F(Fp8Gemm, GroupedExperts) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024); }
 TEST_F(Fp8Gemm, GroupedEdges) { expect_grouped_matches_reference({77, 129, 0}, 200, 2880); }
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }

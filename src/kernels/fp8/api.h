@@ -114,6 +114,9 @@ void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, i
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
                 cudaStream_t stream);
 
+// The GEMMs below store two adjacent output columns at once where N is even: their outputs (out, h, out2,
+// KeptGateUp's rows) must then be aligned to two elements (Error otherwise).
+
 // out[m, n] = Σ_kb (Σ_{k in block kb} a[m, k] · b[n, k]) · a_scales[m, kb] · b_scales[n / 128, kb], fp32
 // [M, N]: a [M, K] E4M3 in 1×128 tiles (quantize_tiles), b [N, K] E4M3 in 128×128 blocks
 // (quantize_blocks: the nn.Linear "out × in" layout), the per-block sums promoted into fp32 with both

@@ -1,15 +1,18 @@
 // The block-scaled FP8 GEMMs (api.h, gemm_block_scaled and its grouped form over the experts' rows):
 // the first pieces of the FP8 path, checked on their own before they become modes of the expert GEMM
-// (docs/fp8.md). Correct first: one [128, 128] output tile per CTA, no overlap of the promotion with
-// the next K block's products.
+// (docs/fp8.md). Persistent CTAs, one per SM, each taking output tiles in turn (the next tile's loads
+// overlap this one's epilogue).
 //
 // Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
 // ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
 // m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
-// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe).
+// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). Two temporaries
+// alternate, so that the next K block's products run on the tensor cores while one block's are
+// promoted (the weight-gradient form, whose B scales are per column, one block at a time).
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -32,6 +35,14 @@ constexpr int kTileN = 128;  // output columns per CTA: one B scale block
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
+// NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
+// __launch_bounds__(384, 1) allows): the producer warpgroup keeps 40 (one thread issues the TMA loads)
+// and the consumers take 232, for the running accumulator and two K blocks' products in flight
+// (3 × 64 fp32 a thread); at 168 each the weight-gradient form spilled.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+              "register budget");
 
 struct SharedStorage {
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
@@ -56,17 +67,87 @@ __device__ __forceinline__ void store(bf16_t* p, float v) {
   *reinterpret_cast<__nv_bfloat16*>(p) = b;
 }
 
+// Columns col (even) and col + 1 of a row of N: one store of both where N is even (the pair is then
+// aligned), else each below N on its own.
+__device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, float v0, float v1) {
+  if (col + 1 < N && N % 2 == 0) {
+    *reinterpret_cast<float2*>(row + col) = make_float2(v0, v1);
+    return;
+  }
+  if (col < N) store(row + col, v0);
+  if (col + 1 < N) store(row + col + 1, v1);
+}
+__device__ __forceinline__ void store_pair(bf16_t* row, int32_t col, int32_t N, float v0, float v1) {
+  if (col + 1 < N && N % 2 == 0) {
+    *reinterpret_cast<__nv_bfloat162*>(row + col) = __floats2bfloat162_rn(v0, v1);
+    return;
+  }
+  if (col < N) store(row + col, v0);
+  if (col + 1 < N) store(row + col + 1, v1);
+}
+
 // What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
 // A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N blocks, K
 // blocks]; kSwiGLU, grouped, a [128, 64] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): the wgmma's 128 columns are
 // 64 of the gate's and the same 64 of the up's (B's stage holds both, tma_b and tma_b2), each promoted
 // with its own block scale. A grouped row block past the schedule's rows has nothing to do.
-// kWeightGrad, per expert (blockIdx.z) a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
+// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
 // schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
 // along the rows (scales [M or N, capacity / 128]: B's scale is per column), the K loop runs over the
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
+struct Tile {
+  int32_t m0, n0, expert, kb_begin, kb_end;
+};
+
+// The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
+// grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
+// row blocks below the schedule's rows (none after an overflow), read once per CTA.
+template <Form kForm>
+struct TileSpace {
+  int32_t n_tiles, m_tiles, count;
+  const int32_t* expert_offset;
+  int32_t experts, k_blocks;
+
+  __device__ TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
+      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
+    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+    n_tiles = (N + kOutN - 1) / kOutN;
+    m_tiles = int32_t(blocks_of(M));
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      const int32_t total = offset[num_experts];
+      m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
+    }
+    count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
+  }
+
+  __device__ Tile operator[](int32_t t) const {
+    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+    Tile tile;
+    tile.n0 = (t % n_tiles) * kOutN;
+    tile.m0 = (t / n_tiles % m_tiles) * kTileM;
+    tile.expert = 0;
+    tile.kb_begin = 0;
+    tile.kb_end = k_blocks;
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
+    }
+    if constexpr (kForm == Form::kWeightGrad) {
+      // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
+      tile.expert = t / (n_tiles * m_tiles);
+      const bool placed = expert_offset[experts] <= k_blocks * int32_t(kBlock);
+      tile.kb_begin = placed ? expert_offset[tile.expert] / int32_t(kBlock) : 0;
+      tile.kb_end = placed ? expert_offset[tile.expert + 1] / int32_t(kBlock) : 0;
+    }
+    return tile;
+  }
+};
+
+// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...; the producer runs ahead into the
+// next tile's K blocks while the consumers finish a tile, the stages' phases counted over the CTA's
+// whole run (`it`, the K blocks it has issued or consumed).
 template <Form kForm, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -74,31 +155,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const float* __restrict__ b_scales, const float* __restrict__ b2_scales, Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, SplitOut split) {
-  constexpr bool kGrouped = kForm == Form::kGrouped || kForm == Form::kSwiGLU;  // rows grouped by expert
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
-  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per CTA
+  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
   extern __shared__ uint8_t raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const int warpgroup = int(threadIdx.x) / 128;
-  const int32_t m0 = int32_t(blockIdx.y) * kTileM, n0 = int32_t(blockIdx.x) * kOutN;
-  const int32_t k_blocks = int32_t(blocks_of(K));
-  int32_t expert = 0;
-  int32_t kb_begin = 0, kb_end = k_blocks;  // the K blocks this CTA sums
-  if constexpr (kGrouped) {
-    // Every thread alike, before any barrier. A schedule over capacity (rows past M) placed no rows.
-    if (m0 >= expert_offset[experts] || expert_offset[experts] > M) return;
-    expert = gemm::expert_of_row(expert_offset, experts, m0);
-  }
-  if constexpr (kWeightGrad) {
-    expert = int32_t(blockIdx.z);
-    // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
-    const bool placed = expert_offset[experts] <= K;
-    kb_begin = placed ? expert_offset[expert] / int32_t(kBlock) : 0;
-    kb_end = placed ? expert_offset[expert + 1] / int32_t(kBlock) : 0;
-  }
-  // The B scale block of the CTA's columns (a SwiGLU tile's 64 lie in one 128-wide block).
-  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
+  const int32_t k_blocks = tiles.k_blocks;
+  if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -109,27 +174,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {  // producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     sm90::prefetch_tma_descriptor(&tma_a);
     sm90::prefetch_tma_descriptor(&tma_b);
     if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b2);
-    for (int32_t kb = kb_begin; kb < kb_end; ++kb) {
-      const int32_t i = kb - kb_begin;  // the CTA's i-th K block
-      const int stage = i % kStages;
-      // The stage's previous use (K block i - kStages) must be released by every consumer thread.
-      if (i >= kStages) {
-        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(i / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, kb);
-      }
-      // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
-      sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), m0);
-      if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
-        sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
-        sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, &tma_b2, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
-      } else if constexpr (kGrouped) {
-        sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0, expert);
-      } else {
-        sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), n0);
+    int32_t it = 0;
+    for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+      const Tile tile = tiles[t];
+      for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
+        const int stage = it % kStages;
+        // The stage's previous use (K block it - kStages) must be released by every consumer thread.
+        if (it >= kStages) {
+          sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, t);
+        }
+        // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
+        sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+        if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
+          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+          sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, &tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
+                            tile.expert);
+        } else if constexpr (kForm == Form::kGrouped) {
+          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+        } else {  // dense, and the weight gradients' transposed rows
+          sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
+        }
       }
     }
     return;
@@ -137,92 +207,157 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers. Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row
   // 64c + 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
-  const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
-  float acc[64];
-  float part[64];
+  int32_t it = 0;  // K blocks consumed before this tile
+  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    const Tile tile = tiles[t];
+    const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
+    const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+    const int32_t n = tile.kb_end - tile.kb_begin;
+    // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
+    const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+    float acc[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
-  for (int32_t kb = kb_begin; kb < kb_end; ++kb) {
-    const int32_t i = kb - kb_begin;
-    const int stage = i % kStages;
-    // Scales first: their global loads overlap the wait and the products.
-    const float sb = kWeightGrad ? 1.0f : b_scales[b_scale_row + kb];
-    const float sb2 = kSwiGLU ? b2_scales[b_scale_row + kb] : sb;  // the up half's
-    const float a0 = row0 < M ? a_scales[int64_t(row0) * k_blocks + kb] : 0.0f;
-    const float a1 = row1 < M ? a_scales[int64_t(row1) * k_blocks + kb] : 0.0f;
-    // kWeightGrad: B's scale per column, the thread's 32 (column 8j + 2(l%4) + r%2 at 2j + r%2).
-    float sbc[kWeightGrad ? 32 : 1];
-    if constexpr (kWeightGrad) {
+    for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+    // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
+    const auto issue = [&](float(&d)[64], int32_t i) {
+      const int32_t g = it + i;
+      const int stage = g % kStages;
+      sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, status, sm90::Wait::kFullStage, t);
+      sm90::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
-        sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
+      for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
+        const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
+        const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
+        sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
       }
-    }
-    sm90::mbarrier_wait(&smem.full[stage], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, kb);
-    sm90::wgmma_fence();
+      sm90::wgmma_commit();
+    };
+    // The two rows' A scales of K block i.
+    const auto a_scale = [&](int32_t row, int32_t i) {
+      return row < M ? a_scales[int64_t(row) * k_blocks + tile.kb_begin + i] : 0.0f;
+    };
+    if constexpr (!kWeightGrad) {
+      // Block i's products d, its group completed: the stage goes back to the producer, and the sums,
+      // exact products of E4M3 values, into acc times both scales (column groups 8-15 of a SwiGLU tile
+      // are the up half's). The scales were loaded before the wait.
+      struct Scales {
+        float a0, a1, b, b2;
+      };
+      const auto scales_of = [&](int32_t i) {
+        const int32_t kb = tile.kb_begin + i;
+        const float b = b_scales[b_scale_row + kb];
+        return Scales{a_scale(row0, i), a_scale(row1, i), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
+      };
+      const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+        sm90::fence_registers(d);
+        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
 #pragma unroll
-    for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
-      const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
-      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
-      sm90::wgmma_m64n128k32_e4m3(part, da, db, kk > 0);
-    }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::mbarrier_arrive(&smem.empty[stage]);
-    // Promotion: the K block's sums, exact products of E4M3 values, times both scales (column groups
-    // 8-15 of a SwiGLU tile are the up half's).
-#pragma unroll
-    for (int e = 0; e < 64; ++e) {
-      const float sa = (e % 4) < 2 ? a0 : a1;
-      const float scale = kWeightGrad ? sa * sbc[kWeightGrad ? 2 * (e / 4) + e % 2 : 0] : sa * (e / 4 < 8 ? sb : sb2);
-      acc[e] = fmaf(part[e], scale, acc[e]);
-    }
-  }
-
-  // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
-  // acc[4(j + 8) + r].
-  constexpr int kGroups = kSwiGLU ? 8 : 16;
-  // The rows g and u go to (kept.gate set): the thread's two rows' slots, -1 for none.
-  int32_t kept_row[2] = {-1, -1};
-  if (kSwiGLU && kept.gate != nullptr) {
-    if (row0 < M) kept_row[0] = kept.slot[row0];
-    if (row1 < M) kept_row[1] = kept.slot[row1];
-  }
-#pragma unroll
-  for (int j = 0; j < kGroups; ++j) {
-    const int32_t col = n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int32_t row = r < 2 ? row0 : row1;
-      float v = acc[4 * j + r];
-      if constexpr (kSwiGLU) {
-        const int32_t kr = kept_row[r / 2];
-        if (kr >= 0 && col + r % 2 < N) {
-          store(&kept.gate[int64_t(kr) * N + col + r % 2], v);
-          store(&kept.up[int64_t(kr) * N + col + r % 2], acc[4 * (j + 8) + r]);
+        for (int e = 0; e < 64; ++e) {
+          const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
+          acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
         }
-        v = silu(v) * acc[4 * (j + 8) + r];
+      };
+      // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
+      // tensor cores work on it meanwhile (wait_group 1: only block i's group must have completed).
+      float pa[64], pb[64];
+      if (n > 0) issue(pa, 0);
+      int32_t i = 0;
+      for (; i + 2 < n; i += 2) {
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        issue(pa, i + 2);
+        sm90::wgmma_wait<1>();
+        promote(pb, i + 1, sc);
       }
-      if (row >= M || col + r % 2 >= N) continue;
-      if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
-        Out* dst = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
-                                    : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
-        store(&dst[col + r % 2], v);
-      } else {
-        store(&out[int64_t(row) * N + col + r % 2], v);
+      if (i + 1 < n) {  // two blocks left, in pa and pb
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        sm90::wgmma_wait<0>();
+        promote(pb, i + 1, sc);
+      } else if (i < n) {  // one, in pa
+        const Scales sc = scales_of(i);
+        sm90::wgmma_wait<0>();
+        promote(pa, i, sc);
+      }
+      // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
+      // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
+      // tools/sass-check would say SERIAL).
+    } else {
+      // The weight gradient: B's scale per column (32 a thread), one K block at a time.
+      float part[64];
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t kb = tile.kb_begin + i;
+        const float a0 = a_scale(row0, i), a1 = a_scale(row1, i);
+        // The thread's columns 8j + 2(l%4) + r%2 at 2j + r%2.
+        float sbc[32];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
+          sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
+        }
+        issue(part, i);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(part);
+        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = fmaf(part[e], ((e % 4) < 2 ? a0 : a1) * sbc[2 * (e / 4) + e % 2], acc[e]);
+      }
+    }
+    it += n;
+
+    // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
+    // acc[4(j + 8) + r]; each thread's two adjacent columns (r % 2) stored together.
+    constexpr int kGroups = kSwiGLU ? 8 : 16;
+    // The rows g and u go to (kept.gate set): the thread's two rows' slots, -1 for none.
+    int32_t kept_row[2] = {-1, -1};
+    if (kSwiGLU && kept.gate != nullptr) {
+      if (row0 < M) kept_row[0] = kept.slot[row0];
+      if (row1 < M) kept_row[1] = kept.slot[row1];
+    }
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
+        const int32_t row = h == 0 ? row0 : row1;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (kSwiGLU) {
+          const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
+          const int32_t kr = kept_row[h];
+          if (kr >= 0) {
+            store_pair(kept.gate + int64_t(kr) * N, col, N, v0, v1);
+            store_pair(kept.up + int64_t(kr) * N, col, N, u0, u1);
+          }
+          v0 = silu(v0) * u0;
+          v1 = silu(v1) * u1;
+        }
+        if (row >= M) continue;
+        if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
+          Out* dst = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
+                                      : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
+          store_pair(dst, col, N, v0, v1);
+        } else {
+          store_pair(out + int64_t(row) * N, col, N, v0, v1);
+        }
       }
     }
   }
 }
 
+
 void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
   if (K % 16 != 0) throw Error("K", "must be a multiple of 16 (the TMA's row stride alignment), got " + std::to_string(K));
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
-  if (blocks_of(M) > 65535) throw Error("M", "at most 65535 row blocks of 128 (the grid's y), got " + std::to_string(M));
 }
 
 constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
@@ -231,15 +366,35 @@ template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
             const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream,
-            KeptGateUp kept = {}, SplitOut split = {}, int64_t grid_z = 1) {
-  // The attribute is per device: set once on each.
-  static detail::PerDeviceCache configured;
+            KeptGateUp kept = {}, SplitOut split = {}) {
+  // With N even the kernel stores two adjacent columns at once (store_pair): every output is then
+  // aligned to two elements, as the library's buffers are.
+  const auto check_pairs = [&](const void* p, size_t element, const char* what) {
+    if (p != nullptr && N % 2 == 0 && reinterpret_cast<uintptr_t>(p) % (2 * element) != 0) {
+      throw Error(what, "must be aligned to two elements (N is even: the columns are stored in pairs)");
+    }
+  };
+  check_pairs(out, sizeof(Out), "out");
+  check_pairs(kept.gate, sizeof(bf16_t), "kept.gate");
+  check_pairs(kept.up, sizeof(bf16_t), "kept.up");
+  check_pairs(split.second, sizeof(bf16_t), "out2");
+  // The attribute and the SM count are per device: looked up once on each.
+  static detail::PerDeviceCache configured, sm_count;
   detail::per_device(configured, [](int) {
     LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return 1;
   });
+  const int sms = detail::per_device(sm_count, [](int device) {
+    int n = 0;
+    LYNX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  });
+  // At most one CTA per SM (one fits), each taking tiles in turn; the grouped forms' tiles past the
+  // schedule's rows are not counted by the kernel, so some CTAs may find none.
   const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
-  const dim3 grid(unsigned((N + out_n - 1) / out_n), unsigned(blocks_of(M)), unsigned(grid_z));
+  const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
+  if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
+  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
   gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
                                                                int32_t(M), int32_t(N), int32_t(K), expert_offset,
                                                                int32_t(experts), status, kept, split);
@@ -293,14 +448,12 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
                                       DeviceStatus* status, cudaStream_t stream) {
   check_sizes(M, N, capacity);
   check_grouped(capacity, experts, expert_offset);
-  if (experts > 65535) throw Error("experts", "at most 65535 (the grid's z), got " + std::to_string(experts));
   if (split <= 0 || split > M || (split < M && out2 == nullptr)) {
     throw Error("split", "must be in (0, M], with out2 given when below M");
   }
   launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), gemm::make_tma_2d_bytes(b, N, capacity, kTileN),
                             gemm::make_tma_2d_bytes(b, N, capacity, kTileN), a_scales, b_scales, nullptr, out, M, N,
-                            capacity, expert_offset, experts, status, stream, {}, SplitOut{out2, int32_t(split)},
-                            experts);
+                            capacity, expert_offset, experts, status, stream, {}, SplitOut{out2, int32_t(split)});
 }
 
 }  // namespace lynx::fp8
