@@ -66,8 +66,10 @@ double squared_norm(const double* v, int64_t n) {
 // Per-token buffers, allocated once per call, sized for the widest FFN.
 struct Scratch {
   std::vector<double> x, g, u, a, da;
+  std::vector<double> g_sq, u_sq, da_sq;  // the sums of the same terms' squares
   double d_scale_magnitude = 0.0;  // Σ |da_i a_i| of the last ffn_backward
-  Scratch(int64_t H, int64_t n) : x(H), g(n), u(n), a(n), da(n) {}
+  double d_scale_term_rss = 0.0;   // Gradients::d_topk_term_rss of the last ffn_backward
+  Scratch(int64_t H, int64_t n) : x(H), g(n), u(n), a(n), da(n), g_sq(n), u_sq(n), da_sq(n) {}
   template <class Src>
   Scratch(const Layer<Src>& L) : Scratch(L.H, std::max(L.I, L.I_shared)) {}
   template <class Src>
@@ -76,13 +78,23 @@ struct Scratch {
   }
 };
 
-// s.g, s.u, s.a = gate·x, up·x, silu(g) ⊙ u.
+// s.g, s.u, s.a = gate·x, up·x, silu(g) ⊙ u; s.g_sq, s.u_sq: the sums of those terms' squares.
 template <class Src>
 void hidden(const Ffn<Src>& f, int64_t H, Scratch& s) {
   for (int64_t i = 0; i < f.n; ++i) {
-    s.g[i] = dot(f.gate + i * H, s.x.data(), H);
-    s.u[i] = dot(f.up + i * H, s.x.data(), H);
-    s.a[i] = silu(s.g[i]) * s.u[i];
+    double g = 0.0, u = 0.0, g_sq = 0.0, u_sq = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+      const double pg = to_double(f.gate[i * H + h]) * s.x[h], pu = to_double(f.up[i * H + h]) * s.x[h];
+      g += pg;
+      u += pu;
+      g_sq += pg * pg;
+      u_sq += pu * pu;
+    }
+    s.g[i] = g;
+    s.u[i] = u;
+    s.g_sq[i] = g_sq;
+    s.u_sq[i] = u_sq;
+    s.a[i] = silu(g) * u;
   }
 }
 
@@ -101,15 +113,23 @@ double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy
   const int64_t n = f.n;
   hidden(f, H, s);
   std::fill(s.da.begin(), s.da.begin() + n, 0.0);
+  std::fill(s.da_sq.begin(), s.da_sq.begin() + n, 0.0);
   for (int64_t h = 0; h < H; ++h)
-    for (int64_t i = 0; i < n; ++i) s.da[i] += dy[h] * to_double(f.down[h * n + i]);
+    for (int64_t i = 0; i < n; ++i) {
+      const double p = dy[h] * to_double(f.down[h * n + i]);
+      s.da[i] += p;
+      s.da_sq[i] += p * p;
+    }
 
-  double d_scale = 0.0;
+  double d_scale = 0.0, term_square = 0.0;
   s.d_scale_magnitude = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     d_scale += s.da[i] * s.a[i];
     s.d_scale_magnitude += std::abs(s.da[i] * s.a[i]);
+    const double dg = silu_grad(s.g[i]) * s.u[i], du = silu(s.g[i]);
+    term_square += s.a[i] * s.a[i] * s.da_sq[i] + s.da[i] * s.da[i] * (dg * dg * s.g_sq[i] + du * du * s.u_sq[i]);
   }
+  s.d_scale_term_rss = std::sqrt(term_square);
 
   // From here s.g holds dg and s.u holds du.
   for (int64_t i = 0; i < n; ++i) {
@@ -178,7 +198,10 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
             g->dw_down.data() + e * L.H * L.I, g->dw_term_square.data() + 3 * e};
     d_topk_row[j] =
         ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, rg);
-    if (g) g->d_topk_magnitude[t * L.k + j] = s.d_scale_magnitude;
+    if (g) {
+      g->d_topk_magnitude[t * L.k + j] = s.d_scale_magnitude;
+      g->d_topk_term_rss[t * L.k + j] = s.d_scale_term_rss;
+    }
   }
 }
 
@@ -205,6 +228,7 @@ Gradients backward(const Layer<Src>& layer, const double* dy) {
   g.dx.assign(T * H, 0.0);
   g.d_topk_weights.assign(T * layer.k, 0.0);
   g.d_topk_magnitude.assign(T * layer.k, 0.0);
+  g.d_topk_term_rss.assign(T * layer.k, 0.0);
   g.dw_gate.assign(E * I * H, 0.0);
   g.dw_up.assign(E * I * H, 0.0);
   g.dw_down.assign(E * H * I, 0.0);

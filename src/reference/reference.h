@@ -34,6 +34,13 @@ struct Gradients {
   // [T, k] Σ_i |(w_down^T dy)_i · a_i|: the magnitude of the terms of each d_topk_weights dot product.
   // Its rounding error scales with this, not with the (possibly cancelled) sum.
   std::vector<double> d_topk_magnitude;
+  // [T, k] √(Σ_i [a_i² Σ_h (dy_h w_down[h, i])² + da_i² ((silu′(g_i) u_i)² Σ_h (w_gate[i, h] x_h)²
+  // + silu(g_i)² Σ_h (w_up[i, h] x_h)²)]): the root-sum-square of the terms of the sums over H behind
+  // each d_topk_weights value, weighted by how much the value moves with each (to first order). When
+  // every factor of those terms carries an independent relative error of RMS ε (FP8's quantised
+  // operands: two factors a term), the value's error has an RMS of about √2·ε times this, however much
+  // da_i, g_i, u_i or the value itself cancel.
+  std::vector<double> d_topk_term_rss;
   std::vector<double> dw_gate, dw_up;  // [E, I, H]
   std::vector<double> dw_down;         // [E, H, I]
   // [E, 3] per expert, Σ over its routed terms of each term's squared norm in dw_gate, dw_up and

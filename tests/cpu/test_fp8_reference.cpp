@@ -3,6 +3,7 @@
 // promotion against the exact product.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -240,6 +241,62 @@ TEST(Fp8Reference, LayerBackwardIsWithinTheBounds) {
     EXPECT_LT(d, t.bound) << t.name;
     EXPECT_GT(d, 0.0) << t.name;
   }
+}
+
+// NOTES: each d_topk_weights value is a sum over I of da_i · a_i, where da_i, g_i and u_i are sums over H
+// of products of two quantised factors; with an independent relative error of RMS at most
+// ε = 2^-4/√3 in each factor, the value's error has an RMS of at most √2·ε·d_topk_term_rss (the
+// reference's root-sum-square of those terms, weighted by how much the value moves with each), however
+// much the sums cancel. Checked here on the emulation of the FP8 backward (every rounding the GPU
+// makes), with magnitudes spread over a factor of 256 within rows: the largest error stays within 6 of
+// those RMS scales and their RMS within 1, while the noise scale stays a useful yardstick (the RMS of
+// the error at least a tenth of it).
+TEST(Fp8Reference, DTopkWeightsErrorsScaleWithTheirTermsRss) {
+  std::mt19937 rng(11);
+  const int64_t T = 256, H = 384, I = 192, E = 4, k = 1;
+  const auto spread = [&](int64_t n, double scale) {
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f), octave(-4.0f, 4.0f);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& e : v) e = float(scale) * d(rng) * std::exp2(octave(rng));
+    return v;
+  };
+  const std::vector<float> x = spread(T * H, 1.0), wg = spread(E * I * H, 1.0 / std::sqrt(double(H))),
+                           wu = spread(E * I * H, 1.0 / std::sqrt(double(H))),
+                           wd = spread(E * H * I, 1.0 / std::sqrt(double(I))), dy = spread(T * H, 1.0);
+  std::vector<int32_t> ids(size_t(T * k));
+  std::vector<double> w(size_t(T * k));
+  for (int64_t s = 0; s < T * k; ++s) {
+    ids[size_t(s)] = int32_t(s % E);
+    w[size_t(s)] = 0.05 + 0.95 * double(s % 5) / 4.0;
+  }
+  RoutedLayer L;
+  L.T = T, L.H = H, L.I = I, L.E = E, L.k = k;
+  L.x = x.data(), L.topk_ids = ids.data(), L.topk_weights = w.data();
+  L.w_gate = wg.data(), L.w_up = wu.data(), L.w_down = wd.data();
+  const RoutedGradients got = routed_backward(L, dy.data());
+  std::vector<double> xd(x.begin(), x.end()), wgd(wg.begin(), wg.end()), wud(wu.begin(), wu.end()),
+      wdd(wd.begin(), wd.end()), dyd(dy.begin(), dy.end());
+  Layer<double> exact_layer;
+  exact_layer.T = T, exact_layer.H = H, exact_layer.I = I, exact_layer.E = E, exact_layer.k = k;
+  exact_layer.x = xd.data(), exact_layer.topk_ids = ids.data(), exact_layer.topk_weights = w.data();
+  exact_layer.w_gate = wgd.data(), exact_layer.w_up = wud.data(), exact_layer.w_down = wdd.data();
+  const Gradients exact = backward(exact_layer, dyd.data());
+  ASSERT_EQ(exact.d_topk_term_rss.size(), size_t(T * k));
+  const double sigma_per_rss = std::sqrt(2.0) * std::exp2(-4.0) / std::sqrt(3.0);
+  double worst = 0.0, sum_square = 0.0, worst_vs_magnitude = 0.0;
+  for (int64_t s = 0; s < T * k; ++s) {
+    const double err = std::abs(got.d_topk_weights[size_t(s)] - exact.d_topk_weights[size_t(s)]);
+    const double z = err / (sigma_per_rss * exact.d_topk_term_rss[size_t(s)]);
+    worst = std::max(worst, z);
+    sum_square += z * z;
+    worst_vs_magnitude = std::max(worst_vs_magnitude, err / exact.d_topk_magnitude[size_t(s)]);
+  }
+  const double rms = std::sqrt(sum_square / double(T * k));
+  std::printf("  d_topk_weights error in RMS scales: largest %.2f, RMS %.3f; largest of the terms' magnitude %.3f\n",
+              worst, rms, worst_vs_magnitude);
+  EXPECT_LT(worst, 6.0);
+  EXPECT_LT(rms, 1.0);
+  EXPECT_GT(rms, 0.1);
 }
 
 }  // namespace

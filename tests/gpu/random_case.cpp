@@ -107,6 +107,7 @@ void routed_terms(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradient
       std::copy_n(s.dx.data() + n * H, H, term_dx.data() + mine[n] * H);
       g.d_topk_weights[mine[n]] = s.d_topk_weights[n];
       g.d_topk_magnitude[mine[n]] = s.d_topk_magnitude[n];
+      g.d_topk_term_rss[mine[n]] = s.d_topk_term_rss[n];
     }
     const std::lock_guard<std::mutex> lock(expert_lock[ch.e]);
     add_into(g.dw_gate.data() + ch.e * I * H, s.dw_gate);
@@ -159,9 +160,14 @@ std::vector<T> part(const std::vector<T>& v, int64_t begin, int64_t count) {
 // with the size of its terms, not with its (possibly cancelled) value, so a row's denominator is also
 // at least the row's Σ|terms| / √I (the terms' rms size when their signs are random; expect_matches_
 // reference explains the per-value bound).
-std::vector<double> d_topk_row_scale(const ref::Gradients& g, int64_t T, int64_t k, int64_t I) {
+// With `rss` (the FP8 bounds) the denominator is at least 2·rss·‖the row's d_topk_term_rss‖ instead:
+// a row whose values are each within rss times their terms' root-sum-square stays within 0.5.
+std::vector<double> d_topk_row_scale(const ref::Gradients& g, int64_t T, int64_t k, int64_t I, double rss) {
   std::vector<double> scale(T);
-  for (int64_t t = 0; t < T; ++t) scale[t] = row_norm(g.d_topk_magnitude.data() + t * k, k) / std::sqrt(double(I));
+  for (int64_t t = 0; t < T; ++t) {
+    scale[t] = rss > 0.0 ? 2.0 * rss * row_norm(g.d_topk_term_rss.data() + t * k, k)
+                         : row_norm(g.d_topk_magnitude.data() + t * k, k) / std::sqrt(double(I));
+  }
   return scale;
 }
 
@@ -174,13 +180,16 @@ std::vector<double> dw_term_scale(const ref::Gradients& g, int q) {
 }
 
 void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, CheckReport& report, const Bounds& b) {
-  judge(report, "d_topk_weights", tensor_error(o.d_topk, g.d_topk_weights, c.k, d_topk_row_scale(g, c.T, c.k, c.I)),
+  judge(report, "d_topk_weights",
+        tensor_error(o.d_topk, g.d_topk_weights, c.k, d_topk_row_scale(g, c.T, c.k, c.I, b.d_topk_rss)),
         o.d_topk.size() >= 32, b.d_topk_row, b.tensor);
   for (size_t i = 0; i < o.d_topk.size(); ++i) {
-    if (!(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]) <= b.d_topk_value * g.d_topk_magnitude[i])) {
+    const double bound = b.d_topk_rss > 0.0 ? b.d_topk_rss * g.d_topk_term_rss[i] : b.d_topk_value * g.d_topk_magnitude[i];
+    if (!(std::abs(double(o.d_topk[i]) - g.d_topk_weights[i]) <= bound)) {
       report.failures.push_back("d_topk_weights[" + std::to_string(i) + "] = " + std::to_string(o.d_topk[i]) +
-                                ", reference " + std::to_string(g.d_topk_weights[i]) + ", terms' magnitude " +
-                                std::to_string(g.d_topk_magnitude[i]));
+                                ", reference " + std::to_string(g.d_topk_weights[i]) + ", bound " +
+                                std::to_string(bound) + " (terms' magnitude " + std::to_string(g.d_topk_magnitude[i]) +
+                                ", root-sum-square " + std::to_string(g.d_topk_term_rss[i]) + ")");
       return;
     }
   }
@@ -406,6 +415,7 @@ Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<do
   }
   g.d_topk_weights.assign(T * k, 0.0);
   g.d_topk_magnitude.assign(T * k, 0.0);
+  g.d_topk_term_rss.assign(T * k, 0.0);
   g.dw_gate.assign(r.E * r.I * H, 0.0);
   g.dw_up.assign(r.E * r.I * H, 0.0);
   g.dw_down.assign(r.E * H * r.I, 0.0);
