@@ -189,6 +189,42 @@ TEST(Fp8Reference, LayerForwardIsCloseToTheExactLayer) {
   for (int64_t c = 0; c < H; ++c) ASSERT_EQ(none[size_t(c)], 0.0);
 }
 
+// A layer's FP8 backward as lynx computes it (routed_backward) and exactly (the reference's backward),
+// from the same inputs (bf16 values): slot s routed to expert_of(s), with router weight
+// 0.05 + 0.95 · (s % 5) / 4.
+struct BackwardPair {
+  RoutedGradients got;
+  Gradients exact;
+};
+struct Sizes {
+  int64_t T, H, I, E, k;
+};
+template <class ExpertOf>
+BackwardPair backward_pair(const Sizes& n, const std::vector<float>& x, const std::vector<float>& w_gate,
+                           const std::vector<float>& w_up, const std::vector<float>& w_down,
+                           const std::vector<float>& dy, const ExpertOf& expert_of) {
+  std::vector<int32_t> ids(size_t(n.T * n.k));
+  std::vector<double> w(size_t(n.T * n.k));
+  for (int64_t s = 0; s < n.T * n.k; ++s) {
+    ids[size_t(s)] = expert_of(s);
+    w[size_t(s)] = 0.05 + 0.95 * double(s % 5) / 4.0;
+  }
+  RoutedLayer L;
+  L.T = n.T, L.H = n.H, L.I = n.I, L.E = n.E, L.k = n.k;
+  L.x = x.data(), L.topk_ids = ids.data(), L.topk_weights = w.data();
+  L.w_gate = w_gate.data(), L.w_up = w_up.data(), L.w_down = w_down.data();
+  BackwardPair pair;
+  pair.got = routed_backward(L, dy.data());
+  const std::vector<double> xd(x.begin(), x.end()), wgd(w_gate.begin(), w_gate.end()),
+      wud(w_up.begin(), w_up.end()), wdd(w_down.begin(), w_down.end()), dyd(dy.begin(), dy.end());
+  Layer<double> exact_layer;
+  exact_layer.T = n.T, exact_layer.H = n.H, exact_layer.I = n.I, exact_layer.E = n.E, exact_layer.k = n.k;
+  exact_layer.x = xd.data(), exact_layer.topk_ids = ids.data(), exact_layer.topk_weights = w.data();
+  exact_layer.w_gate = wgd.data(), exact_layer.w_up = wud.data(), exact_layer.w_down = wdd.data();
+  pair.exact = backward(exact_layer, dyd.data());
+  return pair;
+}
+
 // The FP8 backward's emulation (routed_backward) against the exact layer, each gradient within its
 // bound (docs/fp8.md's table; tests/gpu/test_fp8_layer.cpp derives them): dx 2^-6/3, d_topk_weights
 // 2^-8, dw_gate 3·2^-9, dw_up and dw_down 7·2^-9/3. About 100 rows an expert: one 128-row block each.
@@ -206,24 +242,10 @@ TEST(Fp8Reference, LayerBackwardIsWithinTheBounds) {
   const std::vector<float> x = uniform(T * H, 1.0), wg = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
                            wu = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
                            wd = uniform(E * H * I, 1.0 / std::sqrt(double(I))), dy = uniform(T * H, 1.0);
-  std::vector<int32_t> ids(size_t(T * k));
-  std::vector<double> w(size_t(T * k));
-  for (int64_t s = 0; s < T * k; ++s) {
-    ids[size_t(s)] = int32_t((s * 7 + s / k) % E);
-    w[size_t(s)] = 0.05 + 0.95 * double(s % 5) / 4.0;
-  }
-  RoutedLayer L;
-  L.T = T, L.H = H, L.I = I, L.E = E, L.k = k;
-  L.x = x.data(), L.topk_ids = ids.data(), L.topk_weights = w.data();
-  L.w_gate = wg.data(), L.w_up = wu.data(), L.w_down = wd.data();
-  const RoutedGradients got = routed_backward(L, dy.data());
-  std::vector<double> xd(x.begin(), x.end()), wgd(wg.begin(), wg.end()), wud(wu.begin(), wu.end()),
-      wdd(wd.begin(), wd.end()), dyd(dy.begin(), dy.end());
-  Layer<double> exact_layer;
-  exact_layer.T = T, exact_layer.H = H, exact_layer.I = I, exact_layer.E = E, exact_layer.k = k;
-  exact_layer.x = xd.data(), exact_layer.topk_ids = ids.data(), exact_layer.topk_weights = w.data();
-  exact_layer.w_gate = wgd.data(), exact_layer.w_up = wud.data(), exact_layer.w_down = wdd.data();
-  const Gradients exact = backward(exact_layer, dyd.data());
+  const BackwardPair pair =
+      backward_pair({T, H, I, E, k}, x, wg, wu, wd, dy, [&](int64_t s) { return int32_t((s * 7 + s / k) % E); });
+  const RoutedGradients& got = pair.got;
+  const Gradients& exact = pair.exact;
   const struct {
     const char* name;
     const std::vector<double>& got;
@@ -263,24 +285,9 @@ TEST(Fp8Reference, DTopkWeightsErrorsScaleWithTheirTermsRss) {
   const std::vector<float> x = spread(T * H, 1.0), wg = spread(E * I * H, 1.0 / std::sqrt(double(H))),
                            wu = spread(E * I * H, 1.0 / std::sqrt(double(H))),
                            wd = spread(E * H * I, 1.0 / std::sqrt(double(I))), dy = spread(T * H, 1.0);
-  std::vector<int32_t> ids(size_t(T * k));
-  std::vector<double> w(size_t(T * k));
-  for (int64_t s = 0; s < T * k; ++s) {
-    ids[size_t(s)] = int32_t(s % E);
-    w[size_t(s)] = 0.05 + 0.95 * double(s % 5) / 4.0;
-  }
-  RoutedLayer L;
-  L.T = T, L.H = H, L.I = I, L.E = E, L.k = k;
-  L.x = x.data(), L.topk_ids = ids.data(), L.topk_weights = w.data();
-  L.w_gate = wg.data(), L.w_up = wu.data(), L.w_down = wd.data();
-  const RoutedGradients got = routed_backward(L, dy.data());
-  std::vector<double> xd(x.begin(), x.end()), wgd(wg.begin(), wg.end()), wud(wu.begin(), wu.end()),
-      wdd(wd.begin(), wd.end()), dyd(dy.begin(), dy.end());
-  Layer<double> exact_layer;
-  exact_layer.T = T, exact_layer.H = H, exact_layer.I = I, exact_layer.E = E, exact_layer.k = k;
-  exact_layer.x = xd.data(), exact_layer.topk_ids = ids.data(), exact_layer.topk_weights = w.data();
-  exact_layer.w_gate = wgd.data(), exact_layer.w_up = wud.data(), exact_layer.w_down = wdd.data();
-  const Gradients exact = backward(exact_layer, dyd.data());
+  const BackwardPair pair = backward_pair({T, H, I, E, k}, x, wg, wu, wd, dy, [&](int64_t s) { return int32_t(s % E); });
+  const RoutedGradients& got = pair.got;
+  const Gradients& exact = pair.exact;
   ASSERT_EQ(exact.d_topk_term_rss.size(), size_t(T * k));
   const double sigma_per_rss = std::sqrt(2.0) * std::exp2(-4.0) / std::sqrt(3.0);
   double worst = 0.0, sum_square = 0.0, worst_vs_magnitude = 0.0;
