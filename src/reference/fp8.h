@@ -19,6 +19,10 @@ namespace lynx::ref::fp8 {
 
 constexpr float kE4M3Max = 448.0f;
 constexpr int64_t kBlock = 128;  // the tile width and the weight block's side
+// The RMS relative error of a quantised value, taken as half a spacing (2^-4 of the value) spread
+// evenly, 2^-4/√3; and of a product of two quantised factors, whose errors are independent: √2 times it.
+constexpr double kE4M3RmsError = 0.0625 / 1.7320508075688772;
+constexpr double kQuantisedProductRmsError = 1.4142135623730951 * kE4M3RmsError;
 
 // E4M3 ("fn": no infinities; 0x7F / 0xFF are NaN), round to nearest, ties to even, saturating: a
 // finite value beyond ±448 becomes ±448. NaN (and ±inf) become NaN (0x7F, sign kept).

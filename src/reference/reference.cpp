@@ -78,8 +78,9 @@ struct Scratch {
   }
 };
 
-// s.g, s.u, s.a = gate·x, up·x, silu(g) ⊙ u; s.g_sq, s.u_sq: the sums of those terms' squares.
-template <class Src>
+// s.g, s.u, s.a = gate·x, up·x, silu(g) ⊙ u; with kSquares (the backward's) also s.g_sq, s.u_sq, the
+// sums of those terms' squares.
+template <bool kSquares = false, class Src>
 void hidden(const Ffn<Src>& f, int64_t H, Scratch& s) {
   for (int64_t i = 0; i < f.n; ++i) {
     double g = 0.0, u = 0.0, g_sq = 0.0, u_sq = 0.0;
@@ -87,13 +88,17 @@ void hidden(const Ffn<Src>& f, int64_t H, Scratch& s) {
       const double pg = to_double(f.gate[i * H + h]) * s.x[h], pu = to_double(f.up[i * H + h]) * s.x[h];
       g += pg;
       u += pu;
-      g_sq += pg * pg;
-      u_sq += pu * pu;
+      if constexpr (kSquares) {
+        g_sq += pg * pg;
+        u_sq += pu * pu;
+      }
     }
     s.g[i] = g;
     s.u[i] = u;
-    s.g_sq[i] = g_sq;
-    s.u_sq[i] = u_sq;
+    if constexpr (kSquares) {
+      s.g_sq[i] = g_sq;
+      s.u_sq[i] = u_sq;
+    }
     s.a[i] = silu(g) * u;
   }
 }
@@ -111,7 +116,7 @@ template <class Src>
 double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy, Scratch& s,
                     double* dx_row, const FfnGrads& grads) {
   const int64_t n = f.n;
-  hidden(f, H, s);
+  hidden<true>(f, H, s);
   std::fill(s.da.begin(), s.da.begin() + n, 0.0);
   std::fill(s.da_sq.begin(), s.da_sq.begin() + n, 0.0);
   for (int64_t h = 0; h < H; ++h)

@@ -289,7 +289,7 @@ TEST(Fp8Reference, DTopkWeightsErrorsScaleWithTheirTermsRss) {
   const RoutedGradients& got = pair.got;
   const Gradients& exact = pair.exact;
   ASSERT_EQ(exact.d_topk_term_rss.size(), size_t(T * k));
-  const double sigma_per_rss = std::sqrt(2.0) * std::exp2(-4.0) / std::sqrt(3.0);
+  const double sigma_per_rss = kQuantisedProductRmsError;
   double worst = 0.0, sum_square = 0.0, worst_vs_magnitude = 0.0;
   for (int64_t s = 0; s < T * k; ++s) {
     const double err = std::abs(got.d_topk_weights[size_t(s)] - exact.d_topk_weights[size_t(s)]);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu/layer_check.h"
+#include "reference/fp8.h"
 
 namespace lynx::test {
 
@@ -124,7 +125,7 @@ struct Bounds {
 // itself, while a right row's error, an average over 64 values or more of per-value errors of the
 // tensor's size, stays well below (bf16's 3e-2 is 7 times its typical error); d_topk_weights' row
 // scale is then the values' bound (d_topk_row_scale).
-inline const Bounds kFp8Bounds{0.109, 0.5, 0.5, 0.0884, 6.0 * 1.4142135623730951 / 16.0 / 1.7320508075688772};
+inline const Bounds kFp8Bounds{0.109, 0.5, 0.5, 0.0884, 6.0 * ref::fp8::kQuantisedProductRmsError};
 
 // Every output of layer L (y, dx, d_topk_weights, dw_*, dws_*) against `want`: finite, within
 // bounds.tensor per tensor and bounds.row per row; d_topk_weights also per value against the
