@@ -66,15 +66,21 @@ struct GpuQuantized {
   int32_t nonfinite = 0;
 };
 
-GpuQuantized quantize_on_gpu(const std::vector<HostBf16>& x, int64_t rows, int64_t cols, bool blocks) {
+// `offset` > 0 places x and q that many elements past an aligned address: the kernels' one-at-a-time
+// accesses, as for a view into a larger tensor.
+GpuQuantized quantize_on_gpu(const std::vector<HostBf16>& x, int64_t rows, int64_t cols, bool blocks,
+                             int64_t offset = 0) {
   const int64_t n_scales = (blocks ? fp8::blocks_of(rows) : rows) * fp8::blocks_of(cols);
-  DeviceBuffer d_x = to_device(x), d_q(size_t(rows * cols)), d_s(size_t(n_scales) * 4), d_deq(size_t(rows * cols) * 4);
+  std::vector<HostBf16> shifted(size_t(offset), float_to_bf16(0.0f));
+  shifted.insert(shifted.end(), x.begin(), x.end());
+  DeviceBuffer d_x = to_device(shifted), d_q(size_t(rows * cols + offset)), d_s(size_t(n_scales) * 4),
+               d_deq(size_t(rows * cols) * 4);
   DeviceBuffer d_flag = to_device(std::vector<int32_t>{0});
   d_q.fill_bytes(0x7F);  // NaN codes and scales: an element the kernel skips cannot pass
   d_s.fill_bytes(0xFF);
   d_deq.fill_bytes(0xFF);
-  const auto* xp = static_cast<const bf16_t*>(d_x.get());
-  auto* qp = static_cast<uint8_t*>(d_q.get());
+  const auto* xp = static_cast<const bf16_t*>(d_x.get()) + offset;
+  auto* qp = static_cast<uint8_t*>(d_q.get()) + offset;
   auto* sp = static_cast<float*>(d_s.get());
   auto* flag = static_cast<int32_t*>(d_flag.get());
   if (blocks) {
@@ -85,7 +91,8 @@ GpuQuantized quantize_on_gpu(const std::vector<HostBf16>& x, int64_t rows, int64
   fp8::dequantize(qp, sp, rows, cols, blocks, static_cast<float*>(d_deq.get()), nullptr);
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
   GpuQuantized g;
-  g.q = to_host<uint8_t>(d_q, size_t(rows * cols));
+  const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(rows * cols + offset));
+  g.q.assign(q.begin() + offset, q.end());
   g.scales = to_host<float>(d_s, size_t(n_scales));
   g.dequant = to_host<float>(d_deq, size_t(rows * cols));
   g.nonfinite = to_host<int32_t>(d_flag, 1)[0];
@@ -98,16 +105,16 @@ uint32_t bits(float f) {
   return u;
 }
 
-void expect_equal_to_reference(int64_t rows, int64_t cols, bool blocks, int spread) {
+void expect_equal_to_reference(int64_t rows, int64_t cols, bool blocks, int spread, int64_t offset = 0) {
   const auto seed = fresh_seed();
   SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + (blocks ? " blocks" : " tiles") + " spread 2^" +
-               std::to_string(spread) + " seed " + std::to_string(seed));
+               std::to_string(spread) + " offset " + std::to_string(offset) + " seed " + std::to_string(seed));
   const std::vector<HostBf16> x = spread_values(rows, cols, spread, seed);
   const std::vector<float> xf = to_floats(x);
   const ref::fp8::Quantized want =
       blocks ? ref::fp8::quantize_blocks(xf.data(), rows, cols) : ref::fp8::quantize_tiles(xf.data(), rows, cols);
   ASSERT_TRUE(want.finite);
-  const GpuQuantized got = quantize_on_gpu(x, rows, cols, blocks);
+  const GpuQuantized got = quantize_on_gpu(x, rows, cols, blocks, offset);
   EXPECT_EQ(got.nonfinite, 0);
   ASSERT_EQ(got.scales.size(), want.scales.size());
   for (size_t i = 0; i < want.scales.size(); ++i) {
@@ -137,6 +144,7 @@ TEST_F(Fp8Quantize, TilesEqualTheReference) {
   expect_equal_to_reference(3, 2880, false, 8);   // 22 tiles and a 64-wide one per row
   expect_equal_to_reference(130, 256, false, 40);
   expect_equal_to_reference(1, 64, false, 4);     // one short tile
+  expect_equal_to_reference(130, 256, false, 8, 1);  // unaligned x and q: one value at a time
 }
 
 TEST_F(Fp8Quantize, BlocksEqualTheReference) {
@@ -144,6 +152,8 @@ TEST_F(Fp8Quantize, BlocksEqualTheReference) {
   expect_equal_to_reference(128, 128, true, 40);
   expect_equal_to_reference(3, 200, true, 4);     // one short block of bf16 subnormals among others
   expect_equal_to_reference(1, 1, true, 2);
+  expect_equal_to_reference(300, 2880, true, 8, 1);  // unaligned w and q: one value at a time
+  expect_equal_to_reference(130, 258, true, 8);      // columns not a multiple of 4
 }
 
 TEST_F(Fp8Quantize, NonFiniteInputIsReported) {
@@ -333,36 +343,71 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
 }
 
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows
-// each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit.
+// each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit; from bf16
+// sources and from E4M3 ones with their block scales (quantize_blocks_transposed_fp8, whose values are
+// the sources dequantised), with the source rows' length a multiple of 4 (4 values a load) and not.
 TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const int64_t batch = 2, n = 200, rows = 320;  // sources [batch, n, rows]
-  const std::vector<HostBf16> a = spread_values(batch * n, rows, 6, seed), b = spread_values(batch * n, rows, 6, seed ^ 2);
-  const std::vector<float> af = to_floats(a), bf = to_floats(b);
-  DeviceBuffer d_a = to_device(a), d_b = to_device(b);
-  for (const bool two : {false, true}) {
-    const int64_t cols = two ? 2 * n : n;
-    const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
-    DeviceBuffer d_q(size_t(batch * rows * cols)), d_s(size_t(batch * n_scales) * 4);
-    d_q.fill_bytes(0x7F);
-    d_s.fill_bytes(0xFF);
-    fp8::quantize_blocks_transposed(d_a.as<bf16_t>(), n, two ? d_b.as<bf16_t>() : nullptr, two ? n : 0, batch, rows,
-                                    d_q.as<uint8_t>(), d_s.as<float>(), {}, nullptr);
-    LYNX_TEST_CUDA(cudaDeviceSynchronize());
-    const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols));
-    const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales));
+  const int64_t batch = 2, n = 200;  // sources [batch, n, rows]
+  for (const int64_t rows : {int64_t(320), int64_t(130)}) {
+    const std::vector<HostBf16> a = spread_values(batch * n, rows, 6, seed ^ uint64_t(rows)),
+                                b = spread_values(batch * n, rows, 6, seed ^ uint64_t(rows) ^ 2);
+    const std::vector<float> af = to_floats(a), bf = to_floats(b);
+    // The E4M3 sources: each matrix of a and b quantised in blocks by the reference.
+    const int64_t source_scales = fp8::blocks_of(n) * fp8::blocks_of(rows);
+    std::vector<uint8_t> aq, bq;
+    std::vector<float> as, bs, adq(af.size()), bdq(bf.size());
     for (int64_t m = 0; m < batch; ++m) {
-      std::vector<float> t(static_cast<size_t>(rows * cols));  // the transposed matrix [rows, cols]
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          t[size_t(r * cols + c)] = c < n ? af[size_t((m * n + c) * rows + r)] : bf[size_t((m * n + c - n) * rows + r)];
+      for (const bool second : {false, true}) {
+        std::vector<uint8_t>& codes = second ? bq : aq;
+        std::vector<float>& scales = second ? bs : as;
+        std::vector<float>& values = second ? bdq : adq;
+        const ref::fp8::Quantized qm = ref::fp8::quantize_blocks((second ? bf : af).data() + m * n * rows, n, rows);
+        codes.insert(codes.end(), qm.q.begin(), qm.q.end());
+        scales.insert(scales.end(), qm.scales.begin(), qm.scales.end());
+        for (int64_t i = 0; i < n * rows; ++i) values[size_t(m * n * rows + i)] = qm.dequant(i / rows, i % rows, true);
+      }
+    }
+    ASSERT_EQ(as.size(), size_t(batch * source_scales));
+    DeviceBuffer d_a = to_device(a), d_b = to_device(b), d_aq = to_device(aq), d_bq = to_device(bq);
+    DeviceBuffer d_as = to_device(as), d_bs = to_device(bs);
+    for (const bool fp8_source : {false, true}) {
+      for (const bool two : {false, true}) {
+        const std::string what = std::string(fp8_source ? "E4M3" : "bf16") + (two ? ", two sources" : ", one source") +
+                                 ", rows " + std::to_string(rows);
+        const int64_t cols = two ? 2 * n : n;
+        const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+        DeviceBuffer d_q(size_t(batch * rows * cols)), d_s(size_t(batch * n_scales) * 4);
+        d_q.fill_bytes(0x7F);
+        d_s.fill_bytes(0xFF);
+        if (fp8_source) {
+          fp8::quantize_blocks_transposed_fp8(d_aq.as<uint8_t>(), d_as.as<float>(), n, two ? d_bq.as<uint8_t>() : nullptr,
+                                              two ? d_bs.as<float>() : nullptr, two ? n : 0, batch, rows,
+                                              d_q.as<uint8_t>(), d_s.as<float>(), {}, nullptr);
+        } else {
+          fp8::quantize_blocks_transposed(d_a.as<bf16_t>(), n, two ? d_b.as<bf16_t>() : nullptr, two ? n : 0, batch,
+                                          rows, d_q.as<uint8_t>(), d_s.as<float>(), {}, nullptr);
+        }
+        LYNX_TEST_CUDA(cudaDeviceSynchronize());
+        const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols));
+        const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales));
+        const std::vector<float>& a_values = fp8_source ? adq : af;
+        const std::vector<float>& b_values = fp8_source ? bdq : bf;
+        for (int64_t m = 0; m < batch; ++m) {
+          std::vector<float> t(static_cast<size_t>(rows * cols));  // the transposed matrix [rows, cols]
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              t[size_t(r * cols + c)] =
+                  c < n ? a_values[size_t((m * n + c) * rows + r)] : b_values[size_t((m * n + c - n) * rows + r)];
+            }
+          }
+          const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
+          expect_codes_and_scales({q.begin() + m * rows * cols, q.begin() + (m + 1) * rows * cols},
+                                  {sc.begin() + m * n_scales, sc.begin() + (m + 1) * n_scales}, want,
+                                  what + ", matrix " + std::to_string(m));
         }
       }
-      const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
-      expect_codes_and_scales({q.begin() + m * rows * cols, q.begin() + (m + 1) * rows * cols},
-                              {sc.begin() + m * n_scales, sc.begin() + (m + 1) * n_scales}, want,
-                              std::string(two ? "two sources" : "one source") + ", matrix " + std::to_string(m));
     }
   }
 }

@@ -31,7 +31,7 @@ struct NonfiniteReport {
 // least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
 // A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
 // or an infinity; that tile's q is then unspecified and its scale NaN (so is a block's below).
-// Alignment: x 8 bytes and q 4 bytes where cols % 4 == 0 (vector accesses), else none.
+// No alignment needed: where cols % 4 == 0, x is 8-byte and q 4-byte aligned, 4 values move at once.
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                     cudaStream_t stream);
 

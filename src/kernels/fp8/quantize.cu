@@ -61,13 +61,65 @@ __device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
   }
 }
 
+// Four adjacent values of a row of `n` starting at column c (c % 4 == 0), zero past n: one 8-byte load
+// where `vector` (n % 4 == 0 and the row 8-byte aligned), else one at a time.
+__device__ __forceinline__ void load4(const __nv_bfloat16* row, int64_t c, int64_t n, bool vector, float (&v)[4]) {
+  if (vector && c < n) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row + c);
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    v[0] = __low2float(lo);
+    v[1] = __high2float(lo);
+    v[2] = __low2float(hi);
+    v[3] = __high2float(hi);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = c + i < n ? __bfloat162float(row[c + i]) : 0.0f;
+}
+
+// The same from E4M3 codes times `scale` (exact where the scale is a power of two): one 4-byte load where
+// `vector` (n % 4 == 0 and the row 4-byte aligned).
+__device__ __forceinline__ void load4(const uint8_t* row, float scale, int64_t c, int64_t n, bool vector,
+                                      float (&v)[4]) {
+  if (vector && c < n) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(row + c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = from_e4m3(uint8_t(word >> (8 * i))) * scale;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = c + i < n ? from_e4m3(row[c + i]) * scale : 0.0f;
+}
+
+// E4M3(v · inv) of four values, packed with the first in the lowest byte.
+__device__ __forceinline__ uint32_t pack4(const float (&v)[4], float inv) {
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) packed |= uint32_t(to_e4m3(v[i] * inv)) << (8 * i);
+  return packed;
+}
+
+// Stores four codes (pack4) at columns c .. c + 3 of a row of n: one 4-byte store where `vector` (n % 4 ==
+// 0 and the row 4-byte aligned), else those below n one at a time.
+__device__ __forceinline__ void store4(uint8_t* row, int64_t c, int64_t n, bool vector, uint32_t packed) {
+  if (vector && c < n) {
+    *reinterpret_cast<uint32_t*>(row + c) = packed;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (c + i < n) row[c + i] = uint8_t(packed >> (8 * i));
+  }
+}
+
 constexpr int kTileWarps = 8;  // tiles per CTA of quantize_tiles
 
 // One warp per tile (row r, columns [c0, c0 + 128)): lane l holds columns c0 + 4l .. c0 + 4l + 3, read
-// as one 8-byte load and written as one 4-byte store where cols % 4 == 0 (every layer shape).
+// as one 8-byte load and written as one 4-byte store where `vector`.
 __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
                                       const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
-                                      float* __restrict__ scales, NonfiniteReport report) {
+                                      float* __restrict__ scales, NonfiniteReport report, bool vector) {
   const int64_t kb = blocks_of(cols);
   const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
   if (tile >= rows * kb) return;
@@ -75,21 +127,9 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
   if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
   const int lane = threadIdx.x % 32;
-  const int64_t c0 = (tile % kb) * kBlock + 4 * lane;
-  const bool vector = cols % 4 == 0;
+  const int64_t c = (tile % kb) * kBlock + 4 * lane;
   float v[4];
-  if (vector && c0 < cols) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + r * cols + c0);
-    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-    v[0] = __low2float(lo);
-    v[1] = __high2float(lo);
-    v[2] = __low2float(hi);
-    v[3] = __high2float(hi);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = c0 + i < cols ? __bfloat162float(x[r * cols + c0 + i]) : 0.0f;
-  }
+  load4(x + r * cols, c, cols, vector, v);
   float amax = 0.0f;
   bool finite = true;
 #pragma unroll
@@ -106,54 +146,93 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   // NOTES: a tile that is not finite gets a NaN scale, so that whatever reads it is NaN, never finite
   // and wrong (E4M3 saturates an infinity to 448).
   const float scale = tile_finite ? pow2(e) : __int_as_float(0x7fc00000);
-  if (vector && c0 < cols) {
-    uint32_t packed = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) packed |= uint32_t(to_e4m3(v[i] * inv)) << (8 * i);
-    *reinterpret_cast<uint32_t*>(q + r * cols + c0) = packed;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (c0 + i < cols) q[r * cols + c0 + i] = to_e4m3(v[i] * inv);
-    }
-  }
+  store4(q + r * cols, c, cols, vector, pack4(v, inv));
   if (lane == 0) scales[tile] = scale;
 }
 
-// One CTA of 128 threads per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y.
-__global__ void quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols,
-                                       uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report) {
-  __shared__ float warp_amax[kBlock / 32];
+// The 128×128 block kernels: 8 warps of a CTA share a block; each warp reads whole 128-element rows of
+// it (a lane 4 adjacent values), rows w, w + 8, ... of the block, so every load instruction reads
+// 256 (bf16) or 128 (E4M3) contiguous bytes, and each thread keeps its 16 × 4 values in registers
+// between the block's maximum and the codes.
+constexpr int kBlockWarps = 8;
+constexpr int kRowsPerWarp = int(kBlock) / kBlockWarps;  // 16
+static_assert(kRowsPerWarp * kBlockWarps == kBlock, "the warps cover the block's rows");
+
+// Every value's finiteness and the block's largest magnitude, over the CTA (warp_amax: kBlockWarps
+// floats of shared memory). `bad(i)` also collects, for the transposed form, which source row i of the
+// warp's went bad: returned as the CTA-wide OR of each source's (bad0: rows for which `in_src1(i)` is
+// false, bad1: true).
+struct BlockAmax {
+  float amax;
+  bool bad0, bad1;
+};
+template <class InSrc1>
+__device__ __forceinline__ BlockAmax block_amax(const float (&v)[kRowsPerWarp][4], InSrc1 in_src1,
+                                                float* warp_amax) {
+  float amax = 0.0f;
+  bool bad0 = false, bad1 = false;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    bool finite = true;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      finite &= isfinite(v[i][j]);
+      amax = fmaxf(amax, fabsf(v[i][j]));
+    }
+    if (in_src1(i)) {
+      bad1 |= !finite;
+    } else {
+      bad0 |= !finite;
+    }
+  }
+  amax = warp_max(amax);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  // Also orders warp_amax's writes before the reads below.
+  BlockAmax b;
+  b.bad0 = __syncthreads_or(bad0);
+  b.bad1 = __syncthreads_or(bad1);
+  b.amax = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kBlockWarps; ++w) b.amax = fmaxf(b.amax, warp_amax[w]);
+  return b;
+}
+
+// One CTA per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y; lane l holds
+// columns c0 + 4l .. c0 + 4l + 3 of rows r0 + w + 8i (warp w, i < 16). `vector`: cols % 4 == 0 and w
+// 8-byte, q 4-byte aligned.
+__global__ void __launch_bounds__(kBlockWarps * 32)
+    quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols, uint8_t* __restrict__ q,
+                           float* __restrict__ scales, NonfiniteReport report, bool vector) {
+  __shared__ float warp_amax[kBlockWarps];
   const int64_t kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
   w += matrix * rows * cols;
   q += matrix * rows * cols;
   scales += matrix * blocks_of(rows) * kb;
-  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
-  const int64_t r = r0 + threadIdx.x;
-  float amax = 0.0f;
-  bool finite = true;
-  if (r < rows) {
-    for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) {
-      const float v = __bfloat162float(w[r * cols + c]);
-      finite &= isfinite(v);
-      amax = fmaxf(amax, fabsf(v));
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c = int64_t(blockIdx.x % kb) * kBlock + 4 * (threadIdx.x % 32);
+  const int warp = int(threadIdx.x) / 32;
+  float v[kRowsPerWarp][4];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t r = r0 + warp + kBlockWarps * i;
+    if (r < rows) {
+      load4(w + r * cols, c, cols, vector, v[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
     }
   }
-  amax = warp_max(amax);
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  const bool block_finite = !__syncthreads_or(!finite);  // also orders warp_amax's writes before the reads
-  if (threadIdx.x == 0 && !block_finite) report_nonfinite(report);
-  float block_amax = 0.0f;
+  const BlockAmax b = block_amax(v, [](int) { return false; }, warp_amax);
+  if (threadIdx.x == 0 && b.bad0) report_nonfinite(report);
+  const int e = b.bad0 ? 0 : scale_exponent(b.amax);
+  const float inv = pow2(-e);
 #pragma unroll
-  for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
-  const int e = block_finite ? scale_exponent(block_amax) : 0;
-  // A block that is not finite: a NaN scale, as for tiles (every later product that reads it is NaN).
-  const float scale = block_finite ? pow2(e) : __int_as_float(0x7fc00000), inv = pow2(-e);
-  if (r < rows) {
-    for (int64_t c = c0; c < c0 + kBlock && c < cols; ++c) q[r * cols + c] = to_e4m3(__bfloat162float(w[r * cols + c]) * inv);
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t r = r0 + warp + kBlockWarps * i;
+    if (r < rows) store4(q + r * cols, c, cols, vector, pack4(v[i], inv));
   }
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  // A block that is not finite: a NaN scale, as for tiles (every later product that reads it is NaN).
+  if (threadIdx.x == 0) scales[blockIdx.x] = b.bad0 ? __int_as_float(0x7fc00000) : pow2(e);
 }
 
 // The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
@@ -168,62 +247,72 @@ struct BlockSource {
 using Bf16Source = BlockSource<__nv_bfloat16>;
 using Fp8Source = BlockSource<uint8_t>;
 
-// One CTA of 128 threads per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the
-// transposed matrix of matrix blockIdx.y: thread t reads source row c0 + t along [r0, r0 + 128), one
-// after another, and writes column c0 + t of the block's rows (a row's 128 bytes by 128 threads).
+// The codes of one transposed block between its two halves, as [source row][output row] bytes, a source
+// row's 128 bytes and one word of padding: lane l's word of source row i is word 33i + l (phase 1, a
+// warp writing one source row: no bank conflicts), and lane l's byte of output row r for source row
+// l + 32j is in word 33(l + 32j) + r / 4, bank (l + j + r / 4) % 32 (phase 2: none either).
+constexpr int kTransposeStride = int(kBlock) + 4;
+
+// One CTA per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the transposed matrix of
+// matrix blockIdx.y. Phase 1: warp w reads source rows c0 + w + 8i (i < 16), lane l their values r0 + 4l
+// .. r0 + 4l + 3, contiguous in the source, and after the block's maximum writes their codes into
+// shared memory. Phase 2: warp w writes output rows r0 + w + 8i, lane l its columns c0 + l + 32j (j <
+// 4), 32 adjacent bytes a store. `vector`: rows % 4 == 0 and both sources' rows aligned to 4 values.
 template <class Source>
-__global__ void quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows,
-                                                  uint8_t* __restrict__ q, float* __restrict__ scales,
-                                                  NonfiniteReport report0, NonfiniteReport report1) {
+__global__ void __launch_bounds__(kBlockWarps * 32)
+    quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows, uint8_t* __restrict__ q,
+                                      float* __restrict__ scales, NonfiniteReport report0, NonfiniteReport report1,
+                                      bool vector) {
   constexpr bool kFp8 = std::is_same_v<Source, Fp8Source>;
-  __shared__ float warp_amax[kBlock / 32];
+  __shared__ float warp_amax[kBlockWarps];
+  __shared__ __align__(16) uint8_t codes[kBlock][kTransposeStride];
   const int64_t cols = n0 + n1, kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
-  const int64_t c = c0 + threadIdx.x;
-  // Source row c: its values (and, FP8, the scale of its block of columns [r0, r0 + 128)).
-  const void* row = nullptr;
-  float row_scale = 1.0f;
-  const auto locate = [&](const auto* m, const float* s, int64_t n, int64_t i) {
-    row = m + (matrix * n + i) * rows;
-    if constexpr (kFp8) row_scale = s[(matrix * blocks_of(n) + i / kBlock) * blocks_of(rows) + r0 / kBlock];
-  };
-  if (c < n0) {
-    locate(src.m0, src.scales0, n0, c);
-  } else if (c < cols) {
-    locate(src.m1, src.scales1, n1, c - n0);
-  }
-  const auto value = [&](int64_t r) {
-    if constexpr (kFp8) {
-      return from_e4m3(static_cast<const uint8_t*>(row)[r]) * row_scale;
-    } else {
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[r]);
-    }
-  };
-  float amax = 0.0f;
-  bool finite = true;
-  if (row != nullptr) {
-    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) {
-      const float v = value(r);
-      finite &= isfinite(v);
-      amax = fmaxf(amax, fabsf(v));
-    }
-  }
-  amax = warp_max(amax);
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  // Each source's own report (a block may straddle them); also orders warp_amax's writes before the reads.
-  const bool bad0 = __syncthreads_or(!finite && c < n0), bad1 = __syncthreads_or(!finite && c >= n0);
-  const bool block_finite = !bad0 && !bad1;
-  if (threadIdx.x == 0 && bad0) report_nonfinite(report0);
-  if (threadIdx.x == 0 && bad1) report_nonfinite(report1);
-  float block_amax = 0.0f;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int64_t r = r0 + 4 * lane;
+  // Source row c0 + warp + 8i: its values r .. r + 3 (zero past the rows or the columns).
+  float v[kRowsPerWarp][4];
 #pragma unroll
-  for (int i = 0; i < kBlock / 32; ++i) block_amax = fmaxf(block_amax, warp_amax[i]);
-  const int e = block_finite ? scale_exponent(block_amax) : 0;
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t c = c0 + warp + kBlockWarps * i;
+    const bool second = c >= n0;
+    const int64_t n = second ? n1 : n0, at = second ? c - n0 : c;
+    if (c < cols) {
+      if constexpr (kFp8) {
+        const float* s = second ? src.scales1 : src.scales0;
+        const float scale = s[(matrix * blocks_of(n) + at / kBlock) * blocks_of(rows) + r0 / kBlock];
+        load4((second ? src.m1 : src.m0) + (matrix * n + at) * rows, scale, r, rows, vector, v[i]);
+      } else {
+        load4((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector, v[i]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
+    }
+  }
+  // Each source's own report (a block may straddle them).
+  const BlockAmax b = block_amax(v, [&](int i) { return c0 + warp + kBlockWarps * i >= n0; }, warp_amax);
+  if (threadIdx.x == 0 && b.bad0) report_nonfinite(report0);
+  if (threadIdx.x == 0 && b.bad1) report_nonfinite(report1);
+  const bool block_finite = !b.bad0 && !b.bad1;
+  const int e = block_finite ? scale_exponent(b.amax) : 0;
   const float inv = pow2(-e);
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    *reinterpret_cast<uint32_t*>(&codes[warp + kBlockWarps * i][4 * lane]) = pack4(v[i], inv);
+  }
+  __syncthreads();
   uint8_t* out = q + matrix * rows * cols;
-  if (row != nullptr) {
-    for (int64_t r = r0; r < r0 + kBlock && r < rows; ++r) out[r * cols + c] = to_e4m3(value(r) * inv);
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int rr = warp + kBlockWarps * i;
+    if (r0 + rr >= rows) break;  // rows rise with i
+#pragma unroll
+    for (int j = 0; j < int(kBlock) / 32; ++j) {
+      const int cc = lane + 32 * j;
+      if (c0 + cc < cols) out[(r0 + rr) * cols + c0 + cc] = codes[cc][rr];
+    }
   }
   if (threadIdx.x == 0) {
     scales[matrix * blocks_of(rows) * kb + blockIdx.x] = block_finite ? pow2(e) : __int_as_float(0x7fc00000);
@@ -371,14 +460,17 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __
 
 int grid_of(int64_t n) { return static_cast<int>(n); }
 
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 }  // namespace
 
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, const int32_t* row_limit, uint8_t* q, float* scales,
                     NonfiniteReport report, cudaStream_t stream) {
   const int64_t tiles = rows * blocks_of(cols);
   if (tiles == 0) return;
+  const bool vector = cols % 4 == 0 && aligned(x, 8) && aligned(q, 4);
   quantize_tiles_kernel<<<grid_of((tiles + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, row_limit, q, scales, report);
+      reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, row_limit, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -392,8 +484,9 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
   const int64_t blocks = blocks_of(rows) * blocks_of(cols);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
-  quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(w), rows, cols, q, scales, report);
+  const bool vector = cols % 4 == 0 && aligned(w, 8) && aligned(q, 4);
+  quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockWarps * 32, 0, stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(w), rows, cols, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -412,8 +505,11 @@ void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && src.m1 == nullptr) throw Error("src1", "is null with n1 > 0");
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlock, 0, stream>>>(
-      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report);
+  // Rows of 4-value multiples start aligned to 4 values where both sources do.
+  constexpr uintptr_t kVector = 4 * sizeof(*src.m0);
+  const bool vector = rows % 4 == 0 && aligned(src.m0, kVector) && aligned(src.m1, kVector);
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockWarps * 32, 0, stream>>>(
+      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector);
   LYNX_CHECK_LAUNCH();
 }
 
