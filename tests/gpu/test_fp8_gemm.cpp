@@ -305,6 +305,8 @@ TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
 
 TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 120); }
 TEST_F(Fp8Gemm, GroupedWeightGradOneOutput) { expect_weight_grad_matches_reference({1, 257}, 256, 200, 256); }
+// Operand widths not a multiple of 4: transpose_tiles reads them one value at a time.
+TEST_F(Fp8Gemm, GroupedWeightGradOddWidths) { expect_weight_grad_matches_reference({130, 70}, 202, 130, 202); }
 // An expert starting at K block 2 with 9 blocks: the ring of stages wraps (parities past kStages).
 TEST_F(Fp8Gemm, GroupedWeightGradLongExperts) {
   expect_weight_grad_matches_reference({130, 1100, 0, 640}, 128, 256, 128);

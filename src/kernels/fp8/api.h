@@ -74,7 +74,7 @@ void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, i
 // *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128
 // tiles along the rows: q [cols, capacity] with q[c, r] = E4M3(x[r, c] / scale of (c, r / 128)), scales
 // [cols, capacity / 128]. Columns r from *total_rows on are not written; nothing when *total_rows >
-// capacity (a schedule over capacity). q 16-byte aligned. Equals quantize_tiles of the transposed
+// capacity (a schedule over capacity). q 16-byte aligned (Error otherwise). Equals quantize_tiles of the transposed
 // matrix bit for bit.
 void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
                      float* scales, NonfiniteReport report, cudaStream_t stream);

@@ -319,47 +319,82 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   }
 }
 
-// One CTA of 128 threads per 128 rows × 128 columns of x: the block staged in shared memory (row by row,
-// coalesced; each thread then reads back its own column, so it holds no 128 values in registers), then
-// thread t quantises column c0 + t's 128 rows as one tile and writes them as a run of 128 bytes of q's
-// row c0 + t.
-__global__ void transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
-                                       const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
-                                       float* __restrict__ scales, NonfiniteReport report) {
-  __shared__ __nv_bfloat16 block[kBlock][kBlock];
+// transpose_tiles' codes in shared memory, q's rows [c0, c0 + 128) of the block: rows 16-byte aligned,
+// and padded so that 8 lanes storing 16 bytes each into rows t .. t + 7 hit 8 different bank quads.
+constexpr int kCodesStride = int(kBlock) + 16;
+static_assert(kBlock * kCodesStride <= kBlock * kBlock * 2, "the codes fit in the staged block's memory");
+
+// One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (warp w
+// loads rows w, w + 4, ..., a lane 4 adjacent values: one 8-byte load where `vector`); thread t reads
+// back column c0 + t, quantises its 128 rows as one tile and puts the codes (q's row c0 + t, columns
+// r0 .. r0 + 127) in shared memory over the block; the CTA then writes those rows 8 lanes a row, 16
+// bytes each, so that a warp's store covers four whole 128-byte rows.
+__global__ void __launch_bounds__(kBlock)
+    transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
+                           const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
+                           float* __restrict__ scales, NonfiniteReport report, bool vector) {
+  __shared__ __align__(16) uint8_t staged[kBlock * kBlock * 2];
+  auto block = reinterpret_cast<__nv_bfloat16(*)[kBlock]>(staged);  // [128 rows, 128 columns] of x
+  auto codes = reinterpret_cast<uint8_t(*)[kCodesStride]>(staged);  // [128 columns, 128 rows] of codes
   const int64_t kb = blocks_of(cols), row_blocks = capacity / kBlock;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int32_t total = *total_rows;
   if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
-  const int t = threadIdx.x;
-  const int64_t c = c0 + t;
-  for (int r = 0; r < kBlock; ++r) {
-    block[r][t] = c < cols ? x[(r0 + r) * cols + c] : __float2bfloat16(0.0f);
+  const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
+#pragma unroll 8
+  for (int r = warp; r < int(kBlock); r += int(kBlock) / 32) {
+    const __nv_bfloat16* row = x + (r0 + r) * cols;
+    const int64_t c = c0 + 4 * lane;
+    uint2 raw = make_uint2(0, 0);
+    if (vector && c < cols) {
+      raw = *reinterpret_cast<const uint2*>(row + c);
+    } else {
+      uint16_t part[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
+      raw = make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
+    }
+    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = raw;
   }
   __syncthreads();
-  if (c >= cols) return;
+  const int64_t c = c0 + t;
   float amax = 0.0f;
   bool finite = true;
-  for (int r = 0; r < kBlock; ++r) {
+  for (int r = 0; r < int(kBlock); ++r) {
     const float v = __bfloat162float(block[r][t]);
     finite &= isfinite(v);
     amax = fmaxf(amax, fabsf(v));
   }
-  if (!finite) report_nonfinite(report);
+  if (!finite) report_nonfinite(report);  // the columns past cols hold zeros
   const int e = finite ? scale_exponent(amax) : 0;
   const float inv = pow2(-e);
-  uint8_t* out = q + c * capacity + r0;
-  for (int r = 0; r < kBlock; r += 16) {
+  uint4 mine[int(kBlock) / 16];
+#pragma unroll
+  for (int j = 0; j < int(kBlock) / 16; ++j) {
     uint32_t word[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      word[w] = 0;
+      float v[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) word[w] |= uint32_t(to_e4m3(__bfloat162float(block[r + 4 * w + i][t]) * inv)) << (8 * i);
+      for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(block[16 * j + 4 * w + i][t]);
+      word[w] = pack4(v, inv);
     }
-    *reinterpret_cast<uint4*>(out + r) = make_uint4(word[0], word[1], word[2], word[3]);
+    mine[j] = make_uint4(word[0], word[1], word[2], word[3]);
   }
-  scales[c * row_blocks + r0 / kBlock] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+  __syncthreads();  // every column read: the block's memory takes the codes
+#pragma unroll
+  for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
+  if (c < cols) scales[c * row_blocks + r0 / kBlock] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+  __syncthreads();
+  constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = t / 8 + kRowsAtOnce * i;
+    if (c0 + row < cols) {
+      *reinterpret_cast<uint4*>(q + (c0 + row) * capacity + r0 + 16 * (t % 8)) =
+          *reinterpret_cast<const uint4*>(&codes[row][16 * (t % 8)]);
+    }
+  }
 }
 
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
@@ -537,8 +572,10 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
   if (capacity % kBlock != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
   const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
   if (blocks == 0) return;
+  if (!aligned(q, 16)) throw Error("q", "must be 16-byte aligned");
+  const bool vector = cols % 4 == 0 && aligned(x, 8);
   transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
-                                                                 cols, total_rows, q, scales, report);
+                                                                 cols, total_rows, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
 
