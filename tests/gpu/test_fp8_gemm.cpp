@@ -231,11 +231,11 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
       for (int64_t i = 0; i < cap; ++i) {
         ASSERT_EQ(g[size_t(c * cap + i)], i < total ? q.q[size_t(c * total + i)] : 0xFF) << what << " " << c << ", " << i;
       }
-      for (int64_t j = 0; j < kbt; ++j) {
+      for (int64_t j = 0; j < kbt; ++j) {  // scales [row blocks, width]
         if (j < kb) {
-          ASSERT_EQ(gs[size_t(c * kbt + j)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
+          ASSERT_EQ(gs[size_t(j * width + c)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
         } else {
-          ASSERT_TRUE(std::isnan(gs[size_t(c * kbt + j)])) << what << " scale past the rows " << c << ", " << j;
+          ASSERT_TRUE(std::isnan(gs[size_t(j * width + c)])) << what << " scale past the rows " << c << ", " << j;
         }
       }
     }

@@ -235,9 +235,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_commit();
     };
-    // The two rows' A scales of K block i.
+    // A row's scale of K block i: [M, K blocks] (1×128 tiles along K), or the weight gradient's [K blocks, M]
+    // (transpose_tiles: a row block's scales contiguous).
     const auto a_scale = [&](int32_t row, int32_t i) {
-      return row < M ? a_scales[int64_t(row) * k_blocks + tile.kb_begin + i] : 0.0f;
+      const int32_t kb = tile.kb_begin + i;
+      if (row >= M) return 0.0f;
+      return kWeightGrad ? a_scales[int64_t(kb) * M + row] : a_scales[int64_t(row) * k_blocks + kb];
     };
     if constexpr (!kWeightGrad) {
       // Block i's products d, its group completed: the stage goes back to the producer, and the sums,
@@ -293,16 +296,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       // tools/sass-check would say SERIAL).
     } else {
       // The weight gradient: B's scale per column (32 a thread), one K block at a time.
+      // NOTES: B's scales are [K blocks, N], so a K block's 32 scales of the thread lie at fixed offsets
+      // from one address (its columns n0 + 2(l%4) + 8(j/2) + j%2): 32 loads with immediate offsets,
+      // where [N, K blocks] cost each load a 64-bit address of its own (~740 instructions a K block).
+      const int32_t first_col = n0 + 2 * (lane % 4), cols_left = N - first_col;
       float part[64];
       for (int32_t i = 0; i < n; ++i) {
         const int32_t kb = tile.kb_begin + i;
         const float a0 = a_scale(row0, i), a1 = a_scale(row1, i);
+        const float* sb = b_scales + int64_t(kb) * N + first_col;
         // The thread's columns 8j + 2(l%4) + r%2 at 2j + r%2.
         float sbc[32];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const int32_t col = n0 + 8 * (j / 2) + 2 * (lane % 4) + j % 2;
-          sbc[j] = col < N ? b_scales[int64_t(col) * k_blocks + kb] : 0.0f;
+          const int32_t offset = 8 * (j / 2) + j % 2;
+          sbc[j] = offset < cols_left ? sb[offset] : 0.0f;
         }
         issue(part, i);
         sm90::wgmma_wait<0>();
@@ -317,37 +325,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
     // acc[4(j + 8) + r]; each thread's two adjacent columns (r % 2) stored together.
     constexpr int kGroups = kSwiGLU ? 8 : 16;
-    // The rows g and u go to (kept.gate set): the thread's two rows' slots, -1 for none.
-    int32_t kept_row[2] = {-1, -1};
-    if (kSwiGLU && kept.gate != nullptr) {
-      if (row0 < M) kept_row[0] = kept.slot[row0];
-      if (row1 < M) kept_row[1] = kept.slot[row1];
+    // The thread's two output rows (null past M), and the rows g and u go to (kept.gate set: the rows'
+    // slots; null for none), each located once a tile.
+    Out* dst[2] = {nullptr, nullptr};
+    bf16_t* kept_gate[2] = {nullptr, nullptr};
+    bf16_t* kept_up[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int32_t row = h == 0 ? row0 : row1;
+      if (row >= M) continue;
+      if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
+        dst[h] = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
+                                  : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
+      } else {
+        dst[h] = out + int64_t(row) * N;
+      }
+      if (kSwiGLU && kept.gate != nullptr) {
+        const int32_t slot = kept.slot[row];
+        if (slot >= 0) {
+          kept_gate[h] = kept.gate + int64_t(slot) * N;
+          kept_up[h] = kept.up + int64_t(slot) * N;
+        }
+      }
     }
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       const int32_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
-        const int32_t row = h == 0 ? row0 : row1;
         float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
         if constexpr (kSwiGLU) {
           const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
-          const int32_t kr = kept_row[h];
-          if (kr >= 0) {
-            store_pair(kept.gate + int64_t(kr) * N, col, N, v0, v1);
-            store_pair(kept.up + int64_t(kr) * N, col, N, u0, u1);
+          if (kept_gate[h] != nullptr) {
+            store_pair(kept_gate[h], col, N, v0, v1);
+            store_pair(kept_up[h], col, N, u0, u1);
           }
           v0 = silu(v0) * u0;
           v1 = silu(v1) * u1;
         }
-        if (row >= M) continue;
-        if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
-          Out* dst = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
-                                      : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
-          store_pair(dst, col, N, v0, v1);
-        } else {
-          store_pair(out + int64_t(row) * N, col, N, v0, v1);
-        }
+        if (dst[h] != nullptr) store_pair(dst[h], col, N, v0, v1);
       }
     }
   }

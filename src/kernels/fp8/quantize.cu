@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kBlock)
   __shared__ __align__(16) uint8_t staged[kBlock * kBlock * 2];
   auto block = reinterpret_cast<__nv_bfloat16(*)[kBlock]>(staged);  // [128 rows, 128 columns] of x
   auto codes = reinterpret_cast<uint8_t(*)[kCodesStride]>(staged);  // [128 columns, 128 rows] of codes
-  const int64_t kb = blocks_of(cols), row_blocks = capacity / kBlock;
+  const int64_t kb = blocks_of(cols);
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int32_t total = *total_rows;
   if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();  // every column read: the block's memory takes the codes
 #pragma unroll
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
-  if (c < cols) scales[c * row_blocks + r0 / kBlock] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+  if (c < cols) scales[(r0 / kBlock) * cols + c] = finite ? pow2(e) : __int_as_float(0x7fc00000);
   __syncthreads();
   constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
 #pragma unroll
