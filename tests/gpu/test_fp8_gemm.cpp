@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "gpu/gpu_test.h"
 #include "gpu/layer_check.h"
 #include "kernels/fp8/api.h"
+#include "lynx/error.h"
 #include "reference/fp8.h"
 
 namespace lynx::test {
@@ -303,10 +305,40 @@ TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns
 }
 
-TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 120); }
+TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 64); }
 TEST_F(Fp8Gemm, GroupedWeightGradOneOutput) { expect_weight_grad_matches_reference({1, 257}, 256, 200, 256); }
-// Operand widths not a multiple of 4: transpose_tiles reads them one value at a time.
-TEST_F(Fp8Gemm, GroupedWeightGradOddWidths) { expect_weight_grad_matches_reference({130, 70}, 202, 130, 202); }
+// An operand width not a multiple of 4 (M): transpose_tiles reads it one value at a time.
+TEST_F(Fp8Gemm, GroupedWeightGradOddWidths) { expect_weight_grad_matches_reference({130, 70}, 202, 136, 202); }
+
+// The bf16 outputs go out by TMA in 16-byte pieces: N a multiple of 8 and the outputs 128-byte aligned, and a
+// weight gradient's split a multiple of 64 (an epilogue piece's rows) below M; each refused by name
+// before anything runs.
+TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
+  DeviceBuffer d(size_t(1) << 20);
+  const auto* q = d.as<uint8_t>();
+  const auto* s = d.as<float>();
+  const auto* offset = d.as<int32_t>();
+  bf16_t* out = d.as<bf16_t>();
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 130, offset, out, nullptr, nullptr); })
+                .find("multiple of 8"),
+            std::string::npos);
+  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 136, offset, out + 1, nullptr, nullptr); })
+                .find("128-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              fp8::grouped_weight_grad_block_scaled(q, s, 200, q, s, 136, 128, 1, offset, out, out + 4096, 120, nullptr,
+                                                    nullptr);
+            }).find("multiple of 64"),
+            std::string::npos);
+}
 // An expert starting at K block 2 with 9 blocks: the ring of stages wraps (parities past kStages).
 TEST_F(Fp8Gemm, GroupedWeightGradLongExperts) {
   expect_weight_grad_matches_reference({130, 1100, 0, 640}, 128, 256, 128);

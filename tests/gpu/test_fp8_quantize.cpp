@@ -412,5 +412,71 @@ TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
   }
 }
 
+// A NaN or an infinity in a transposed copy's source is reported through that source's report, and its
+// transposed block gets a NaN scale (from bf16 values, and from an E4M3 block whose scale is NaN); one in
+// transpose_tiles' rows through its report.
+TEST_F(Fp8Quantize, TransposedFormsReportNonFiniteBySource) {
+  const int64_t n = 200, rows = 130, cols = 2 * n;  // sources [1, n, rows]; transposed [rows, 2n]
+  const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  const auto run = [&](const std::vector<HostBf16>& a, const std::vector<HostBf16>& b) {
+    DeviceBuffer d_a = to_device(a), d_b = to_device(b), d_q(size_t(rows * cols)), d_s(size_t(n_scales) * 4);
+    DeviceBuffer d_flags = to_device(std::vector<int32_t>{0, 0});
+    fp8::NonfiniteReport r0{d_flags.as<int32_t>()}, r1{d_flags.as<int32_t>() + 1};
+    fp8::quantize_blocks_transposed(d_a.as<bf16_t>(), n, d_b.as<bf16_t>(), n, 1, rows, d_q.as<uint8_t>(),
+                                    d_s.as<float>(), r0, nullptr, &r1);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return std::make_pair(to_host<int32_t>(d_flags, 2), to_host<float>(d_s, size_t(n_scales)));
+  };
+  const std::vector<HostBf16> a = spread_values(n, rows, 4, 3), b = spread_values(n, rows, 4, 4);
+  const auto [clean_flags, clean_scales] = run(a, b);
+  EXPECT_EQ(clean_flags, (std::vector<int32_t>{0, 0}));
+  for (const float s : clean_scales) EXPECT_TRUE(std::isfinite(s));
+  // b's row 150, value 7: transposed row 7, column n + 150 = 350, block (0, 2).
+  std::vector<HostBf16> bad_b = b;
+  bad_b[size_t(150 * rows + 7)] = float_to_bf16(std::numeric_limits<float>::infinity());
+  const auto [flags1, scales1] = run(a, bad_b);
+  EXPECT_EQ(flags1, (std::vector<int32_t>{0, 1})) << "a value of the second source reported as the first's";
+  for (int64_t i = 0; i < n_scales; ++i) EXPECT_EQ(std::isnan(scales1[size_t(i)]), i == 2) << "scale " << i;
+  // a's row 3, value 129: transposed row 129, column 3, block (1, 0).
+  std::vector<HostBf16> bad_a = a;
+  bad_a[size_t(3 * rows + 129)] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  const auto [flags0, scales0] = run(bad_a, b);
+  EXPECT_EQ(flags0, (std::vector<int32_t>{1, 0})) << "a value of the first source reported as the second's";
+  for (int64_t i = 0; i < n_scales; ++i) {
+    EXPECT_EQ(std::isnan(scales0[size_t(i)]), i == fp8::blocks_of(cols)) << "scale " << i;
+  }
+
+  // From E4M3 sources: a's block (1, 0) (its rows 128-199, values 0-127) with a NaN scale.
+  const int64_t source_scales = fp8::blocks_of(n) * fp8::blocks_of(rows);
+  const ref::fp8::Quantized qa = ref::fp8::quantize_blocks(to_floats(a).data(), n, rows);
+  const ref::fp8::Quantized qb = ref::fp8::quantize_blocks(to_floats(b).data(), n, rows);
+  std::vector<float> a_scales = qa.scales;
+  a_scales[size_t(1 * fp8::blocks_of(rows) + 0)] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_EQ(a_scales.size(), size_t(source_scales));
+  DeviceBuffer d_aq = to_device(qa.q), d_bq = to_device(qb.q), d_as = to_device(a_scales), d_bs = to_device(qb.scales);
+  DeviceBuffer d_q(size_t(rows * cols)), d_s(size_t(n_scales) * 4), d_flags = to_device(std::vector<int32_t>{0, 0});
+  fp8::NonfiniteReport r0{d_flags.as<int32_t>()}, r1{d_flags.as<int32_t>() + 1};
+  fp8::quantize_blocks_transposed_fp8(d_aq.as<uint8_t>(), d_as.as<float>(), n, d_bq.as<uint8_t>(), d_bs.as<float>(), n,
+                                      1, rows, d_q.as<uint8_t>(), d_s.as<float>(), r0, nullptr, &r1);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(to_host<int32_t>(d_flags, 2), (std::vector<int32_t>{1, 0}));
+  // Transposed rows 0-127 of columns 128-199 hold it: block (0, 1).
+  const std::vector<float> fp8_scales = to_host<float>(d_s, size_t(n_scales));
+  for (int64_t i = 0; i < n_scales; ++i) EXPECT_EQ(std::isnan(fp8_scales[size_t(i)]), i == 1) << "E4M3 scale " << i;
+
+  // transpose_tiles: an infinity in row 5 of 256 (every row placed), column 7.
+  const int64_t cap = 256, width = 136;
+  std::vector<HostBf16> x = spread_values(cap, width, 4, 5);
+  x[size_t(5 * width + 7)] = float_to_bf16(-std::numeric_limits<float>::infinity());
+  DeviceBuffer d_x = to_device(x), d_total = to_device(std::vector<int32_t>{int32_t(cap)});
+  DeviceBuffer d_tq(size_t(width * cap)), d_ts(size_t(width * cap / 128) * 4), d_flag = to_device(std::vector<int32_t>{0});
+  fp8::transpose_tiles(d_x.as<bf16_t>(), cap, width, d_total.as<int32_t>(), d_tq.as<uint8_t>(), d_ts.as<float>(),
+                       fp8::NonfiniteReport{d_flag.as<int32_t>()}, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(to_host<int32_t>(d_flag, 1)[0], 1);
+  const std::vector<float> ts = to_host<float>(d_ts, size_t(width * cap / 128));  // [row blocks, width]
+  for (int64_t i = 0; i < width * cap / 128; ++i) EXPECT_EQ(std::isnan(ts[size_t(i)]), i == 7) << "tile scale " << i;
+}
+
 }  // namespace
 }  // namespace lynx::test

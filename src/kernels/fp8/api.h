@@ -115,8 +115,10 @@ void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, i
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
                 cudaStream_t stream);
 
-// The GEMMs below store two adjacent output columns at once where N is even: their outputs (out, h, out2,
-// KeptGateUp's rows) must then be aligned to two elements (Error otherwise).
+// The dense GEMM below stores two adjacent fp32 output columns at once where N is even: its output must
+// then be aligned to two elements. The grouped forms store their bf16 outputs by TMA (out, h, out2:
+// 128-byte aligned) and KeptGateUp's rows in 16-byte chunks (gate, up and slot 16-byte aligned), so
+// their N must be a multiple of 8 (Error otherwise).
 
 // out[m, n] = Σ_kb (Σ_{k in block kb} a[m, k] · b[n, k]) · a_scales[m, kb] · b_scales[n / 128, kb], fp32
 // [M, N]: a [M, K] E4M3 in 1×128 tiles (quantize_tiles), b [N, K] E4M3 in 128×128 blocks
@@ -159,7 +161,7 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
 // row buffers transposed (transpose_tiles), in 1×128 tiles along the rows (scales [capacity / 128, M or
 // N]), each expert's rows [expert_offset[e], expert_offset[e + 1]) whole 128-row blocks; rounded to
 // bf16, rows [0, split) of each expert's output into out [experts, split, N], the others into out2
-// [experts, M − split, N] (split = M: out only). An expert without rows, or every expert after a
+// [experts, M − split, N] (split = M: out only; else a multiple of 64). An expert without rows, or every expert after a
 // schedule over capacity (expert_offset[experts] > capacity), gets zeros.
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
                                       const float* b_scales, int64_t N, int64_t capacity, int64_t experts,

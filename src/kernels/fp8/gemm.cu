@@ -8,13 +8,17 @@
 // m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
 // one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). Two temporaries
 // alternate, so that the next K block's products run on the tensor cores while one block's are
-// promoted (the weight-gradient form, whose B scales are per column, one block at a time).
+// promoted (the weight-gradient form, whose B scales are per column, one block at a time). The bf16
+// outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
+// into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
+// tile (kept g and u row by row, by slot).
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -22,6 +26,7 @@
 #include "common/status.h"
 #include "device/activation.cuh"
 #include "device/sm90.cuh"
+#include "kernels/expert_gemm/epilogue.cuh"
 #include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/expert_gemm/tma.h"
 #include "kernels/fp8/api.h"
@@ -32,9 +37,9 @@ namespace {
 
 constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
 constexpr int kTileN = 128;  // output columns per CTA: one B scale block
-// NOTES: as many 32 KB stages as fit (6 of 227 KB): each consumer warpgroup holds one or two stages
-// while it promotes, which with 4 stages left 64-96 KB of loads in flight for the SM (a reading of the
-// code, not a measurement; 6 against 4 is yet to be timed).
+// NOTES: as many 32 KB stages as fit beside the epilogue pieces (6; 226 of 227 KB): each consumer
+// warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
+// flight for the SM (a reading of the code, not a measurement; 6 against 4 is yet to be timed).
 constexpr int kStages = 6;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
@@ -50,6 +55,9 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / 
 struct SharedStorage {
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
   alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
+  // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
+  // swizzle (a SwiGLU tile's h, g and u pieces use the first, one after another).
+  alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
   uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
 };
@@ -58,35 +66,58 @@ static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
 // Where kWeightGrad writes an expert's output rows: [0, rows) to `out` ([experts, rows, N]), the others
-// to `second` ([experts, M − rows, N]); rows = M: all to `out`.
+// to `second` ([experts, M − rows, N]); rows = M: all to `out`. rows % 64 == 0 unless rows = M, so that
+// no 64-row epilogue piece straddles the two.
 struct SplitOut {
   bf16_t* second = nullptr;
   int32_t rows = 0;
 };
 
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(bf16_t* p, float v) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(v);
-  *reinterpret_cast<__nv_bfloat16*>(p) = b;
+// The kept g or u rows of a SwiGLU tile (KeptGateUp): piece row r to row slot[row + r] of dst (pitch N;
+// nowhere for -1), 16-byte chunks below N only. Stored by store_piece as the bf16 kernel's SlotRows are,
+// through the overloads below (found by argument-dependent lookup).
+struct KeptRows {
+  bf16_t* dst;
+  const int32_t* slot;
+  int32_t pitch;
+};
+
+// The slots of the four piece rows 4·(thread / 8) .. + 3 this thread stores (one 16-byte load, in flight
+// while the piece is staged).
+__device__ __forceinline__ int4 piece_slots(const KeptRows& to, int32_t row) {
+  return __ldg(reinterpret_cast<const int4*>(to.slot + row) + (threadIdx.x % 128) / 8);
 }
 
-// Columns col (even) and col + 1 of a row of N: one store of both where N is even (the pair is then
-// aligned), else each below N on its own.
+// Each thread copies 16-byte chunk thread % 8 of four piece rows out of the swizzled piece (chunk c of
+// piece row r sits at chunk c ^ (r % 8)), chunks at or past n left out.
+template <bool k3d, int kPieceBoxes>
+__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const KeptRows& to,
+                                                  int wg, int32_t col, int32_t row, int32_t, int32_t n, int4 slots) {
+  sm90::named_barrier_sync(1 + wg, 128);
+  const int thread = threadIdx.x % 128, c = thread % 8, first = 4 * (thread / 8);
+#pragma unroll 1
+  for (int q = 0; q < 4; ++q) {
+    const int32_t slot = q == 0 ? slots.x : q == 1 ? slots.y : q == 2 ? slots.z : slots.w;
+    if (slot < 0) continue;
+    const int r = first + q;
+    uint4* out = reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + col + 8 * c);
+#pragma unroll
+    for (int b = 0; b < kPieceBoxes; ++b) {
+      if (col + 64 * b + 8 * c >= n) break;
+      out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
+    }
+  }
+}
+
+// Columns col (even) and col + 1 of an fp32 row of N (the dense form): one store of both where N is even
+// (the pair is then aligned), else each below N on its own.
 __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, float v0, float v1) {
   if (col + 1 < N && N % 2 == 0) {
     *reinterpret_cast<float2*>(row + col) = make_float2(v0, v1);
     return;
   }
-  if (col < N) store(row + col, v0);
-  if (col + 1 < N) store(row + col + 1, v1);
-}
-__device__ __forceinline__ void store_pair(bf16_t* row, int32_t col, int32_t N, float v0, float v1) {
-  if (col + 1 < N && N % 2 == 0) {
-    *reinterpret_cast<__nv_bfloat162*>(row + col) = __floats2bfloat162_rn(v0, v1);
-    return;
-  }
-  if (col < N) store(row + col, v0);
-  if (col + 1 < N) store(row + col + 1, v1);
+  if (col < N) row[col] = v0;
+  if (col + 1 < N) row[col + 1] = v1;
 }
 
 // What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
@@ -96,7 +127,7 @@ __device__ __forceinline__ void store_pair(bf16_t* row, int32_t col, int32_t N, 
 // with its own block scale. A grouped row block past the schedule's rows has nothing to do.
 // kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
 // schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
-// along the rows (scales [M or N, capacity / 128]: B's scale is per column), the K loop runs over the
+// along the rows (scales [capacity / 128, M or N]: B's scale is per column), the K loop runs over the
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
@@ -155,7 +186,9 @@ template <Form kForm, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
-                const float* __restrict__ b_scales, const float* __restrict__ b2_scales, Out* __restrict__ out,
+                const float* __restrict__ b_scales, const float* __restrict__ b2_scales,
+                const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
+                Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, SplitOut split) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
@@ -325,53 +358,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     it += n;
 
-    // The tile's column groups: 16, or SwiGLU's 8 of h from the gate's acc[4j + r] and the up's
-    // acc[4(j + 8) + r]; each thread's two adjacent columns (r % 2) stored together.
-    constexpr int kGroups = kSwiGLU ? 8 : 16;
-    // The thread's two output rows (null past M), and the rows g and u go to (kept.gate set: the rows'
-    // slots; null for none), each located once a tile.
-    Out* dst[2] = {nullptr, nullptr};
-    bf16_t* kept_gate[2] = {nullptr, nullptr};
-    bf16_t* kept_up[2] = {nullptr, nullptr};
+    if constexpr (kForm == Form::kDense) {  // fp32 out: each thread's two rows, two adjacent columns at a time
+      float* dst[2] = {row0 < M ? out + int64_t(row0) * N : nullptr, row1 < M ? out + int64_t(row1) * N : nullptr};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int32_t row = h == 0 ? row0 : row1;
-      if (row >= M) continue;
-      if constexpr (kWeightGrad) {  // expert's rows [0, split) to out, the others to split.second
-        dst[h] = row < split.rows ? out + (int64_t(expert) * split.rows + row) * N
-                                  : split.second + (int64_t(expert) * (M - split.rows) + row - split.rows) * N;
+      for (int j = 0; j < 16; ++j) {
+        const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
+          if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+    } else {
+      // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns n0 + 8j ..) in
+      // row half r at acc[4j + 2r], acc[4j + 2r + 1]. The TMA stores leave out rows and columns past
+      // their tensor.
+      const int32_t row = m0 + 64 * c;
+      const auto pair = [&](int i) { return make_float2(acc[i], acc[i + 1]); };
+      if constexpr (kSwiGLU) {  // 64 columns: the gate's groups in acc[0 .. 31], the up's in acc[32 .. 63]
+        auto& piece = reinterpret_cast<__nv_bfloat16(&)[1][64 * 64]>(smem.piece[c][0]);
+        gemm::impl::store_piece<false>(piece, &tma_out, c, n0, row, 0, N, [&](int j, int r) {
+          const int i = 4 * j + 2 * r;
+          return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
+        });
+        if (kept.gate != nullptr) {
+          gemm::impl::store_piece<false>(piece, KeptRows{kept.gate, kept.slot, N}, c, n0, row, 0, N,
+                                         [&](int j, int r) { return pair(4 * j + 2 * r); });
+          gemm::impl::store_piece<false>(piece, KeptRows{kept.up, kept.slot, N}, c, n0, row, 0, N,
+                                         [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
+        }
+      } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
+        if (row < M) {
+          const bool second = row >= split.rows;
+          gemm::impl::store_piece<true>(smem.piece[c], second ? &tma_out2 : &tma_out, c, n0,
+                                        second ? row - split.rows : row, expert, N,
+                                        [&](int j, int r) { return pair(4 * j + 2 * r); });
+        }
       } else {
-        dst[h] = out + int64_t(row) * N;
-      }
-      if (kSwiGLU && kept.gate != nullptr) {
-        const int32_t slot = kept.slot[row];
-        if (slot >= 0) {
-          kept_gate[h] = kept.gate + int64_t(slot) * N;
-          kept_up[h] = kept.up + int64_t(slot) * N;
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      const int32_t col = n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
-        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-        if constexpr (kSwiGLU) {
-          const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
-          if (kept_gate[h] != nullptr) {
-            store_pair(kept_gate[h], col, N, v0, v1);
-            store_pair(kept_up[h], col, N, u0, u1);
-          }
-          v0 = silu(v0) * u0;
-          v1 = silu(v1) * u1;
-        }
-        if (dst[h] != nullptr) store_pair(dst[h], col, N, v0, v1);
+        gemm::impl::store_piece<false>(smem.piece[c], &tma_out, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
       }
     }
   }
+  // The stores must finish before the CTA's shared memory goes away.
+  if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }
-
 
 void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M <= 0 || N <= 0 || K <= 0) throw Error("fp8 gemm", "M, N and K must be positive");
@@ -383,20 +413,16 @@ constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
 
 template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
-            const float* b_scales, const float* b2_scales, Out* out, int64_t M, int64_t N, int64_t K,
-            const int32_t* expert_offset, int64_t experts, DeviceStatus* status, cudaStream_t stream,
-            KeptGateUp kept = {}, SplitOut split = {}) {
-  // With N even the kernel stores two adjacent columns at once (store_pair): every output is then
-  // aligned to two elements, as the library's buffers are.
-  const auto check_pairs = [&](const void* p, size_t element, const char* what) {
-    if (p != nullptr && N % 2 == 0 && reinterpret_cast<uintptr_t>(p) % (2 * element) != 0) {
-      throw Error(what, "must be aligned to two elements (N is even: the columns are stored in pairs)");
+            const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
+            Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
+            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, SplitOut split = {}) {
+  // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
+  // aligned to two elements.
+  if constexpr (kForm == Form::kDense) {
+    if (N % 2 == 0 && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) != 0) {
+      throw Error("out", "must be aligned to two elements (N is even: the columns are stored in pairs)");
     }
-  };
-  check_pairs(out, sizeof(Out), "out");
-  check_pairs(kept.gate, sizeof(bf16_t), "kept.gate");
-  check_pairs(kept.up, sizeof(bf16_t), "kept.up");
-  check_pairs(split.second, sizeof(bf16_t), "out2");
+  }
   // The attribute and the SM count are per device: looked up once on each.
   static detail::PerDeviceCache configured, sm_count;
   detail::per_device(configured, [](int) {
@@ -414,10 +440,29 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
   const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
-  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, out,
-                                                               int32_t(M), int32_t(N), int32_t(K), expert_offset,
-                                                               int32_t(experts), status, kept, split);
+  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales,
+                                                               tma_out, tma_out2, out, int32_t(M), int32_t(N),
+                                                               int32_t(K), expert_offset, int32_t(experts), status,
+                                                               kept, split);
   LYNX_CUDA(cudaGetLastError());
+}
+
+// The bf16 outputs go out by TMA stores with the 128-byte swizzle (rows of N in 16-byte pieces, the
+// tensor 128-byte aligned, as validate.cpp's NOTES say) and, kept g and u, in 16-byte chunks by slot.
+struct Bf16Output {
+  const void* p;
+  const char* what;
+  uintptr_t alignment;
+};
+void check_bf16_outputs(int64_t N, std::initializer_list<Bf16Output> outputs) {
+  if (N % 8 != 0) {
+    throw Error("N", "must be a multiple of 8 (bf16 output rows are stored in 16-byte pieces), got " + std::to_string(N));
+  }
+  for (const Bf16Output& o : outputs) {
+    if (o.p != nullptr && reinterpret_cast<uintptr_t>(o.p) % o.alignment != 0) {
+      throw Error(o.what, "must be " + std::to_string(o.alignment) + "-byte aligned");
+    }
+  }
 }
 
 void check_grouped(int64_t capacity, int64_t experts, const int32_t* expert_offset) {
@@ -432,8 +477,8 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
   check_sizes(M, N, K);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
-  launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr, out, M,
-                       N, K, nullptr, 0, status, stream);
+  launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+                       CUtensorMap{}, CUtensorMap{}, out, M, N, K, nullptr, 0, status, stream);
 }
 
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
@@ -441,9 +486,11 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
+  check_bf16_outputs(N, {{out, "out", 128}});
   const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
+  const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
   launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
-                         out, capacity, N, K, expert_offset, experts, status, stream);
+                         tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
@@ -455,10 +502,13 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
     throw Error("kept", "gate, up and slot are given together or not at all");
   }
+  check_bf16_outputs(
+      N, {{h, "h", 128}, {kept.gate, "kept.gate", 16}, {kept.up, "kept.up", 16}, {kept.slot, "kept.slot", 16}});
+  const CUtensorMap tma_h = gemm::make_tma_2d(h, capacity, N, 64, 64);
   launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
                         gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
-                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales, h,
-                        capacity, N, K, expert_offset, experts, status, stream, kept);
+                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales,
+                        tma_h, tma_h, h, capacity, N, K, expert_offset, experts, status, stream, kept);
 }
 
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
@@ -467,12 +517,16 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
                                       DeviceStatus* status, cudaStream_t stream) {
   check_sizes(M, N, capacity);
   check_grouped(capacity, experts, expert_offset);
-  if (split <= 0 || split > M || (split < M && out2 == nullptr)) {
-    throw Error("split", "must be in (0, M], with out2 given when below M");
+  if (split <= 0 || split > M || (split < M && (out2 == nullptr || split % 64 != 0))) {
+    throw Error("split", "must be M, or a multiple of 64 below M with out2 given, got " + std::to_string(split));
   }
-  launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), gemm::make_tma_2d_bytes(b, N, capacity, kTileN),
-                            gemm::make_tma_2d_bytes(b, N, capacity, kTileN), a_scales, b_scales, nullptr, out, M, N,
-                            capacity, expert_offset, experts, status, stream, {}, SplitOut{out2, int32_t(split)});
+  check_bf16_outputs(N, {{out, "out", 128}, {out2, "out2", 128}});
+  const CUtensorMap tma_out = gemm::make_tma_3d(out, experts, split, N, 64, 64);
+  const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
+  const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
+  launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+                            tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
+                            SplitOut{out2, int32_t(split)});
 }
 
 }  // namespace lynx::fp8

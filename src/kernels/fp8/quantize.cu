@@ -1,5 +1,6 @@
 // FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane); a 128×128 block is one
-// CTA of 128 threads (a row a thread, its 128 columns one after another).
+// CTA of 8 warps reading whole 128-element rows (4 values a lane), its codes of a transposed block
+// written back through shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -250,7 +251,7 @@ using Fp8Source = BlockSource<uint8_t>;
 // The codes of one transposed block between its two halves, as [source row][output row] bytes, a source
 // row's 128 bytes and one word of padding: lane l's word of source row i is word 33i + l (phase 1, a
 // warp writing one source row: no bank conflicts), and lane l's byte of output row r for source row
-// l + 32j is in word 33(l + 32j) + r / 4, bank (l + j + r / 4) % 32 (phase 2: none either).
+// l + 32j is in word 33(l + 32j) + r / 4, bank (l + r / 4) % 32 (phase 2: none either).
 constexpr int kTransposeStride = int(kBlock) + 4;
 
 // One CTA per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the transposed matrix of
