@@ -199,8 +199,9 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
   const std::vector<HostBf16> a_rows = row_buffer(M, 0xa), b_rows = row_buffer(N, 0xb);
   DeviceBuffer d_ar = to_device(a_rows), d_br = to_device(b_rows), d_offset = to_device(offset);
   DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
-  const int64_t kbt = cap / 128;
-  DeviceBuffer d_a(size_t(M * cap)), d_as(size_t(M * kbt) * 4), d_b(size_t(N * cap)), d_bs(size_t(N * kbt) * 4);
+  const int64_t kbt = cap / 128, pitch_m = fp8::scale_pitch(M), pitch_n = fp8::scale_pitch(N);
+  DeviceBuffer d_a(size_t(M * cap)), d_as(size_t(pitch_m * kbt) * 4), d_b(size_t(N * cap)),
+      d_bs(size_t(pitch_n * kbt) * 4);
   for (DeviceBuffer* d : {&d_a, &d_as, &d_b, &d_bs}) d->fill_bytes(0xFF);
   fp8::transpose_tiles(d_ar.as<bf16_t>(), cap, M, d_total.as<int32_t>(), d_a.as<uint8_t>(), d_as.as<float>(), {}, nullptr);
   fp8::transpose_tiles(d_br.as<bf16_t>(), cap, N, d_total.as<int32_t>(), d_b.as<uint8_t>(), d_bs.as<float>(), {}, nullptr);
@@ -222,10 +223,10 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
   };
   const ref::fp8::Quantized qa = transposed(a_rows, M), qb = transposed(b_rows, N);
   const std::vector<uint8_t> ga = to_host<uint8_t>(d_a, size_t(M * cap));
-  const std::vector<float> gas = to_host<float>(d_as, size_t(M * kbt));
+  const std::vector<float> gas = to_host<float>(d_as, size_t(pitch_m * kbt));
   const int64_t kb = total / 128;
   const std::vector<uint8_t> gb = to_host<uint8_t>(d_b, size_t(N * cap));
-  const std::vector<float> gbs = to_host<float>(d_bs, size_t(N * kbt));
+  const std::vector<float> gbs = to_host<float>(d_bs, size_t(pitch_n * kbt));
   // Bit for bit below total; the columns and scales of the NaN block past it never written.
   auto expect_transposed = [&](const std::vector<uint8_t>& g, const std::vector<float>& gs,
                                const ref::fp8::Quantized& q, int64_t width, const char* what) {
@@ -233,11 +234,12 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
       for (int64_t i = 0; i < cap; ++i) {
         ASSERT_EQ(g[size_t(c * cap + i)], i < total ? q.q[size_t(c * total + i)] : 0xFF) << what << " " << c << ", " << i;
       }
-      for (int64_t j = 0; j < kbt; ++j) {  // scales [row blocks, width]
+      const int64_t pitch = fp8::scale_pitch(width);
+      for (int64_t j = 0; j < kbt; ++j) {  // scales [row blocks, pitch]
         if (j < kb) {
-          ASSERT_EQ(gs[size_t(j * width + c)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
+          ASSERT_EQ(gs[size_t(j * pitch + c)], q.scales[size_t(c * kb + j)]) << what << " scale " << c << ", " << j;
         } else {
-          ASSERT_TRUE(std::isnan(gs[size_t(j * width + c)])) << what << " scale past the rows " << c << ", " << j;
+          ASSERT_TRUE(std::isnan(gs[size_t(j * pitch + c)])) << what << " scale past the rows " << c << ", " << j;
         }
       }
     }

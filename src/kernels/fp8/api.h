@@ -73,10 +73,12 @@ void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, i
 // The weight-gradient GEMM's operands: rows [capacity, cols] bf16 (schedule order, the rows below
 // *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128
 // tiles along the rows: q [cols, capacity] with q[c, r] = E4M3(x[r, c] / scale of (c, r / 128)), scales
-// [capacity / 128, cols] (a row block's scales contiguous: the weight-gradient GEMM reads a tile's 128
-// columns of one K block at once). Columns r from *total_rows on are not written; nothing when *total_rows >
-// capacity (a schedule over capacity). q 16-byte aligned (Error otherwise). Equals quantize_tiles of the transposed
-// matrix bit for bit.
+// [capacity / 128, scale_pitch(cols)] (a row block's scales contiguous, rows 16 bytes apart: the
+// weight-gradient GEMM copies a K block's scales of 128 rows or columns into shared memory at once;
+// those past cols are not written). Columns r from *total_rows on are not written; nothing when
+// *total_rows > capacity (a schedule over capacity). q and scales 16-byte aligned (Error otherwise).
+// Equals quantize_tiles of the transposed matrix bit for bit.
+LYNX_HD int64_t scale_pitch(int64_t cols) { return (cols + 3) / 4 * 4; }
 void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
                      float* scales, NonfiniteReport report, cudaStream_t stream);
 
@@ -158,8 +160,8 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are
-// row buffers transposed (transpose_tiles), in 1×128 tiles along the rows (scales [capacity / 128, M or
-// N]), each expert's rows [expert_offset[e], expert_offset[e + 1]) whole 128-row blocks; rounded to
+// row buffers transposed (transpose_tiles), in 1×128 tiles along the rows (scales [capacity / 128,
+// scale_pitch(M or N)], 16-byte aligned), each expert's rows [expert_offset[e], expert_offset[e + 1]) whole 128-row blocks; rounded to
 // bf16, rows [0, split) of each expert's output into out [experts, split, N], the others into out2
 // [experts, M − split, N] (split = M: out only; else a multiple of 64). An expert without rows, or every expert after a
 // schedule over capacity (expert_offset[experts] > capacity), gets zeros.

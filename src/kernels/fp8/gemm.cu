@@ -37,10 +37,6 @@ namespace {
 
 constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
 constexpr int kTileN = 128;  // output columns per CTA: one B scale block
-// NOTES: as many 32 KB stages as fit beside the epilogue pieces (6; 226 of 227 KB): each consumer
-// warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
-// flight for the SM (a reading of the code, not a measurement; 6 against 4 is yet to be timed).
-constexpr int kStages = 6;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 // NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
@@ -52,17 +48,7 @@ constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
               "register budget");
 
-struct SharedStorage {
-  alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
-  alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
-  // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
-  // swizzle (a SwiGLU tile's h, g and u pieces use the first, one after another).
-  alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
-  uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
-  uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
-};
 static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stages stay 1024-byte aligned");
-static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
 // Where kWeightGrad writes an expert's output rows: [0, rows) to `out` ([experts, rows, N]), the others
@@ -131,6 +117,31 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
+// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (226 of 227 KB), 5 in the weight
+// gradient, whose stages also carry their K block's scales. Each consumer warpgroup holds one or two
+// stages while it promotes, which with 4 stages left 64-96 KB of loads in flight for the SM (a reading
+// of the code, not a measurement; against 4 yet to be timed).
+template <Form kForm>
+struct SharedStorage {
+  static constexpr bool kStageScales = kForm == Form::kWeightGrad;
+  static constexpr int kStages = kStageScales ? 5 : 6;
+  alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
+  alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
+  // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
+  // swizzle (a SwiGLU tile's h, g and u pieces use the first, one after another).
+  alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
+  // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 128 columns of B.
+  alignas(16) float scale_a[kStageScales ? kStages : 1][kTileM];
+  alignas(16) float scale_b[kStageScales ? kStages : 1][kTileN];
+  uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
+  uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
+};
+template <Form kForm>
+constexpr int kSmem = int(sizeof(SharedStorage<kForm>)) + 1024;  // and the 1024-byte alignment
+static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 * 1024 &&
+                  kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024,
+              "shared memory");
+
 // One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
@@ -195,7 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
   extern __shared__ uint8_t raw[];
-  SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  using Smem = SharedStorage<kForm>;
+  constexpr int kStages = Smem::kStages;
+  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
   const int32_t k_blocks = tiles.k_blocks;
@@ -218,6 +231,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t it = 0;
     for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
       const Tile tile = tiles[t];
+      // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
+      // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
+      // never stored: their products are zeros and their outputs not stored).
+      const int32_t lda = (M + 3) / 4 * 4, ldb = (N + 3) / 4 * 4;
+      const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
+      const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
       for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
         const int stage = it % kStages;
         // The stage's previous use (K block it - kStages) must be released by every consumer thread.
@@ -225,7 +244,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, t);
         }
         // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes);
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes + a_scale_bytes + b_scale_bytes);
+        if constexpr (kWeightGrad) {
+          sm90::bulk_load(smem.scale_a[stage], a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
+          sm90::bulk_load(smem.scale_b[stage], b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
+        }
         sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
         if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
           sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
@@ -271,37 +294,61 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_commit();
     };
-    // A row's scale of K block i: [M, K blocks] (1×128 tiles along K), or the weight gradient's [K blocks, M]
-    // (transpose_tiles: a row block's scales contiguous).
-    const auto a_scale = [&](int32_t row, int32_t i) {
-      const int32_t kb = tile.kb_begin + i;
-      if (row >= M) return 0.0f;
-      return kWeightGrad ? a_scales[int64_t(kb) * M + row] : a_scales[int64_t(row) * k_blocks + kb];
+    // Block i's products d, its group completed, into acc times both scales (exact products of E4M3
+    // values: the order of the sums is the promotion's alone), and its stage back to the producer. The
+    // forward forms' scales (a row's per K block, [M, K blocks]; the B block's) are loaded from global
+    // memory before the wait; the weight gradient's (per row of A and per column of B) came with the stage.
+    struct Scales {
+      float a0, a1, b, b2;
     };
-    if constexpr (!kWeightGrad) {
-      // Block i's products d, its group completed: the stage goes back to the producer, and the sums,
-      // exact products of E4M3 values, into acc times both scales (column groups 8-15 of a SwiGLU tile
-      // are the up half's). The scales were loaded before the wait.
-      struct Scales {
-        float a0, a1, b, b2;
-      };
-      const auto scales_of = [&](int32_t i) {
+    const auto scales_of = [&](int32_t i) {
+      if constexpr (kWeightGrad) {
+        return Scales{};
+      } else {
         const int32_t kb = tile.kb_begin + i;
+        const auto a_scale = [&](int32_t row) { return row < M ? a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
         const float b = b_scales[b_scale_row + kb];
-        return Scales{a_scale(row0, i), a_scale(row1, i), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
-      };
-      const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
-        sm90::fence_registers(d);
-        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
+        return Scales{a_scale(row0), a_scale(row1), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
+      }
+    };
+    const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+      sm90::fence_registers(d);
+      const int stage = (it + i) % kStages;
+      if constexpr (kWeightGrad) {
+        const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+        const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
 #pragma unroll
-        for (int e = 0; e < 64; ++e) {
+        for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
+          const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
+          acc[4 * j] = fmaf(d[4 * j], a0 * b.x, acc[4 * j]);
+          acc[4 * j + 1] = fmaf(d[4 * j + 1], a0 * b.y, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(d[4 * j + 2], a1 * b.x, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(d[4 * j + 3], a1 * b.y, acc[4 * j + 3]);
+        }
+        sm90::mbarrier_arrive(&smem.empty[stage]);  // once its scales are read
+      } else {
+        sm90::mbarrier_arrive(&smem.empty[stage]);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) {  // column groups 8-15 of a SwiGLU tile are the up half's
           const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
           acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
         }
-      };
-      // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
-      // tensor cores work on it meanwhile (wait_group 1: only block i's group must have completed).
-      float pa[64], pb[64];
+      }
+    };
+    // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
+    // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
+    // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
+    // temporaries it spilled (352 bytes, with its scales read from the stage), and ptxas serialised its
+    // wgmma.
+    float pa[64];
+    if constexpr (kWeightGrad) {
+      for (int32_t i = 0; i < n; ++i) {
+        issue(pa, i);
+        sm90::wgmma_wait<0>();
+        promote(pa, i, Scales{});
+      }
+    } else {
+      float pb[64];
       if (n > 0) issue(pa, 0);
       int32_t i = 0;
       for (; i + 2 < n; i += 2) {
@@ -330,31 +377,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
       // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
       // tools/sass-check would say SERIAL).
-    } else {
-      // The weight gradient: B's scale per column (32 a thread), one K block at a time.
-      // NOTES: B's scales are [K blocks, N], so a K block's 32 scales of the thread lie at fixed offsets
-      // from one address (its columns n0 + 2(l%4) + 8(j/2) + j%2): 32 loads with immediate offsets,
-      // where [N, K blocks] cost each load a 64-bit address of its own (~740 instructions a K block).
-      const int32_t first_col = n0 + 2 * (lane % 4), cols_left = N - first_col;
-      float part[64];
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t kb = tile.kb_begin + i;
-        const float a0 = a_scale(row0, i), a1 = a_scale(row1, i);
-        const float* sb = b_scales + int64_t(kb) * N + first_col;
-        // The thread's columns 8j + 2(l%4) + r%2 at 2j + r%2.
-        float sbc[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int32_t offset = 8 * (j / 2) + j % 2;
-          sbc[j] = offset < cols_left ? sb[offset] : 0.0f;
-        }
-        issue(part, i);
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(part);
-        sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]);
-#pragma unroll
-        for (int e = 0; e < 64; ++e) acc[e] = fmaf(part[e], ((e % 4) < 2 ? a0 : a1) * sbc[2 * (e / 4) + e % 2], acc[e]);
-      }
     }
     it += n;
 
@@ -409,8 +431,6 @@ void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
 }
 
-constexpr int kSmem = int(sizeof(SharedStorage)) + 1024;
-
 template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
@@ -426,7 +446,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   // The attribute and the SM count are per device: looked up once on each.
   static detail::PerDeviceCache configured, sm_count;
   detail::per_device(configured, [](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem<kForm>));
     return 1;
   });
   const int sms = detail::per_device(sm_count, [](int device) {
@@ -440,7 +460,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
   const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
-  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales,
+  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem<kForm>, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales,
                                                                tma_out, tma_out2, out, int32_t(M), int32_t(N),
                                                                int32_t(K), expert_offset, int32_t(experts), status,
                                                                kept, split);
@@ -521,6 +541,10 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
     throw Error("split", "must be M, or a multiple of 64 below M with out2 given, got " + std::to_string(split));
   }
   check_bf16_outputs(N, {{out, "out", 128}, {out2, "out2", 128}});
+  // Each K block's scales are copied into shared memory 16 bytes at a time.
+  if (reinterpret_cast<uintptr_t>(a_scales) % 16 != 0 || reinterpret_cast<uintptr_t>(b_scales) % 16 != 0) {
+    throw Error("a_scales, b_scales", "must be 16-byte aligned");
+  }
   const CUtensorMap tma_out = gemm::make_tma_3d(out, experts, split, N, 64, 64);
   const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);

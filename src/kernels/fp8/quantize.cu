@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();  // every column read: the block's memory takes the codes
 #pragma unroll
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
-  if (c < cols) scales[(r0 / kBlock) * cols + c] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+  if (c < cols) scales[(r0 / kBlock) * scale_pitch(cols) + c] = finite ? pow2(e) : __int_as_float(0x7fc00000);
   __syncthreads();
   constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
 #pragma unroll
@@ -574,6 +574,7 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
   const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
   if (blocks == 0) return;
   if (!aligned(q, 16)) throw Error("q", "must be 16-byte aligned");
+  if (!aligned(scales, 16)) throw Error("scales", "must be 16-byte aligned");
   const bool vector = cols % 4 == 0 && aligned(x, 8);
   transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
                                                                  cols, total_rows, q, scales, report, vector);
