@@ -131,16 +131,42 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
   DeviceBuffer d_out(size_t(cap * N) * 2);
   d_out.fill_bytes(0xFF);
+  // The gate/up form also keeps g and u (KeptGateUp): row r's to row slot[r] = cap − 1 − r, none for every
+  // third row (-1).
+  std::vector<int32_t> slot(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
+  d_kept_g.fill_bytes(0xFF);
+  d_kept_u.fill_bytes(0xFF);
   if (swiglu) {
     fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
                                      d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
-                                     d_out.as<bf16_t>(), nullptr, nullptr);
+                                     d_out.as<bf16_t>(), nullptr, nullptr,
+                                     fp8::KeptGateUp{d_kept_g.as<bf16_t>(), d_kept_u.as<bf16_t>(), d_slot.as<int32_t>()});
   } else {
     fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
                                    E, N, d_offset.as<int32_t>(), d_out.as<bf16_t>(), nullptr, nullptr);
   }
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
   const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
+  const std::vector<HostBf16> kept_g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
+  const std::vector<HostBf16> kept_u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
+  // A kept row against the reference's g or u of [n, N] (relative Frobenius error over the expert's rows).
+  const auto expect_kept = [&](const std::vector<HostBf16>& kept, const std::vector<double>& want, int64_t first,
+                               int64_t n, const char* what) {
+    double err = 0.0, norm = 0.0;
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t to = slot[size_t(first + r)];
+      if (to < 0) continue;
+      for (int64_t c = 0; c < N; ++c) {
+        const double g = to_double(kept[size_t(to * N + c)]), w = want[size_t(r * N + c)];
+        ASSERT_TRUE(std::isfinite(g)) << what << " row " << r << " column " << c;
+        err += (g - w) * (g - w);
+        norm += w * w;
+      }
+    }
+    if (norm > 0.0) EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance) << what;
+  };
   for (int64_t e = 0; e < E; ++e) {
     SCOPED_TRACE("expert " + std::to_string(e));
     const int64_t first = offset[size_t(e)], n = rows[size_t(e)];
@@ -152,6 +178,8 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
       std::vector<double> want = ref::fp8::fp8_gemm(qe, qb[0][size_t(e)]);
       if (swiglu) {
         const std::vector<double> u = ref::fp8::fp8_gemm(qe, qb[1][size_t(e)]);
+        expect_kept(kept_g, want, first, n, "kept g");
+        expect_kept(kept_u, u, first, n, "kept u");
         for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] / (1.0 + std::exp(-want[i])) * u[i];
       }
       double err = 0.0, norm = 0.0;
@@ -168,6 +196,25 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     }
   }
   for (int64_t i = total * N; i < cap * N; ++i) ASSERT_EQ(got[size_t(i)].bits, 0xFFFF) << "past the rows: written";
+  if (!swiglu) return;
+  // Kept rows: a padding row's are zeros; rows no schedule row below total keeps to are not written.
+  for (int64_t to = 0; to < cap; ++to) {
+    const int64_t r = cap - 1 - to;
+    const bool kept = r % 3 != 2 && r < total;
+    int64_t e = 0;
+    while (kept && offset[size_t(e + 1)] <= r) ++e;
+    const bool padding = kept && r >= offset[size_t(e)] + rows[size_t(e)];
+    for (int64_t c = 0; c < N; ++c) {
+      for (const auto* k : {&kept_g, &kept_u}) {
+        const uint16_t bits = (*k)[size_t(to * N + c)].bits;
+        if (!kept) {
+          ASSERT_EQ(bits, 0xFFFF) << "kept row " << to << " written, column " << c;
+        } else if (padding) {
+          ASSERT_EQ(bits & 0x7FFF, 0) << "kept row " << to << " of a padding row, column " << c;
+        }
+      }
+    }
+  }
 }
 
 // The weight-gradient form: experts of `rows` rows each in schedule order (whole 128-row blocks,
@@ -339,6 +386,20 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
               fp8::grouped_weight_grad_block_scaled(q, s, 200, q, s, 136, 128, 1, offset, out, out + 4096, 120, nullptr,
                                                     nullptr);
             }).find("multiple of 64"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              fp8::grouped_weight_grad_block_scaled(q, s + 1, 200, q, s, 136, 128, 1, offset, out, out + 32768, 128,
+                                                    nullptr, nullptr);
+            }).find("16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, out + 8, nullptr, nullptr);
+            }).find("128-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, out, nullptr, nullptr,
+                                               fp8::KeptGateUp{out + 65536 + 4, out + 131072, offset});
+            }).find("16-byte aligned"),
             std::string::npos);
 }
 // An expert starting at K block 2 with 9 blocks: the ring of stages wraps (parities past kStages).

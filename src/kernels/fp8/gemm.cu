@@ -117,8 +117,8 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
-// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (226 of 227 KB), 5 in the weight
-// gradient, whose stages also carry their K block's scales. Each consumer warpgroup holds one or two
+// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment pad),
+// 5 in the weight gradient, whose stages also carry their K block's scales. Each consumer warpgroup holds one or two
 // stages while it promotes, which with 4 stages left 64-96 KB of loads in flight for the SM (a reading
 // of the code, not a measurement; against 4 yet to be timed).
 template <Form kForm>
@@ -277,6 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t n = tile.kb_end - tile.kb_begin;
     // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
     const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+    // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
+    // gradient's scales there stale): every epilogue leaves them out.
     float acc[64];
 #pragma unroll
     for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
