@@ -53,7 +53,7 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 
 // Stores the boxes of warpgroup `wg`'s epilogue piece at schedule rows row .. row + 63 row by row, once
 // all of its threads have written them: piece row r to row slot[row + r] of to.dst (nowhere where it is
-// -1), from column col; columns at or past n are not stored. `slots`: piece_slots(to, row).
+// -1), from column col; 16-byte chunks at or past n are not stored. `slots`: piece_slots(to, row).
 // NOTES: each thread copies the 16-byte chunk thread % 8 of four rows out of the swizzled piece with
 // plain loads and stores; the next piece's barrier (store_piece*) comes after every thread's last read
 // of this one. Its slots are loaded before the piece is staged: loaded here, row by row, their latency
@@ -74,7 +74,7 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
     uint4* out = reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + col + 8 * c);
 #pragma unroll
     for (int b = 0; b < kPieceBoxes; ++b) {
-      if (col + 64 * b >= n) break;
+      if (col + 64 * b + 8 * c >= n) break;  // chunks past n (the FP8 GEMMs' N need only be a multiple of 8)
       out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
     }
   }

@@ -59,42 +59,6 @@ struct SplitOut {
   int32_t rows = 0;
 };
 
-// The kept g or u rows of a SwiGLU tile (KeptGateUp): piece row r to row slot[row + r] of dst (pitch N;
-// nowhere for -1), 16-byte chunks below N only. Stored by store_piece as the bf16 kernel's SlotRows are,
-// through the overloads below (found by argument-dependent lookup).
-struct KeptRows {
-  bf16_t* dst;
-  const int32_t* slot;
-  int32_t pitch;
-};
-
-// The slots of the four piece rows 4·(thread / 8) .. + 3 this thread stores (one 16-byte load, in flight
-// while the piece is staged).
-__device__ __forceinline__ int4 piece_slots(const KeptRows& to, int32_t row) {
-  return __ldg(reinterpret_cast<const int4*>(to.slot + row) + (threadIdx.x % 128) / 8);
-}
-
-// Each thread copies 16-byte chunk thread % 8 of four piece rows out of the swizzled piece (chunk c of
-// piece row r sits at chunk c ^ (r % 8)), chunks at or past n left out.
-template <bool k3d, int kPieceBoxes>
-__device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const KeptRows& to,
-                                                  int wg, int32_t col, int32_t row, int32_t, int32_t n, int4 slots) {
-  sm90::named_barrier_sync(1 + wg, 128);
-  const int thread = threadIdx.x % 128, c = thread % 8, first = 4 * (thread / 8);
-#pragma unroll 1
-  for (int q = 0; q < 4; ++q) {
-    const int32_t slot = q == 0 ? slots.x : q == 1 ? slots.y : q == 2 ? slots.z : slots.w;
-    if (slot < 0) continue;
-    const int r = first + q;
-    uint4* out = reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + col + 8 * c);
-#pragma unroll
-    for (int b = 0; b < kPieceBoxes; ++b) {
-      if (col + 64 * b + 8 * c >= n) break;
-      out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
-    }
-  }
-}
-
 // Columns col (even) and col + 1 of an fp32 row of N (the dense form): one store of both where N is even
 // (the pair is then aligned), else each below N on its own.
 __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, float v0, float v1) {
@@ -404,10 +368,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = 4 * j + 2 * r;
           return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
         });
-        if (kept.gate != nullptr) {
-          gemm::impl::store_piece<false>(piece, KeptRows{kept.gate, kept.slot, N}, c, n0, row, 0, N,
+        if (kept.gate != nullptr) {  // row by row, by slot
+          using gemm::impl::SlotRows;
+          gemm::impl::store_piece<false>(piece, SlotRows{kept.gate, kept.slot, N}, c, n0, row, 0, N,
                                          [&](int j, int r) { return pair(4 * j + 2 * r); });
-          gemm::impl::store_piece<false>(piece, KeptRows{kept.up, kept.slot, N}, c, n0, row, 0, N,
+          gemm::impl::store_piece<false>(piece, SlotRows{kept.up, kept.slot, N}, c, n0, row, 0, N,
                                          [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
         }
       } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
