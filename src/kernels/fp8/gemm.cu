@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
     // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
     // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
-    // temporaries it spilled (352 bytes, with its scales read from the stage), and ptxas serialised its
-    // wgmma.
+    // temporaries it spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas
+    // serialised its wgmma.
     float pa[64];
     if constexpr (kWeightGrad) {
       for (int32_t i = 0; i < n; ++i) {
