@@ -72,7 +72,8 @@ const char* kUsage =
     "             either way)\n"
     "  --launch   eager (default): each timed pass is launched call by call; graph: each fused pass is\n"
     "             captured once into a CUDA graph and timed as replays (impl fused-graph; the unfused\n"
-    "             baseline stays eager); the last replays' y and dx must equal an eager call's bits\n"
+    "             baseline stays eager); the last replays' y and dx must equal an eager call's bits; with\n"
+    "             --ranks, every R's forward and backward as graph replays, their bits checked again\n"
     "  --regime   the clock the passes are timed at (an H200 holds 700 W: within tens of ms of work its SM\n"
     "             clock falls from 1980 MHz to ~1200-1500). as-found (default): --warmup passes, then --iters timed\n"
     "             back to back, at whatever clock that gives; burst: before each timed pass the GPU idles\n"
@@ -187,6 +188,9 @@ Options parse(int argc, char** argv) {
   }
   if (!o.keep_context && (o.passes.size() != 1 || o.passes[0] != "forward")) {
     usage_error("--context drop times the forward pass only: add --pass forward");
+  }
+  if (o.graph && o.fp8 && o.ranks.empty()) {
+    usage_error("--launch graph times the passes of the default mode or of --ranks, not --precision fp8 alone");
   }
   return o;
 }
@@ -370,10 +374,11 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
   for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
     const Precision precision = o.fp8 ? Precision::kFp8Block : Precision::kBf16;
     const std::vector<RanksRow> rows =
-        time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock, precision);
-    std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU, %s\n", name.c_str(),
-                routing_name(o.routings.front()), regime_name(regime), static_cast<long long>(p.shape().tokens),
-                o.fp8 ? "FP8" : "bf16");
+        time_ranks(p, o.ranks, o.passes, protocol(o, regime), o.rounds, &clock, precision, o.graph);
+    std::printf("\n%s, %s routing, %s: the same %lld tokens on R virtual ranks of this GPU, %s, %s\n",
+                name.c_str(), routing_name(o.routings.front()), regime_name(regime),
+                static_cast<long long>(p.shape().tokens), o.fp8 ? "FP8" : "bf16",
+                o.graph ? "CUDA-graph replays" : "launched call by call");
     std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
                 "fwd MB", "bwd MB", "check");
     for (const RanksRow& r : rows) {
@@ -390,7 +395,8 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
                   r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
       if (json.enabled()) {
         json.row() << "{\"shape\": " << json_string(name) << ", \"regime\": " << json_string(regime_name(regime))
-                   << ", \"precision\": " << json_string(o.fp8 ? "fp8" : "bf16") << ", \"ranks\": " << r.ranks
+                   << ", \"precision\": " << json_string(o.fp8 ? "fp8" : "bf16")
+                   << ", \"launch\": " << json_string(o.graph ? "graph" : "eager") << ", \"ranks\": " << r.ranks
                    << ", \"pass\": " << json_string(r.pass) << ", \"ms\": " << r.ms
                    << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"remote_rows\": " << r.traffic.remote_rows
                    << ", \"forward_bytes\": " << r.traffic.forward_bytes

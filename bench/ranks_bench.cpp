@@ -84,6 +84,13 @@ struct Group {
   }
   void forward(cudaStream_t s) { forward_ranks(ws, in, y, s); }
   void backward(cudaStream_t s) { backward_ranks(ws, in, dy, grads, s); }
+  // The passes on a stream of their own, captured once (graph mode).
+  OwnedStream stream;
+  std::unique_ptr<CapturedGraph> forward_graph, backward_graph;
+  void capture() {
+    forward_graph = std::make_unique<CapturedGraph>(stream.get(), [&] { forward(stream.get()); });
+    backward_graph = std::make_unique<CapturedGraph>(stream.get(), [&] { backward(stream.get()); });
+  }
   void check(cudaStream_t s) {
     for (Workspace* w : ws) w->check(s);
   }
@@ -134,7 +141,8 @@ RankTraffic rank_traffic(const LayerShape& g, const std::vector<int32_t>& ids, i
 }
 
 std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
-                                 const Protocol& protocol, int rounds, const GpuClock* clock, Precision precision) {
+                                 const Protocol& protocol, int rounds, const GpuClock* clock, Precision precision,
+                                 bool graph) {
   std::vector<std::unique_ptr<Group>> groups;
   for (int32_t R : ranks) groups.push_back(std::make_unique<Group>(p, R, precision));
   // Correctness: every R's routed outputs against R = 1's (the first group's when it is R = 1).
@@ -149,27 +157,42 @@ std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, 
     if (want.empty()) want = got;
     checks.push_back(got == want ? "bitwise = R=" + std::to_string(ranks.front())
                                  : "DIFFERS from R=" + std::to_string(ranks.front()));
+    if (graph) g->capture();
   }
   std::vector<std::vector<std::vector<double>>> ms(groups.size(), std::vector<std::vector<double>>(passes.size()));
   std::vector<std::vector<ClockSummary>> clocks(groups.size(), std::vector<ClockSummary>(passes.size()));
   for (int round = 0; round < rounds; ++round) {
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       Group& g = *groups[gi];
+      // Eager: every call on the legacy stream; graph: the replays on the group's stream.
+      const cudaStream_t s = graph ? g.stream.get() : nullptr;
+      const auto forward = [&] { graph ? g.forward_graph->launch(s) : g.forward(s); };
+      const auto backward = [&] { graph ? g.backward_graph->launch(s) : g.backward(s); };
       for (size_t pi = 0; pi < passes.size(); ++pi) {
         const std::string& pass = passes[pi];
         Timing t;
         if (pass == "forward") {
-          t = time_pass([&] { g.forward(nullptr); }, protocol, nullptr, clock);
+          t = time_pass(forward, protocol, s, clock);
         } else if (pass == "backward") {
-          g.forward(nullptr);
-          t = time_pass([&] { g.backward(nullptr); }, protocol, nullptr, clock);
+          forward();
+          t = time_pass(backward, protocol, s, clock);
         } else {
-          t = time_pass([&] { g.forward(nullptr); g.backward(nullptr); }, protocol, nullptr, clock);
+          t = time_pass([&] { forward(); backward(); }, protocol, s, clock);
         }
         ms[gi][pi].push_back(t.ms);
         clocks[gi][pi] = t.clocks;
       }
     }
+  }
+  // The replays' bits: a graph that replayed stale work, or none, would fail here.
+  for (size_t gi = 0; gi < groups.size() && graph; ++gi) {
+    Group& g = *groups[gi];
+    poison_outputs(p);
+    g.forward_graph->launch(g.stream.get());
+    g.backward_graph->launch(g.stream.get());
+    LYNX_CUDA(cudaStreamSynchronize(g.stream.get()));
+    g.check(g.stream.get());
+    if (routed_outputs(p) != want) checks[gi] = "DIFFERS from R=" + std::to_string(ranks.front()) + " (graph replays)";
   }
   std::vector<RanksRow> rows;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
