@@ -379,8 +379,8 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
                 name.c_str(), routing_name(o.routings.front()), regime_name(regime),
                 static_cast<long long>(p.shape().tokens), o.fp8 ? "FP8" : "bf16",
                 o.graph ? "CUDA-graph replays" : "launched call by call");
-    std::printf("%4s %-17s %9s %8s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "MHz", "remote rows",
-                "fwd MB", "bwd MB", "check");
+    std::printf("%4s %-17s %9s %8s %10s %6s %11s %9s %9s  %s\n", "R", "pass", "ms", "vs first", "enqueue ms", "MHz",
+                "remote rows", "fwd MB", "bwd MB", "check");
     for (const RanksRow& r : rows) {
       double base = r.ms;
       for (const RanksRow& b : rows) {
@@ -390,14 +390,15 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
         }
       }
       ok = ok && r.check.rfind("bitwise", 0) == 0;
-      std::printf("%4d %-17s %9.3f %7.3fx %6.0f %11lld %9.1f %9.1f  %s\n", r.ranks, r.pass.c_str(), r.ms, r.ms / base,
-                  r.clocks.samples > 0 ? r.clocks.median_mhz : 0.0, static_cast<long long>(r.traffic.remote_rows),
+      std::printf("%4d %-17s %9.3f %7.3fx %10.3f %6.0f %11lld %9.1f %9.1f  %s\n", r.ranks, r.pass.c_str(), r.ms,
+                  r.ms / base, r.enqueue_ms, r.clocks.samples > 0 ? r.clocks.median_mhz : 0.0, static_cast<long long>(r.traffic.remote_rows),
                   r.traffic.forward_bytes / 1e6, r.traffic.backward_bytes / 1e6, r.check.c_str());
       if (json.enabled()) {
         json.row() << "{\"shape\": " << json_string(name) << ", \"regime\": " << json_string(regime_name(regime))
                    << ", \"precision\": " << json_string(o.fp8 ? "fp8" : "bf16")
                    << ", \"launch\": " << json_string(o.graph ? "graph" : "eager") << ", \"ranks\": " << r.ranks
                    << ", \"pass\": " << json_string(r.pass) << ", \"ms\": " << r.ms
+                   << ", \"enqueue_ms\": " << r.enqueue_ms
                    << ", \"sm_mhz\": " << r.clocks.median_mhz << ", \"remote_rows\": " << r.traffic.remote_rows
                    << ", \"forward_bytes\": " << r.traffic.forward_bytes
                    << ", \"backward_bytes\": " << r.traffic.backward_bytes << ", \"check\": " << json_string(r.check)

@@ -27,6 +27,7 @@ struct RanksRow {
   int32_t ranks;
   std::string pass;  // forward | backward | forward+backward
   double ms;
+  double enqueue_ms;  // host time to enqueue one timed pass (median over the rounds)
   ClockSummary clocks;
   RankTraffic traffic;
   std::string check;  // "bitwise = R=1" or what differs
