@@ -37,7 +37,7 @@ struct RanksRow {
 // each row's ms is the median over the rounds of each round's median. In `precision` (FP8: each rank's
 // weights quantised once, before the check). With `graph`, each R's forward and backward are captured
 // once into CUDA graphs on a stream of their own and timed as replays; a replayed forward+backward
-// must then give R = 1's bits again.
+// must then give the first R's bits again.
 std::vector<RanksRow> time_ranks(Problem& p, const std::vector<int32_t>& ranks, const std::vector<std::string>& passes,
                                  const Protocol& protocol, int rounds, const GpuClock* clock,
                                  Precision precision = Precision::kBf16, bool graph = false);

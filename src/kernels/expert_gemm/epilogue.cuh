@@ -82,7 +82,8 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
-// (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored.
+// (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored
+// (SlotRows: 16-byte chunks, so n % 8 == 0).
 template <bool k3d, int kPieceBoxes, class Dst, class Value>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
                                             int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {

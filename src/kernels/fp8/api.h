@@ -31,7 +31,7 @@ struct NonfiniteReport {
 // least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
 // A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
 // or an infinity; that tile's q is then unspecified and its scale NaN (so is a block's below).
-// No alignment needed: where cols % 4 == 0, x is 8-byte and q 4-byte aligned, 4 values move at once.
+// No alignment needed: where cols % 4 == 0 and x is 8-byte, q 4-byte aligned, 4 values move at once.
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                     cudaStream_t stream);
 
@@ -73,7 +73,7 @@ void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, i
 // The weight-gradient GEMM's operands: rows [capacity, cols] bf16 (schedule order, the rows below
 // *total_rows, whole 128-row blocks of experts, padding rows zeros) transposed and quantised in 1×128
 // tiles along the rows: q [cols, capacity] with q[c, r] = E4M3(x[r, c] / scale of (c, r / 128)), scales
-// [capacity / 128, scale_pitch(cols)] (a row block's scales contiguous, rows 16 bytes apart: the
+// [capacity / 128, scale_pitch(cols)] (a row block's scales contiguous, each row 16-byte aligned: the
 // weight-gradient GEMM copies a K block's scales of 128 rows or columns into shared memory at once;
 // those past cols are not written). Columns r from *total_rows on are not written; nothing when
 // *total_rows > capacity (a schedule over capacity). q and scales 16-byte aligned (Error otherwise).
@@ -161,10 +161,11 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are
 // row buffers transposed (transpose_tiles), in 1×128 tiles along the rows (scales [capacity / 128,
-// scale_pitch(M or N)], 16-byte aligned), each expert's rows [expert_offset[e], expert_offset[e + 1]) whole 128-row blocks; rounded to
-// bf16, rows [0, split) of each expert's output into out [experts, split, N], the others into out2
-// [experts, M − split, N] (split = M: out only; else a multiple of 64). An expert without rows, or every expert after a
-// schedule over capacity (expert_offset[experts] > capacity), gets zeros.
+// scale_pitch(M or N)], 16-byte aligned), each expert's rows [expert_offset[e], expert_offset[e + 1])
+// whole 128-row blocks; rounded to bf16, rows [0, split) of each expert's output into out [experts,
+// split, N], the others into out2 [experts, M − split, N] (split = M: out only; else a multiple of 64,
+// with out2 given). An expert without rows, or every expert after a schedule over capacity
+// (expert_offset[experts] > capacity), gets zeros.
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
                                       const float* b_scales, int64_t N, int64_t capacity, int64_t experts,
                                       const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,

@@ -77,14 +77,14 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 // with its own block scale. A grouped row block past the schedule's rows has nothing to do.
 // kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
 // schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
-// along the rows (scales [capacity / 128, M or N]: B's scale is per column), the K loop runs over the
+// along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop runs over the
 // expert's row blocks only (none: a zero tile).
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
-// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment pad),
-// 5 in the weight gradient, whose stages also carry their K block's scales. Each consumer warpgroup holds one or two
-// stages while it promotes, which with 4 stages left 64-96 KB of loads in flight for the SM (a reading
-// of the code, not a measurement; against 4 yet to be timed).
+// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment
+// pad), 5 in the weight gradient, whose stages also carry their K block's scales. Each consumer
+// warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
+// flight for the SM (a reading of the code, not a measurement; against 4 yet to be timed).
 template <Form kForm>
 struct SharedStorage {
   static constexpr bool kStageScales = kForm == Form::kWeightGrad;

@@ -1,6 +1,7 @@
-// FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane); a 128×128 block is one
-// CTA of 8 warps reading whole 128-element rows (4 values a lane), its codes of a transposed block
-// written back through shared memory.
+// FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane), and in transpose_tiles
+// one thread's column of a 128×128 block staged in shared memory; a 128×128 weight block is one CTA of 8
+// warps reading whole 128-element rows (4 values a lane), its codes of a transposed block written back
+// through shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
