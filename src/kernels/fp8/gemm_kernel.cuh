@@ -1,0 +1,387 @@
+// The block-scaled FP8 GEMM kernel (its host side: gemm.cu): persistent CTAs, one per SM, each taking
+// output tiles in turn (the next tile's loads overlap this one's epilogue).
+//
+// Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
+// ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
+// m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
+// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). Two temporaries
+// alternate, so that the next K block's products run on the tensor cores while one block's are
+// promoted (the weight-gradient form, whose B scales are per column, one block at a time). The bf16
+// outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
+// into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
+// tile (kept g and u row by row, by slot).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "device/activation.cuh"
+#include "device/sm90.cuh"
+#include "kernels/expert_gemm/epilogue.cuh"
+#include "kernels/expert_gemm/tile_scheduler.h"
+#include "kernels/fp8/api.h"
+
+namespace lynx::fp8::impl {
+
+
+constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
+constexpr int kTileN = 128;  // output columns per CTA: one B scale block
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+// NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
+// __launch_bounds__(384, 1) allows): the producer warpgroup keeps 40 (one thread issues the TMA loads)
+// and the consumers take 232, for the running accumulator and two K blocks' products in flight
+// (3 × 64 fp32 a thread); at 168 each the weight-gradient form spilled.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+              "register budget");
+
+static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stages stay 1024-byte aligned");
+constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
+
+// Where kWeightGrad writes an expert's output rows: [0, rows) to `out` ([experts, rows, N]), the others
+// to `second` ([experts, M − rows, N]); rows = M: all to `out`. rows % 64 == 0 unless rows = M, so that
+// no 64-row epilogue piece straddles the two.
+struct SplitOut {
+  bf16_t* second = nullptr;
+  int32_t rows = 0;
+};
+
+// Columns col (even) and col + 1 of an fp32 row of N (the dense form): one store of both where N is even
+// (the pair is then aligned), else each below N on its own.
+__device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, float v0, float v1) {
+  if (col + 1 < N && N % 2 == 0) {
+    *reinterpret_cast<float2*>(row + col) = make_float2(v0, v1);
+    return;
+  }
+  if (col < N) row[col] = v0;
+  if (col + 1 < N) row[col + 1] = v1;
+}
+
+// What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
+// A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N blocks, K
+// blocks]; kSwiGLU, grouped, a [128, 64] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): the wgmma's 128 columns are
+// 64 of the gate's and the same 64 of the up's (B's stage holds both, tma_b and tma_b2), each promoted
+// with its own block scale. A grouped row block past the schedule's rows has nothing to do.
+// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
+// schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
+// along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop runs over the
+// expert's row blocks only (none: a zero tile).
+enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
+
+// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment
+// pad), 5 in the weight gradient, whose stages also carry their K block's scales. Each consumer
+// warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
+// flight for the SM (a reading of the code, not a measurement; against 4 yet to be timed).
+template <Form kForm>
+struct SharedStorage {
+  static constexpr bool kStageScales = kForm == Form::kWeightGrad;
+  static constexpr int kStages = kStageScales ? 5 : 6;
+  alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
+  alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
+  // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
+  // swizzle (a SwiGLU tile's h, g and u pieces use the first, one after another).
+  alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
+  // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 128 columns of B.
+  alignas(16) float scale_a[kStageScales ? kStages : 1][kTileM];
+  alignas(16) float scale_b[kStageScales ? kStages : 1][kTileN];
+  uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
+  uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
+};
+template <Form kForm>
+constexpr int kSmem = int(sizeof(SharedStorage<kForm>)) + 1024;  // and the 1024-byte alignment
+static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 * 1024 &&
+                  kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024,
+              "shared memory");
+
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
+struct Tile {
+  int32_t m0, n0, expert, kb_begin, kb_end;
+};
+
+// The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
+// grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
+// row blocks below the schedule's rows (none after an overflow), read once per CTA.
+template <Form kForm>
+struct TileSpace {
+  int32_t n_tiles, m_tiles, count;
+  const int32_t* expert_offset;
+  int32_t experts, k_blocks;
+
+  __device__ TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
+      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
+    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+    n_tiles = (N + kOutN - 1) / kOutN;
+    m_tiles = int32_t(blocks_of(M));
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      const int32_t total = offset[num_experts];
+      m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
+    }
+    count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
+  }
+
+  __device__ Tile operator[](int32_t t) const {
+    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+    Tile tile;
+    tile.n0 = (t % n_tiles) * kOutN;
+    tile.m0 = (t / n_tiles % m_tiles) * kTileM;
+    tile.expert = 0;
+    tile.kb_begin = 0;
+    tile.kb_end = k_blocks;
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
+    }
+    if constexpr (kForm == Form::kWeightGrad) {
+      // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
+      tile.expert = t / (n_tiles * m_tiles);
+      const bool placed = expert_offset[experts] <= k_blocks * int32_t(kBlock);
+      tile.kb_begin = placed ? expert_offset[tile.expert] / int32_t(kBlock) : 0;
+      tile.kb_end = placed ? expert_offset[tile.expert + 1] / int32_t(kBlock) : 0;
+    }
+    return tile;
+  }
+};
+
+// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...; the producer runs ahead into the
+// next tile's K blocks while the consumers finish a tile, the stages' phases counted over the CTA's
+// whole run (`it`, the K blocks it has issued or consumed).
+template <Form kForm, class Out>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
+                const float* __restrict__ b_scales, const float* __restrict__ b2_scales,
+                const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
+                Out* __restrict__ out,
+                int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
+                DeviceStatus* status, KeptGateUp kept, SplitOut split) {
+  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
+  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
+  extern __shared__ uint8_t raw[];
+  using Smem = SharedStorage<kForm>;
+  constexpr int kStages = Smem::kStages;
+  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const int warpgroup = int(threadIdx.x) / 128;
+  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
+  const int32_t k_blocks = tiles.k_blocks;
+  if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(&smem.full[s], 1);
+      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    sm90::prefetch_tma_descriptor(&tma_a);
+    sm90::prefetch_tma_descriptor(&tma_b);
+    if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b2);
+    int32_t it = 0;
+    for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+      const Tile tile = tiles[t];
+      // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
+      // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
+      // never stored: their products are zeros and their outputs not stored).
+      const int32_t lda = (M + 3) / 4 * 4, ldb = (N + 3) / 4 * 4;
+      const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
+      const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
+      for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
+        const int stage = it % kStages;
+        // The stage's previous use (K block it - kStages) must be released by every consumer thread.
+        if (it >= kStages) {
+          sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, t);
+        }
+        // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes + a_scale_bytes + b_scale_bytes);
+        if constexpr (kWeightGrad) {
+          sm90::bulk_load(smem.scale_a[stage], a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
+          sm90::bulk_load(smem.scale_b[stage], b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
+        }
+        sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+        if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
+          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+          sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, &tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
+                            tile.expert);
+        } else if constexpr (kForm == Form::kGrouped) {
+          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+        } else {  // dense, and the weight gradients' transposed rows
+          sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers. Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row
+  // 64c + 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+  sm90::setmaxnreg_inc<kConsumerRegs>();
+  const int c = warpgroup - 1;
+  const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
+  int32_t it = 0;  // K blocks consumed before this tile
+  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    const Tile tile = tiles[t];
+    const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
+    const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+    const int32_t n = tile.kb_end - tile.kb_begin;
+    // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
+    const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+    // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
+    // gradient's scales there stale): every epilogue leaves them out.
+    float acc[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+    // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
+    const auto issue = [&](float(&d)[64], int32_t i) {
+      const int32_t g = it + i;
+      const int stage = g % kStages;
+      sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, status, sm90::Wait::kFullStage, t);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
+        const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
+        const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
+        sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
+      }
+      sm90::wgmma_commit();
+    };
+    // Block i's products d, its group completed, into acc times both scales (exact products of E4M3
+    // values: the order of the sums is the promotion's alone), and its stage back to the producer. The
+    // forward forms' scales (a row's per K block, [M, K blocks]; the B block's) are loaded from global
+    // memory before the wait; the weight gradient's (per row of A and per column of B) came with the stage.
+    struct Scales {
+      float a0, a1, b, b2;
+    };
+    const auto scales_of = [&](int32_t i) {
+      if constexpr (kWeightGrad) {
+        return Scales{};
+      } else {
+        const int32_t kb = tile.kb_begin + i;
+        const auto a_scale = [&](int32_t row) { return row < M ? a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
+        const float b = b_scales[b_scale_row + kb];
+        return Scales{a_scale(row0), a_scale(row1), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
+      }
+    };
+    const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+      sm90::fence_registers(d);
+      const int stage = (it + i) % kStages;
+      if constexpr (kWeightGrad) {
+        const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+        const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
+          const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
+          acc[4 * j] = fmaf(d[4 * j], a0 * b.x, acc[4 * j]);
+          acc[4 * j + 1] = fmaf(d[4 * j + 1], a0 * b.y, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(d[4 * j + 2], a1 * b.x, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(d[4 * j + 3], a1 * b.y, acc[4 * j + 3]);
+        }
+        sm90::mbarrier_arrive(&smem.empty[stage]);  // once its scales are read
+      } else {
+        sm90::mbarrier_arrive(&smem.empty[stage]);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) {  // column groups 8-15 of a SwiGLU tile are the up half's
+          const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
+          acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
+        }
+      }
+    };
+    // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
+    // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
+    // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
+    // temporaries it spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas
+    // serialised its wgmma.
+    float pa[64];
+    if constexpr (kWeightGrad) {
+      for (int32_t i = 0; i < n; ++i) {
+        issue(pa, i);
+        sm90::wgmma_wait<0>();
+        promote(pa, i, Scales{});
+      }
+    } else {
+      float pb[64];
+      if (n > 0) issue(pa, 0);
+      int32_t i = 0;
+      for (; i + 2 < n; i += 2) {
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        issue(pa, i + 2);
+        sm90::wgmma_wait<1>();
+        promote(pb, i + 1, sc);
+      }
+      if (i + 1 < n) {  // two blocks left, in pa and pb
+        Scales sc = scales_of(i);
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        promote(pa, i, sc);
+        sc = scales_of(i + 1);
+        sm90::wgmma_wait<0>();
+        promote(pb, i + 1, sc);
+      } else if (i < n) {  // one, in pa
+        const Scales sc = scales_of(i);
+        sm90::wgmma_wait<0>();
+        promote(pa, i, sc);
+      }
+      // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
+      // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
+      // tools/sass-check would say SERIAL).
+    }
+    it += n;
+
+    if constexpr (kForm == Form::kDense) {  // fp32 out: each thread's two rows, two adjacent columns at a time
+      float* dst[2] = {row0 < M ? out + int64_t(row0) * N : nullptr, row1 < M ? out + int64_t(row1) * N : nullptr};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
+          if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+    } else {
+      // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns n0 + 8j ..) in
+      // row half r at acc[4j + 2r], acc[4j + 2r + 1]. The TMA stores leave out rows and columns past
+      // their tensor.
+      const int32_t row = m0 + 64 * c;
+      const auto pair = [&](int i) { return make_float2(acc[i], acc[i + 1]); };
+      if constexpr (kSwiGLU) {  // 64 columns: the gate's groups in acc[0 .. 31], the up's in acc[32 .. 63]
+        auto& piece = reinterpret_cast<__nv_bfloat16(&)[1][64 * 64]>(smem.piece[c][0]);
+        gemm::impl::store_piece<false>(piece, &tma_out, c, n0, row, 0, N, [&](int j, int r) {
+          const int i = 4 * j + 2 * r;
+          return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
+        });
+        if (kept.gate != nullptr) {  // row by row, by slot
+          using gemm::impl::SlotRows;
+          gemm::impl::store_piece<false>(piece, SlotRows{kept.gate, kept.slot, N}, c, n0, row, 0, N,
+                                         [&](int j, int r) { return pair(4 * j + 2 * r); });
+          gemm::impl::store_piece<false>(piece, SlotRows{kept.up, kept.slot, N}, c, n0, row, 0, N,
+                                         [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
+        }
+      } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
+        if (row < M) {
+          const bool second = row >= split.rows;
+          gemm::impl::store_piece<true>(smem.piece[c], second ? &tma_out2 : &tma_out, c, n0,
+                                        second ? row - split.rows : row, expert, N,
+                                        [&](int j, int r) { return pair(4 * j + 2 * r); });
+        }
+      } else {
+        gemm::impl::store_piece<false>(smem.piece[c], &tma_out, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
+      }
+    }
+  }
+  // The stores must finish before the CTA's shared memory goes away.
+  if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
+}
+
+}  // namespace lynx::fp8::impl
