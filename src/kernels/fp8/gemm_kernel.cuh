@@ -146,9 +146,244 @@ struct TileSpace {
   }
 };
 
-// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...; the producer runs ahead into the
-// next tile's K blocks while the consumers finish a tile, the stages' phases counted over the CTA's
-// whole run (`it`, the K blocks it has issued or consumed).
+// What every role reads: the kernel's arguments (the tensor maps by address: they stay in the kernel's
+// parameter space, where TMA reads them).
+template <class Out>
+struct KernelArgs {
+  const CUtensorMap *tma_a, *tma_b, *tma_b2, *tma_out, *tma_out2;
+  const float *a_scales, *b_scales, *b2_scales;
+  Out* out;
+  int32_t M, N;
+  DeviceStatus* status;
+  KeptGateUp kept;
+  SplitOut split;
+};
+
+// ---- producer: warpgroup 0's first thread ----
+// The tiles' K blocks into the ring of stages, running ahead into the next tile's while the consumers
+// finish a tile; the stages' phases counted over the CTA's whole run (`it`, the K blocks issued).
+template <Form kForm, class Out>
+__device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
+                                         const KernelArgs<Out>& p) {
+  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
+  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
+  constexpr int kStages = SharedStorage<kForm>::kStages;
+  const int32_t M = p.M, N = p.N;
+  sm90::prefetch_tma_descriptor(p.tma_a);
+  sm90::prefetch_tma_descriptor(p.tma_b);
+  if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(p.tma_b2);
+  int32_t it = 0;
+  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    const Tile tile = tiles[t];
+    // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
+    // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
+    // never stored: their products are zeros and their outputs not stored).
+    const int32_t lda = int32_t(scale_pitch(M)), ldb = int32_t(scale_pitch(N));
+    const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
+    const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
+    for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
+      const int stage = it % kStages;
+      // The stage's previous use (K block it - kStages) must be released by every consumer thread.
+      if (it >= kStages) {
+        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, p.status, sm90::Wait::kEmptyStage, t);
+      }
+      // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
+      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes + a_scale_bytes + b_scale_bytes);
+      if constexpr (kWeightGrad) {
+        sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
+        sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
+      }
+      sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+      if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
+        sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+        sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
+                          tile.expert);
+      } else if constexpr (kForm == Form::kGrouped) {
+        sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+      } else {  // dense, and the weight gradients' transposed rows
+        sm90::tma_load_2d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
+      }
+    }
+  }
+}
+
+// ---- consumers: warpgroup c + 1 computes rows [64c, 64c + 64) of each tile ----
+// Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row 64c + 16w + l/4 + 8(r/2),
+// column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+
+// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it.
+template <Form kForm, class Out>
+__device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
+                                         const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
+                                         float (&acc)[64]) {
+  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
+  constexpr int kStages = SharedStorage<kForm>::kStages;
+  const int32_t M = p.M, N = p.N, k_blocks = tiles.k_blocks;
+  const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
+  const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
+  const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+  const int32_t n = tile.kb_end - tile.kb_begin;
+  // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
+  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+  // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
+  // gradient's scales there stale): every epilogue leaves them out.
+#pragma unroll
+  for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+  // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
+  const auto issue = [&](float(&d)[64], int32_t i) {
+    const int32_t g = it + i;
+    const int stage = g % kStages;
+    sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, p.status, sm90::Wait::kFullStage, t);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
+      const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
+      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
+      sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // Block i's products d, its group completed, into acc times both scales (exact products of E4M3
+  // values: the order of the sums is the promotion's alone), and its stage back to the producer. The
+  // forward forms' scales (a row's per K block, [M, K blocks]; the B block's) are loaded from global
+  // memory before the wait; the weight gradient's (per row of A and per column of B) came with the stage.
+  struct Scales {
+    float a0, a1, b, b2;
+  };
+  const auto scales_of = [&](int32_t i) {
+    if constexpr (kWeightGrad) {
+      return Scales{};
+    } else {
+      const int32_t kb = tile.kb_begin + i;
+      const auto a_scale = [&](int32_t row) { return row < M ? p.a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
+      const float b = p.b_scales[b_scale_row + kb];
+      return Scales{a_scale(row0), a_scale(row1), b, kSwiGLU ? p.b2_scales[b_scale_row + kb] : b};
+    }
+  };
+  const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+    sm90::fence_registers(d);
+    const int stage = (it + i) % kStages;
+    if constexpr (kWeightGrad) {
+      const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+      const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
+        const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
+        acc[4 * j] = fmaf(d[4 * j], a0 * b.x, acc[4 * j]);
+        acc[4 * j + 1] = fmaf(d[4 * j + 1], a0 * b.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(d[4 * j + 2], a1 * b.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(d[4 * j + 3], a1 * b.y, acc[4 * j + 3]);
+      }
+      sm90::mbarrier_arrive(&smem.empty[stage]);  // once its scales are read
+    } else {
+      sm90::mbarrier_arrive(&smem.empty[stage]);
+#pragma unroll
+      for (int e = 0; e < 64; ++e) {  // column groups 8-15 of a SwiGLU tile are the up half's
+        const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
+        acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
+      }
+    }
+  };
+  // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
+  // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
+  // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
+  // temporaries it spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas
+  // serialised its wgmma.
+  float pa[64];
+  if constexpr (kWeightGrad) {
+    for (int32_t i = 0; i < n; ++i) {
+      issue(pa, i);
+      sm90::wgmma_wait<0>();
+      promote(pa, i, Scales{});
+    }
+  } else {
+    float pb[64];
+    if (n > 0) issue(pa, 0);
+    int32_t i = 0;
+    for (; i + 2 < n; i += 2) {
+      Scales sc = scales_of(i);
+      issue(pb, i + 1);
+      sm90::wgmma_wait<1>();
+      promote(pa, i, sc);
+      sc = scales_of(i + 1);
+      issue(pa, i + 2);
+      sm90::wgmma_wait<1>();
+      promote(pb, i + 1, sc);
+    }
+    if (i + 1 < n) {  // two blocks left, in pa and pb
+      Scales sc = scales_of(i);
+      issue(pb, i + 1);
+      sm90::wgmma_wait<1>();
+      promote(pa, i, sc);
+      sc = scales_of(i + 1);
+      sm90::wgmma_wait<0>();
+      promote(pb, i + 1, sc);
+    } else if (i < n) {  // one, in pa
+      const Scales sc = scales_of(i);
+      sm90::wgmma_wait<0>();
+      promote(pa, i, sc);
+    }
+    // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
+    // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
+    // tools/sass-check would say SERIAL).
+  }
+}
+
+// ---- epilogue: the tile's sums out ----
+template <Form kForm, class Out>
+__device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
+                                         int c, const float (&acc)[64]) {
+  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
+  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
+  const int32_t M = p.M, N = p.N, m0 = tile.m0, n0 = tile.n0;
+  const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
+  if constexpr (kForm == Form::kDense) {  // fp32 out: each thread's two rows, two adjacent columns at a time
+    const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+    float* dst[2] = {row0 < M ? p.out + int64_t(row0) * N : nullptr, row1 < M ? p.out + int64_t(row1) * N : nullptr};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
+        if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
+  } else {
+    // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns n0 + 8j ..) in
+    // row half r at acc[4j + 2r], acc[4j + 2r + 1]. The TMA stores leave out rows and columns past
+    // their tensor.
+    const int32_t row = m0 + 64 * c;
+    const auto pair = [&](int i) { return make_float2(acc[i], acc[i + 1]); };
+    if constexpr (kSwiGLU) {  // 64 columns: the gate's groups in acc[0 .. 31], the up's in acc[32 .. 63]
+      auto& piece = reinterpret_cast<__nv_bfloat16(&)[1][64 * 64]>(smem.piece[c][0]);
+      gemm::impl::store_piece<false>(piece, p.tma_out, c, n0, row, 0, N, [&](int j, int r) {
+        const int i = 4 * j + 2 * r;
+        return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
+      });
+      if (p.kept.gate != nullptr) {  // row by row, by slot
+        using gemm::impl::SlotRows;
+        gemm::impl::store_piece<false>(piece, SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
+        gemm::impl::store_piece<false>(piece, SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
+      }
+    } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
+      if (row < M) {
+        const bool second = row >= p.split.rows;
+        gemm::impl::store_piece<true>(smem.piece[c], second ? p.tma_out2 : p.tma_out, c, n0,
+                                      second ? row - p.split.rows : row, tile.expert, N,
+                                      [&](int j, int r) { return pair(4 * j + 2 * r); });
+      }
+    } else {
+      gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N,
+                                     [&](int j, int r) { return pair(4 * j + 2 * r); });
+    }
+  }
+}
+
+// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...
 template <Form kForm, class Out>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -158,19 +393,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, SplitOut split) {
-  constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
-  constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
-  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
-  constexpr int kStages = Smem::kStages;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
+                          status, kept, split};
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
-  const int32_t k_blocks = tiles.k_blocks;
   if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < Smem::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
       sm90::mbarrier_init(&smem.empty[s], kConsumerThreads);
     }
@@ -178,207 +410,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (warpgroup == 0) {  // producer
+  if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    sm90::prefetch_tma_descriptor(&tma_a);
-    sm90::prefetch_tma_descriptor(&tma_b);
-    if constexpr (kSwiGLU) sm90::prefetch_tma_descriptor(&tma_b2);
-    int32_t it = 0;
-    for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
-      const Tile tile = tiles[t];
-      // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
-      // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
-      // never stored: their products are zeros and their outputs not stored).
-      const int32_t lda = (M + 3) / 4 * 4, ldb = (N + 3) / 4 * 4;
-      const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
-      const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
-      for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
-        const int stage = it % kStages;
-        // The stage's previous use (K block it - kStages) must be released by every consumer thread.
-        if (it >= kStages) {
-          sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, status, sm90::Wait::kEmptyStage, t);
-        }
-        // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes + a_scale_bytes + b_scale_bytes);
-        if constexpr (kWeightGrad) {
-          sm90::bulk_load(smem.scale_a[stage], a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
-          sm90::bulk_load(smem.scale_b[stage], b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
-        }
-        sm90::tma_load_2d(smem.a[stage], &tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
-        if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
-          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
-          sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, &tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
-                            tile.expert);
-        } else if constexpr (kForm == Form::kGrouped) {
-          sm90::tma_load_3d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
-        } else {  // dense, and the weight gradients' transposed rows
-          sm90::tma_load_2d(smem.b[stage], &tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
-        }
-      }
-    }
+    if (threadIdx.x == 0) producer(smem, tiles, p);
     return;
   }
-
-  // Consumers. Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row
-  // 64c + 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
-  const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
   int32_t it = 0;  // K blocks consumed before this tile
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
-    const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
-    const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
-    const int32_t n = tile.kb_end - tile.kb_begin;
-    // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
-    const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
-    // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
-    // gradient's scales there stale): every epilogue leaves them out.
     float acc[64];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
-    // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
-    const auto issue = [&](float(&d)[64], int32_t i) {
-      const int32_t g = it + i;
-      const int stage = g % kStages;
-      sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, status, sm90::Wait::kFullStage, t);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
-        const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
-        const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
-        sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
-      }
-      sm90::wgmma_commit();
-    };
-    // Block i's products d, its group completed, into acc times both scales (exact products of E4M3
-    // values: the order of the sums is the promotion's alone), and its stage back to the producer. The
-    // forward forms' scales (a row's per K block, [M, K blocks]; the B block's) are loaded from global
-    // memory before the wait; the weight gradient's (per row of A and per column of B) came with the stage.
-    struct Scales {
-      float a0, a1, b, b2;
-    };
-    const auto scales_of = [&](int32_t i) {
-      if constexpr (kWeightGrad) {
-        return Scales{};
-      } else {
-        const int32_t kb = tile.kb_begin + i;
-        const auto a_scale = [&](int32_t row) { return row < M ? a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
-        const float b = b_scales[b_scale_row + kb];
-        return Scales{a_scale(row0), a_scale(row1), b, kSwiGLU ? b2_scales[b_scale_row + kb] : b};
-      }
-    };
-    const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
-      sm90::fence_registers(d);
-      const int stage = (it + i) % kStages;
-      if constexpr (kWeightGrad) {
-        const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
-        const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
-          const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
-          acc[4 * j] = fmaf(d[4 * j], a0 * b.x, acc[4 * j]);
-          acc[4 * j + 1] = fmaf(d[4 * j + 1], a0 * b.y, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(d[4 * j + 2], a1 * b.x, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(d[4 * j + 3], a1 * b.y, acc[4 * j + 3]);
-        }
-        sm90::mbarrier_arrive(&smem.empty[stage]);  // once its scales are read
-      } else {
-        sm90::mbarrier_arrive(&smem.empty[stage]);
-#pragma unroll
-        for (int e = 0; e < 64; ++e) {  // column groups 8-15 of a SwiGLU tile are the up half's
-          const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
-          acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
-        }
-      }
-    };
-    // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
-    // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
-    // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
-    // temporaries it spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas
-    // serialised its wgmma.
-    float pa[64];
-    if constexpr (kWeightGrad) {
-      for (int32_t i = 0; i < n; ++i) {
-        issue(pa, i);
-        sm90::wgmma_wait<0>();
-        promote(pa, i, Scales{});
-      }
-    } else {
-      float pb[64];
-      if (n > 0) issue(pa, 0);
-      int32_t i = 0;
-      for (; i + 2 < n; i += 2) {
-        Scales sc = scales_of(i);
-        issue(pb, i + 1);
-        sm90::wgmma_wait<1>();
-        promote(pa, i, sc);
-        sc = scales_of(i + 1);
-        issue(pa, i + 2);
-        sm90::wgmma_wait<1>();
-        promote(pb, i + 1, sc);
-      }
-      if (i + 1 < n) {  // two blocks left, in pa and pb
-        Scales sc = scales_of(i);
-        issue(pb, i + 1);
-        sm90::wgmma_wait<1>();
-        promote(pa, i, sc);
-        sc = scales_of(i + 1);
-        sm90::wgmma_wait<0>();
-        promote(pb, i + 1, sc);
-      } else if (i < n) {  // one, in pa
-        const Scales sc = scales_of(i);
-        sm90::wgmma_wait<0>();
-        promote(pa, i, sc);
-      }
-      // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
-      // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
-      // tools/sass-check would say SERIAL).
-    }
-    it += n;
-
-    if constexpr (kForm == Form::kDense) {  // fp32 out: each thread's two rows, two adjacent columns at a time
-      float* dst[2] = {row0 < M ? out + int64_t(row0) * N : nullptr, row1 < M ? out + int64_t(row1) * N : nullptr};
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int32_t col = n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
-          if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      }
-    } else {
-      // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns n0 + 8j ..) in
-      // row half r at acc[4j + 2r], acc[4j + 2r + 1]. The TMA stores leave out rows and columns past
-      // their tensor.
-      const int32_t row = m0 + 64 * c;
-      const auto pair = [&](int i) { return make_float2(acc[i], acc[i + 1]); };
-      if constexpr (kSwiGLU) {  // 64 columns: the gate's groups in acc[0 .. 31], the up's in acc[32 .. 63]
-        auto& piece = reinterpret_cast<__nv_bfloat16(&)[1][64 * 64]>(smem.piece[c][0]);
-        gemm::impl::store_piece<false>(piece, &tma_out, c, n0, row, 0, N, [&](int j, int r) {
-          const int i = 4 * j + 2 * r;
-          return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
-        });
-        if (kept.gate != nullptr) {  // row by row, by slot
-          using gemm::impl::SlotRows;
-          gemm::impl::store_piece<false>(piece, SlotRows{kept.gate, kept.slot, N}, c, n0, row, 0, N,
-                                         [&](int j, int r) { return pair(4 * j + 2 * r); });
-          gemm::impl::store_piece<false>(piece, SlotRows{kept.up, kept.slot, N}, c, n0, row, 0, N,
-                                         [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
-        }
-      } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
-        if (row < M) {
-          const bool second = row >= split.rows;
-          gemm::impl::store_piece<true>(smem.piece[c], second ? &tma_out2 : &tma_out, c, n0,
-                                        second ? row - split.rows : row, expert, N,
-                                        [&](int j, int r) { return pair(4 * j + 2 * r); });
-        }
-      } else {
-        gemm::impl::store_piece<false>(smem.piece[c], &tma_out, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
-      }
-    }
+    mainloop(smem, tiles, p, tile, t, it, c, acc);
+    it += tile.kb_end - tile.kb_begin;
+    epilogue(smem, p, tile, c, acc);
   }
   // The stores must finish before the CTA's shared memory goes away.
   if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
