@@ -165,7 +165,9 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
         norm += w * w;
       }
     }
-    if (norm > 0.0) EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance) << what;
+    if (norm > 0.0) {
+      EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance) << what;
+    }
   };
   for (int64_t e = 0; e < E; ++e) {
     SCOPED_TRACE("expert " + std::to_string(e));
