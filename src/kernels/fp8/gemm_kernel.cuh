@@ -74,7 +74,7 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 
 // NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment
-// pad), 5 in the weight gradient, whose stages also carry their K block's scales. Each consumer
+// pad), 5 in the weight gradient, whose stages also hold their K block's scales. Each consumer
 // warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
 // flight for the SM (a reading of the code, not a measurement; against 4 yet to be timed).
 template <Form kForm>
