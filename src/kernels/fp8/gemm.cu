@@ -30,7 +30,7 @@ template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
-            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, SplitOut split = {}) {
+            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -145,7 +145,7 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
   launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                             tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
-                            SplitOut{out2, int32_t(split)});
+                            int32_t(split));
 }
 
 }  // namespace lynx::fp8

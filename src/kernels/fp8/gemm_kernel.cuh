@@ -43,13 +43,6 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / 
 static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stages stay 1024-byte aligned");
 constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
-// Where kWeightGrad writes an expert's output rows: [0, rows) to `out` ([experts, rows, N]), the others
-// to `second` ([experts, M − rows, N]); rows = M: all to `out`. rows % 64 == 0 unless rows = M, so that
-// no 64-row epilogue piece straddles the two.
-struct SplitOut {
-  bf16_t* second = nullptr;
-  int32_t rows = 0;
-};
 
 // Columns col (even) and col + 1 of an fp32 row of N (the dense form): one store of both where N is even
 // (the pair is then aligned), else each below N on its own.
@@ -156,7 +149,10 @@ struct KernelArgs {
   int32_t M, N;
   DeviceStatus* status;
   KeptGateUp kept;
-  SplitOut split;
+  // kWeightGrad: an expert's output rows [0, split) go to tma_out ([experts, split, N]), the others to
+  // tma_out2 ([experts, M − split, N]); split % 64 == 0 unless split = M, so that no 64-row epilogue
+  // piece straddles the two.
+  int32_t split;
 };
 
 // ---- producer: warpgroup 0's first thread ----
@@ -371,9 +367,9 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       }
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
       if (row < M) {
-        const bool second = row >= p.split.rows;
+        const bool second = row >= p.split;
         gemm::impl::store_piece<true>(smem.piece[c], second ? p.tma_out2 : p.tma_out, c, n0,
-                                      second ? row - p.split.rows : row, tile.expert, N,
+                                      second ? row - p.split : row, tile.expert, N,
                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
       }
     } else {
@@ -392,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status, KeptGateUp kept, SplitOut split) {
+                DeviceStatus* status, KeptGateUp kept, int32_t split) {
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));

@@ -161,9 +161,8 @@ constexpr int kRowsPerWarp = int(kBlock) / kBlockWarps;  // 16
 static_assert(kRowsPerWarp * kBlockWarps == kBlock, "the warps cover the block's rows");
 
 // Every value's finiteness and the block's largest magnitude, over the CTA (warp_amax: kBlockWarps
-// floats of shared memory). `bad(i)` also collects, for the transposed form, which source row i of the
-// warp's went bad: returned as the CTA-wide OR of each source's (bad0: rows for which `in_src1(i)` is
-// false, bad1: true).
+// floats of shared memory). Non-finite values are told apart by source for the transposed form: bad0
+// is the CTA-wide OR over the warp's rows i for which in_src1(i) is false, bad1 over those where true.
 struct BlockAmax {
   float amax;
   bool bad0, bad1;
