@@ -20,7 +20,7 @@ struct Cursor {
 
 }  // namespace
 
-RegionLayout region_layout(const LayerShape& s, int64_t cap, bool rows, bool slot_row) {
+RegionLayout region_layout(const LayerShape& s, int64_t cap, const RegionContents& contents) {
   const bool shared = s.num_ranks > 1;
   const int64_t entries = s.tokens * s.top_k;
   Cursor c;
@@ -28,12 +28,13 @@ RegionLayout region_layout(const LayerShape& s, int64_t cap, bool rows, bool slo
   l.status = c.take(sizeof(DeviceStatus));
   l.signals = c.take(sizeof(peer::Signals));
   l.ids32 = c.take(shared ? 4 * entries : 0);
-  l.slot_row = c.take(shared || slot_row ? 4 * entries : 0);
+  l.slot_row = c.take(shared || contents.slot_row ? 4 * entries : 0);
   l.weights = c.take(shared ? 4 * entries : 0);
   l.d_topk_rows = c.take(shared ? 4 * cap : 0);
   l.token_rows = c.take(shared ? 2 * s.tokens * s.hidden : 0);
-  l.rows_a = c.take(shared || rows ? 2 * cap * s.hidden : 0);
-  l.rows_b = c.take(shared || rows ? 2 * cap * s.hidden : 0);
+  const int64_t rows = shared || contents.rows ? 2 * cap * s.hidden : 0;
+  l.rows_a = c.take(rows);
+  l.rows_b = contents.rows_b_apart ? c.take(rows) : l.rows_a;
   l.bytes = c.at;
   return l;
 }

@@ -22,16 +22,25 @@ struct RegionLayout {
   int64_t token_rows;   // [T, H] bf16: x in forward, dy in backward (pulled by the ranks that need the rows);
                         // FP8: their 1×128 tiles, bytes [T, H] then fp32 scales [T, H/128↑] (fit: H >= 64)
   int64_t rows_a;       // [cap, H] bf16: forward's expert outputs (pulled by the combines)
-  int64_t rows_b;       // [cap, H] bf16: backward's per-row dx (pulled by the dx combines)
+  int64_t rows_b;       // [cap, H] bf16: backward's per-row dx (pulled by the dx combines); rows_a's
+                        // offset unless RegionContents::rows_b_apart
   int64_t bytes;        // the whole region
 };
 
-// At R = 1 nothing is shared, but the region holds the buffers all the same (ids32, token_rows,
-// weights and d_topk_rows take no space: the ids are scratch), rows_a and rows_b too unless `rows` is
-// false (they are then scratch a call takes: Config::scratch_allocator), slot_row unless `slot_row` is
-// false (a caller's forward context holds it). At R > 1 every buffer is there whatever the flags: the
-// other ranks read the rows and write slot_row (a caller's context keeps a copy of it).
-RegionLayout region_layout(const LayerShape& shape, int64_t capacity, bool rows = true, bool slot_row = true);
+// What the region holds besides what every rank holds. At R = 1 nothing is shared, but the region holds
+// the buffers all the same (ids32, token_rows, weights and d_topk_rows take no space: the ids are
+// scratch), rows_a and rows_b unless `rows` is false (they are then scratch a call takes:
+// Config::scratch_allocator), slot_row unless `slot_row` is false (a caller's forward context holds it).
+// At R > 1 every buffer is there whatever those two flags say: the other ranks read the rows and write
+// slot_row (a caller's context keeps a copy of it). At any R, rows_b lies on rows_a unless
+// `rows_b_apart` (the fused backward is done with its dy rows, rows_a, before its per-row dx fill rows_b;
+// each is read by other ranks only in a close step, after the barrier that ends the pass's compute).
+struct RegionContents {
+  bool rows = true;
+  bool slot_row = true;
+  bool rows_b_apart = true;
+};
+RegionLayout region_layout(const LayerShape& shape, int64_t capacity, const RegionContents& contents = {});
 
 // The device tables, each R pointers: table t of rank s at [t * R + s].
 enum Table : int32_t { kTokenRows, kWeights, kSlotRow, kRowsA, kRowsB, kDTopkRows, kSignals, kTables };

@@ -137,7 +137,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   const Fp8Buffers& f = w.f8;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
-  bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for dw_down
+  bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for dw_down (then
+                              //            rows_b, the per-row dx, in the same memory)
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
@@ -159,6 +160,17 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
                           data_of<const float>(in.topk_weights), slots, total, cap, I, s,
                           w.row_sources(comm::kWeights), w.gate_up_by_slot, true);
   }
+  // dw_down, the dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
+  if (w.config.bf16_weight_grads) {
+    fused::weight_grad_down(w, grads, dyg, s);
+  } else if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
+    // Its operands transposed and quantised in 1×128 tiles along the rows, into buffers the forward
+    // and the dgrad of down are done with (each at least that large); so below for dw_gate | dw_up.
+    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
+                                          data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
+  }
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: tiles over K = 2I times [w_gate; w_up]ᵀ [H, 2I] blocks.
   if (!omitted(Stage::kDgradGateUp, w.backward_calls)) {
     fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
@@ -168,27 +180,19 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);
     // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again into
-    // f8.xg (the dgrads are done with it).
+    // f8.xg (dw_down is done with it).
     if (!omitted(Stage::kXGather, w.backward_calls)) {
       tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
       dequantized_rows(w, w.un.xg, s);
     }
   }
-  if (w.config.bf16_weight_grads) return fused::weight_grads(w, grads, dyg, s);
-  // The weight gradients sum over each expert's rows: their operands transposed and quantised in 1×128
-  // tiles along the rows, into the buffers the dgrads are done with (each at least that large).
+  if (w.config.bf16_weight_grads) return fused::weight_grad_gate_up(w, grads, s);
   if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
     fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
     fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
     fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
                                           data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
-  }
-  if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
-    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
-    fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
-    fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
-                                          data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
   }
 }
 

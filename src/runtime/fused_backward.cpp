@@ -18,20 +18,30 @@ void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
                 sh.shared_intermediate > 0 ? w.un.ys : nullptr, sh.tokens, sh.top_k, sh.hidden, w.status, s, peers);
 }
 
-void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s) {
-  const LayerShape& sh = w.shape;
-  const int64_t H = sh.hidden, I = sh.intermediate;
-  // Weight gradients over each expert's rows, rounded up to 64 (WeightGradArgs::expert_rows).
+namespace {
+
+// The fields of a weight-gradient launch that come from the workspace: each expert's rows, rounded up
+// to 64 (WeightGradArgs::expert_rows).
+gemm::WeightGradArgs weight_grad_args(const Workspace::Impl& w) {
   gemm::WeightGradArgs wg;
   wg.capacity = w.problem.capacity;
-  wg.experts = sh.local_experts();
+  wg.experts = w.shape.local_experts();
   wg.expert_offset = w.schedule.expert_offset;
   wg.expert_rows = w.schedule.expert_rows;
   wg.status = w.stall_report_device;
   wg.tickets = w.gemm_tickets;
   wg.sm_count = w.plan.gemm_sm_count;
   wg.in_order = w.plan.weight_grad_in_order;
+  return wg;
+}
+
+}  // namespace
+
+void weight_grad_gate_up(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
+  if (omitted(Stage::kWgradGateUp, w.backward_calls)) return;
+  const int64_t H = w.shape.hidden, I = w.shape.intermediate;
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
+  gemm::WeightGradArgs wg = weight_grad_args(w);
   wg.a = w.fb.dgu;
   wg.m = 2 * I;
   wg.b = w.un.xg;
@@ -39,16 +49,21 @@ void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg,
   wg.split = I;
   wg.out = data_of<bf16_t>(grads.dw_gate);
   wg.out2 = data_of<bf16_t>(grads.dw_up);
-  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+  gemm::expert_weight_grad(wg, s);
+}
+
+void weight_grad_down(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s) {
+  if (omitted(Stage::kWgradDown, w.backward_calls)) return;
   // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
+  gemm::WeightGradArgs wg = weight_grad_args(w);
   wg.a = dyg;
-  wg.m = H;
+  wg.m = w.shape.hidden;
   wg.b = w.un.h;
-  wg.n = I;
+  wg.n = w.shape.intermediate;
   wg.split = 0;
   wg.out = data_of<bf16_t>(grads.dw_down);
   wg.out2 = nullptr;
-  if (!omitted(Stage::kWgradDown, w.backward_calls)) gemm::expert_weight_grad(wg, s);
+  gemm::expert_weight_grad(wg, s);
 }
 
 void restage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
@@ -66,7 +81,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
   bf16_t* dyg = w.un.rows_a;  // [cap, H]  gathered dy rows (zeros on padding rows)
-  bf16_t* dxe = w.un.rows_b;  // [cap, H]  per-row dx
+  bf16_t* dxe = w.un.rows_b;  // [cap, H]  per-row dx, once the dy rows are done with (the same memory)
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
 
   enqueue_shared_backward(w, in, dy, grads, s);
@@ -118,6 +133,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
                           data_of<const float>(in.topk_weights), slots, total, cap, I, s, weights, w.gate_up_by_slot);
   }
 
+  // The dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
+  weight_grad_down(w, grads, dyg, s);
+
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: one GEMM over K = 2I, fp32 accumulation throughout.
   g.launch = w.plan.dx;
   g.a = dgu;
@@ -141,7 +159,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     queue_gather_kernel(forward == plan::GatherPlace::kInGemm ? plan::GatherPlace::kRowKernel : forward, w, in.x,
                         w.un.xg, s);
   }
-  weight_grads(w, grads, dyg, s);
+  weight_grad_gate_up(w, grads, s);
 }
 
 }  // namespace

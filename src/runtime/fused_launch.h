@@ -33,8 +33,11 @@ void restage_routing(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 // them, with the d_topk_weights those ranks computed; 0 for the slots not routed.
 void dx_combine(Workspace::Impl& w, const Gradients& grads, cudaStream_t s);
 
-// The experts' weight gradients (bf16 GEMMs): dw_gate | dw_up from dg | du (w.fb.dgu) and the x rows
-// (w.un.xg), dw_down from the dy rows `dyg` and w·silu(g)⊙u (w.un.h), each over its expert's rows.
-void weight_grads(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s);
+// The experts' weight gradients (bf16 GEMMs), each over its expert's rows: dw_gate | dw_up from dg | du
+// (w.fb.dgu) and the x rows (w.un.xg); dw_down from the dy rows `dyg` and w·silu(g)⊙u (w.un.h). The
+// backwards queue dw_down before the dgrad of gate/up, whose per-row dx (w.un.rows_b) overwrite the
+// dy rows (w.un.rows_a, the same memory for the fused backend: runtime/workspace.cpp).
+void weight_grad_gate_up(Workspace::Impl& w, const Gradients& grads, cudaStream_t s);
+void weight_grad_down(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s);
 
 }  // namespace lynx::fused

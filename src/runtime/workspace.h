@@ -14,6 +14,7 @@
 #include "kernels/peer/api.h"
 #include "kernels/cublas/api.h"
 #include "kernels/schedule/api.h"
+#include "lynx/error.h"
 #include "lynx/moe.h"
 #include "plan/context_layout.h"
 #include "plan/layer_plan.h"
@@ -29,7 +30,7 @@ struct UnfusedBuffers {
   bf16_t* u;        // [cap, I]  up projection (saved context)
   bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
   bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd: gathered dy rows
-  bf16_t* rows_b;   // [cap, H]  bwd: per-row dx
+  bf16_t* rows_b;   // [cap, H]  bwd: per-row dx (fused: rows_a's memory, the dy rows done with)
   bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e]
   bf16_t* dg;       // [cap, I]  bwd
   bf16_t* du;       // [cap, I]  bwd
@@ -186,6 +187,17 @@ struct Workspace::Impl {
       *field = nullptr;
       slots.push_back({field, bytes});
       bytes += plan::lent_bytes(n);
+    }
+    // `field` lies on the block's `of`, placed before (their lifetimes within a call do not meet).
+    void alias(void** field, void** of) {
+      *field = nullptr;
+      for (const Slot& s : slots) {
+        if (s.field == of) {
+          slots.push_back({field, s.offset});
+          return;
+        }
+      }
+      throw Error("", "internal: a lent buffer aliases one not placed before it");
     }
     void bind(char* base) const {
       for (const Slot& s : slots) *s.field = base + s.offset;

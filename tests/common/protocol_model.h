@@ -13,9 +13,10 @@
 //            close:   wait; read ERR[r][q], RA[q] and SLOT[r][q] of every rank q
 //   backward open:    write TOK[r] (dy); arrive
 //            compute: wait; read TOK[s] and W[s] (the forward's weights) of every rank s; write RA[r]
-//                     (the gathered dy rows) and RB[r] (rows_b, the per-row d_topk_weights); write
-//                     ERR[s][r] into every rank s; arrive
-//            close:   wait; read ERR[r][q], RB[q] and SLOT[r][q] (the forward's) of every rank q
+//                     (the gathered dy rows, then the per-row dx: rows_b lies on rows_a) and RB[r]
+//                     (d_topk_rows, the per-row d_topk_weights); write ERR[s][r] into every rank s; arrive
+//            close:   wait; read ERR[r][q], RA[q] (the per-row dx), RB[q] and SLOT[r][q] (the
+//                     forward's) of every rank q
 // A read must see the value written in the pass it belongs to: its own pass, or for W and SLOT in
 // backward, the forward's before it.
 // With caller contexts (Config::caller_context) the passes may come in any order a model's step takes
@@ -153,7 +154,8 @@ class Model {
       if (bug_ != Bug::kNoComputeArrival) each(Op::kArrive, 0);
       if (bug_ != Bug::kCloseWithoutWait) program_.push_back({Op::kWait, -1, p, 0});
       each(Op::kReadErr, p);
-      each(forward ? Op::kReadRa : Op::kReadRb, p);
+      each(Op::kReadRa, p);
+      if (!forward) each(Op::kReadRb, p);
       if (caller_context_ && forward) {
         each(Op::kCopySlot, p);
       } else if (caller_context_ && bug_ != Bug::kNoSlotCopy) {
@@ -215,10 +217,10 @@ class Model {
         check_read(s.w[in.peer], in, r, "W (ids, weights)", violation);
         break;
       case Op::kReadRa:
-        check_read(s.ra[in.peer], in, r, "RA (rows_a: expert outputs)", violation);
+        check_read(s.ra[in.peer], in, r, "RA (rows_a: expert outputs, or rows_b on them: per-row dx)", violation);
         break;
       case Op::kReadRb:
-        check_read(s.rb[in.peer], in, r, "RB (rows_b, per-row d_topk_weights)", violation);
+        check_read(s.rb[in.peer], in, r, "RB (d_topk_rows: per-row d_topk_weights)", violation);
         break;
       case Op::kReadSlot:
         check_read(s.slot[r * R_ + in.peer], in, r, "SLOT (slot_row entries it wrote)", violation);
