@@ -12,6 +12,7 @@
 #include "gpu/layer_check.h"
 #include "gpu/poisoning_allocator.h"
 #include "lynx/allocator.h"
+#include "runtime/workspace.h"
 
 namespace lynx::test {
 namespace {
@@ -72,11 +73,14 @@ void expect_layers_share_scratch(Backend b, bool save_context) {
   EXPECT_GT(ws[0]->scratch_bytes(), 0);
   EXPECT_EQ(alloc.last_bytes, size_t(ws[0]->scratch_bytes()));
   // The scratch is what the workspace no longer holds (up to the 1 KB steps of each buffer).
-  const Workspace owning(L[0]->shape, config_of(b, save_context));
+  Workspace owning(L[0]->shape, config_of(b, save_context));
   EXPECT_EQ(owning.scratch_bytes(), 0);
   EXPECT_GE(ws[0]->device_bytes() + ws[0]->scratch_bytes(), owning.device_bytes());
   EXPECT_LE(ws[0]->device_bytes() + ws[0]->scratch_bytes(), owning.device_bytes() + 16 * 1024);
   EXPECT_LT(2 * ws[0]->device_bytes(), owning.device_bytes());
+  // The fused backward's per-row dx lie on its dy rows (runtime/workspace.cpp); the unfused keeps both.
+  const Workspace::Impl& own = owning.impl();
+  EXPECT_EQ(own.un.rows_b == own.un.rows_a, b == Backend::kFused);
 }
 
 TEST_F(ScratchAllocatorTest, LayersShareOneScratchFused) { expect_layers_share_scratch(Backend::kFused, true); }
