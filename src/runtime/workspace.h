@@ -28,10 +28,10 @@ struct UnfusedBuffers {
                     //            context at R > 1)
   bf16_t* g;        // [cap, I]  gate pre-activation (saved context)
   bf16_t* u;        // [cap, I]  up projection (saved context)
-  bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u
+  bf16_t* h;        // [cap, I]  fwd: silu(g)⊙u;            bwd: w · silu(g)⊙u (over da, in place)
   bf16_t* rows_a;   // [cap, H]  fwd: expert outputs y_e;   bwd: gathered dy rows
   bf16_t* rows_b;   // [cap, H]  bwd: per-row dx (fused: rows_a's memory, the dy rows done with)
-  bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e]
+  bf16_t* da;       // [cap, I]  bwd: dy_row · w_down[e] (h's memory)
   bf16_t* dg;       // [cap, I]  bwd
   bf16_t* du;       // [cap, I]  bwd
   // Shared expert (null when I_s == 0).
@@ -216,6 +216,15 @@ struct Workspace::Impl {
       field = alloc<T>(count);
     } else {
       scratch_block.place(reinterpret_cast<void**>(&field), count * int64_t(sizeof(T)));
+    }
+  }
+  // Scratch on the memory of `of` (placed before): their lifetimes within a call do not meet.
+  template <class T>
+  void scratch_on(T*& field, T* const& of) {
+    if (config.scratch_allocator == nullptr) {
+      field = of;
+    } else {
+      scratch_block.alias(reinterpret_cast<void**>(&field), reinterpret_cast<void**>(const_cast<T**>(&of)));
     }
   }
   // The forward context: what backward reads of its forward; allocated with the workspace unless

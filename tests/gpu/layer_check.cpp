@@ -384,7 +384,7 @@ void expect_padding_rows_zero(Workspace& ws, const Case& c) {
     int64_t cols;
   };
   const RowBuffer buffers[] = {
-      {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"da", w.un.da, c.I}, {"dx rows", w.un.rows_b, c.H}};
+      {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"w·silu(g)⊙u (over da)", w.un.h, c.I}, {"dx rows", w.un.rows_b, c.H}};
   for (const RowBuffer& b : buffers) {
     if (w.gate_up_by_slot && (b.data == w.un.g || b.data == w.un.u)) continue;  // kept by slot: no padding rows
     const int64_t cols = b.cols;

@@ -153,10 +153,11 @@ std::random_device::result_type fresh_seed();
 // A fresh random dy for case `c`.
 std::vector<HostBf16> random_dy(const Case& c);
 
-// Every padding row of the 64-row halves that hold rows is an exact zero in g and u (gate/up), da
-// (the dgrad of down) and the per-row dx (the dgrad of gate/up); stops at the first that is not. The
-// per-row dx lie on the dy rows, whose padding rows the gather zeroed, so for the row GEMMs' own zeros
-// it is da that tells (the same kernel mode as dx_row).
+// Every padding row of the 64-row halves that hold rows is an exact zero in g and u (gate/up, when kept
+// by row), w·silu(g)⊙u (the SwiGLU backward's, which dw_down reads: written over da in place) and the
+// per-row dx (the dgrad of gate/up, over the dy rows, whose padding rows the gather zeroed); stops at
+// the first that is not. After a whole backward the dgrads' own zeros are no longer there to see: no
+// reader needs them (the SwiGLU backward and the combine skip padding rows).
 void expect_padding_rows_zero(Workspace& ws, const Case& c);
 
 // The fixture of the fused-only tests (PairedTiles, KernelGather).

@@ -74,8 +74,8 @@ int experts_with_swapped_tails(Workspace& ws, const Case& c) {
 
 // Each expert's last row block a half tile with 10-60 rows (160 ± 13 rows per expert), so its A goes in
 // 1-4 boxes of 16 rows and zeros for the rest of the half (load_half_a in fused/expert_gemm.cu). The
-// padding rows of that half must come out of every row GEMM as exact zeros, as from a 64-row box,
-// poisoned with NaN first; single CTAs and cluster units.
+// padding rows of that half must come out as exact zeros, as from a 64-row box, poisoned with NaN
+// first (seen in the per-row dx and in w·silu(g)⊙u: layer_check.h); single CTAs and cluster units.
 
 TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
   const Case c{640, 128, 128, 8, 2, 0};

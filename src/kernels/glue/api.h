@@ -46,7 +46,8 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // half without rows, which no bf16 GEMM reads (sched::core::in_rowless_half); with `every_padding_row`
 // those too (the FP8 passes quantise whole 128-row blocks).
 // dg and du rows are `out_pitch` elements apart (width for separate arrays; 2·width when dg and du
-// are the two halves of one [rows, 2·width] array); the other arrays are [rows, width].
+// are the two halves of one [rows, 2·width] array); the other arrays are [rows, width]. hw may be da
+// (written in place); no other output may overlap an input.
 // With remote `weight_sources` (R > 1) a row's weight is read from its source rank's copy of the
 // weights (topk_weights is ignored), and d_topk_weights is per row: d_topk_weights[row] (the source
 // pulls it in its combine). With `gate_up_by_slot` (one rank) g and u are [T·k, width], a row's at its

@@ -194,13 +194,15 @@ constexpr int kSwigluWarps = 4;
 constexpr int kSwigluVecs = 3;
 constexpr int kSwigluBlocksPerSm = 5;
 
+// hw may be da (in place): a lane reads its vectors of da before it writes the same vectors of hw,
+// and no lane touches another's (so neither pointer is __restrict__).
 // kRemote (R > 1): each row's weight from its source rank's copy, d_topk_weights per row (at 5
 // blocks per SM its table lookups spilled). kBySlot: g and u at the row's slot (its second row
 // address spilled at 5 blocks too; at 4, 16 rows in flight per SM still keep ~70 KB of loads in flight).
 template <bool kRemote, bool kBySlot>
 __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kSwigluBlocksPerSm) swiglu_backward_kernel(
-    Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* __restrict__ hw,
-    float* __restrict__ d_topk_weights, const Vec8* __restrict__ da, const Vec8* __restrict__ g,
+    Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* hw,
+    float* __restrict__ d_topk_weights, const Vec8* da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
     const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources, bool every_padding_row) {
   static_assert(!(kRemote && kBySlot), "by slot: one rank");
