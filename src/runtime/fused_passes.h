@@ -1,6 +1,6 @@
 // The fused backend's passes: the schedule kernel, then the routed experts on the expert GEMM kernel,
 // which reads the schedule from device memory (forward: gate/up with SwiGLU in the epilogue, then down;
-// backward: da, the SwiGLU backward, dx_row, then the weight gradients), the shared expert and the
+// backward: da, the SwiGLU backward, dw_down, dx_row over the dy rows, dw_gate | dw_up), the shared expert and the
 // combines. No host synchronisation anywhere: capturable in a CUDA graph. Errors found on the device
 // (routing, schedule capacity) leave y and dx unwritten and are reported by Workspace::check().
 //

@@ -21,7 +21,7 @@ enum class Stage : uint32_t {
   kCombine,         // forward: the combine into y
   kDyGather,        // backward: dy rows into schedule order (fused: inside the da GEMM, so leaving
                     // that GEMM out leaves this out too). Its buffer is the forward's down output
-                    // too, so without it the da GEMM reads those rows, not the earlier dy rows.
+                    // and the per-row dx too, so without it the da GEMM reads the last of those.
   kDgradDown,       // backward: da = dy_row · w_down
   kSwigluBackward,  // backward: dg, du and d_topk_weights
   kDgradGateUp,     // backward: dx_row = [dg | du] · [w_gate; w_up]
@@ -43,7 +43,9 @@ const char* stage_name(Stage s);
 // Whether to leave `s` out of this call: LYNX_OMIT (read once per process) names it and the workspace
 // has already run the stage's pass `calls_before` times. NOTES: the first call of each pass runs in
 // full, so a stage left out later leaves its output buffer holding the values it computed then, which
-// for the benchmark's repeated inputs are the values it would compute now. Left out from the first
+// for the benchmark's repeated inputs are the values it would compute now, except in the buffers two
+// stages write (rows a: the dy rows, then the per-row dx; da, then w·silu(g)⊙u), which then hold the
+// later stage's values: finite, of the same magnitudes, not the same data. Left out from the first
 // call, the downstream kernels computed on never-written (zero) memory, and under the power cap zero
 // operands ran faster: at deepseek-v3 leaving out the 0.31 ms gather saved 0.68 ms (measured
 // 2026-11-29, commit 27164ab).

@@ -289,6 +289,29 @@ void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradien
   }
 }
 
+void expect_rows_near(const std::vector<HostBf16>& got, const std::vector<double>& want, int64_t width,
+                      const char* what) {
+  constexpr double kRowBound = 0.1, kRowFloor = 0.25;  // layer_check.h says why
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const int64_t rows = int64_t(want.size()) / width;
+  std::vector<double> norm(size_t(rows), 0.0), err(size_t(rows), 0.0);
+  double sum_sq = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = r * width; i < (r + 1) * width; ++i) {
+      const double d = to_double(got[size_t(i)]) - want[size_t(i)];
+      norm[size_t(r)] += want[size_t(i)] * want[size_t(i)];
+      err[size_t(r)] += d * d;  // NaN stays NaN, and fails below
+    }
+    sum_sq += norm[size_t(r)];
+  }
+  const double floor = kRowFloor * std::sqrt(sum_sq / double(std::max<int64_t>(rows, 1)));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double e = std::sqrt(err[size_t(r)]) / std::max(std::sqrt(norm[size_t(r)]), floor);
+    ASSERT_TRUE(e <= kRowBound) << what << " row " << r << ": relative error " << e << " (norm "
+                                    << std::sqrt(norm[size_t(r)]) << ", rows' rms norm " << floor / kRowFloor << ")";
+  }
+}
+
 void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy) {
   const Case& c = L.c;
   const std::vector<double> w = L.weights_double();
@@ -297,6 +320,9 @@ void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::v
   const ref::Gradients g = ref::backward(r, to_double_vec(dy).data());
   EXPECT_LT(rel_error(o.y, y_ref, "y"), kTolerance);
   EXPECT_LT(rel_error(o.dx, g.dx, "dx"), kTolerance);
+  expect_rows_near(o.y, y_ref, c.H, "y");
+  expect_rows_near(o.dx, g.dx, c.H, "dx");
+  if (::testing::Test::HasFatalFailure()) return;
   // NOTES: each d_topk_weights value is one dot product over I of bf16-rounded factors (da, g, u),
   // so its error scales with the magnitude of its terms, Σ|da_i a_i|, not with its value: each term
   // is off by a few 2⁻⁹ at most, with random signs. Every value must be within 1e-2 of that

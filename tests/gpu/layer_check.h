@@ -131,6 +131,15 @@ LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const
 // a cancelled dot product's error scales with its terms, not with its value (fatal on the first miss).
 void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
 
+// Every row of a [rows, width] output (y, dx) near the reference's row: within 0.1 of that row's norm or,
+// for rows under a quarter of the rows' rms norm (a cancelled sum), of that quarter. NOTES: a wrong
+// term (one of a token's k rows stale or never written: the per-row buffers share memory, so such a
+// row holds another stage's finite values, not the poison) moves its row by ~1/√k of its norm, which
+// the tensor's Frobenius error spreads over every row; bf16 rounding moves a row by a few 2⁻⁹. Looser
+// than the random cases' per-row bound (random_case.h), which divides by each row's terms.
+void expect_rows_near(const std::vector<HostBf16>& got, const std::vector<double>& want, int64_t width,
+                      const char* what);
+
 // Every output against the reference for these inputs and dy.
 void expect_matches_reference(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy);
 
