@@ -1,0 +1,54 @@
+"""tools/check-waits on small trees: loops that poll memory without reading %globaltimer are found, the
+bounded ones, the callers of bounded waits, asm statements and comments are not."""
+import importlib.machinery
+import importlib.util
+import pathlib
+import tempfile
+
+TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "check-waits"
+loader = importlib.machinery.SourceFileLoader("check_waits", str(TOOL))
+spec = importlib.util.spec_from_loader("check_waits", loader)
+check_waits = importlib.util.module_from_spec(spec)
+loader.exec_module(check_waits)
+
+
+def found(text, name="kernels/k.cu"):
+    with tempfile.TemporaryDirectory() as d:
+        root = pathlib.Path(d)
+        path = root / "src" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return check_waits.violations(root)
+
+
+def test_unbounded_loops():
+    v = found("__device__ void f(int* p) {\n  while (ld_acquire(p) < 3) {\n    __nanosleep(64);\n  }\n}\n")
+    assert len(v) == 1 and "k.cu:2:" in v[0] and "ld_acquire" in v[0]
+    assert len(found("__device__ void f(int* p) { while (ld_relaxed(p) == 0); }\n")) == 1
+    assert len(found("__device__ void f(int* p) {\n  do {\n  } while (*(volatile int*)p == 0);\n}\n")) == 1
+    assert len(found("__device__ void f(const uint32_t* c) { for (;;) { if (signal_load(c) > 1) break; } }\n")) == 1
+    assert len(found("__device__ bool f(uint64_t* b) { while (!mbarrier_try_wait(b, 0)) {} return true; }\n",
+                     "device/sm90.cuh")) == 1
+
+
+def test_bounded_and_other_loops():
+    bounded = ("__device__ bool f(int* p) {\n  const uint64_t start = globaltimer_ns();\n"
+               "  for (;;) {\n    if (ld_acquire(p) > 0) return true;\n"
+               "    if (globaltimer_ns() - start > 100) return false;\n  }\n}\n")
+    assert found(bounded) == []
+    # Calling the bounded waits, an asm statement, a mention in a comment or a string: no poll of its own.
+    assert found("__device__ void f(uint64_t* b) { for (int i = 0; i < 4; ++i) mbarrier_wait(b, i, 0, 0, 0); }\n") == []
+    assert found("__device__ void f(float* d) { for (int i = 0; i < 4; ++i) asm volatile(\"\" : \"+f\"(d[i])); }\n") == []
+    assert found("__device__ void f() {\n  for (int i = 0; i < 4; ++i) {\n    // ld_acquire(p) would wait\n"
+                 "    g(\"volatile\");\n  }\n}\n") == []
+
+
+def test_this_tree():
+    assert check_waits.violations(TOOL.parents[1]) == []
+
+
+if __name__ == "__main__":
+    for name, fn in list(globals().items()):
+        if name.startswith("test_"):
+            fn()
+    print("ok")
