@@ -49,8 +49,9 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     expert-parallel group it holds nothing of a layer between calls (its scratch is lent, its context
     the caller's) but, in FP8, the E4M3 copies of the weights it was last given, and the group's
     exchange buffers (the shared region, sized by the schedule capacity: rows of every rank, 553 MiB a
-    rank at qwen3-30b-a3b shapes, T = 8192, R = 8 and a capacity for a load of 2): the group's layers of a shape whose calls run on one stream share
-    one, whatever their tags, and in FP8 each call whose weights are not the copies' quantises them
+    rank at qwen3-30b-a3b shapes, T = 8192, R = 8 and a capacity for a load of 2): the group's layers
+    of a shape whose calls run on one stream share one, whatever their tags, and in FP8 each call
+    whose weights are not the copies' quantises them
     again (_fp8_weights: a layer's forward and its backward each, when other layers ran between). That
     is safe because passes on one stream run one after another, each ended by its barrier before the
     next begins; layers on different streams (which may overlap) get different workspaces."""

@@ -44,7 +44,8 @@ TEST(Region, BuffersAreAlignedDisjointAndInside) {
     for (const bool rows : {true, false}) {
       for (const bool apart : {true, false}) {
         const RegionContents c{.rows = rows, .slot_row = rows, .rows_b_apart = apart};
-        const std::string where = "at R = " + std::to_string(R) + (rows ? "" : ", rows lent") + (apart ? "" : ", rows_b on rows_a");
+        const std::string where =
+            "at R = " + std::to_string(R) + (rows ? "" : ", rows lent") + (apart ? "" : ", rows_b on rows_a");
         const RegionLayout l = region_layout(s, cap, c);
         std::vector<Span> v = spans(l, s, cap, c);
         std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.at < b.at; });

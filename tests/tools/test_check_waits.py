@@ -38,7 +38,8 @@ def test_bounded_and_other_loops():
     assert found(bounded) == []
     # Calling the bounded waits, an asm statement, a mention in a comment or a string: no poll of its own.
     assert found("__device__ void f(uint64_t* b) { for (int i = 0; i < 4; ++i) mbarrier_wait(b, i, 0, 0, 0); }\n") == []
-    assert found("__device__ void f(float* d) { for (int i = 0; i < 4; ++i) asm volatile(\"\" : \"+f\"(d[i])); }\n") == []
+    asm = "__device__ void f(float* d) { for (int i = 0; i < 4; ++i) asm volatile(\"\" : \"+f\"(d[i])); }\n"
+    assert found(asm) == []
     assert found("__device__ void f() {\n  for (int i = 0; i < 4; ++i) {\n    // ld_acquire(p) would wait\n"
                  "    g(\"volatile\");\n  }\n}\n") == []
 
