@@ -220,11 +220,11 @@ struct Workspace::Impl {
   }
   // Scratch on the memory of `of` (placed before): their lifetimes within a call do not meet.
   template <class T>
-  void scratch_on(T*& field, T* const& of) {
+  void scratch_on(T*& field, T*& of) {
     if (config.scratch_allocator == nullptr) {
       field = of;
     } else {
-      scratch_block.alias(reinterpret_cast<void**>(&field), reinterpret_cast<void**>(const_cast<T**>(&of)));
+      scratch_block.alias(reinterpret_cast<void**>(&field), reinterpret_cast<void**>(&of));
     }
   }
   // The forward context: what backward reads of its forward; allocated with the workspace unless
