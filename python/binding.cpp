@@ -233,10 +233,11 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     lynx::forward(ws, inputs, out, to_stream(stream));
   });
-  m.def("quantize_weights", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
+  // copies: lynx::Fp8Copies (0 both, 1 the forward's, 2 the backward's)
+  m.def("quantize_weights", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream, int copies) {
     const lynx::LayerInputs inputs = to_inputs(in);
     py::gil_scoped_release release;
-    lynx::quantize_weights(ws, inputs.weights, to_stream(stream));
+    lynx::quantize_weights(ws, inputs.weights, to_stream(stream), lynx::Fp8Copies(copies));
   });
   // (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
   m.def("set_quantized_weights", [](lynx::Workspace& ws, const py::tuple& t, uintptr_t stream) {

@@ -141,16 +141,24 @@ void recompute_forward_context(Workspace& ws, const LayerInputs& in, cudaStream_
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
               cudaStream_t stream);
 
+// Which of the weights' E4M3 copies quantize_weights makes: the forward's (w_gate, w_up and w_down in
+// 128×128 blocks, read by forward and recompute_forward_context), the backward's (the transposed
+// matrices its dgrads read), or both. Each is half the work (a read of the bf16 weights, a write of
+// their E4M3 copies), so that layers sharing a workspace quantise in each pass only what it reads.
+enum class Fp8Copies : int32_t { kBoth = 0, kForward = 1, kBackward = 2 };
+
 // Config::precision == Precision::kFp8Block: makes the workspace's E4M3 copies of the routed experts'
 // weights (one power-of-two scale per 128×128 block of each expert's matrix, and of the transposed
 // matrices the backward's dgrads read; docs/fp8.md), which every later forward and backward reads. Call
 // it before the first forward and again whenever the weights change (after each optimizer step), on the
 // stream of the passes (or with the streams ordered: it rewrites copies a queued backward may still
-// read): forward and backward throw unless it was last given the same w_gate, w_up and w_down tensors
-// (pointer identity, which cannot see values changed in place). At R > 1 each rank quantises its own
-// experts' weights. A NaN or an infinity in the weights is reported by Workspace::check (the next
-// forward then writes no y). No host synchronisation.
-void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream);
+// read): forward and recompute_forward_context throw unless the forward's copies were last made from
+// the same w_gate, w_up and w_down tensors, and backward unless the backward's were (pointer identity,
+// which cannot see values changed in place). At R > 1 each rank quantises its own experts' weights. A
+// NaN or an infinity in the weights is reported by Workspace::check (the next forward then writes no
+// y). No host synchronisation.
+void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream,
+                      Fp8Copies copies = Fp8Copies::kBoth);
 
 // The routed experts' weights already in FP8 (made elsewhere): each matrix as E4M3 values with one fp32
 // scale per 128×128 block, value = e4m3 · scale (quantize_weights' layout; any finite scale, not only

@@ -6,8 +6,9 @@ save_forward_context=False).
 
 Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
 capacity, save_forward_context, workspace tag, expert-parallel group id, precision code), so that a
-traced graph holds no Python objects. In FP8 (precision code 1) the ops that run a forward first make
-the workspace's FP8 copies of the expert weights again when those weights changed (_fp8_weights)."""
+traced graph holds no Python objects. In FP8 (precision code 1) each op first makes the FP8 copies of
+the expert weights that its pass reads (the forward's or the backward's) again when they are not of
+these weights as they are now (_fp8_weights)."""
 
 from typing import Optional
 
@@ -51,8 +52,9 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     exchange buffers (the shared region, sized by the schedule capacity: rows of every rank, 553 MiB a
     rank at qwen3-30b-a3b shapes, T = 8192, R = 8 and a capacity for a load of 2): the group's layers
     of a shape whose calls run on one stream share one, whatever their tags, and in FP8 each call
-    whose weights are not the copies' quantises them
-    again (_fp8_weights: a layer's forward and its backward each, when other layers ran between). That
+    whose weights are not the copies' quantises again
+    the copies its pass reads (_fp8_weights: a layer's forward the forward's, its backward the
+    backward's, when other layers ran between). That
     is safe because passes on one stream run one after another, each ended by its barrier before the
     next begins; layers on different streams (which may overlap) get different workspaces."""
     if ep_group != 0:
@@ -64,18 +66,22 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
 
 # Whether an FP8 call has been captured in a CUDA graph in this process: see _fp8_weights.
 _FP8_CAPTURED = False
+# lynx::Fp8Copies: the weights' E4M3 copies a pass reads, the forward's or the backward's (transposed).
+FORWARD_COPIES, BACKWARD_COPIES = 1, 2
 
 
-def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
-    """FP8: makes the workspace's E4M3 copies of the expert weights (lynx::quantize_weights) unless they
-    are of these very tensors, at the same addresses, unchanged since (weak references, data pointers and
-    version counters, as the context's inputs are compared in functional.Workspace). NOTES: always
-    inside a CUDA graph capture (a replay must requantise what the optimizer has changed in place since,
-    which no host check sees), and on every call once an FP8 call has been captured in this process (a
-    graph's replays, an optimizer step among them, change weights without bumping their version
-    counters, and may run the kernels that overwrite the copies); always for inference tensors, which
-    keep no version counter. A change no counter records (through `.data`, or an optimizer writing
-    through raw pointers) is not seen: functional.fp8_weights_changed() forces new copies."""
+def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
+    """FP8: makes the workspace's E4M3 copies of the expert weights that a pass reads (`copies`: the
+    forward's or the backward's; lynx::quantize_weights) unless they are of these very tensors, at the
+    same addresses, unchanged since (weak references, data pointers and version counters, as the
+    context's inputs are compared in functional.Workspace): layers sharing a workspace quantise in each
+    pass only what it reads. NOTES: always inside a CUDA graph capture (a replay must requantise what
+    the optimizer has changed in place since, which no host check sees), and on every call once an FP8
+    call has been captured in this process (a graph's replays, an optimizer step among them, change
+    weights without bumping their version counters, and may run the kernels that overwrite the copies);
+    always for inference tensors, which keep no version counter. A change no counter records (through
+    `.data`, or an optimizer writing through raw pointers) is not seen: functional.fp8_weights_changed()
+    forces new copies."""
     global _FP8_CAPTURED
     if precision == _workspaces._PRECISIONS["bf16"]:
         return
@@ -94,13 +100,15 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream):
     if torch.cuda.is_current_stream_capturing():
         _FP8_CAPTURED = True
     untracked = _FP8_CAPTURED or any(t.is_inference() for t in now)
-    kept = getattr(ws, "_fp8_weights", None)
-    same = (not untracked and kept is not None and
-            all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(kept, now)))
+    kept = getattr(ws, "_fp8_weights", None) or {}  # copies -> the weights they were made from
+    made = kept.get(copies)
+    same = (not untracked and made is not None and
+            all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(made, now)))
     if not same:
-        _C.quantize_weights(ws, inputs, stream)
-        ws._fp8_prequantized = False  # the copies are of bf16 weights now
-        ws._fp8_weights = None if untracked else tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
+        _C.quantize_weights(ws, inputs, stream, copies)
+        ws._fp8_prequantized = False  # the copies are (or are becoming) of bf16 weights
+        ws._fp8_weights = None if untracked else {
+            **kept, copies: tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)}
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group) -> int:
@@ -130,7 +138,7 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
     context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group),
                           dtype=torch.uint8, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
     _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
     return y, context
 
@@ -161,8 +169,8 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
     ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    # The FP8 dgrads read the weights' copies: another layer's forward on this workspace may have made its own.
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
+    # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
     _C.backward_from(ws, inputs, _views.view(dy, "dy"), views, context.data_ptr(), context.numel(), _stream(x))
     return grads
 
@@ -196,7 +204,7 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
                     precision)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
     _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
     return y
 
@@ -217,9 +225,10 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     stream = _stream(x)
     # Another call may have replaced the workspace's forward context (or it was never kept).
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream)  # as in moe_backward_from
     if not ws.has_context_for(inputs):
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, FORWARD_COPIES)
         _C.recompute_forward_context(ws, inputs, stream)
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, BACKWARD_COPIES)  # as in moe_backward_from
     grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
     return grads
@@ -237,7 +246,7 @@ def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Ten
     ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
                     precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x))
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
     _C.recompute_forward_context(ws, inputs, _stream(x))
     return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
 

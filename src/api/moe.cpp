@@ -62,7 +62,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
-  require_quantized_weights(w, in);
+  require_quantized_weights(w, in, Fp8Copies::kForward);
   if (ctx) {
     validate_context(w, *ctx);
     ctx->valid = false;  // until this call has queued its work
@@ -83,7 +83,7 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
-  require_quantized_weights(w, in);
+  require_quantized_weights(w, in, Fp8Copies::kForward);
   if (ctx) {
     validate_context(w, *ctx);
     ctx->valid = false;
@@ -105,7 +105,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
   // One rank's backward reads x again (the weight gradients' rows) after it writes dx.
   if (grads.dx.data == in.x.data) throw Error("dx", "must not alias x");
-  require_quantized_weights(w, in);  // the FP8 dgrads read the weights' transposed copies
+  require_quantized_weights(w, in, Fp8Copies::kBackward);  // the FP8 dgrads read the transposed copies
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -130,12 +130,15 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
 
 }  // namespace
 
-void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream) {
+void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t stream, Fp8Copies copies) {
   Workspace::Impl& w = ws.impl();
   api::require_fp8(w, "quantize_weights");
+  if (copies != Fp8Copies::kBoth && copies != Fp8Copies::kForward && copies != Fp8Copies::kBackward) {
+    throw Error("copies", "must be Fp8Copies::kBoth, kForward or kBackward, got " + std::to_string(int(copies)));
+  }
   validate_weights(w.shape, weights);
   check_device(w);
-  enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, stream); });
+  enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, copies, stream); });
 }
 
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream) {

@@ -37,10 +37,10 @@ inline void backward_step(Workspace::Impl& w, const LayerInputs& in, const Tenso
   fused::backward(w, in, dy, grads, s, step);
 }
 
-// The FP8 passes read the weights' E4M3 copies: they must be those of the weights given (pointer
-// identity and dtype: bf16 ones given to quantize_weights, or e4m3 ones to set_quantized_weights). The
-// bf16 passes take bf16 weights only.
-inline void require_quantized_weights(const Workspace::Impl& w, const LayerInputs& in) {
+// The FP8 passes read the weights' E4M3 copies, `copies` (the forward's, or the backward's transposed
+// ones): they must be those of the weights given (pointer identity and dtype: bf16 ones given to
+// quantize_weights, or e4m3 ones to set_quantized_weights). The bf16 passes take bf16 weights only.
+inline void require_quantized_weights(const Workspace::Impl& w, const LayerInputs& in, Fp8Copies copies) {
   const ExpertWeights& x = in.weights;
   const DType dtype = x.w_gate.dtype;
   if (x.w_up.dtype != dtype || x.w_down.dtype != dtype) {
@@ -54,15 +54,20 @@ inline void require_quantized_weights(const Workspace::Impl& w, const LayerInput
     }
     return;
   }
-  if (!w.quantized_weights.valid) {
+  const bool forward = copies == Fp8Copies::kForward;
+  const QuantizedWeightsKey& made = forward ? w.quantized_forward : w.quantized_backward;
+  const std::string which =
+      forward ? "the forward's copies (Fp8Copies::kForward)" : "the backward's copies (Fp8Copies::kBackward)";
+  if (!made.valid) {
     throw Error("weights", "config.precision is fp8_block: call quantize_weights (or set_quantized_weights) before "
-                           "the first forward");
+                           "the first " + std::string(forward ? "forward" : "backward") + ", making " + which);
   }
   const QuantizedWeightsKey given{x.w_gate.data, x.w_up.data, x.w_down.data, dtype, true};
-  if (!(w.quantized_weights == given)) {
+  if (!(made == given)) {
     throw Error("weights", dtype == DType::kE4M3
                                ? "are not the tensors set_quantized_weights was given: call it with these weights"
-                               : "are not the tensors quantize_weights was given: call it with these weights");
+                               : "are not the tensors quantize_weights last made " + which +
+                                     " from: call it with these weights");
   }
 }
 

@@ -230,7 +230,7 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
         validate_inputs(w.shape, in[r]);
         validate_output(w.shape, y[r]);
         if (y[r].data == in[r].x.data) throw Error("y", "must not alias x");
-        api::require_quantized_weights(w, in[r]);
+        api::require_quantized_weights(w, in[r], Fp8Copies::kForward);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::forward_step(w, in[r], y[r], st, s);
@@ -244,7 +244,7 @@ void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const
       ranks, in.size(), stream,
       [&](Workspace::Impl& w, size_t r) {
         validate_inputs(w.shape, in[r]);
-        api::require_quantized_weights(w, in[r]);
+        api::require_quantized_weights(w, in[r], Fp8Copies::kForward);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::recompute_step(w, in[r], st, s);
@@ -261,7 +261,7 @@ void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Laye
         validate_gradients(w.shape, dy[r], grads[r]);
         if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
         require_context(w, in[r]);  // before any rank queues anything: a pass begun must be ended
-        api::require_quantized_weights(w, in[r]);
+        api::require_quantized_weights(w, in[r], Fp8Copies::kBackward);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::backward_step(w, in[r], dy[r], grads[r], st, s);

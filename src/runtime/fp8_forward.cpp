@@ -16,23 +16,30 @@ fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what) {
 
 }  // namespace
 
-void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s) {
+void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copies copies, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   Fp8Buffers& f = w.f8;
-  w.quantized_weights.valid = false;  // until every copy is queued
-  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_gate), E, I, H, f.w_gate, f.w_gate_scales,
-                       report(w, Fp8Tensor::kGate), s);
-  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_up), E, I, H, f.w_up, f.w_up_scales, report(w, Fp8Tensor::kUp),
-                       s);
-  fp8::quantize_blocks(data_of<const bf16_t>(weights.w_down), E, H, I, f.w_down, f.w_down_scales,
-                       report(w, Fp8Tensor::kDown), s);
-  fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_down), H, nullptr, 0, E, I, f.w_down_t,
-                                  f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
-  const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
-  fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_gate), I, data_of<const bf16_t>(weights.w_up), I,
-                                  E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
+  const QuantizedWeightsKey made{weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
+  if (copies != Fp8Copies::kBackward) {
+    w.quantized_forward.valid = false;  // until every copy is queued
+    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_gate), E, I, H, f.w_gate, f.w_gate_scales,
+                         report(w, Fp8Tensor::kGate), s);
+    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_up), E, I, H, f.w_up, f.w_up_scales,
+                         report(w, Fp8Tensor::kUp), s);
+    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_down), E, H, I, f.w_down, f.w_down_scales,
+                         report(w, Fp8Tensor::kDown), s);
+    w.quantized_forward = made;
+  }
+  if (copies != Fp8Copies::kForward) {
+    w.quantized_backward.valid = false;
+    fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_down), H, nullptr, 0, E, I, f.w_down_t,
+                                    f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+    const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
+    fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_gate), I, data_of<const bf16_t>(weights.w_up), I,
+                                    E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
+    w.quantized_backward = made;
+  }
 }
 
 void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, cudaStream_t s) {
@@ -40,7 +47,7 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   const int64_t kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
   Fp8Buffers& f = w.f8;
-  w.quantized_weights.valid = false;  // until every copy is queued
+  w.quantized_forward.valid = w.quantized_backward.valid = false;  // until every copy is queued
   const auto copy = [&](void* dst, const TensorView& src, int64_t bytes) {
     LYNX_CUDA(cudaMemcpyAsync(dst, src.data, size_t(bytes), cudaMemcpyDeviceToDevice, s));
   };
@@ -56,7 +63,8 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
                                       f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-  w.quantized_weights = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
+  w.quantized_forward = w.quantized_backward = {weights.w_gate.data, weights.w_up.data, weights.w_down.data,
+                                                 DType::kE4M3, true};
 }
 
 namespace {

@@ -18,9 +18,10 @@
 
 namespace lynx::fp8pass {
 
-// The E4M3 copies of the routed experts' weights, per 128×128 block of each expert's matrix; a weight
-// that is not finite is reported through the status word, as the pass reports x.
-void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, cudaStream_t s);
+// The E4M3 copies of the routed experts' weights, per 128×128 block of each expert's matrix (`copies`:
+// the forward's, the backward's transposed ones, or both); a weight that is not finite is reported
+// through the status word, as the pass reports x.
+void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copies copies, cudaStream_t s);
 
 // Pre-quantised weights (moe.h, set_quantized_weights): copied as the E4M3 copies, the transposed copies
 // quantised from their values; a value or scale that is not finite reported as quantize_weights does.

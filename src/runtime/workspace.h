@@ -135,7 +135,8 @@ struct Workspace::Impl {
   UnfusedBuffers un{};
   FusedBuffers fb{};
   Fp8Buffers f8{};
-  QuantizedWeightsKey quantized_weights;
+  QuantizedWeightsKey quantized_forward;   // the weights w_gate, w_up and w_down were made from
+  QuantizedWeightsKey quantized_backward;  // ... w_down_t and w_gate_up_t
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<blas::GroupedGemm> grouped;
 

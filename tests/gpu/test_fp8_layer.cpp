@@ -438,6 +438,56 @@ TEST_F(Fp8Layer, NeedsItsQuantizedWeights) {
   // A bf16 workspace has no FP8 weights to make.
   Workspace bf16(L.shape, Config{});
   EXPECT_THROW(quantize_weights(bf16, L.inputs().weights, nullptr), Error);
+  EXPECT_THROW(quantize_weights(ws, L.inputs().weights, nullptr, Fp8Copies(3)), Error);
+}
+
+// Each pass reads only its own copies: with the forward's made from L's weights and the backward's from
+// another layer's, forward runs and backward is refused, naming the backward's copies; once those are
+// L's too, the passes give the bits of copies made together (Fp8Copies::kBoth).
+TEST_F(Fp8Layer, ForwardAndBackwardCopiesAreMadeApart) {
+  const Case c{200, 256, 192, 8, 4, 64};
+  const HostLayer L(c, fresh_seed()), other(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  Workspace both(L.shape, fp8_config());
+  quantize_weights(both, L.inputs().weights, nullptr);
+  const Outputs want = run_layer(both, L, dy);
+  both.check(nullptr);
+
+  Workspace apart(L.shape, fp8_config());
+  quantize_weights(apart, other.inputs().weights, nullptr, Fp8Copies::kBackward);
+  quantize_weights(apart, L.inputs().weights, nullptr, Fp8Copies::kForward);
+  OutputBuffers out(c);
+  out.poison();
+  DeviceBuffer d_dy = to_device(dy);
+  const TensorView dyv = make_view(d_dy.get(), DType::kBF16, {c.T, c.H});
+  forward(apart, L.inputs(), out.y_view(), nullptr);
+  EXPECT_THROW(
+      {
+        try {
+          backward(apart, L.inputs(), dyv, out.grads(), nullptr);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("Fp8Copies::kBackward"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  quantize_weights(apart, L.inputs().weights, nullptr, Fp8Copies::kBackward);
+  backward(apart, L.inputs(), dyv, out.grads(), nullptr);
+  apart.check(nullptr);
+  EXPECT_EQ(first_difference(out.to_host_outputs(), want), "");
+  // A fresh workspace with only the backward's copies: forward is refused, naming the forward's.
+  Workspace backward_only(L.shape, fp8_config());
+  quantize_weights(backward_only, L.inputs().weights, nullptr, Fp8Copies::kBackward);
+  EXPECT_THROW(
+      {
+        try {
+          forward(backward_only, L.inputs(), out.y_view(), nullptr);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("Fp8Copies::kForward"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 // The poisoned y is left as it was: still NaN everywhere.

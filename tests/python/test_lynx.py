@@ -584,6 +584,39 @@ def test_fp8_weights_changed_in_place_are_quantised_again():
     assert not torch.equal(y0, y1)
 
 
+def test_fp8_layers_sharing_a_workspace_quantise_what_each_pass_reads(monkeypatch):
+    """Two FP8 layers of one shape through lynx.moe share a workspace: each forward makes the forward's
+    copies of its weights, each backward the backward's, nothing more, and every gradient has the bits
+    of the layer run alone."""
+    T, H, I, E, k = 128, 256, 128, 4, 2
+    x, ids, tw, wa, _ = make(T, H, I, E, k)
+    _, _, _, wb, _ = make(T, H, I, E, k)
+    dy = [torch.randn(T, H, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    def forward(w, tag):
+        leaves = [x.detach().clone().requires_grad_(), *(t.detach().clone().requires_grad_() for t in w)]
+        return lynx.moe(leaves[0], ids, tw, *leaves[1:], config=FP8, workspace_tag=tag), leaves
+
+    want = []
+    for w, d in zip((wa, wb), dy):  # each layer alone (a tag of its own: a workspace of its own)
+        y, leaves = forward(w, 12 + len(want))
+        want.append(torch.autograd.grad(y, leaves, d))
+    made = []
+    quantize = lynx._C.quantize_weights
+    monkeypatch.setattr(lynx._C, "quantize_weights",
+                        lambda ws, inputs, stream, copies: (made.append(copies), quantize(ws, inputs, stream, copies)))
+    ya, la = forward(wa, 11)
+    yb, lb = forward(wb, 11)
+    got_b = torch.autograd.grad(yb, lb, dy[1])
+    got_a = torch.autograd.grad(ya, la, dy[0])
+    lynx.check()
+    assert made == [lynx.ops.FORWARD_COPIES] * 2 + [lynx.ops.BACKWARD_COPIES] * 2
+    for name, g, r in zip(("dx", "dw_gate", "dw_up", "dw_down"), got_a, want[0]):
+        assert torch.isfinite(g).all() and torch.equal(g, r), f"layer a: {name}"
+    for name, g, r in zip(("dx", "dw_gate", "dw_up", "dw_down"), got_b, want[1]):
+        assert torch.isfinite(g).all() and torch.equal(g, r), f"layer b: {name}"
+
+
 def test_fp8_module_trains_and_bad_precision_is_named():
     layer = lynx.nn.MoE(256, 128, 8, 2, precision="fp8_block", device="cuda")
     assert layer.config.precision == "fp8_block"
