@@ -69,7 +69,7 @@ struct Fp8Buffers {
   // reuse the buffers of the same width, which hold at least as many scales.
   uint8_t* x;            // [T, H]    one rank: forward: x, quantised once per token; backward: dy
   float* x_scales;       // [T, H/128↑]
-  uint8_t* xg;           // [cap, H]  their rows in schedule order; backward, then: x's rows, dy's rows transposed
+  uint8_t* xg;           // [cap, H]  their rows in schedule order; backward: dy's, dy's transposed, x's, x's transposed
   float* xg_scales;      // [cap, H/128↑]
   uint8_t* h;            // [cap, I]  silu(g)⊙u, quantised for the down GEMM; backward: w·silu(g)⊙u transposed
   float* h_scales;       // [cap, I/128↑]

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <limits>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -398,21 +399,23 @@ std::vector<HostBf16> random_dy(const Case& c) {
   return random_bf16(rng, c.T * c.H, 1.0);
 }
 
-void expect_padding_rows_zero(Workspace& ws, const Case& c) {
+namespace {
+
+struct RowBuffer {
+  const char* name;
+  const void* data;
+  int64_t cols;
+};
+
+// Every padding row of the 64-row halves that hold rows is an exact zero in each of `buffers` ([cap,
+// cols] bf16 by schedule row); stops at the first that is not.
+void expect_padding_rows_zero_in(Workspace& ws, const Case& c, std::initializer_list<RowBuffer> buffers) {
   Workspace::Impl& w = ws.impl();
   std::vector<int32_t> offset(c.E + 1), rows(c.E);
   LYNX_TEST_CUDA(cudaMemcpy(offset.data(), w.schedule.expert_offset, offset.size() * 4, cudaMemcpyDeviceToHost));
   LYNX_TEST_CUDA(cudaMemcpy(rows.data(), w.schedule.expert_rows, rows.size() * 4, cudaMemcpyDeviceToHost));
   const int64_t cap = w.problem.capacity;
-  struct RowBuffer {
-    const char* name;
-    const void* data;
-    int64_t cols;
-  };
-  const RowBuffer buffers[] = {
-      {"g", w.un.g, c.I}, {"u", w.un.u, c.I}, {"w·silu(g)⊙u (over da)", w.un.h, c.I}, {"dx rows", w.un.rows_b, c.H}};
   for (const RowBuffer& b : buffers) {
-    if (w.gate_up_by_slot && (b.data == w.un.g || b.data == w.un.u)) continue;  // kept by slot: no padding rows
     const int64_t cols = b.cols;
     std::vector<HostBf16> host(cap * cols);
     LYNX_TEST_CUDA(cudaMemcpy(host.data(), b.data, host.size() * sizeof(HostBf16), cudaMemcpyDeviceToHost));
@@ -426,6 +429,26 @@ void expect_padding_rows_zero(Workspace& ws, const Case& c) {
       }
     }
   }
+}
+
+}  // namespace
+
+void expect_padding_rows_zero(Workspace& ws, const Case& c) {
+  Workspace::Impl& w = ws.impl();
+  if (!w.gate_up_by_slot) {
+    expect_padding_rows_zero_in(ws, c, {{"g", w.un.g, c.I}, {"u", w.un.u, c.I}});
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  expect_padding_rows_zero_in(ws, c, {{"w·silu(g)⊙u (over da)", w.un.h, c.I}, {"dx rows", w.un.rows_b, c.H}});
+}
+
+void expect_forward_padding_rows_zero(Workspace& ws, const HostLayer& L) {
+  test_hooks::poison_row_buffers(ws);
+  OutputBuffers out(L.c);
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  ws.check(nullptr);
+  Workspace::Impl& w = ws.impl();
+  expect_padding_rows_zero_in(ws, L.c, {{"h (gate/up's)", w.un.h, L.c.I}, {"down's rows", w.un.rows_a, L.c.H}});
 }
 
 Config FusedOnlyTest::fused() {

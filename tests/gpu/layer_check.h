@@ -165,9 +165,15 @@ std::vector<HostBf16> random_dy(const Case& c);
 // Every padding row of the 64-row halves that hold rows is an exact zero in g and u (gate/up, when kept
 // by row), w·silu(g)⊙u (the SwiGLU backward's, which dw_down reads: written over da in place) and the
 // per-row dx (the dgrad of gate/up, over the dy rows, whose padding rows the gather zeroed); stops at
-// the first that is not. After a whole backward the dgrads' own zeros are no longer there to see: no
-// reader needs them (the SwiGLU backward and the combine skip padding rows).
+// the first that is not. After a whole backward the GEMMs' own zeros are no longer there to see (da's
+// lie under w·silu(g)⊙u, the dy rows under the dx rows): no reader needs them (the SwiGLU backward and
+// the combine skip padding rows); expect_forward_padding_rows_zero sees the forward GEMMs'.
 void expect_padding_rows_zero(Workspace& ws, const Case& c);
+
+// The row buffers of `ws` poisoned with NaN, then a forward of L alone: every padding row of the 64-row
+// halves that hold rows is an exact zero in h (the gate/up GEMM's output) and in the down GEMM's rows
+// (rows_a), as the GEMMs wrote them.
+void expect_forward_padding_rows_zero(Workspace& ws, const HostLayer& L);
 
 // The fixture of the fused-only tests (PairedTiles, KernelGather).
 class FusedOnlyTest : public GpuTest {

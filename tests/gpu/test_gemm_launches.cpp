@@ -75,7 +75,8 @@ int experts_with_swapped_tails(Workspace& ws, const Case& c) {
 // Each expert's last row block a half tile with 10-60 rows (160 ± 13 rows per expert), so its A goes in
 // 1-4 boxes of 16 rows and zeros for the rest of the half (load_half_a in fused/expert_gemm.cu). The
 // padding rows of that half must come out as exact zeros, as from a 64-row box, poisoned with NaN
-// first (seen in the per-row dx and in w·silu(g)⊙u: layer_check.h); single CTAs and cluster units.
+// first (seen in h and the down GEMM's rows after a forward, in the per-row dx and w·silu(g)⊙u after
+// a whole layer: layer_check.h); single CTAs and cluster units.
 
 TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
   const Case c{640, 128, 128, 8, 2, 0};
@@ -93,6 +94,7 @@ TEST_F(PairedTiles, TailPaddingRowsComeOutZero) {
     for (int64_t e = 0; e < c.E; ++e) tails += rows[e] % 128 != 0 && rows[e] % 128 <= 64;
     ASSERT_GE(tails, c.E / 2) << "the case should give most experts a half tile";
     expect_padding_rows_zero(ws, c);
+    expect_forward_padding_rows_zero(ws, L);
   }
 }
 
@@ -126,6 +128,7 @@ TEST_F(PairedTiles, SwappedProductsOfFewRows) {
       expect_matches_reference(a, L, dy);
       ASSERT_GE(experts_with_swapped_tails(swapped, c), 1) << "the case should swap some warpgroups";
       expect_padding_rows_zero(swapped, c);
+      expect_forward_padding_rows_zero(swapped, L);
       EXPECT_EQ(first_difference(a, run_layer(plain, L, dy)), "");
     }
   }
@@ -178,6 +181,7 @@ TEST_F(PairedTiles, FoldedTailsOfFewRows) {
       ASSERT_GE(experts_with_folded_tails(folded, c), 1) << "the case should fold some tails";
       expect_padding_rows_zero(folded, c);
       EXPECT_EQ(first_difference(a, run_layer(plain, L, dy)), "");
+      expect_forward_padding_rows_zero(folded, L);
     }
   }
 }
