@@ -415,21 +415,24 @@ TEST_F(Fp8Layer, SameBitsEveryCall) {
   EXPECT_EQ(std::memcmp(ya.y.data(), yb.y.data(), ya.y.size() * sizeof(ya.y[0])), 0);
 }
 
+// `call` throws a lynx::Error whose message names `what`.
+template <class F>
+void expect_error_naming(F&& call, const std::string& what) {
+  try {
+    call();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no lynx::Error naming " << what;
+}
+
 TEST_F(Fp8Layer, NeedsItsQuantizedWeights) {
   const Case c{64, 128, 64, 4, 2, 0};
   const HostLayer L(c, fresh_seed()), other(c, fresh_seed());
   Workspace ws(L.shape, fp8_config());
   OutputBuffers out(c);
-  EXPECT_THROW(
-      {
-        try {
-          forward(ws, L.inputs(), out.y_view(), nullptr);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("quantize_weights"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_error_naming([&] { forward(ws, L.inputs(), out.y_view(), nullptr); }, "quantize_weights");
   quantize_weights(ws, other.inputs().weights, nullptr);
   EXPECT_THROW(forward(ws, L.inputs(), out.y_view(), nullptr), Error);
   quantize_weights(ws, L.inputs().weights, nullptr);
@@ -461,16 +464,7 @@ TEST_F(Fp8Layer, ForwardAndBackwardCopiesAreMadeApart) {
   DeviceBuffer d_dy = to_device(dy);
   const TensorView dyv = make_view(d_dy.get(), DType::kBF16, {c.T, c.H});
   forward(apart, L.inputs(), out.y_view(), nullptr);
-  EXPECT_THROW(
-      {
-        try {
-          backward(apart, L.inputs(), dyv, out.grads(), nullptr);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("Fp8Copies::kBackward"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_error_naming([&] { backward(apart, L.inputs(), dyv, out.grads(), nullptr); }, "Fp8Copies::kBackward");
   quantize_weights(apart, L.inputs().weights, nullptr, Fp8Copies::kBackward);
   backward(apart, L.inputs(), dyv, out.grads(), nullptr);
   apart.check(nullptr);
@@ -478,16 +472,7 @@ TEST_F(Fp8Layer, ForwardAndBackwardCopiesAreMadeApart) {
   // A fresh workspace with only the backward's copies: forward is refused, naming the forward's.
   Workspace backward_only(L.shape, fp8_config());
   quantize_weights(backward_only, L.inputs().weights, nullptr, Fp8Copies::kBackward);
-  EXPECT_THROW(
-      {
-        try {
-          forward(backward_only, L.inputs(), out.y_view(), nullptr);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("Fp8Copies::kForward"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_error_naming([&] { forward(backward_only, L.inputs(), out.y_view(), nullptr); }, "Fp8Copies::kForward");
 }
 
 // The poisoned y is left as it was: still NaN everywhere.
