@@ -350,6 +350,9 @@ TEST_F(Fp8Gemm, EveryBlockCountOfThePipeline) {
 }
 TEST_F(Fp8Gemm, GroupedExperts) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024); }
 TEST_F(Fp8Gemm, GroupedEdges) { expect_grouped_matches_reference({77, 129, 0}, 200, 2880); }
+// [128, 256] tiles across N: four whole ones, then one whose second 128-column half lies past N (neither
+// loaded nor computed), with more tiles than SMs.
+TEST_F(Fp8Gemm, GroupedTilesAcrossN) { expect_grouped_matches_reference({3000, 129, 700}, 1152, 640); }
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);

@@ -51,7 +51,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   });
   // At most one CTA per SM (one fits), each taking tiles in turn; the grouped forms' tiles past the
   // schedule's rows are not counted by the kernel, so some CTAs may find none.
-  const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+  const int64_t out_n = kOutN<kForm>;
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
   const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
@@ -121,8 +121,8 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
       N, {{h, "h", 128}, {kept.gate, "kept.gate", 16}, {kept.up, "kept.up", 16}, {kept.slot, "kept.slot", 16}});
   const CUtensorMap tma_h = gemm::make_tma_2d(h, capacity, N, 64, 64);
   launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
-                        gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
-                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales,
+                        gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN),
+                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN), a_scales, gate_scales, up_scales,
                         tma_h, tma_h, h, capacity, N, K, expert_offset, experts, status, stream, kept);
 }
 
