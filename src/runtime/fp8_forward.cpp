@@ -112,10 +112,11 @@ void open_forward(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   peer::arrive(w.barrier_args(), false, s);
 }
 
-// The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
-// slot (by row at R > 1), with the schedule, as the forward context when `keep_context`. At R > 1 the
-// context also keeps the x rows as they travelled (x̂, un.xg): backward stages dy, not x.
-void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_context) {
+// The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU, keeping g and u by slot (by
+// row at R > 1), with the schedule, as the forward context when `keep_context`, and (`down`: for the
+// down GEMM) h quantised in its epilogue, into f8.h's tiles. At R > 1 the context also keeps the x rows
+// as they travelled (x̂, un.xg): backward stages dy, not x.
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_context, bool down) {
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
@@ -129,9 +130,11 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
     kept.up = w.un.u;
     kept.slot = w.gate_up_by_slot ? w.schedule.row_token_slot : w.row_numbers;
   }
-  if (!omitted(Stage::kGateUp, w.forward_calls)) {
+  fp8::QuantizedH hq;
+  if (down) hq = {f.h, f.h_scales, report(w, Fp8Tensor::kH)};
+  if (!omitted(Stage::kGateUp, w.forward_calls) && (keep_context || down)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept);
+                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq);
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
@@ -213,7 +216,7 @@ void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaSt
       return open_forward(w, in, s);
     case fused::Step::kCompute:
       fused::compute_begins(w, s);
-      forward_context(w, in, s, true);
+      forward_context(w, in, s, true, false);
       return fused::compute_ends(w, s);
     case fused::Step::kClose:
       return fused::recompute_forward_context(w, in, s, step);
@@ -227,9 +230,8 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   fused::compute_begins(w, s);
-  forward_context(w, in, s, w.config.save_forward_context);
+  forward_context(w, in, s, w.config.save_forward_context, true);
   if (!omitted(Stage::kDown, w.forward_calls)) {
-    fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
   }

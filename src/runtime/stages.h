@@ -16,7 +16,8 @@ enum class Stage : uint32_t {
   kGather,          // forward: x rows into schedule order (in the fused path, inside the gate/up GEMM,
                     // which then reads the rows of the call before)
   kSharedForward,   // forward: the shared expert
-  kGateUp,          // forward: the gate/up GEMM with SwiGLU (and, in the fused path, the gather inside it)
+  kGateUp,          // forward: the gate/up GEMM with SwiGLU (and, in the fused path, the gather inside it;
+                    // FP8: h's quantisation in its epilogue)
   kDown,            // forward: the down GEMM
   kCombine,         // forward: the combine into y
   kDyGather,        // backward: dy rows into schedule order (fused: inside the da GEMM, so leaving

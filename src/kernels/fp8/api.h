@@ -149,14 +149,26 @@ struct KeptGateUp {
   const int32_t* slot = nullptr;  // [capacity] device
 };
 
+// Where the gate/up form also quantises h for the down GEMM: codes [capacity, N] and scales [capacity,
+// blocks_of(N)], quantize_tiles' bits from the bf16 h (rows below the schedule's total; a tile that is
+// not finite reported through `report`, its scale NaN). codes 16-byte aligned, N % 16 == 0. codes
+// null: not quantised.
+struct QuantizedH {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  NonfiniteReport report{};
+};
+
 // The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped
 // products of row r with expert e's gate and up ([experts, N, K] E4M3 each, block scales [experts,
 // blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N] (h from the fp32 g and u;
-// `kept` gets them rounded). As above otherwise.
+// `kept` gets them rounded), and quantised into `hq`. h may be null (not stored) where hq or kept is
+// given. As above otherwise.
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {});
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
+                                 const QuantizedH& hq = {});
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

@@ -30,7 +30,8 @@ template <Form kForm, class Out>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
-            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0) {
+            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
+            const SwiGLUOutputs& swiglu = {}) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -58,7 +59,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   gemm_kernel<kForm, Out><<<grid, kThreads, kSmem<kForm>, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales,
                                                                tma_out, tma_out2, out, int32_t(M), int32_t(N),
                                                                int32_t(K), expert_offset, int32_t(experts), status,
-                                                               kept, split);
+                                                               kept, split, swiglu);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -111,19 +112,37 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept) {
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
+                                 const QuantizedH& hq) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
     throw Error("kept", "gate, up and slot are given together or not at all");
   }
+  if (h == nullptr && hq.codes == nullptr && kept.gate == nullptr) {
+    throw Error("h", "is null, and nothing else is asked");
+  }
   check_bf16_outputs(
       N, {{h, "h", 128}, {kept.gate, "kept.gate", 16}, {kept.up, "kept.up", 16}, {kept.slot, "kept.slot", 16}});
-  const CUtensorMap tma_h = gemm::make_tma_2d(h, capacity, N, 64, 64);
+  SwiGLUOutputs outputs;
+  outputs.store_h = h != nullptr;
+  CUtensorMap tma_codes{};
+  if (hq.codes != nullptr) {
+    // The codes go out by TMA stores of [64, 128] byte boxes: rows of N bytes, 16-byte aligned.
+    if (N % 16 != 0) throw Error("N", "must be a multiple of 16 where h is quantised, got " + std::to_string(N));
+    if (reinterpret_cast<uintptr_t>(hq.codes) % 16 != 0) throw Error("hq.codes", "must be 16-byte aligned");
+    if (hq.scales == nullptr) throw Error("hq.scales", "is null");
+    outputs.quantize_h = true;
+    outputs.h_scales = hq.scales;
+    outputs.h_report = hq.report;
+    tma_codes = gemm::make_tma_2d_bytes(hq.codes, capacity, N, 64);
+  }
+  const CUtensorMap tma_h = h != nullptr ? gemm::make_tma_2d(h, capacity, N, 64, 64) : CUtensorMap{};
   launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
                         gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN),
                         gemm::make_tma_3d_bytes(up, experts, N, K, kTileN), a_scales, gate_scales, up_scales,
-                        tma_h, tma_h, h, capacity, N, K, expert_offset, experts, status, stream, kept);
+                        tma_h, tma_codes, h, capacity, N, K, expert_offset, experts, status, stream, kept, 0,
+                        outputs);
 }
 
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,

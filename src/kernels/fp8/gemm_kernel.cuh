@@ -11,7 +11,8 @@
 // weight gradient (B scales per column) takes its [128, 128] tiles one block at a time. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
-// tile (kept g and u row by row, by slot).
+// tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
+// tiles the down GEMM reads: a tile's 128 columns of h are one such tile of each of its rows.
 #pragma once
 
 #include <cuda.h>
@@ -25,6 +26,7 @@
 #include "kernels/expert_gemm/epilogue.cuh"
 #include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/fp8/api.h"
+#include "kernels/fp8/e4m3.cuh"
 
 namespace lynx::fp8::impl {
 
@@ -164,6 +166,13 @@ struct TileSpace {
   }
 };
 
+// The gate/up form's outputs of h (KernelArgs says what each means).
+struct SwiGLUOutputs {
+  bool store_h = true, quantize_h = false;
+  float* h_scales = nullptr;
+  NonfiniteReport h_report{};
+};
+
 // What every role reads: the kernel's arguments (the tensor maps by address: they stay in the kernel's
 // parameter space, where TMA reads them).
 template <class Out>
@@ -178,6 +187,12 @@ struct KernelArgs {
   // tma_out2 ([experts, M − split, N]); split % 64 == 0 unless split = M, so that no 64-row epilogue
   // piece straddles the two.
   int32_t split;
+  // kSwiGLU: h by tma_out (bf16) where store_h; quantised where quantize_h: its codes by tma_out2 ([M, N]
+  // bytes in [64, 128] boxes), its scales into h_scales [M, blocks_of(N)], a non-finite tile reported
+  // through h_report.
+  bool store_h, quantize_h;
+  float* h_scales;
+  NonfiniteReport h_report;
 };
 
 // ---- producer: warpgroup 0's first thread ----
@@ -385,6 +400,100 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
 }
 
 // ---- epilogue: the tile's sums out ----
+
+// NOTES: the quantising gate/up epilogue. Each row of a warpgroup's piece is one 1×128 tile of h (n0 is
+// a multiple of 128): its largest magnitude (the thread's 32 values of each of its two rows, then the
+// four threads of the row: lanes l ^ 1, l ^ 2), its scale, the codes, out by a TMA store of a [64, 128]
+// byte box (128-byte swizzle) through the piece's first box, and the scales. The values are h rounded
+// to bf16, as the bf16 output holds them, quantised with e4m3.cuh's helpers: the bits quantize_tiles
+// gives from that output.
+
+// Fragment word 2j + r of a thread: h of columns 8j + 2(lane % 4) + {0, 1}, row half r, as bf16.
+__device__ __forceinline__ float2 bf16_pair(uint32_t w) {
+  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&w);
+  return __bfloat1622float2(v);
+}
+
+// Warpgroup c's rows [row, row + 64) of h, columns [n0, n0 + 128) (h(j, r): the fragment's values),
+// quantised.
+template <Form kForm, class Out, class Value>
+__device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, int c,
+                                                 int32_t n0, int32_t row, Value h) {
+  const int thread = int(threadIdx.x) % 128, warp = thread / 32, lane = thread % 32;
+  const int32_t N = p.N;
+  uint32_t words[32];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) words[2 * j + r] = gemm::impl::bf16x2_bits(h(j, r));
+  }
+  // Each row's largest magnitude and finiteness over the tile's columns below N.
+  float amax[2] = {0.0f, 0.0f};
+  bool bad[2] = {false, false};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 v = bf16_pair(words[2 * j + r]);
+      if (col < N) {
+        bad[r] = bad[r] || !isfinite(v.x);
+        amax[r] = fmaxf(amax[r], fabsf(v.x));
+      }
+      if (col + 1 < N) {
+        bad[r] = bad[r] || !isfinite(v.y);
+        amax[r] = fmaxf(amax[r], fabsf(v.y));
+      }
+    }
+  }
+  float inv[2], scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o));
+      bad[r] = __shfl_xor_sync(0xffffffffu, int(bad[r]), o) != 0 || bad[r];
+    }
+    const int e = bad[r] ? 0 : e4m3::scale_exponent(amax[r]);
+    inv[r] = e4m3::pow2(-e);
+    // A tile that is not finite gets a NaN scale, as from quantize_tiles.
+    scale[r] = bad[r] ? __int_as_float(0x7fc00000) : e4m3::pow2(e);
+  }
+  if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
+  // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (16-byte chunk k of piece row R at
+  // chunk k ^ (R % 8)), once the box's last store has read it and every thread is done with it. Piece
+  // rows R = 16·warp + lane / 4 + 8r: R % 8 = lane / 4 for both.
+  const uint32_t box = sm90::smem_addr(smem.piece[c][0]);
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + c, 128);
+  const uint32_t row_at = box + (16 * warp + lane / 4) * 128;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int b = 8 * j + 2 * (lane % 4);  // the byte column
+    const uint32_t at = row_at + (((b / 16) ^ (lane / 4)) * 16) + b % 16;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 v = bf16_pair(words[2 * j + r]);
+      const uint32_t codes = uint32_t(e4m3::to_e4m3(v.x * inv[r])) | (uint32_t(e4m3::to_e4m3(v.y * inv[r])) << 8);
+      sm90::st_shared_u16(at + 8 * 128 * r, uint16_t(codes));
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + c, 128);
+  if (thread == 0) {
+    sm90::tma_store_2d(p.tma_out2, smem.piece[c][0], n0, row);
+    sm90::bulk_commit_group();
+  }
+  if (lane % 4 == 0) {
+    const int64_t blocks = blocks_of(N);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int32_t R = row + 16 * warp + lane / 4 + 8 * r;
+      if (R < p.M) p.h_scales[int64_t(R) * blocks + n0 / int32_t(kBlock)] = scale[r];
+    }
+  }
+}
+
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
                                          int c, const float (&acc)[kHalves<kForm>][64]) {
@@ -410,10 +519,11 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
     const int32_t row = m0 + 64 * c;
     const auto pair = [&](int h, int i) { return make_float2(acc[h][i], acc[h][i + 1]); };
     if constexpr (kSwiGLU) {  // 128 columns: h = silu(g) ⊙ u from the gate's half and the up's
-      gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N, [&](int j, int r) {
+      const auto h = [&](int j, int r) {
         const int i = 4 * j + 2 * r;
         return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
-      });
+      };
+      if (p.store_h) gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N, h);
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
         gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
@@ -421,6 +531,8 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
         gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
                                        [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
       }
+      // Last: the acc registers are dead once it has taken h's words.
+      if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
       if (row < M) {
         const bool second = row >= p.split;
@@ -448,12 +560,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status, KeptGateUp kept, int32_t split) {
+                DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu) {
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
-                          status, kept, split};
+                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report};
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
   if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
