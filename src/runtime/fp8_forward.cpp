@@ -96,22 +96,14 @@ void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tens
                     fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
 }
 
-// A weight gradient's operand from the tokens' tiles (this rank's in f8.x at R = 1, quantize_tokens;
-// else every rank's staged ones: dy's in the backward): the tile of each schedule row, transposed and
-// quantised along the rows into q, scales (fp8::transpose_gathered_tiles) with the bits transpose_tiles
-// gives from the rows dequantised (dequantized_rows), without those [capacity, H] bf16 rows.
+// A weight gradient's operand from one rank's tokens' tiles (f8.x, quantize_tokens): the tile of each
+// schedule row, transposed and quantised along the rows into q, scales (fp8::transpose_gathered_tiles),
+// the bits transpose_tiles gives from the rows dequantised (dequantized_rows), without those [capacity,
+// H] bf16 rows.
 void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s) {
   const LayerShape& sh = w.shape;
-  const int32_t* slots = w.schedule.row_token_slot;
-  const int64_t cap = w.problem.capacity;
-  if (w.ranks() == 1) {
-    fp8::transpose_gathered_tiles(w.f8.x, w.f8.x_scales, slots, w.device_total_rows(), cap, sh.top_k, sh.hidden, q,
-                                  scales, report(w, what), s);
-    return;
-  }
-  const RowSources rs = w.row_sources(comm::kTokenRows);
-  fp8::transpose_gathered_tiles(nullptr, nullptr, slots, w.device_total_rows(), cap, sh.top_k, sh.hidden, q, scales,
-                                report(w, what), s, fp8::TileSources{rs.base, rs.row_src_rank, sh.tokens});
+  fp8::transpose_gathered_tiles(w.f8.x, w.f8.x_scales, w.schedule.row_token_slot, w.device_total_rows(),
+                                w.problem.capacity, sh.top_k, sh.hidden, q, scales, report(w, what), s);
 }
 
 // f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled, which the weight gradients
@@ -164,11 +156,15 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for a bf16 dw_down
                               //            (then rows_b, the per-row dx, in the same memory)
   const bool bf16_wgrads = w.config.bf16_weight_grads;
+  // NOTES: one rank's FP8 weight gradients read dy's tiles straight from f8.x. At R > 1 those tiles are
+  // other ranks' (pulled once already, into f8.xg, for the dgrad of down): dŷ's rows are dequantised
+  // from f8.xg instead, as for bf16 weight gradients, rather than pulled a second time.
+  const bool dy_rows = bf16_wgrads || w.ranks() > 1;
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
-    if (bf16_wgrads) dequantized_rows(w, dyg, s);  // FP8 weight gradients transpose the tiles themselves
+    if (dy_rows) dequantized_rows(w, dyg, s);
   }
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
@@ -191,8 +187,12 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   } else if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
     // Its operands transposed and quantised in 1×128 tiles along the rows, into buffers the forward
     // and the dgrad of down are done with (each at least that large); so below for dw_gate | dw_up.
-    // dŷ's straight from dy's tiles (f8.x at R = 1, the staged ones at R > 1).
-    transposed_token_tiles(w, Fp8Tensor::kDy, f.xg, f.xg_scales, s);
+    // dŷ's straight from dy's tiles in f8.x at R = 1.
+    if (dy_rows) {
+      fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    } else {
+      transposed_token_tiles(w, Fp8Tensor::kDy, f.xg, f.xg_scales, s);
+    }
     fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);

@@ -343,36 +343,28 @@ struct Bf16Rows {
 
 // The same from token rows in 1×128 E4M3 tiles, gathered into schedule order on the way: schedule row r
 // is token row_token_slot[r] / top_k's codes times its tile's scale, rounded to bf16 as dequantize_tiles
-// rounds them (zeros for a padding row), from `src` or, kRemote, from the row's source rank's staged
-// tiles (TileSources): what gather_tiles then dequantize_tiles put in a bf16 buffer.
-template <bool kRemote>
+// rounds them (zeros for a padding row): what gather_tiles then dequantize_tiles put in a bf16 buffer.
 struct GatheredTileRows {
   const uint8_t* src;
   const float* src_scales;
   const int32_t* row_token_slot;
   int64_t top_k;
-  TileSources sources;
-  bool vector;  // cols % 4 == 0 and the tiles 4-byte aligned: one 4-byte load
+  bool vector;  // cols % 4 == 0 and src 4-byte aligned: one 4-byte load
 
   __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
     const int32_t slot = row_token_slot[r];
     if (slot < 0 || c >= cols) return make_uint2(0, 0);
     const int64_t token = slot / top_k;
-    const uint8_t* q = src;
-    const float* scales = src_scales;
-    if constexpr (kRemote) {
-      q = static_cast<const uint8_t*>(sources.base[sources.row_src_rank[r]]);
-      scales = reinterpret_cast<const float*>(q + sources.tokens * cols);
-    }
-    const float s = remote::load(scales + token * blocks_of(cols) + c / kBlock);
+    const uint8_t* q = src + token * cols + c;
+    const float s = src_scales[token * blocks_of(cols) + c / kBlock];
     uint8_t b[4];
     if (vector) {
-      const uint32_t word = remote::load(reinterpret_cast<const uint32_t*>(q + token * cols + c));
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(q);
 #pragma unroll
       for (int i = 0; i < 4; ++i) b[i] = uint8_t(word >> (8 * i));
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = c + i < cols ? remote::load(q + token * cols + c + i) : uint8_t(0);
+      for (int i = 0; i < 4; ++i) b[i] = c + i < cols ? q[i] : uint8_t(0);
     }
     const __nv_bfloat162 lo = __floats2bfloat162_rn(from_e4m3(b[0]) * s, from_e4m3(b[1]) * s);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(from_e4m3(b[2]) * s, from_e4m3(b[3]) * s);
@@ -632,19 +624,11 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
 
 void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
                               const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
-                              float* scales, NonfiniteReport report, cudaStream_t stream, const TileSources& sources) {
-  if (row_token_slot == nullptr || top_k <= 0) throw Error("row_token_slot", "and a positive top_k are needed");
-  if (sources.remote()) {
-    if (sources.row_src_rank == nullptr || sources.tokens <= 0) {
-      throw Error("sources", "internal: remote tiles need the rows' source ranks and the ranks' token count");
-    }
-    // NOTES: every rank's staged tiles lie at the start of its region (1 KB aligned): 4-byte loads where
-    // cols % 4 == 0.
-    const GatheredTileRows<true> rows{nullptr, nullptr, row_token_slot, top_k, sources, cols % 4 == 0};
-    return launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
+                              float* scales, NonfiniteReport report, cudaStream_t stream) {
+  if (src == nullptr || src_scales == nullptr || row_token_slot == nullptr || top_k <= 0) {
+    throw Error("src", "its scales, the row slots and a positive top_k are needed");
   }
-  if (src == nullptr || src_scales == nullptr) throw Error("src", "and its scales are needed without remote sources");
-  const GatheredTileRows<false> rows{src, src_scales, row_token_slot, top_k, {}, cols % 4 == 0 && aligned(src, 4)};
+  const GatheredTileRows rows{src, src_scales, row_token_slot, top_k, cols % 4 == 0 && aligned(src, 4)};
   launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
 }
 
