@@ -106,6 +106,15 @@ void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const flo
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
                   int64_t cols, cudaStream_t stream, const TileSources& sources = {}, NonfiniteReport report = {});
 
+// transpose_tiles from one rank's token rows in 1×128 tiles (src [T, cols] bytes, scales [T,
+// blocks_of(cols)]: gather_tiles' local source), gathered into schedule order on the way: the bits of
+// gather_tiles, dequantize_tiles and transpose_tiles in turn, without their two [capacity, cols]
+// buffers. It reads whole 128-row blocks below *total_rows: every row there holds a slot or -1 (the
+// schedule's padding rows do).
+void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
+                              float* scales, NonfiniteReport report, cudaStream_t stream);
+
 // The rows below *row_limit of tiles q [capacity, cols] (scales [capacity, blocks_of(cols)]) as bf16:
 // out[r, c] = value(q[r, c]) · scale of its tile, exact (an E4M3 value has 4 significant bits; only a
 // value below bf16's smallest subnormal would round). Nothing when *row_limit > capacity. cols % 8 == 0;

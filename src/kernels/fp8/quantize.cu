@@ -287,15 +287,62 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
 constexpr int kCodesStride = int(kBlock) + 16;
 static_assert(kBlock * kCodesStride <= kBlock * kBlock * 2, "the codes fit in the staged block's memory");
 
+// transpose_tiles' rows: row r's four bf16 values from column c (c % 4 == 0, zeros past cols), as the
+// bits of one 8-byte word.
+struct Bf16Rows {
+  const __nv_bfloat16* x;
+  bool vector;  // cols % 4 == 0 and x 8-byte aligned: one 8-byte load
+
+  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
+    const __nv_bfloat16* row = x + r * cols;
+    if (vector && c < cols) return *reinterpret_cast<const uint2*>(row + c);
+    uint16_t part[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
+    return make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
+  }
+};
+
+// The same from token rows in 1×128 E4M3 tiles, gathered into schedule order on the way: schedule row r
+// is token row_token_slot[r] / top_k's codes times its tile's scale, rounded to bf16 as dequantize_tiles
+// rounds them (zeros for a padding row): what gather_tiles then dequantize_tiles put in a bf16 buffer.
+struct GatheredTileRows {
+  const uint8_t* src;
+  const float* src_scales;
+  const int32_t* row_token_slot;
+  int64_t top_k;
+  bool vector;  // cols % 4 == 0 and src 4-byte aligned: one 4-byte load
+
+  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
+    const int32_t slot = row_token_slot[r];
+    if (slot < 0 || c >= cols) return make_uint2(0, 0);
+    const int64_t token = slot / top_k;
+    const uint8_t* q = src + token * cols + c;
+    const float s = src_scales[token * blocks_of(cols) + c / kBlock];
+    uint8_t b[4];
+    if (vector) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(q);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = uint8_t(word >> (8 * i));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = c + i < cols ? q[i] : uint8_t(0);
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(from_e4m3(b[0]) * s, from_e4m3(b[1]) * s);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(from_e4m3(b[2]) * s, from_e4m3(b[3]) * s);
+    return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+};
+
 // One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (warp w
 // loads rows w, w + 4, ..., a lane 4 adjacent values: one 8-byte load where `vector`); thread t reads
 // back column c0 + t, quantises its 128 rows as one tile and puts the codes (q's row c0 + t, columns
 // r0 .. r0 + 127) in shared memory over the block; the CTA then writes those rows 8 lanes a row, 16
 // bytes each, so that a warp's store covers four whole 128-byte rows.
+template <class Rows>
 __global__ void __launch_bounds__(kBlock)
-    transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
-                           const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
-                           float* __restrict__ scales, NonfiniteReport report, bool vector) {
+    transpose_tiles_kernel(Rows x, int64_t capacity, int64_t cols, const int32_t* __restrict__ total_rows,
+                           uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report) {
   __shared__ __align__(16) uint8_t staged[kBlock * kBlock * 2];
   auto block = reinterpret_cast<__nv_bfloat16(*)[kBlock]>(staged);  // [128 rows, 128 columns] of x
   auto codes = reinterpret_cast<uint8_t(*)[kCodesStride]>(staged);  // [128 columns, 128 rows] of codes
@@ -306,18 +353,7 @@ __global__ void __launch_bounds__(kBlock)
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
 #pragma unroll 8
   for (int r = warp; r < int(kBlock); r += int(kBlock) / 32) {
-    const __nv_bfloat16* row = x + (r0 + r) * cols;
-    const int64_t c = c0 + 4 * lane;
-    uint2 raw = make_uint2(0, 0);
-    if (vector && c < cols) {
-      raw = *reinterpret_cast<const uint2*>(row + c);
-    } else {
-      uint16_t part[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
-      raw = make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
-    }
-    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = raw;
+    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = x.load4(r0 + r, c0 + 4 * lane, cols);
   }
   __syncthreads();
   const int64_t c = c0 + t;
@@ -530,17 +566,32 @@ void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, i
                            report1);
 }
 
-void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
-                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+template <class Rows>
+void launch_transpose_tiles(const Rows& rows, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                            float* scales, NonfiniteReport report, cudaStream_t stream) {
   if (capacity % kBlock != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
   const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
   if (blocks == 0) return;
   if (!aligned(q, 16)) throw Error("q", "must be 16-byte aligned");
   if (!aligned(scales, 16)) throw Error("scales", "must be 16-byte aligned");
-  const bool vector = cols % 4 == 0 && aligned(x, 8);
-  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
-                                                                 cols, total_rows, q, scales, report, vector);
+  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(rows, capacity, cols, total_rows, q, scales, report);
   LYNX_CHECK_LAUNCH();
+}
+
+void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+  const Bf16Rows rows{reinterpret_cast<const __nv_bfloat16*>(x), cols % 4 == 0 && aligned(x, 8)};
+  launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
+}
+
+void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
+                              float* scales, NonfiniteReport report, cudaStream_t stream) {
+  if (src == nullptr || src_scales == nullptr || row_token_slot == nullptr || top_k <= 0) {
+    throw Error("src", "its scales, the row slots and a positive top_k are needed");
+  }
+  const GatheredTileRows rows{src, src_scales, row_token_slot, top_k, cols % 4 == 0 && aligned(src, 4)};
+  launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
 }
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
