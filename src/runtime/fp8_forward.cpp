@@ -104,6 +104,37 @@ void open_forward(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   peer::arrive(w.barrier_args(), false, s);
 }
 
+// Where the gate/up GEMM finds x's tiles in schedule order: gathered into f8.xg before it
+// (tiles_in_schedule_order), or, where the plan puts gate/up's gather in the GEMM, their scales
+// gathered before it and their bytes by the GEMM itself, beside its tiles (the returned TileGather).
+fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (omitted(Stage::kGather, w.forward_calls)) return {};
+  if (w.plan.gate_up_gather != plan::GatherPlace::kInGemm) {
+    tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+    return {};
+  }
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  const int32_t* slots = w.schedule.row_token_slot;
+  fp8::TileGather g;
+  g.row_token_slot = slots;
+  g.top_k = sh.top_k;
+  g.lookahead = w.plan.gate_up.gather_lookahead;
+  g.sync = w.gather_sync;
+  if (w.ranks() == 1) {
+    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
+    fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
+    g.tokens = f.x;
+    return g;
+  }
+  const RowSources rs = w.row_sources(comm::kTokenRows);
+  fp8::gather_tile_scales(f.xg_scales, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
+                          fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, Fp8Tensor::kX));
+  g.sources = rs;
+  return g;
+}
+
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
 // slot (by row at R > 1), with the schedule, as the forward context when `keep_context`. At R > 1 the
 // context also keeps the x rows as they travelled (x̂, un.xg): backward stages dy, not x.
@@ -114,7 +145,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   w.context_valid = false;
   enqueue_schedule(w, in, s);
   enqueue_shared_gate_up(w, in, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+  const fp8::TileGather gather = x_tiles_for_gate_up(w, in, s);
   fp8::KeptGateUp kept;
   if (keep_context) {
     kept.gate = w.un.g;
@@ -123,7 +154,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   }
   if (!omitted(Stage::kGateUp, w.forward_calls)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept);
+                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept, gather);
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
