@@ -120,7 +120,8 @@ fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, c
   fp8::TileGather g;
   g.row_token_slot = slots;
   g.top_k = sh.top_k;
-  g.lookahead = w.plan.gate_up.gather_lookahead;
+  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
+  g.lookahead = 2 * w.plan.gate_up.gather_lookahead;
   g.sync = w.gather_sync;
   if (w.ranks() == 1) {
     fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);

@@ -109,7 +109,8 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
         from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
       }
       uint4* to = g.dst + int64_t(first + i) * g.vecs;
-      for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kVecsPerLane) {
+      // kVecsPerLane loads of the row in flight per lane, then their stores.
+      const auto copy = [&](int32_t v0) {
         uint4 val[kVecsPerLane];
 #pragma unroll
         for (int u = 0; u < kVecsPerLane; ++u) {
@@ -125,6 +126,14 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
           const int32_t v = v0 + u * 32 + lane;
           if (v < g.vecs) to[v] = val[u];
         }
+      };
+      // NOTES: with fewer loads a lane (the FP8 kernel's), ptxas unrolled this loop by two and paired
+      // each load with its store, one load in flight a lane; not unrolled, the loads go out together.
+      if constexpr (kVecsPerLane == kGatherVecsPerLane) {
+        for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kVecsPerLane) copy(v0);
+      } else {
+#pragma unroll 1
+        for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kVecsPerLane) copy(v0);
       }
     }
     // The rows' writes, by every lane, before the count: the producer reads them with TMA. NOTES: the

@@ -131,8 +131,8 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
     return;
   }
   // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
-  if (gather.row_token_slot == nullptr || gather.sync == nullptr || gather.top_k <= 0) {
-    throw Error("gather", "row_token_slot, sync and top_k are needed to gather the rows");
+  if (gather.row_token_slot == nullptr || gather.sync == nullptr || gather.top_k <= 0 || gather.lookahead < 1) {
+    throw Error("gather", "row_token_slot, sync, top_k and a lookahead of one row block at least are needed");
   }
   if (gather.sources.remote() && gather.sources.row_src_rank == nullptr) {
     throw Error("gather.sources", "row_src_rank is needed with remote sources");

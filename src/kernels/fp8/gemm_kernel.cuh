@@ -409,6 +409,7 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
     if (last) __threadfence();  // every warp's before this one zeroes the counters
   }
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __syncwarp();  // every lane's zeros after lane 0's fence
   const int32_t total = grid.expert_offset[grid.experts];
   const int32_t blocks = total <= grid.capacity ? total / gemm::kBlockM : 0;
   for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
