@@ -128,6 +128,38 @@ void open_forward(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   peer::arrive(w.barrier_args(), false, s);
 }
 
+// Where the gate/up GEMM finds x's tiles in schedule order: gathered into f8.xg before it
+// (tiles_in_schedule_order), or, where the plan puts gate/up's gather in the GEMM, their scales
+// gathered before it and their bytes by the GEMM itself, beside its tiles (the returned TileGather).
+fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (omitted(Stage::kGather, w.forward_calls)) return {};
+  if (w.plan.gate_up_gather != plan::GatherPlace::kInGemm) {
+    tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+    return {};
+  }
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  const int32_t* slots = w.schedule.row_token_slot;
+  fp8::TileGather g;
+  g.row_token_slot = slots;
+  g.top_k = sh.top_k;
+  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
+  g.lookahead = 2 * w.plan.gate_up.gather_lookahead;
+  g.sync = w.gather_sync;
+  if (w.ranks() == 1) {
+    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
+    fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
+    g.tokens = f.x;
+    return g;
+  }
+  const RowSources rs = w.row_sources(comm::kTokenRows);
+  fp8::gather_tile_scales(f.xg_scales, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
+                          fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, Fp8Tensor::kX));
+  g.sources = rs;
+  return g;
+}
+
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU, keeping g and u by slot (by
 // row at R > 1), with the schedule, as the forward context when `keep_context`, and (`down`: for the
 // down GEMM) h quantised in its epilogue, into f8.h's tiles. At R > 1 the context also keeps the x rows
@@ -139,7 +171,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   w.context_valid = false;
   enqueue_schedule(w, in, s);
   enqueue_shared_gate_up(w, in, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+  const fp8::TileGather gather = x_tiles_for_gate_up(w, in, s);
   fp8::KeptGateUp kept;
   if (keep_context) {
     kept.gate = w.un.g;
@@ -150,7 +182,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   if (down) hq = {f.h, f.h_scales, report(w, Fp8Tensor::kH)};
   if (!omitted(Stage::kGateUp, w.forward_calls) && (keep_context || down)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq);
+                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq, gather);
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);

@@ -24,6 +24,7 @@
 #include "device/activation.cuh"
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/epilogue.cuh"
+#include "kernels/expert_gemm/row_gather.cuh"
 #include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/fp8/api.h"
 #include "kernels/fp8/e4m3.cuh"
@@ -193,12 +194,22 @@ struct KernelArgs {
   bool store_h, quantize_h;
   float* h_scales;
   NonfiniteReport h_report;
+  gemm::RowGather gather;  // the gate/up form gathering A itself (kGather)
+  RowSources sources;      // kGather == kGatherRemote: each row from its source rank
 };
+
+// The gate/up form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
+// from this rank's token tiles or, at R > 1, from each row's source rank's.
+constexpr int kGatherNone = 0, kGatherLocal = 1, kGatherRemote = 2;
+static_assert(kTileM == gemm::kBlockM, "a tile's rows are one row block of the gather's counters");
+// NOTES: four 16-byte loads in flight per lane, not the bf16 kernel's eight: the producer warpgroup has
+// 40 registers here (the consumers take 232 for two blocks' products in flight).
+constexpr int kFp8GatherVecsPerLane = 4;
 
 // ---- producer: warpgroup 0's first thread ----
 // The tiles' K blocks into the ring of stages, running ahead into the next tile's while the consumers
 // finish a tile; the stages' phases counted over the CTA's whole run (`it`, the K blocks issued).
-template <Form kForm, class Out>
+template <Form kForm, class Out, int kGather>
 __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
@@ -211,6 +222,8 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
   int32_t it = 0;
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
+    // The rows of the tile's block, when the kernel gathers A (announced first: row_gather.cuh).
+    if constexpr (kGather != kGatherNone) gemm::await_gathered_rows(p.gather, tile.m0 / kTileM, t, p.status);
     // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
     // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
     // never stored: their products are zeros and their outputs not stored).
@@ -551,8 +564,33 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
   }
 }
 
-// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...
-template <Form kForm, class Out>
+// finish_gather (row_gather.cuh) over the producer warpgroup alone, warp by warp: the consumers never
+// touch the gather's counters. The last of the grid's producer warps to arrive zeroes them (those of the
+// row blocks up to the schedule's total) for the next launch on the stream.
+// NOTES: not every thread, as the bf16 kernel does: with the consumers' 232 registers reaching code
+// that every thread runs, ptxas serialised their wgmma (C7511), and dropping them back to 40 first
+// did too (C7512).
+__device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, const gemm::TileGrid& grid) {
+  const int lane = int(threadIdx.x) % 32;
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) {
+    __threadfence();  // the warp's copies and counts before its arrival
+    const int32_t warps = 4 * int32_t(gridDim.x);
+    last = atomicAdd(&g.sync[gemm::kGatherCtasDone], 1) == warps - 1;
+    if (last) __threadfence();  // every warp's before this one zeroes the counters
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __syncwarp();  // every lane's zeros after lane 0's fence
+  const int32_t total = grid.expert_offset[grid.experts];
+  const int32_t blocks = total <= grid.capacity ? total / gemm::kBlockM : 0;
+  for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
+}
+
+// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ... With kGather, every CTA's warps 1-3
+// copy A's rows for all (a CTA without tiles too), and the last producer warp to finish zeroes the
+// gather's counters.
+template <Form kForm, class Out, int kGather>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
@@ -560,15 +598,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu) {
+                DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
+                RowSources sources) {
+  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU, "only the gate/up form gathers its rows");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
-                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report};
+                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
+                          gather, sources};
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
-  if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
+  // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
+  if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Smem::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -580,7 +622,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) producer(smem, tiles, p);
+    const gemm::TileGrid grid{expert_offset, experts, 0, 0, 0, 0, M, false};
+    if (threadIdx.x == 0) {
+      producer<kForm, Out, kGather>(smem, tiles, p);
+    } else if (kGather != kGatherNone && threadIdx.x >= 32) {
+      gemm::gather_rows_warp<kGather == kGatherRemote, kFp8GatherVecsPerLane, true>(p.gather, grid, p.sources);
+    }
+    if constexpr (kGather != kGatherNone) finish_gather_warp(p.gather, grid);
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();

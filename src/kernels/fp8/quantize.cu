@@ -399,7 +399,8 @@ __global__ void __launch_bounds__(kBlock)
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
 
 // One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
-// its scales. kRemote (R > 1): from the row's source rank's staged tiles (TileSources), not from src.
+// its scales (only its scales without `bytes`). kRemote (R > 1): from the row's source rank's staged
+// tiles (TileSources), not from src.
 // NOTES: a template parameter, as the bf16 gathers' (glue.cu): the one-rank loads keep their read-only
 // path.
 template <bool kRemote>
@@ -407,7 +408,7 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
                                     const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
                                     int64_t capacity, int64_t top_k, int64_t cols, TileSources sources,
-                                    NonfiniteReport report) {
+                                    NonfiniteReport report, bool bytes) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
   // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
   const int32_t total = *total_rows;
@@ -415,10 +416,10 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
   const int lane = threadIdx.x % 32;
   const int32_t slot = row_token_slot[row];
   const int64_t kb = blocks_of(cols);
-  uint8_t* d = dst + row * cols;
+  uint8_t* d = bytes ? dst + row * cols : nullptr;
   float* ds = dst_scales + row * kb;
   if (slot < 0) {
-    for (int64_t c = lane; c < cols; c += 32) d[c] = 0;
+    for (int64_t c = lane; c < cols && bytes; c += 32) d[c] = 0;
     for (int64_t b = lane; b < kb; b += 32) ds[b] = 1.0f;
     return;
   }
@@ -430,13 +431,15 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
     src = base;
     src_scales = reinterpret_cast<const float*>(base + sources.tokens * cols);
   }
-  const uint8_t* s = src + token * cols;
-  if (cols % 16 == 0) {
-    for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
-      *reinterpret_cast<uint4*>(d + c) = remote::load(reinterpret_cast<const uint4*>(s + c));
+  if (bytes) {
+    const uint8_t* s = src + token * cols;
+    if (cols % 16 == 0) {
+      for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
+        *reinterpret_cast<uint4*>(d + c) = remote::load(reinterpret_cast<const uint4*>(s + c));
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
     }
-  } else {
-    for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
   }
   for (int64_t b = lane; b < kb; b += 32) {
     const float scale = remote::load(src_scales + token * kb + b);
@@ -603,8 +606,16 @@ void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const flo
   }
   const auto kernel = sources.remote() ? gather_tiles_kernel<true> : gather_tiles_kernel<false>;
   kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
-      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report);
+      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report,
+      dst != nullptr);
   LYNX_CHECK_LAUNCH();
+}
+
+void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, cudaStream_t stream,
+                        const TileSources& sources, NonfiniteReport report) {
+  gather_tiles(nullptr, dst_scales, nullptr, src_scales, row_token_slot, total_rows, capacity, top_k, cols, stream,
+               sources, report);
 }
 
 void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,
