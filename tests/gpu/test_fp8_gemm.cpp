@@ -378,6 +378,14 @@ TEST_F(Fp8Gemm, GroupedEdges) { expect_grouped_matches_reference({77, 129, 0}, 2
 // [128, 256] tiles across N: four whole ones, then one whose second 128-column half lies past N (neither
 // loaded nor computed), with more tiles than SMs.
 TEST_F(Fp8Gemm, GroupedTilesAcrossN) { expect_grouped_matches_reference({3000, 129, 700}, 1152, 640); }
+// One K block (K = 128, and a short one of 96: the scales' look-ahead has no next block) and N within
+// one half (the second never loaded), in both grouped forms.
+TEST_F(Fp8Gemm, GroupedOneKBlockOneHalf) {
+  expect_grouped_matches_reference({200, 77}, 128, 128);
+  expect_grouped_matches_reference({200, 77}, 120, 96);
+  expect_grouped_matches_reference({200, 77}, 64, 128, true);
+  expect_grouped_matches_reference({200, 77}, 128, 96, true);
+}
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
