@@ -165,9 +165,10 @@ struct KeptGateUp {
 };
 
 // Where the gate/up form also quantises h for the down GEMM: codes [capacity, N] and scales [capacity,
-// blocks_of(N)], quantize_tiles' bits from the bf16 h (rows below the schedule's total; a tile that is
-// not finite reported through `report`, its scale NaN). codes 16-byte aligned, N % 16 == 0. codes
-// null: not quantised.
+// blocks_of(N)], quantize_tiles' bits from the bf16 h (a tile that is not finite reported through
+// `report`, its scale NaN). The kernel writes every row of the row blocks below the schedule's total:
+// quantize_tiles' rows below the total, since the schedule pads each expert to whole 128-row blocks.
+// codes 16-byte aligned, N % 16 == 0. codes null: not quantised.
 struct QuantizedH {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
