@@ -25,15 +25,13 @@
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/epilogue.cuh"
 #include "kernels/expert_gemm/row_gather.cuh"
-#include "kernels/expert_gemm/tile_scheduler.h"
 #include "kernels/fp8/api.h"
 #include "kernels/fp8/e4m3.cuh"
+#include "kernels/fp8/tiles.h"
 
 namespace lynx::fp8::impl {
 
 
-constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
-constexpr int kTileN = 128;  // columns of one wgmma half of a tile: one B scale block
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 // NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
@@ -60,32 +58,6 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
   if (col + 1 < N) row[col + 1] = v1;
 }
 
-// What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, a [128, 256] one over one expert's
-// rows of A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N
-// blocks, K blocks]; kSwiGLU, grouped, a [128, 128] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): its two halves are
-// the gate's 128 columns and the same 128 of the up's (B's stage holds both, tma_b and tma_b2), each
-// promoted with its own block scale. A grouped row block past the schedule's rows has nothing to do.
-// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
-// schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
-// along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop runs over the
-// expert's row blocks only (none: a zero tile).
-enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
-
-// NOTES: the grouped forms (the forward's GEMMs and the dgrads, the layer's bulk) take [128, 256] tiles:
-// a K block's 48 KB of operands feed 4.2 M multiply-adds, where a [128, 128] tile's 32 KB feed 2.1 M,
-// 27% fewer bytes from L2 for each product. At twice the bf16 rate a [128, 128] tile would need 1.33×
-// the L2 bandwidth of the bf16 kernel's [128, 256] tiles (docs/fp8.md). Two temporaries of 128 columns
-// beside a 256-column accumulator would be 256 registers a thread: one temporary takes each half in
-// turn, and the other warpgroup's wgmma run while one promotes (as DeepGEMM's and CUTLASS's block-scaled
-// kernels do).
-template <Form kForm>
-constexpr int kHalves = kForm == Form::kGrouped || kForm == Form::kSwiGLU ? 2 : 1;  // 128-column halves a tile
-// Output columns per tile (kSwiGLU: h's, each from a gate and an up column).
-template <Form kForm>
-constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTileN;
-template <Form kForm>
-constexpr uint32_t kStageBytes = (kTileM + kHalves<kForm> * kTileN) * kBlock;
-
 // NOTES: as many stages as fit beside the epilogue pieces: 6 of 32 KB (all of 227 KB with the alignment
 // pad), 5 in the weight gradient, whose stages also hold their K block's scales, 4 of 48 KB in the
 // grouped forms' [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half as many products).
@@ -110,62 +82,6 @@ constexpr int kSmem = int(sizeof(SharedStorage<kForm>)) + 1024;  // and the 1024
 static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 * 1024 &&
                   kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024,
               "shared memory");
-
-// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
-struct Tile {
-  int32_t m0, n0, expert, kb_begin, kb_end;
-};
-
-// Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
-// grouped form where columns n0 + 128 .. lie below N (the producer loads, and the consumers compute,
-// only those that do).
-template <Form kForm>
-__device__ __forceinline__ bool second_half(const Tile& tile, int32_t N) {
-  if constexpr (kHalves<kForm> == 1) return false;
-  return kForm == Form::kSwiGLU || tile.n0 + kTileN < N;
-}
-
-// The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
-// grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
-// row blocks below the schedule's rows (none after an overflow), read once per CTA. A tile's columns:
-// kOutN from n0.
-template <Form kForm>
-struct TileSpace {
-  int32_t n_tiles, m_tiles, count;
-  const int32_t* expert_offset;
-  int32_t experts, k_blocks;
-
-  __device__ TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
-      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
-    n_tiles = (N + kOutN<kForm> - 1) / kOutN<kForm>;
-    m_tiles = int32_t(blocks_of(M));
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
-      const int32_t total = offset[num_experts];
-      m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
-    }
-    count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
-  }
-
-  __device__ Tile operator[](int32_t t) const {
-    Tile tile;
-    tile.n0 = (t % n_tiles) * kOutN<kForm>;
-    tile.m0 = (t / n_tiles % m_tiles) * kTileM;
-    tile.expert = 0;
-    tile.kb_begin = 0;
-    tile.kb_end = k_blocks;
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
-      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
-    }
-    if constexpr (kForm == Form::kWeightGrad) {
-      // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
-      tile.expert = t / (n_tiles * m_tiles);
-      const bool placed = expert_offset[experts] <= k_blocks * int32_t(kBlock);
-      tile.kb_begin = placed ? expert_offset[tile.expert] / int32_t(kBlock) : 0;
-      tile.kb_end = placed ? expert_offset[tile.expert + 1] / int32_t(kBlock) : 0;
-    }
-    return tile;
-  }
-};
 
 // The gate/up form's outputs of h (KernelArgs says what each means).
 struct SwiGLUOutputs {
@@ -231,7 +147,7 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
     const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
     const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
     const bool second = second_half<kForm>(tile, N);
-    const uint32_t stage_bytes = kStageBytes<kForm> - (kHalves<kForm> == 2 && !second ? kTileN * kBlock : 0);
+    const uint32_t bytes = stage_bytes<kForm>(tile, N);
     for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
       const int stage = it % kStages;
       // The stage's previous use (K block it - kStages) must be released by every consumer thread.
@@ -239,7 +155,7 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
         sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, p.status, sm90::Wait::kEmptyStage, t);
       }
       // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], stage_bytes + a_scale_bytes + b_scale_bytes);
+      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], bytes + a_scale_bytes + b_scale_bytes);
       if constexpr (kWeightGrad) {
         sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
         sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
@@ -278,14 +194,12 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   constexpr int kStages = SharedStorage<kForm>::kStages;
   const int32_t M = p.M, N = p.N, k_blocks = tiles.k_blocks;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
-  const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
-  const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+  const int32_t row0 = tile.m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
   const bool second = second_half<kForm>(tile, N);
-  // The B scale blocks of the tile's halves ([experts, N blocks, K blocks]): block n0 / 128 (gate/up:
-  // the gate's in b_scales, the up's in b2_scales), and the grouped form's second half the next.
-  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
-  const int64_t b2_scale_row = kForm == Form::kGrouped && second ? b_scale_row + k_blocks : b_scale_row;
+  // The B scale blocks of the tile's halves (gate/up: the gate's in b_scales, the up's in b2_scales).
+  const int64_t b_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 0);
+  const int64_t b2_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 1);
   const float* b2_scales = kSwiGLU ? p.b2_scales : p.b_scales;
   // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
   // gradient's scales there stale): every epilogue leaves them out.
