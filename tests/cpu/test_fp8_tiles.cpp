@@ -73,12 +73,16 @@ void expect_grouped_tiles(std::mt19937& rng, int trial) {
       if (h == 1 && kForm == Form::kGrouped) {  // computed exactly where it holds a column below N
         ASSERT_EQ(second, first < N);
       }
-      if (h == 1 && !second) continue;
-      for (int32_t c = first; c < end; ++c) ++hit(tile, h, c);
-      // Half h's B scale block: [experts, blocks_of(N), k_blocks], the block of its first column.
+      // Half h's B scale block ([experts, blocks_of(N), k_blocks]): the block of its first column, or,
+      // not computed, the first half's (the consumers load both halves' scales either way).
       const int64_t row = b_scale_row<kForm>(tile, N, k_blocks, h);
-      ASSERT_EQ(row, (int64_t(tile.expert) * blocks_of(N) + first / kBlock) * k_blocks);
       ASSERT_LE(row + k_blocks, int64_t(experts) * blocks_of(N) * k_blocks);
+      if (h == 1 && !second) {
+        ASSERT_EQ(row, b_scale_row<kForm>(tile, N, k_blocks, 0));
+        continue;
+      }
+      ASSERT_EQ(row, (int64_t(tile.expert) * blocks_of(N) + first / kBlock) * k_blocks);
+      for (int32_t c = first; c < end; ++c) ++hit(tile, h, c);
     }
     ASSERT_EQ(stage_bytes<kForm>(tile, N), uint32_t((kTileM + (second ? 2 : 1) * kTileN) * kBlock));
   }
