@@ -387,22 +387,18 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
     scale[r] = bad[r] ? __int_as_float(0x7fc00000) : e4m3::pow2(e);
   }
   if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
-  // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (16-byte chunk k of piece row R at
-  // chunk k ^ (R % 8)), once the box's last store has read it and every thread is done with it. Piece
-  // rows R = 16·warp + lane / 4 + 8r: R % 8 = lane / 4 for both.
+  // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (code_offset, tiles.h), once the
+  // box's last store has read it and every thread is done with it.
   const uint32_t box = sm90::smem_addr(smem.piece[c][0]);
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + c, 128);
-  const uint32_t row_at = box + (16 * warp + lane / 4) * 128;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const int b = 8 * j + 2 * (lane % 4);  // the byte column
-    const uint32_t at = row_at + (((b / 16) ^ (lane / 4)) * 16) + b % 16;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float2 v = bf16_pair(words[2 * j + r]);
       const uint32_t codes = uint32_t(e4m3::to_e4m3(v.x * inv[r])) | (uint32_t(e4m3::to_e4m3(v.y * inv[r])) << 8);
-      sm90::st_shared_u16(at + 8 * 128 * r, uint16_t(codes));
+      sm90::st_shared_u16(box + code_offset(warp, lane, j, r), uint16_t(codes));
     }
   }
   sm90::fence_proxy_async_shared();
