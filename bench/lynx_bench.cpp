@@ -411,6 +411,13 @@ int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clo
   return ok ? 0 : 1;
 }
 
+// A digest as 16 hex digits.
+std::string hex_digest(uint64_t h) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(h));
+  return s;
+}
+
 // --precision fp8: one table per shape and regime (bench/precision_bench.h).
 int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
   ResultsJson json(o, gpu);
@@ -422,6 +429,9 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
     std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n", name.c_str(),
                 routing_name(o.routings.front()), regime_name(regime), r.dissimilarity, r.dx_dissimilarity,
                 good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
+    std::printf("FP8 output bits (FNV-1a of y, dx, d_topk_weights and the weight gradients): %016llx, with bf16 "
+                "weight gradients %016llx\n",
+                static_cast<unsigned long long>(r.fp8_bits), static_cast<unsigned long long>(r.fp8_bf16_wgrad_bits));
     std::printf("%-24s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
     for (const PrecisionRow& row : r.rows) {
       // Each pass against the same pass in bf16; quantize_weights is no pass to compare.
@@ -441,6 +451,8 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
                    << ", \"what\": " << json_string(row.what) << ", \"ms\": " << row.ms
                    << ", \"sm_mhz\": " << row.clocks.median_mhz << ", \"dissimilarity\": " << r.dissimilarity
                    << ", \"dx_dissimilarity\": " << r.dx_dissimilarity
+                   << ", \"fp8_bits\": " << json_string(hex_digest(r.fp8_bits))
+                   << ", \"fp8_bf16_wgrad_bits\": " << json_string(hex_digest(r.fp8_bf16_wgrad_bits))
                    << ", \"check\": " << json_string(good ? "ok" : "FAILED") << "}";
       }
     }

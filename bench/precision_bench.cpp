@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 
 #include "common/bf16.h"
 #include "common/cuda_check.h"
@@ -31,6 +32,17 @@ double dissimilarity(const std::vector<double>& a, const std::vector<double>& b)
   double dot = 0.0, aa = 0.0, bb = 0.0;
   for (size_t i = 0; i < a.size(); ++i) dot += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
   return aa + bb > 0.0 ? 1.0 - 2.0 * dot / (aa + bb) : 0.0;
+}
+
+// FNV-1a over the bytes of device tensors, in order: whether two builds give the same bits.
+uint64_t digest(std::initializer_list<TensorView> tensors) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const TensorView& t : tensors) {
+    std::vector<uint8_t> bytes(size_t(t.numel()) * (t.dtype == DType::kF32 ? 4 : 2));
+    LYNX_CUDA(cudaMemcpy(bytes.data(), t.data, bytes.size(), cudaMemcpyDeviceToHost));
+    for (const uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  }
+  return h;
 }
 
 bool all_finite(const std::vector<double>& v) {
@@ -67,6 +79,12 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   };
   const auto want = outputs(bf16), got = outputs(fp8);
   PrecisionResult r{};
+  const auto all_outputs = [&] {
+    return digest({y, grads.dx, grads.d_topk_weights, grads.dw_gate, grads.dw_up, grads.dw_down});
+  };
+  r.fp8_bits = all_outputs();
+  outputs(fp8_bf16_wgrad);
+  r.fp8_bf16_wgrad_bits = all_outputs();
   r.finite = all_finite(got.first) && all_finite(got.second);
   r.dissimilarity = dissimilarity(got.first, want.first);
   r.dx_dissimilarity = dissimilarity(got.second, want.second);

@@ -4,6 +4,7 @@
 // quantise the weights (once per optimizer step) beside them.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct PrecisionResult {
   double dissimilarity;     // 1 − 2⟨a,b⟩/(|a|²+|b|²) of the FP8 y and the bf16 y
   double dx_dissimilarity;  // the same of dx
   bool finite;              // every FP8 y and dx value finite (the outputs were poisoned with NaN)
+  // FNV-1a digests of every output's bits (y, dx, d_topk_weights, dw_gate, dw_up, dw_down) of the FP8
+  // pass and of the FP8 pass with bf16 weight gradients: builds whose kernels differ only in how they
+  // compute the same values (tiles, fused steps) give the same digests.
+  uint64_t fp8_bits, fp8_bf16_wgrad_bits;
 };
 
 // NOTES: the yardsticks of the check (tests/gpu/test_fp8_layer.cpp derives them against the exact
