@@ -298,6 +298,12 @@ __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
   return v;
 }
 
+// A store at a shared-memory address (smem_addr): 32-bit addresses, where generic pointers into
+// a dynamic shared-memory struct are 64-bit registers that ptxas may keep live across a whole kernel.
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+
 // `bytes` contiguous bytes from global to shared memory, completing on `bar` as the tensor loads do
 // (bytes a multiple of 16; both addresses 16-byte aligned).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

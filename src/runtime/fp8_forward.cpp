@@ -80,6 +80,12 @@ void stage_tiles(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cud
                       report(w, what), s);
 }
 
+// One rank's tokens of `rows` (x, or dy) quantised once per token in 1×128 tiles, into f8.x.
+void quantize_tokens(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s) {
+  fp8::quantize_tiles(data_of<const bf16_t>(rows), w.shape.tokens, w.shape.hidden, nullptr, w.f8.x, w.f8.x_scales,
+                      report(w, what), s);
+}
+
 // The 1×128 tiles of `rows`' tokens (x, or dy) in schedule order, into f8.xg: one rank quantises its
 // tokens once and gathers their tiles; at R > 1 each row's tile is pulled from its source rank's
 // staged tiles (stage_tiles): one byte an element, and a scale per 128.
@@ -89,13 +95,23 @@ void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tens
   const Fp8Buffers& f = w.f8;
   const int32_t* slots = w.schedule.row_token_slot;
   if (w.ranks() == 1) {
-    fp8::quantize_tiles(data_of<const bf16_t>(rows), T, H, nullptr, f.x, f.x_scales, report(w, what), s);
+    quantize_tokens(w, rows, what, s);
     fp8::gather_tiles(f.xg, f.xg_scales, f.x, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
     return;
   }
   const RowSources rs = w.row_sources(comm::kTokenRows);
   fp8::gather_tiles(f.xg, f.xg_scales, nullptr, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
                     fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
+}
+
+// A weight gradient's operand from one rank's tokens' tiles (f8.x, quantize_tokens): the tile of each
+// schedule row, transposed and quantised along the rows into q, scales (fp8::transpose_gathered_tiles),
+// the bits transpose_tiles gives from the rows dequantised (dequantized_rows), without those [capacity,
+// H] bf16 rows.
+void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  fp8::transpose_gathered_tiles(w.f8.x, w.f8.x_scales, w.schedule.row_token_slot, w.device_total_rows(),
+                                w.problem.capacity, sh.top_k, sh.hidden, q, scales, report(w, what), s);
 }
 
 // f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled, which the weight gradients
@@ -112,26 +128,61 @@ void open_forward(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   peer::arrive(w.barrier_args(), false, s);
 }
 
-// The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU (h), keeping g and u by
-// slot (by row at R > 1), with the schedule, as the forward context when `keep_context`. At R > 1 the
-// context also keeps the x rows as they travelled (x̂, un.xg): backward stages dy, not x.
-void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_context) {
+// Where the gate/up GEMM finds x's tiles in schedule order: gathered into f8.xg before it
+// (tiles_in_schedule_order), or, where the plan puts gate/up's gather in the GEMM, their scales
+// gathered before it and their bytes by the GEMM itself, beside its tiles (the returned TileGather).
+fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
+  if (omitted(Stage::kGather, w.forward_calls)) return {};
+  if (w.plan.gate_up_gather != plan::GatherPlace::kInGemm) {
+    tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+    return {};
+  }
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  const int32_t* slots = w.schedule.row_token_slot;
+  fp8::TileGather g;
+  g.row_token_slot = slots;
+  g.top_k = sh.top_k;
+  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
+  g.lookahead = 2 * w.plan.gate_up.gather_lookahead;
+  g.sync = w.gather_sync;
+  if (w.ranks() == 1) {
+    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
+    fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
+    g.tokens = f.x;
+    return g;
+  }
+  const RowSources rs = w.row_sources(comm::kTokenRows);
+  fp8::gather_tile_scales(f.xg_scales, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
+                          fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, Fp8Tensor::kX));
+  g.sources = rs;
+  return g;
+}
+
+// The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU, keeping g and u by slot (by
+// row at R > 1), with the schedule, as the forward context when `keep_context`, and (`down`: for the
+// down GEMM) h quantised in its epilogue, into f8.h's tiles. At R > 1 the context also keeps the x rows
+// as they travelled (x̂, un.xg): backward stages dy, not x.
+void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, bool keep_context, bool down) {
   const LayerShape& sh = w.shape;
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   w.context_valid = false;
   enqueue_schedule(w, in, s);
   enqueue_shared_gate_up(w, in, s);
-  if (!omitted(Stage::kGather, w.forward_calls)) tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+  const fp8::TileGather gather = x_tiles_for_gate_up(w, in, s);
   fp8::KeptGateUp kept;
   if (keep_context) {
     kept.gate = w.un.g;
     kept.up = w.un.u;
     kept.slot = w.gate_up_by_slot ? w.schedule.row_token_slot : w.row_numbers;
   }
-  if (!omitted(Stage::kGateUp, w.forward_calls)) {
+  fp8::QuantizedH hq;
+  if (down) hq = {f.h, f.h_scales, report(w, Fp8Tensor::kH)};
+  if (!omitted(Stage::kGateUp, w.forward_calls) && (keep_context || down)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, w.un.h, w.stall_report_device, s, kept);
+                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq, gather);
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
@@ -145,13 +196,18 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   const Fp8Buffers& f = w.f8;
   const int32_t* total = w.device_total_rows();
   const int32_t* slots = w.schedule.row_token_slot;
-  bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for dw_down (then
-                              //            rows_b, the per-row dx, in the same memory)
+  bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for a bf16 dw_down
+                              //            (then rows_b, the per-row dx, in the same memory)
+  const bool bf16_wgrads = w.config.bf16_weight_grads;
+  // NOTES: one rank's FP8 weight gradients read dy's tiles straight from f8.x. At R > 1 those tiles are
+  // other ranks' (pulled once already, into f8.xg, for the dgrad of down): dŷ's rows are dequantised
+  // from f8.xg instead, as for bf16 weight gradients, rather than pulled a second time.
+  const bool dy_rows = bf16_wgrads || w.ranks() > 1;
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
-    dequantized_rows(w, dyg, s);
+    if (dy_rows) dequantized_rows(w, dyg, s);
   }
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
@@ -169,12 +225,17 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
                           w.row_sources(comm::kWeights), w.gate_up_by_slot, true);
   }
   // dw_down, the dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
-  if (w.config.bf16_weight_grads) {
+  if (bf16_wgrads) {
     fused::weight_grad_down(w, grads, dyg, s);
   } else if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
     // Its operands transposed and quantised in 1×128 tiles along the rows, into buffers the forward
     // and the dgrad of down are done with (each at least that large); so below for dw_gate | dw_up.
-    fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    // dŷ's straight from dy's tiles in f8.x at R = 1.
+    if (dy_rows) {
+      fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
+    } else {
+      transposed_token_tiles(w, Fp8Tensor::kDy, f.xg, f.xg_scales, s);
+    }
     fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
@@ -187,17 +248,27 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);
-    // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again into
-    // f8.xg (dw_down is done with it).
+    // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again: into
+    // f8.x (dw_down is done with dy's tiles there), whose tiles the FP8 weight gradient transposes
+    // itself; for bf16 ones, gathered and dequantised into un.xg.
     if (!omitted(Stage::kXGather, w.backward_calls)) {
-      tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
-      dequantized_rows(w, w.un.xg, s);
+      if (bf16_wgrads) {
+        tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+        dequantized_rows(w, w.un.xg, s);
+      } else {
+        quantize_tokens(w, in.x, Fp8Tensor::kX, s);
+      }
     }
   }
-  if (w.config.bf16_weight_grads) return fused::weight_grad_gate_up(w, grads, s);
+  if (bf16_wgrads) return fused::weight_grad_gate_up(w, grads, s);
   if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
     fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
-    fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
+    // x̂: one rank's from x's tiles; at R > 1 the context's rows (the region's token rows hold dy now).
+    if (w.ranks() == 1) {
+      transposed_token_tiles(w, Fp8Tensor::kX, f.xg, f.xg_scales, s);
+    } else {
+      fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
+    }
     fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
                                           data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
@@ -213,7 +284,7 @@ void recompute_forward_context(Workspace::Impl& w, const LayerInputs& in, cudaSt
       return open_forward(w, in, s);
     case fused::Step::kCompute:
       fused::compute_begins(w, s);
-      forward_context(w, in, s, true);
+      forward_context(w, in, s, true, false);
       return fused::compute_ends(w, s);
     case fused::Step::kClose:
       return fused::recompute_forward_context(w, in, s, step);
@@ -227,9 +298,8 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   fused::compute_begins(w, s);
-  forward_context(w, in, s, w.config.save_forward_context);
+  forward_context(w, in, s, w.config.save_forward_context, true);
   if (!omitted(Stage::kDown, w.forward_calls)) {
-    fp8::quantize_tiles(w.un.h, cap, I, w.device_total_rows(), f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
   }

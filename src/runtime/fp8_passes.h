@@ -3,8 +3,8 @@
 // tiles, one byte an element plus a scale per 128: one rank quantises its tokens and gathers their
 // tiles into schedule order; at R > 1 each rank stages its tokens' tiles in its open step and pulls the
 // tiles its experts need. The close steps (the combines) are the bf16 passes'.
-// The forward: the schedule; x's tiles in schedule order; the gate/up GEMM with SwiGLU on E4M3 operands
-// (h in bf16); h quantised; the down GEMM on E4M3 operands into the rows the combine reads; the shared
+// The forward: the schedule; x's tiles in schedule order; the gate/up GEMM with SwiGLU on E4M3 operands,
+// h quantised in its epilogue; the down GEMM on E4M3 operands into the rows the combine reads; the shared
 // expert (bf16) and the combine as in the bf16 forward. No host synchronisation. With
 // config.save_forward_context it keeps the context the backward reads: the schedule, g and u (the FP8
 // products, rounded to bf16) as the bf16 forward keeps them, and at R > 1 the x rows as they travelled

@@ -16,7 +16,8 @@ enum class Stage : uint32_t {
   kGather,          // forward: x rows into schedule order (in the fused path, inside the gate/up GEMM,
                     // which then reads the rows of the call before)
   kSharedForward,   // forward: the shared expert
-  kGateUp,          // forward: the gate/up GEMM with SwiGLU (and, in the fused path, the gather inside it)
+  kGateUp,          // forward: the gate/up GEMM with SwiGLU (and, in the fused path, the gather inside it;
+                    // FP8: h's quantisation in its epilogue)
   kDown,            // forward: the down GEMM
   kCombine,         // forward: the combine into y
   kDyGather,        // backward: dy rows into schedule order (fused: inside the da GEMM, so leaving
@@ -44,8 +45,9 @@ const char* stage_name(Stage s);
 // has already run the stage's pass `calls_before` times. NOTES: the first call of each pass runs in
 // full, so a stage left out later leaves its output buffer holding the values it computed then, which
 // for the benchmark's repeated inputs are the values it would compute now, except in the buffers two
-// stages write (rows a: the dy rows, then the per-row dx; da, then w·silu(g)⊙u), which then hold the
-// later stage's values: finite, of the same magnitudes, not the same data. Left out from the first
+// stages write (rows a: the dy rows, then the per-row dx; da, then w·silu(g)⊙u; FP8 at one rank, f8.x:
+// dy's tiles, then x's), which then hold the other stage's values: finite, of the same magnitudes, not
+// the same data. Left out from the first
 // call, the downstream kernels computed on never-written (zero) memory, and under the power cap zero
 // operands ran faster: at deepseek-v3 leaving out the 0.31 ms gather saved 0.68 ms (measured
 // 2026-11-29, commit 27164ab).

@@ -119,9 +119,11 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
-    // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why).
+    // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why); in FP8 with
+    // FP8 weight gradients it reads x's tiles instead (fp8_forward.cpp), and needs no bf16 rows.
+    const bool fp8_weight_grads = config.precision == Precision::kFp8Block && !config.bf16_weight_grads;
     if (s.num_ranks == 1) {
-      scratch(un.xg, cap * H);
+      if (!fp8_weight_grads) scratch(un.xg, cap * H);
     } else {
       context_buffer(un.xg, cap * H);
     }

@@ -98,6 +98,45 @@ void expect_matches_reference(int64_t M, int64_t N, int64_t K) {
 // expert, scale or row is off by order one.
 constexpr double kBf16OutTolerance = 3e-3;
 
+// The grouped forms' operands: experts of `rows` rows each in schedule order, each padded to whole
+// 128-row blocks (padding rows of A zeros), and one more block past the schedule's rows; A quantised in
+// 1×128 tiles, and `weights` sets of expert weights ([N, K] each) in 128×128 blocks: w = 0 the gate (or
+// the only one), w = 1 the up; b_q and b_scales every expert's one after another.
+struct GroupedOperands {
+  std::vector<int32_t> offset;
+  int64_t total = 0, cap = 0;
+  ref::fp8::Quantized qa;
+  std::vector<ref::fp8::Quantized> qb[2];
+  std::vector<uint8_t> b_q[2];
+  std::vector<float> b_scales[2];
+};
+
+GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, int64_t K, int weights, uint64_t seed) {
+  GroupedOperands o;
+  const int64_t E = int64_t(rows.size());
+  o.offset.assign(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    o.offset[size_t(e + 1)] = o.offset[size_t(e)] + int32_t((rows[size_t(e)] + 127) / 128 * 128);
+  }
+  o.total = o.offset[size_t(E)];
+  o.cap = o.total + 128;
+  std::vector<float> a(size_t(o.cap * K), 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<float> v = values(rows[size_t(e)], K, seed ^ uint64_t(e));
+    std::copy(v.begin(), v.end(), a.begin() + int64_t(o.offset[size_t(e)]) * K);
+  }
+  o.qa = ref::fp8::quantize_tiles(a.data(), o.cap, K);
+  for (int w = 0; w < weights; ++w) {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> v = values(N, K, seed ^ 0xb ^ (uint64_t(e) << 8) ^ (uint64_t(w) << 20));
+      o.qb[w].push_back(ref::fp8::quantize_blocks(v.data(), N, K));
+      o.b_q[w].insert(o.b_q[w].end(), o.qb[w].back().q.begin(), o.qb[w].back().q.end());
+      o.b_scales[w].insert(o.b_scales[w].end(), o.qb[w].back().scales.begin(), o.qb[w].back().scales.end());
+    }
+  }
+  return o;
+}
+
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
 // of the reference's two products.
 void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false) {
@@ -105,27 +144,13 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
                std::to_string(seed) + (swiglu ? " swiglu" : ""));
-  std::vector<int32_t> offset(size_t(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) offset[size_t(e + 1)] = offset[size_t(e)] + int32_t((rows[size_t(e)] + 127) / 128 * 128);
-  const int64_t total = offset[size_t(E)], cap = total + 128;
-  std::vector<float> a(size_t(cap * K), 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::vector<float> v = values(rows[size_t(e)], K, seed ^ uint64_t(e));
-    std::copy(v.begin(), v.end(), a.begin() + int64_t(offset[size_t(e)]) * K);
-  }
-  const ref::fp8::Quantized qa = ref::fp8::quantize_tiles(a.data(), cap, K);
-  // Expert weights: w = 0 the gate (or the only one), w = 1 the up.
-  std::vector<ref::fp8::Quantized> qb[2];
-  std::vector<uint8_t> b_q[2];
-  std::vector<float> b_scales[2];
-  for (int w = 0; w < (swiglu ? 2 : 1); ++w) {
-    for (int64_t e = 0; e < E; ++e) {
-      const std::vector<float> v = values(N, K, seed ^ 0xb ^ (uint64_t(e) << 8) ^ (uint64_t(w) << 20));
-      qb[w].push_back(ref::fp8::quantize_blocks(v.data(), N, K));
-      b_q[w].insert(b_q[w].end(), qb[w].back().q.begin(), qb[w].back().q.end());
-      b_scales[w].insert(b_scales[w].end(), qb[w].back().scales.begin(), qb[w].back().scales.end());
-    }
-  }
+  const GroupedOperands ops = grouped_operands(rows, N, K, swiglu ? 2 : 1, seed);
+  const std::vector<int32_t>& offset = ops.offset;
+  const int64_t total = ops.total, cap = ops.cap;
+  const ref::fp8::Quantized& qa = ops.qa;
+  const auto& qb = ops.qb;
+  const auto& b_q = ops.b_q;
+  const auto& b_scales = ops.b_scales;
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
   DeviceBuffer d_b = to_device(b_q[0]), d_bs = to_device(b_scales[0]);
   DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
@@ -350,10 +375,145 @@ TEST_F(Fp8Gemm, EveryBlockCountOfThePipeline) {
 }
 TEST_F(Fp8Gemm, GroupedExperts) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024); }
 TEST_F(Fp8Gemm, GroupedEdges) { expect_grouped_matches_reference({77, 129, 0}, 200, 2880); }
+// [128, 256] tiles across N: four whole ones, then one whose second 128-column half lies past N (neither
+// loaded nor computed), with more tiles than SMs.
+TEST_F(Fp8Gemm, GroupedTilesAcrossN) { expect_grouped_matches_reference({3000, 129, 700}, 1152, 640); }
+// One K block (K = 128, and a short one of 96: the scales' look-ahead has no next block) and N within
+// one half (the second never loaded), in both grouped forms.
+TEST_F(Fp8Gemm, GroupedOneKBlockOneHalf) {
+  expect_grouped_matches_reference({200, 77}, 128, 128);
+  expect_grouped_matches_reference({200, 77}, 120, 96);
+  expect_grouped_matches_reference({200, 77}, 64, 128, true);
+  expect_grouped_matches_reference({200, 77}, 128, 96, true);
+}
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns
+}
+
+// The gate/up form quantising h in its epilogue (QuantizedH): its codes and scales equal quantize_tiles'
+// of the bf16 h the same form writes, bit for bit, over the schedule's rows, and nothing past them is
+// written; h, g and u written beside the codes keep their bits. With `nan_weight` one gate weight code of
+// expert 0 is an E4M3 NaN: its tiles' scales NaN in both, and both report h, as quantize_tiles does.
+void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows, int64_t N, int64_t K,
+                                               bool nan_weight = false) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size()), kbN = fp8::blocks_of(N);
+  SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
+               std::to_string(seed) + (nan_weight ? " NaN weight" : ""));
+  GroupedOperands ops = grouped_operands(rows, N, K, 2, seed);
+  const std::vector<int32_t>& offset = ops.offset;
+  const int64_t total = ops.total, cap = ops.cap;
+  const ref::fp8::Quantized& qa = ops.qa;
+  auto& b_q = ops.b_q;
+  const auto& b_scales = ops.b_scales;
+  if (nan_weight) b_q[0][size_t(3 * K + 5)] = 0x7F;  // expert 0, gate row 3 (h column 3), K column 5
+  DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
+  DeviceBuffer d_g = to_device(b_q[0]), d_gs = to_device(b_scales[0]), d_u = to_device(b_q[1]),
+               d_us = to_device(b_scales[1]);
+  std::vector<int32_t> slot(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  DeviceBuffer d_slot = to_device(slot);
+  DeviceStatus* status = nullptr;
+  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
+  DeviceStatus* status_device = nullptr;
+  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const int64_t what = int64_t(Fp8Tensor::kH);
+  struct Run {
+    std::vector<HostBf16> h, g, u;
+    std::vector<uint8_t> q;
+    std::vector<float> scales;
+    DeviceStatus status;
+  };
+  // quantized: the codes from the epilogue, else from quantize_tiles over h; `all`: h, g and u written
+  // too (h always where not quantized).
+  const auto run = [&](bool quantized, bool all) {
+    DeviceBuffer d_h(size_t(cap * N) * 2), d_kg(size_t(cap * N) * 2), d_ku(size_t(cap * N) * 2);
+    DeviceBuffer d_q(size_t(cap * N)), d_s(size_t(cap * kbN) * 4);
+    for (DeviceBuffer* b : {&d_h, &d_kg, &d_ku, &d_q, &d_s}) b->fill_bytes(0xFF);
+    *status = DeviceStatus{};
+    const fp8::NonfiniteReport report{nullptr, status_device, what, 0};
+    const bool h_out = !quantized || all;
+    const fp8::KeptGateUp kept = all ? fp8::KeptGateUp{d_kg.as<bf16_t>(), d_ku.as<bf16_t>(), d_slot.as<int32_t>()}
+                                     : fp8::KeptGateUp{};
+    fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_g.as<uint8_t>(), d_gs.as<float>(),
+                                     d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
+                                     h_out ? d_h.as<bf16_t>() : nullptr, nullptr, nullptr, kept,
+                                     quantized ? fp8::QuantizedH{d_q.as<uint8_t>(), d_s.as<float>(), report}
+                                               : fp8::QuantizedH{});
+    if (!quantized) {
+      fp8::quantize_tiles(d_h.as<bf16_t>(), cap, N, d_offset.as<int32_t>() + E, d_q.as<uint8_t>(), d_s.as<float>(),
+                          report, nullptr);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    Run r;
+    r.h = to_host<HostBf16>(d_h, size_t(cap * N));
+    r.g = to_host<HostBf16>(d_kg, size_t(cap * N));
+    r.u = to_host<HostBf16>(d_ku, size_t(cap * N));
+    r.q = to_host<uint8_t>(d_q, size_t(cap * N));
+    r.scales = to_host<float>(d_s, size_t(cap * kbN));
+    r.status = *status;
+    return r;
+  };
+  const Run want = run(false, true), got = run(true, false), both = run(true, true);
+  LYNX_TEST_CUDA(cudaFreeHost(status));
+  for (const Run* r : {&want, &got, &both}) {
+    if (nan_weight) {
+      EXPECT_EQ(r->status.code, int32_t(StatusCode::kNonFiniteInput));
+      EXPECT_EQ(r->status.a, what);
+    } else {
+      EXPECT_EQ(r->status.code, 0);
+    }
+  }
+  int64_t nan_tiles = 0;
+  for (const Run* r : {&got, &both}) {
+    for (int64_t row = 0; row < cap; ++row) {
+      for (int64_t b = 0; b < kbN; ++b) {
+        const float ws = want.scales[size_t(row * kbN + b)], gs = r->scales[size_t(row * kbN + b)];
+        if (row >= total) {  // not written
+          ASSERT_EQ(std::memcmp(&gs, &ws, 4), 0) << "row " << row << " past the schedule's, block " << b;
+          continue;
+        }
+        if (std::isnan(ws)) {  // a tile with a NaN: its scale NaN too, its codes unspecified
+          ASSERT_TRUE(std::isnan(gs)) << "row " << row << " block " << b;
+          nan_tiles += r == &got;
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(&gs, &ws, 4), 0) << "scale of row " << row << " block " << b;
+        for (int64_t c = b * 128; c < std::min(N, b * 128 + 128); ++c) {
+          ASSERT_EQ(r->q[size_t(row * N + c)], want.q[size_t(row * N + c)]) << "code of row " << row << " column " << c;
+        }
+      }
+      if (row >= total) {
+        for (int64_t c = 0; c < N; ++c) ASSERT_EQ(r->q[size_t(row * N + c)], 0xFF) << "row " << row << " written";
+      }
+    }
+  }
+  if (nan_weight) {
+    EXPECT_GT(nan_tiles, 0) << "the NaN weight reached no tile";
+  }
+  // Beside the codes, h, g and u keep the bits of the form without them (NaN where the weight is).
+  const auto same = [](HostBf16 a, HostBf16 b) {
+    return a.bits == b.bits || (std::isnan(to_double(a)) && std::isnan(to_double(b)));
+  };
+  for (int64_t i = 0; i < cap * N; ++i) {
+    ASSERT_TRUE(same(both.h[size_t(i)], want.h[size_t(i)])) << "h element " << i;
+    ASSERT_TRUE(same(both.g[size_t(i)], want.g[size_t(i)])) << "kept g element " << i;
+    ASSERT_TRUE(same(both.u[size_t(i)], want.u[size_t(i)])) << "kept u element " << i;
+  }
+}
+
+TEST_F(Fp8Gemm, GroupedSwiGLUQuantisesH) {
+  expect_quantised_h_matches_quantize_tiles({200, 0, 128, 1, 300}, 384, 1024);  // three whole blocks
+  expect_quantised_h_matches_quantize_tiles({77, 129, 0}, 192, 2880);          // a last block of 64 columns
+  expect_quantised_h_matches_quantize_tiles({77, 129}, 208, 1024);             // a last block of 80 columns
+  // 48 row blocks × 4 blocks of h: 192 tiles, more than the SMs, so CTAs take several (the code box
+  // reused, the stages' phases carried across tiles).
+  expect_quantised_h_matches_quantize_tiles({3000, 2000, 1000}, 512, 256);
+}
+TEST_F(Fp8Gemm, GroupedSwiGLUQuantisedHReportsNonFinite) {
+  expect_quantised_h_matches_quantize_tiles({150, 60}, 256, 512, true);
 }
 
 TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 64); }

@@ -221,6 +221,34 @@ void expect_fp8_every_r(const Case& c, const std::vector<int32_t>& Rs, const Con
 
 TEST_F(Fp8Layer, BitwiseEqualAtEveryR) { expect_fp8_every_r({512, 256, 256, 16, 4, 128}, {2, 4, 8}, fp8_config(), false); }
 
+// gate/up's x tiles gathered inside its GEMM (the plan's choice where the bf16 layer gathers there; forced
+// here, as the small shapes gather token-major) give the bits of the tiles gathered by a kernel before
+// it, at one rank and at R ranks (each row pulled from its source rank's staged tiles); with the copies
+// held to a lookahead of 2 row blocks (the throttle), and with rows of 2176 bytes (more than one round
+// of loads a lane).
+TEST_F(Fp8Layer, GateUpGatherInTheGemmGivesTheKernelsBits) {
+  const auto gather_in_gemm = [](int32_t in_gemm, int32_t lookahead = 0) {
+    return [in_gemm, lookahead](Workspace& ws) {
+      test_hooks::set_gather_token_major(ws, 0);
+      test_hooks::set_gemm_gather(ws, in_gemm);
+      test_hooks::set_gather_lookahead(ws, lookahead);
+    };
+  };
+  for (const Case& c : {Case{384, 256, 192, 12, 4, 0}, Case{128, 2176, 128, 4, 2, 0}}) {
+    SCOPED_TRACE(case_name(c));
+    const HostLayer L(c, fresh_seed());
+    const std::vector<HostBf16> dy = random_dy(c);
+    const Outputs kernel = run_virtual_ranks(L, 1, dy, fp8_config(), false, gather_in_gemm(0));
+    for (const int32_t R : {1, 2, 3}) {
+      if (c.E % R != 0) continue;
+      SCOPED_TRACE("R = " + std::to_string(R));
+      EXPECT_EQ(first_difference(kernel, run_virtual_ranks(L, R, dy, fp8_config(), false, gather_in_gemm(1))), "");
+    }
+    EXPECT_EQ(first_difference(kernel, run_virtual_ranks(L, 2, dy, fp8_config(), false, gather_in_gemm(1, 1))), "")
+        << "lookahead 1 (2 E4M3 row blocks)";
+  }
+}
+
 // Three ranks, H and I past a multiple of 128, the context recomputed, bf16 weight gradients.
 TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   Config config = fp8_config();

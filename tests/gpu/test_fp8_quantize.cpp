@@ -270,6 +270,51 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   }
 }
 
+// Two ranks' tokens (T each) quantised in 1×128 tiles, each rank's staged as at R > 1 (bytes [T, cols],
+// then scales), and a schedule of `cap` rows over them: row r takes slot (stride·r) mod (T·k) of rank
+// r % 2, every `padding`-th row a padding row; one_rank_slots are the same rows in one rank holding both
+// ranks' tokens (tiles.q, tiles.scales), and the device copies of it all.
+struct TwoRankTiles {
+  ref::fp8::Quantized tiles;
+  std::vector<DeviceBuffer> staged;
+  std::vector<int32_t> slots, src, one_rank_slots;
+  DeviceBuffer d_bases, d_src, d_slots, d_one_slots, d_all, d_all_s;
+
+  fp8::TileSources sources(int64_t T) const {
+    return fp8::TileSources{static_cast<const void* const*>(d_bases.get()), d_src.as<int32_t>(), T};
+  }
+};
+
+TwoRankTiles two_rank_tiles(int64_t T, int64_t cols, int64_t k, int64_t cap, int64_t stride, int64_t padding,
+                            uint64_t seed) {
+  TwoRankTiles t;
+  const int64_t kb = fp8::blocks_of(cols);
+  const std::vector<float> xf = to_floats(spread_values(2 * T, cols, 6, seed));  // rank 0's tokens, then rank 1's
+  t.tiles = ref::fp8::quantize_tiles(xf.data(), 2 * T, cols);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<uint8_t> bytes(size_t(T * cols + 4 * T * kb));
+    std::memcpy(bytes.data(), t.tiles.q.data() + r * T * cols, size_t(T * cols));
+    std::memcpy(bytes.data() + T * cols, t.tiles.scales.data() + r * T * kb, size_t(4 * T * kb));
+    t.staged.push_back(to_device(bytes));
+  }
+  const std::vector<const void*> bases{t.staged[0].get(), t.staged[1].get()};
+  t.slots.resize(size_t(cap));
+  t.src.resize(size_t(cap));
+  t.one_rank_slots.resize(size_t(cap));
+  for (int64_t r = 0; r < cap; ++r) {
+    t.src[size_t(r)] = int32_t(r % 2);
+    t.slots[size_t(r)] = r % padding == padding - 1 ? -1 : int32_t((stride * r) % (T * k));
+    t.one_rank_slots[size_t(r)] = t.slots[size_t(r)] < 0 ? -1 : int32_t(t.src[size_t(r)] * T * k + t.slots[size_t(r)]);
+  }
+  t.d_bases = to_device(bases);
+  t.d_src = to_device(t.src);
+  t.d_slots = to_device(t.slots);
+  t.d_one_slots = to_device(t.one_rank_slots);
+  t.d_all = to_device(t.tiles.q);
+  t.d_all_s = to_device(t.tiles.scales);
+  return t;
+}
+
 // At R > 1 the tiles travel: two ranks' staged tiles (bytes [T, cols], then scales) gathered into one
 // schedule by each row's source rank, as the same rows' tiles gathered from one rank holding all the
 // tokens; then dequantised to bf16 below a row limit, exact (value · power-of-two scale), the rows past
@@ -278,34 +323,17 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const int64_t T = 40, cols = 320, kb = fp8::blocks_of(cols), k = 2, cap = 128, total = 120;
-  const std::vector<HostBf16> x = spread_values(2 * T, cols, 6, seed);  // rank 0's tokens, then rank 1's
-  const std::vector<float> xf = to_floats(x);
-  const ref::fp8::Quantized tiles = ref::fp8::quantize_tiles(xf.data(), 2 * T, cols);
-  // Each rank's staged tiles: its T rows' bytes, then their scales.
-  std::vector<DeviceBuffer> staged;
-  for (int64_t r = 0; r < 2; ++r) {
-    std::vector<uint8_t> bytes(size_t(T * cols + 4 * T * kb));
-    std::memcpy(bytes.data(), tiles.q.data() + r * T * cols, size_t(T * cols));
-    std::memcpy(bytes.data() + T * cols, tiles.scales.data() + r * T * kb, size_t(4 * T * kb));
-    staged.push_back(to_device(bytes));
-  }
-  const std::vector<const void*> bases{staged[0].get(), staged[1].get()};
   // Schedule row r: slot (5r) mod (T·k) of rank r % 2, every seventh a padding row.
-  std::vector<int32_t> slots(static_cast<size_t>(cap)), src(static_cast<size_t>(cap)),
-      one_rank_slots(static_cast<size_t>(cap));
-  for (int64_t r = 0; r < cap; ++r) {
-    src[size_t(r)] = int32_t(r % 2);
-    slots[size_t(r)] = r % 7 == 6 ? -1 : int32_t((5 * r) % (T * k));
-    one_rank_slots[size_t(r)] = slots[size_t(r)] < 0 ? -1 : int32_t(src[size_t(r)] * T * k + slots[size_t(r)]);
-  }
-  DeviceBuffer d_bases = to_device(bases), d_src = to_device(src), d_slots = to_device(slots);
-  DeviceBuffer d_one_slots = to_device(one_rank_slots), d_total = to_device(std::vector<int32_t>{int32_t(total)});
-  DeviceBuffer d_all = to_device(tiles.q), d_all_s = to_device(tiles.scales);
+  const TwoRankTiles two = two_rank_tiles(T, cols, k, cap, 5, 7, seed);
+  const ref::fp8::Quantized& tiles = two.tiles;
+  const std::vector<int32_t>& one_rank_slots = two.one_rank_slots;
+  const DeviceBuffer &d_slots = two.d_slots, &d_one_slots = two.d_one_slots, &d_all = two.d_all,
+                     &d_all_s = two.d_all_s;
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
   DeviceBuffer d_gq(size_t(cap * cols)), d_gs(size_t(cap * kb) * 4), d_wq(size_t(cap * cols)), d_ws(size_t(cap * kb) * 4);
   for (DeviceBuffer* d : {&d_gq, &d_gs, &d_wq, &d_ws}) d->fill_bytes(0xFF);
   fp8::gather_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), nullptr, nullptr, d_slots.as<int32_t>(), d_total.as<int32_t>(),
-                    cap, k, cols, nullptr,
-                    fp8::TileSources{static_cast<const void* const*>(d_bases.get()), d_src.as<int32_t>(), T});
+                    cap, k, cols, nullptr, two.sources(T));
   fp8::gather_tiles(d_wq.as<uint8_t>(), d_ws.as<float>(), d_all.as<uint8_t>(), d_all_s.as<float>(),
                     d_one_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k, cols, nullptr);
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
@@ -340,6 +368,74 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
       ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
     }
   }
+}
+
+// The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the
+// bits of gathering, dequantising and transpose_tiles in turn; rows of `cols` a multiple of 4 (4-byte
+// loads) and not; whole 128-row blocks below the schedule's total (padding rows among them), the block
+// past it not written.
+void expect_transposed_gathered_tiles_match(int64_t cols, uint64_t seed) {
+  SCOPED_TRACE("cols " + std::to_string(cols) + " seed " + std::to_string(seed));
+  const int64_t T = 150, k = 2, cap = 384, total = 256, pitch = fp8::scale_pitch(cols);
+  // Schedule row r: slot (7r) mod (T·k) of rank r % 2, every fifth a padding row.
+  const TwoRankTiles two = two_rank_tiles(T, cols, k, cap, 7, 5, seed);
+  const DeviceBuffer &d_one_slots = two.d_one_slots, &d_all = two.d_all, &d_all_s = two.d_all_s;
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  // The path through bf16 rows: the gathered tiles dequantised (RemoteTilesAndTheirDequantisation shows
+  // gather_tiles and dequantize_tiles give these bits; dequantize_tiles itself takes cols % 8 == 0 only).
+  std::vector<HostBf16> rows(size_t(cap * cols), float_to_bf16(0.0f));
+  for (int64_t r = 0; r < total; ++r) {
+    const int32_t slot = two.one_rank_slots[size_t(r)];
+    if (slot < 0) continue;
+    for (int64_t c = 0; c < cols; ++c) {
+      rows[size_t(r * cols + c)] = float_to_bf16(two.tiles.dequant(slot / k, c, false));
+    }
+  }
+  DeviceBuffer d_rows = to_device(rows);
+  struct Out {
+    DeviceBuffer q, s;
+  };
+  const auto make_out = [&] {
+    Out o{DeviceBuffer(size_t(cols * cap)), DeviceBuffer(size_t(cap / 128 * pitch) * 4)};
+    o.q.fill_bytes(0xFF);
+    o.s.fill_bytes(0xFF);
+    return o;
+  };
+  Out want = make_out(), got = make_out();
+  fp8::transpose_tiles(d_rows.as<bf16_t>(), cap, cols, d_total.as<int32_t>(), want.q.as<uint8_t>(), want.s.as<float>(),
+                       {}, nullptr);
+  fp8::transpose_gathered_tiles(d_all.as<uint8_t>(), d_all_s.as<float>(), d_one_slots.as<int32_t>(),
+                                d_total.as<int32_t>(), cap, k, cols, got.q.as<uint8_t>(), got.s.as<float>(), {},
+                                nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> wq = to_host<uint8_t>(want.q, size_t(cols * cap));
+  const std::vector<float> ws = to_host<float>(want.s, size_t(cap / 128 * pitch));
+  const std::vector<uint8_t> q = to_host<uint8_t>(got.q, size_t(cols * cap));
+  const std::vector<float> sc = to_host<float>(got.s, size_t(cap / 128 * pitch));
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < cap; ++r) {
+      if (r >= total) {
+        ASSERT_EQ(q[size_t(c * cap + r)], 0xFF) << "q[" << c << ", " << r << "] past the schedule written";
+      } else {
+        ASSERT_EQ(q[size_t(c * cap + r)], wq[size_t(c * cap + r)]) << "q[" << c << ", " << r << "]";
+      }
+    }
+  }
+  for (int64_t b = 0; b < cap / 128; ++b) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(b * pitch + c);
+      ASSERT_EQ(bits(sc[i]), bits(ws[i])) << "scale of row block " << b << " column " << c;
+      if (b * 128 >= total) {
+        ASSERT_EQ(bits(sc[i]), 0xFFFFFFFFu) << "a scale past the schedule written";
+      }
+    }
+  }
+}
+
+TEST_F(Fp8Quantize, TransposedGatheredTilesEqualThePathThroughBf16) {
+  const auto seed = fresh_seed();
+  expect_transposed_gathered_tiles_match(320, seed);
+  expect_transposed_gathered_tiles_match(130, seed ^ 1);  // rows not a multiple of 4: one byte at a time
 }
 
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows

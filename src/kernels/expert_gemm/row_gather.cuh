@@ -60,7 +60,10 @@ constexpr int kGatherVecsPerLane = 8;  // 16-byte loads in flight per lane
 static_assert(sched::core::kHalfRows % kGatherRowsPerClaim == 0 && kGatherRowsPerClaim <= 32,
               "claims stay in one 64-row half");
 
-template <bool kRemote>
+// kVecsPerLane: fewer loads in flight for a kernel whose producer warpgroup has fewer registers (the
+// FP8 GEMM's 40). kZeroRowlessHalves: a half without rows is written as zeros too (the FP8 GEMM reads
+// every row of its tiles, and its rows go on to the quantisations of the weight gradients).
+template <bool kRemote, int kVecsPerLane = kGatherVecsPerLane, bool kZeroRowlessHalves = false>
 __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileGrid& grid, const RowSources& sources) {
   const int lane = threadIdx.x % 32;
   const int32_t total = grid.expert_offset[grid.experts];
@@ -86,7 +89,7 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
     if (block == g.stall_block) continue;
 #endif
     // A half without rows (sched::core::in_rowless_half): its rows are counted, not written.
-    const bool dead_half = sched::core::in_rowless_half(g.row_token_slot, first);
+    const bool dead_half = !kZeroRowlessHalves && sched::core::in_rowless_half(g.row_token_slot, first);
     const int32_t lane_slot = lane < kGatherRowsPerClaim ? g.row_token_slot[first + lane] : -1;
     // kRemote: lane i < kGatherRowsPerClaim finds row first + i in its source rank's token rows, and
     // the warp takes each row's address from its lane (fewer live registers in the copy loop).
@@ -106,10 +109,11 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
         from = slot >= 0 ? g.src + int64_t(slot / g.top_k) * g.vecs : nullptr;
       }
       uint4* to = g.dst + int64_t(first + i) * g.vecs;
-      for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kGatherVecsPerLane) {
-        uint4 val[kGatherVecsPerLane];
+      // kVecsPerLane loads of the row in flight per lane, then their stores.
+      const auto copy = [&](int32_t v0) {
+        uint4 val[kVecsPerLane];
 #pragma unroll
-        for (int u = 0; u < kGatherVecsPerLane; ++u) {
+        for (int u = 0; u < kVecsPerLane; ++u) {
           const int32_t v = v0 + u * 32 + lane;
           if constexpr (kRemote) {
             val[u] = from && v < g.vecs ? remote::load_nc(from + v) : make_uint4(0, 0, 0, 0);
@@ -118,10 +122,18 @@ __device__ __forceinline__ void gather_rows_warp(const RowGather& g, const TileG
           }
         }
 #pragma unroll
-        for (int u = 0; u < kGatherVecsPerLane; ++u) {
+        for (int u = 0; u < kVecsPerLane; ++u) {
           const int32_t v = v0 + u * 32 + lane;
           if (v < g.vecs) to[v] = val[u];
         }
+      };
+      // NOTES: with fewer loads a lane (the FP8 kernel's), ptxas unrolled this loop by two and paired
+      // each load with its store, one load in flight a lane; not unrolled, the loads go out together.
+      if constexpr (kVecsPerLane == kGatherVecsPerLane) {
+        for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kVecsPerLane) copy(v0);
+      } else {
+#pragma unroll 1
+        for (int32_t v0 = 0; v0 < g.vecs; v0 += 32 * kVecsPerLane) copy(v0);
       }
     }
     // The rows' writes, by every lane, before the count: the producer reads them with TMA. NOTES: the

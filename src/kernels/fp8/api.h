@@ -9,6 +9,7 @@
 
 #include "common/bf16.h"
 #include "common/hd.h"
+#include "common/peers.h"
 #include "common/status.h"
 
 namespace lynx::fp8 {
@@ -106,6 +107,20 @@ void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const flo
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
                   int64_t cols, cudaStream_t stream, const TileSources& sources = {}, NonfiniteReport report = {});
 
+// transpose_tiles from one rank's token rows in 1×128 tiles (src [T, cols] bytes, scales [T,
+// blocks_of(cols)]: gather_tiles' local source), gathered into schedule order on the way: the bits of
+// gather_tiles, dequantize_tiles and transpose_tiles in turn, without their two [capacity, cols]
+// buffers. It reads whole 128-row blocks below *total_rows: every row there holds a slot or -1 (the
+// schedule's padding rows do).
+void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
+                              float* scales, NonfiniteReport report, cudaStream_t stream);
+
+// gather_tiles' scales alone (the gate/up GEMM gathers the bytes itself: TileGather below).
+void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, cudaStream_t stream,
+                        const TileSources& sources = {}, NonfiniteReport report = {});
+
 // The rows below *row_limit of tiles q [capacity, cols] (scales [capacity, blocks_of(cols)]) as bf16:
 // out[r, c] = value(q[r, c]) · scale of its tile, exact (an E4M3 value has 4 significant bits; only a
 // value below bf16's smallest subnormal would round). Nothing when *row_limit > capacity. cols % 8 == 0;
@@ -149,14 +164,45 @@ struct KeptGateUp {
   const int32_t* slot = nullptr;  // [capacity] device
 };
 
+// Where the gate/up form also quantises h for the down GEMM: codes [capacity, N] and scales [capacity,
+// blocks_of(N)], quantize_tiles' bits from the bf16 h (a tile that is not finite reported through
+// `report`, its scale NaN). The kernel writes every row of the row blocks below the schedule's total:
+// quantize_tiles' rows below the total, since the schedule pads each expert to whole 128-row blocks.
+// codes 16-byte aligned, N % 16 == 0. codes null: not quantised.
+struct QuantizedH {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  NonfiniteReport report{};
+};
+
+// The gate/up form's A gathered by the kernel itself, beside its tiles (the bf16 expert GEMM's in-kernel
+// gather): schedule row r of `a` (then written by the kernel) = the tile bytes of token row_token_slot[r]
+// / top_k of `tokens` ([T, K] bytes), or at R > 1 (sources.remote()) of its source rank's staged tiles
+// (sources.base[row_src_rank[r]]: bytes [T, K] first), zeros for padding rows; rows up to the schedule's
+// total. The rows' scales must already be in a_scales (gather_tile_scales). sync: [gather_sync_ints(
+// capacity)] ints (expert_gemm/api.h), zero before the launch, which leaves them zero. Neither tokens
+// nor remote sources: no gather, `a` is in place.
+struct TileGather {
+  const uint8_t* tokens = nullptr;         // [T, K] device (R = 1)
+  const int32_t* row_token_slot = nullptr;  // [capacity] device
+  int64_t top_k = 0;
+  int32_t lookahead = 0;                   // row blocks the copies may run ahead of the tiles
+  int32_t* sync = nullptr;
+  RowSources sources;                      // R > 1
+
+  bool on() const { return tokens != nullptr || sources.remote(); }
+};
+
 // The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped
 // products of row r with expert e's gate and up ([experts, N, K] E4M3 each, block scales [experts,
 // blocks_of(N), blocks_of(K)] each), rounded to bf16 into h [capacity, N] (h from the fp32 g and u;
-// `kept` gets them rounded). As above otherwise.
+// `kept` gets them rounded), and quantised into `hq`. h may be null (not stored) where hq or kept is
+// given; A gathered by the kernel itself where `gather` is on. As above otherwise.
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {});
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
+                                 const QuantizedH& hq = {}, const TileGather& gather = {});
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

@@ -26,11 +26,12 @@ void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
 }
 
-template <Form kForm, class Out>
+template <Form kForm, class Out, int kGather = kGatherNone>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
-            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0) {
+            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
+            const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {}) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -41,7 +42,8 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   // The attribute and the SM count are per device: looked up once on each.
   static detail::PerDeviceCache configured, sm_count;
   detail::per_device(configured, [](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem<kForm>));
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kSmem<kForm>));
     return 1;
   });
   const int sms = detail::per_device(sm_count, [](int device) {
@@ -51,14 +53,13 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   });
   // At most one CTA per SM (one fits), each taking tiles in turn; the grouped forms' tiles past the
   // schedule's rows are not counted by the kernel, so some CTAs may find none.
-  const int64_t out_n = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
+  const int64_t out_n = kOutN<kForm>;
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
   const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
-  gemm_kernel<kForm, Out><<<grid, kThreads, kSmem<kForm>, stream>>>(tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales,
-                                                               tma_out, tma_out2, out, int32_t(M), int32_t(N),
-                                                               int32_t(K), expert_offset, int32_t(experts), status,
-                                                               kept, split);
+  gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
+      tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -111,19 +112,69 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept) {
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
+                                 const QuantizedH& hq, const TileGather& gather) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
     throw Error("kept", "gate, up and slot are given together or not at all");
   }
+  if (h == nullptr && hq.codes == nullptr && kept.gate == nullptr) {
+    throw Error("h", "is null, and nothing else is asked");
+  }
   check_bf16_outputs(
       N, {{h, "h", 128}, {kept.gate, "kept.gate", 16}, {kept.up, "kept.up", 16}, {kept.slot, "kept.slot", 16}});
-  const CUtensorMap tma_h = gemm::make_tma_2d(h, capacity, N, 64, 64);
-  launch<Form::kSwiGLU>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
-                        gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN / 2),
-                        gemm::make_tma_3d_bytes(up, experts, N, K, kTileN / 2), a_scales, gate_scales, up_scales,
-                        tma_h, tma_h, h, capacity, N, K, expert_offset, experts, status, stream, kept);
+  SwiGLUOutputs outputs;
+  outputs.store_h = h != nullptr;
+  CUtensorMap tma_codes{};
+  if (hq.codes != nullptr) {
+    // The codes go out by TMA stores of [64, 128] byte boxes: rows of N bytes, 16-byte aligned.
+    if (N % 16 != 0) throw Error("N", "must be a multiple of 16 where h is quantised, got " + std::to_string(N));
+    if (reinterpret_cast<uintptr_t>(hq.codes) % 16 != 0) throw Error("hq.codes", "must be 16-byte aligned");
+    if (hq.scales == nullptr) throw Error("hq.scales", "is null");
+    outputs.quantize_h = true;
+    outputs.h_scales = hq.scales;
+    outputs.h_report = hq.report;
+    tma_codes = gemm::make_tma_2d_bytes(hq.codes, capacity, N, 64);
+  }
+  const CUtensorMap tma_h = h != nullptr ? gemm::make_tma_2d(h, capacity, N, 64, 64) : CUtensorMap{};
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
+  const CUtensorMap tma_gate = gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN);
+  const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
+  if (!gather.on()) {
+    launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
+                          K, expert_offset, experts, status, stream, kept, 0, outputs);
+    return;
+  }
+  // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
+  if (gather.row_token_slot == nullptr || gather.sync == nullptr || gather.top_k <= 0 || gather.lookahead < 1) {
+    throw Error("gather", "row_token_slot, sync, top_k and a lookahead of one row block at least are needed");
+  }
+  if (gather.sources.remote() && gather.sources.row_src_rank == nullptr) {
+    throw Error("gather.sources", "row_src_rank is needed with remote sources");
+  }
+  if (K % 16 != 0 || reinterpret_cast<uintptr_t>(a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(gather.tokens) % 16 != 0) {
+    throw Error("gather", "a and the token tiles must be 16-byte aligned, with K % 16 == 0");
+  }
+  gemm::RowGather g{};
+  g.src = reinterpret_cast<const uint4*>(gather.tokens);
+  g.dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(a));
+  g.row_token_slot = gather.row_token_slot;
+  g.top_k = int32_t(gather.top_k);
+  g.vecs = int32_t(K / 16);
+  g.lookahead = gather.lookahead;
+  g.sync = gather.sync;
+  g.awaited = true;
+  if (gather.sources.remote()) {
+    launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
+                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                 kept, 0, outputs, g, gather.sources);
+  } else {
+    launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
+                                                tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                kept, 0, outputs, g);
+  }
 }
 
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,

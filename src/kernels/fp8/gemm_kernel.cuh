@@ -3,13 +3,16 @@
 //
 // Roles: warpgroup 0's first thread is the producer (TMA loads of A and B per 128-wide K block into a
 // ring of stages); warpgroups 1 and 2 are the consumers, rows [64c, 64c + 64) of the tile each: four
-// m64n128k32 E4M3 wgmma per K block into a temporary fp32 accumulator, then promoted into the running
-// one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). Two temporaries
-// alternate, so that the next K block's products run on the tensor cores while one block's are
-// promoted (the weight-gradient form, whose B scales are per column, one block at a time). The bf16
+// m64n128k32 E4M3 wgmma per K block and 128 columns into a temporary fp32 accumulator, then promoted
+// into the running one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). The
+// grouped forms' tiles are two such 128-column halves wide ([128, 256]; gate/up: the gate's 128 and the
+// up's same 128), one temporary taking each half in turn, while the other warpgroup's products keep
+// the tensor cores busy; the dense form alternates two temporaries over [128, 128] tiles, and the
+// weight gradient (B scales per column) takes its [128, 128] tiles one block at a time. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
-// tile (kept g and u row by row, by slot).
+// tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
+// tiles the down GEMM reads: a tile's 128 columns of h are one such tile of each of its rows.
 #pragma once
 
 #include <cuda.h>
@@ -21,27 +24,27 @@
 #include "device/activation.cuh"
 #include "device/sm90.cuh"
 #include "kernels/expert_gemm/epilogue.cuh"
-#include "kernels/expert_gemm/tile_scheduler.h"
+#include "kernels/expert_gemm/row_gather.cuh"
 #include "kernels/fp8/api.h"
+#include "kernels/fp8/e4m3.cuh"
+#include "kernels/fp8/tiles.h"
 
 namespace lynx::fp8::impl {
 
 
-constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
-constexpr int kTileN = 128;  // output columns per CTA: one B scale block
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 // NOTES: setmaxnreg moves registers within what the CTA got at launch, 384 threads × 168 (the most
 // __launch_bounds__(384, 1) allows): the producer warpgroup keeps 40 (one thread issues the TMA loads)
-// and the consumers take 232, for the running accumulator and two K blocks' products in flight
-// (3 × 64 fp32 a thread); at 168 each the weight-gradient form spilled.
+// and the consumers take 232, for the running accumulators and the products in flight: 3 × 64 fp32 a
+// thread (two halves' accumulators and one temporary; the dense form's one accumulator and two); at 168
+// each the weight-gradient form spilled.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
               "register budget");
 
 static_assert(kTileM * kBlock % 1024 == 0 && kTileN * kBlock % 1024 == 0, "stages stay 1024-byte aligned");
-constexpr uint32_t kStageBytes = (kTileM + kTileN) * kBlock;
 
 
 // Columns col (even) and col + 1 of an fp32 row of N (the dense form): one store of both where N is even
@@ -55,33 +58,22 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
   if (col + 1 < N) row[col + 1] = v1;
 }
 
-// What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, the same over one expert's rows of
-// A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N blocks, K
-// blocks]; kSwiGLU, grouped, a [128, 64] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): the wgmma's 128 columns are
-// 64 of the gate's and the same 64 of the up's (B's stage holds both, tma_b and tma_b2), each promoted
-// with its own block scale. A grouped row block past the schedule's rows has nothing to do.
-// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
-// schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
-// along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop runs over the
-// expert's row blocks only (none: a zero tile).
-enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
-
-// NOTES: as many 32 KB stages as fit beside the epilogue pieces: 6 (all of 227 KB with the alignment
-// pad), 5 in the weight gradient, whose stages also hold their K block's scales. Each consumer
-// warpgroup holds one or two stages while it promotes, which with 4 stages left 64-96 KB of loads in
-// flight for the SM (a reading of the code, not a measurement; against 4 yet to be timed).
+// NOTES: as many stages as fit beside the epilogue pieces: 6 of 32 KB (all of 227 KB with the alignment
+// pad), 5 in the weight gradient, whose stages also hold their K block's scales, 4 of 48 KB in the
+// grouped forms' [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half as many products).
 template <Form kForm>
 struct SharedStorage {
   static constexpr bool kStageScales = kForm == Form::kWeightGrad;
-  static constexpr int kStages = kStageScales ? 5 : 6;
+  static constexpr int kStages = kStageScales ? 5 : kHalves<kForm> == 2 ? 4 : 6;
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
-  alignas(1024) uint8_t b[kStages][kTileN * kBlock];  // [128 columns, 128 K] E4M3, 128B swizzle
+  // [128 columns per half, 128 K] E4M3, 128B swizzle (gate/up: the gate's 128 rows, then the up's)
+  alignas(1024) uint8_t b[kStages][kHalves<kForm> * kTileN * kBlock];
   // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
-  // swizzle (a SwiGLU tile's h, g and u pieces use the first, one after another).
+  // swizzle (a wide tile's two halves, or a SwiGLU tile's h, g and u, one after another).
   alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
   // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 128 columns of B.
-  alignas(16) float scale_a[kStageScales ? kStages : 1][kTileM];
-  alignas(16) float scale_b[kStageScales ? kStages : 1][kTileN];
+  alignas(16) float scale_a[kStageScales ? kStages : 1][kStageScales ? kTileM : 4];
+  alignas(16) float scale_b[kStageScales ? kStages : 1][kStageScales ? kTileN : 4];
   uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
 };
@@ -91,52 +83,11 @@ static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 
                   kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024,
               "shared memory");
 
-// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
-struct Tile {
-  int32_t m0, n0, expert, kb_begin, kb_end;
-};
-
-// The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
-// grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
-// row blocks below the schedule's rows (none after an overflow), read once per CTA.
-template <Form kForm>
-struct TileSpace {
-  int32_t n_tiles, m_tiles, count;
-  const int32_t* expert_offset;
-  int32_t experts, k_blocks;
-
-  __device__ TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
-      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
-    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
-    n_tiles = (N + kOutN - 1) / kOutN;
-    m_tiles = int32_t(blocks_of(M));
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
-      const int32_t total = offset[num_experts];
-      m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
-    }
-    count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
-  }
-
-  __device__ Tile operator[](int32_t t) const {
-    constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN / 2 : kTileN;
-    Tile tile;
-    tile.n0 = (t % n_tiles) * kOutN;
-    tile.m0 = (t / n_tiles % m_tiles) * kTileM;
-    tile.expert = 0;
-    tile.kb_begin = 0;
-    tile.kb_end = k_blocks;
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
-      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
-    }
-    if constexpr (kForm == Form::kWeightGrad) {
-      // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
-      tile.expert = t / (n_tiles * m_tiles);
-      const bool placed = expert_offset[experts] <= k_blocks * int32_t(kBlock);
-      tile.kb_begin = placed ? expert_offset[tile.expert] / int32_t(kBlock) : 0;
-      tile.kb_end = placed ? expert_offset[tile.expert + 1] / int32_t(kBlock) : 0;
-    }
-    return tile;
-  }
+// The gate/up form's outputs of h (KernelArgs says what each means).
+struct SwiGLUOutputs {
+  bool store_h = true, quantize_h = false;
+  float* h_scales = nullptr;
+  NonfiniteReport h_report{};
 };
 
 // What every role reads: the kernel's arguments (the tensor maps by address: they stay in the kernel's
@@ -153,17 +104,32 @@ struct KernelArgs {
   // tma_out2 ([experts, M − split, N]); split % 64 == 0 unless split = M, so that no 64-row epilogue
   // piece straddles the two.
   int32_t split;
+  // kSwiGLU: h by tma_out (bf16) where store_h; quantised where quantize_h: its codes by tma_out2 ([M, N]
+  // bytes in [64, 128] boxes), its scales into h_scales [M, blocks_of(N)], a non-finite tile reported
+  // through h_report.
+  bool store_h, quantize_h;
+  float* h_scales;
+  NonfiniteReport h_report;
+  gemm::RowGather gather;  // the gate/up form gathering A itself (kGather)
+  RowSources sources;      // kGather == kGatherRemote: each row from its source rank
 };
+
+// The gate/up form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
+// from this rank's token tiles or, at R > 1, from each row's source rank's.
+constexpr int kGatherNone = 0, kGatherLocal = 1, kGatherRemote = 2;
+static_assert(kTileM == gemm::kBlockM, "a tile's rows are one row block of the gather's counters");
+// NOTES: four 16-byte loads in flight per lane, not the bf16 kernel's eight: the producer warpgroup has
+// 40 registers here (the consumers take 232 for two blocks' products in flight).
+constexpr int kFp8GatherVecsPerLane = 4;
 
 // ---- producer: warpgroup 0's first thread ----
 // The tiles' K blocks into the ring of stages, running ahead into the next tile's while the consumers
 // finish a tile; the stages' phases counted over the CTA's whole run (`it`, the K blocks issued).
-template <Form kForm, class Out>
+template <Form kForm, class Out, int kGather>
 __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
-  constexpr int32_t kOutN = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
   constexpr int kStages = SharedStorage<kForm>::kStages;
   const int32_t M = p.M, N = p.N;
   sm90::prefetch_tma_descriptor(p.tma_a);
@@ -172,12 +138,16 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
   int32_t it = 0;
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
+    // The rows of the tile's block, when the kernel gathers A (announced first: row_gather.cuh).
+    if constexpr (kGather != kGatherNone) gemm::await_gathered_rows(p.gather, tile.m0 / kTileM, t, p.status);
     // The weight gradient's scales ([K blocks, M or N rounded up to 4]): a K block's of the tile's rows
     // and columns, as far as the rounded rows go (the scales of rows and columns past M and N are read,
     // never stored: their products are zeros and their outputs not stored).
     const int32_t lda = int32_t(scale_pitch(M)), ldb = int32_t(scale_pitch(N));
     const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
     const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
+    const bool second = second_half<kForm>(tile, N);
+    const uint32_t bytes = stage_bytes<kForm>(tile, N);
     for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
       const int stage = it % kStages;
       // The stage's previous use (K block it - kStages) must be released by every consumer thread.
@@ -185,18 +155,22 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
         sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, p.status, sm90::Wait::kEmptyStage, t);
       }
       // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], kStageBytes + a_scale_bytes + b_scale_bytes);
+      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], bytes + a_scale_bytes + b_scale_bytes);
       if constexpr (kWeightGrad) {
         sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
         sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
       }
       sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
-      if constexpr (kSwiGLU) {  // [64 gate rows; the same 64 up rows]: one 128-row operand
+      if constexpr (kSwiGLU) {  // [128 gate rows; the same 128 up rows]
         sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
-        sm90::tma_load_3d(smem.b[stage] + kOutN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
+        sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
                           tile.expert);
-      } else if constexpr (kForm == Form::kGrouped) {
+      } else if constexpr (kForm == Form::kGrouped) {  // B rows n0 .. + 127, then (second) n0 + 128 .. + 255
         sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
+        if (second) {
+          sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),
+                            tile.n0 + kTileN, tile.expert);
+        }
       } else {  // dense, and the weight gradients' transposed rows
         sm90::tma_load_2d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
       }
@@ -205,121 +179,146 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
 }
 
 // ---- consumers: warpgroup c + 1 computes rows [64c, 64c + 64) of each tile ----
-// Fragment of thread t of warpgroup c (warp w, lane l): acc[4j + r] is row 64c + 16w + l/4 + 8(r/2),
-// column 8j + 2(l%4) + r%2 of the tile, j in [0, 16).
+// Fragment of thread t of warpgroup c (warp w, lane l): acc[h][4j + r] is row 64c + 16w + l/4 + 8(r/2),
+// column 128h + 8j + 2(l%4) + r%2 of the tile (gate/up: h = 0 the gate's column 8j + .., 1 the up's),
+// j in [0, 16).
 
 // The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it.
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
-                                         float (&acc)[64]) {
+                                         float (&acc)[kHalves<kForm>][64]) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
+  constexpr int kH = kHalves<kForm>;
   constexpr int kStages = SharedStorage<kForm>::kStages;
   const int32_t M = p.M, N = p.N, k_blocks = tiles.k_blocks;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
-  const int32_t m0 = tile.m0, n0 = tile.n0, expert = tile.expert;
-  const int32_t row0 = m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+  const int32_t row0 = tile.m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
-  // The B scale block of the tile's columns (a SwiGLU tile's 64 lie in one 128-wide block).
-  const int64_t b_scale_row = (int64_t(expert) * blocks_of(N) + n0 / kBlock) * k_blocks;
+  const bool second = second_half<kForm>(tile, N);
+  // The B scale blocks of the tile's halves (gate/up: the gate's in b_scales, the up's in b2_scales).
+  const int64_t b_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 0);
+  const int64_t b2_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 1);
+  const float* b2_scales = kSwiGLU ? p.b2_scales : p.b_scales;
   // NOTES: rows past M and columns past N may end up NaN (their products are zeros, the weight
   // gradient's scales there stale): every epilogue leaves them out.
 #pragma unroll
-  for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
-  // The products of the tile's K block i into d, as one wgmma group, once its stage has landed.
-  const auto issue = [&](float(&d)[64], int32_t i) {
-    const int32_t g = it + i;
-    const int stage = g % kStages;
-    sm90::mbarrier_wait(&smem.full[stage], uint32_t(g / kStages) & 1, p.status, sm90::Wait::kFullStage, t);
+  for (int h = 0; h < kH; ++h) {
+#pragma unroll
+    for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
+  }
+  // The products of half h of the tile's K block i into d, as one wgmma group (its stage landed).
+  const auto issue_half = [&](float(&d)[64], int32_t i, int h) {
+    const int stage = (it + i) % kStages;
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
       const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
-      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][kk * 32]);
+      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][h * kTileN * kBlock + kk * 32]);
       sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
     }
     sm90::wgmma_commit();
   };
-  // Block i's products d, its group completed, into acc times both scales (exact products of E4M3
-  // values: the order of the sums is the promotion's alone), and its stage back to the producer. The
-  // forward forms' scales (a row's per K block, [M, K blocks]; the B block's) are loaded from global
-  // memory before the wait; the weight gradient's (per row of A and per column of B) came with the stage.
+  const auto wait_full = [&](int32_t i) {
+    const int32_t g = it + i;
+    sm90::mbarrier_wait(&smem.full[g % kStages], uint32_t(g / kStages) & 1, p.status, sm90::Wait::kFullStage, t);
+  };
+  const auto issue = [&](float(&d)[64], int32_t i) {
+    wait_full(i);
+    issue_half(d, i, 0);
+  };
+  // Block i's stage back to the producer, once every wgmma reading it has completed.
+  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]); };
+  // The forward forms' scales (a row's per K block, [M, K blocks]; the halves' B blocks), loaded from
+  // global memory ahead of their use; the weight gradient's (per row of A and per column of B) come
+  // with the stage.
   struct Scales {
     float a0, a1, b, b2;
   };
   const auto scales_of = [&](int32_t i) {
-    if constexpr (kWeightGrad) {
-      return Scales{};
-    } else {
-      const int32_t kb = tile.kb_begin + i;
-      const auto a_scale = [&](int32_t row) { return row < M ? p.a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
-      const float b = p.b_scales[b_scale_row + kb];
-      return Scales{a_scale(row0), a_scale(row1), b, kSwiGLU ? p.b2_scales[b_scale_row + kb] : b};
-    }
+    const int32_t kb = tile.kb_begin + i;
+    const auto a_scale = [&](int32_t row) { return row < M ? p.a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
+    return Scales{a_scale(row0), a_scale(row1), p.b_scales[b_scale_row + kb], b2_scales[b2_scale_row + kb]};
   };
-  const auto promote = [&](float(&d)[64], int32_t i, const Scales& sc) {
+  // d, its group completed, into `to` times the rows' scale products s0 (row0) and s1 (row1): exact
+  // products of E4M3 values, so the order of the sums is the promotion's alone.
+  const auto promote = [&](float(&to)[64], float(&d)[64], float s0, float s1) {
     sm90::fence_registers(d);
-    const int stage = (it + i) % kStages;
-    if constexpr (kWeightGrad) {
-      const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+#pragma unroll
+    for (int e = 0; e < 64; ++e) to[e] = fmaf(d[e], (e % 4) < 2 ? s0 : s1, to[e]);
+  };
+  float pa[64];
+  if constexpr (kWeightGrad) {
+    // NOTES: one block at a time, leaving the overlap to the other warpgroup: with two temporaries it
+    // spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas serialised its wgmma.
+    const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+    for (int32_t i = 0; i < n; ++i) {
+      issue(pa, i);
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(pa);
+      const int stage = (it + i) % kStages;
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
         const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
-        acc[4 * j] = fmaf(d[4 * j], a0 * b.x, acc[4 * j]);
-        acc[4 * j + 1] = fmaf(d[4 * j + 1], a0 * b.y, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(d[4 * j + 2], a1 * b.x, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(d[4 * j + 3], a1 * b.y, acc[4 * j + 3]);
+        acc[0][4 * j] = fmaf(pa[4 * j], a0 * b.x, acc[0][4 * j]);
+        acc[0][4 * j + 1] = fmaf(pa[4 * j + 1], a0 * b.y, acc[0][4 * j + 1]);
+        acc[0][4 * j + 2] = fmaf(pa[4 * j + 2], a1 * b.x, acc[0][4 * j + 2]);
+        acc[0][4 * j + 3] = fmaf(pa[4 * j + 3], a1 * b.y, acc[0][4 * j + 3]);
       }
-      sm90::mbarrier_arrive(&smem.empty[stage]);  // once its scales are read
-    } else {
-      sm90::mbarrier_arrive(&smem.empty[stage]);
-#pragma unroll
-      for (int e = 0; e < 64; ++e) {  // column groups 8-15 of a SwiGLU tile are the up half's
-        const float sa = (e % 4) < 2 ? sc.a0 : sc.a1;
-        acc[e] = fmaf(d[e], sa * (e / 4 < 8 ? sc.b : sc.b2), acc[e]);
-      }
+      release(i);  // once its scales are read
     }
-  };
-  // NOTES: the forward forms are pipelined: block i + 1's group is issued before block i's products are
-  // promoted, so the tensor cores work on it meanwhile (wait_group 1: only block i's group must have
-  // completed). The weight gradient, one block at a time, leaves that to the other warpgroup: with two
-  // temporaries it spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas
-  // serialised its wgmma.
-  float pa[64];
-  if constexpr (kWeightGrad) {
+  } else if constexpr (kH == 2) {
+    // Each K block's halves one after another through pa; the scales a block ahead (their loads'
+    // latency behind this block's products).
+    Scales next = n > 0 ? scales_of(0) : Scales{};
     for (int32_t i = 0; i < n; ++i) {
+      const Scales sc = next;
+      if (i + 1 < n) next = scales_of(i + 1);
       issue(pa, i);
       sm90::wgmma_wait<0>();
-      promote(pa, i, Scales{});
+      if (!second) release(i);
+      promote(acc[0], pa, sc.a0 * sc.b, sc.a1 * sc.b);
+      if (second) {
+        issue_half(pa, i, 1);
+        sm90::wgmma_wait<0>();
+        release(i);
+        promote(acc[1], pa, sc.a0 * sc.b2, sc.a1 * sc.b2);
+      }
     }
   } else {
+    // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
+    // tensor cores work on it meanwhile (wait_group 1: only block i's group must have completed).
     float pb[64];
+    const auto promote_block = [&](float(&d)[64], int32_t i, const Scales& sc) {
+      release(i);
+      promote(acc[0], d, sc.a0 * sc.b, sc.a1 * sc.b);
+    };
     if (n > 0) issue(pa, 0);
     int32_t i = 0;
     for (; i + 2 < n; i += 2) {
       Scales sc = scales_of(i);
       issue(pb, i + 1);
       sm90::wgmma_wait<1>();
-      promote(pa, i, sc);
+      promote_block(pa, i, sc);
       sc = scales_of(i + 1);
       issue(pa, i + 2);
       sm90::wgmma_wait<1>();
-      promote(pb, i + 1, sc);
+      promote_block(pb, i + 1, sc);
     }
     if (i + 1 < n) {  // two blocks left, in pa and pb
       Scales sc = scales_of(i);
       issue(pb, i + 1);
       sm90::wgmma_wait<1>();
-      promote(pa, i, sc);
+      promote_block(pa, i, sc);
       sc = scales_of(i + 1);
       sm90::wgmma_wait<0>();
-      promote(pb, i + 1, sc);
+      promote_block(pb, i + 1, sc);
     } else if (i < n) {  // one, in pa
       const Scales sc = scales_of(i);
       sm90::wgmma_wait<0>();
-      promote(pa, i, sc);
+      promote_block(pa, i, sc);
     }
     // NOTES: ptxas, not seeing that a tail always follows the loop, adds an empty wait on the exit
     // path (warning C7517). A wgmma_wait<0> here instead made it serialise every wgmma (C7514;
@@ -328,9 +327,99 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
 }
 
 // ---- epilogue: the tile's sums out ----
+
+// NOTES: the quantising gate/up epilogue. Each row of a warpgroup's piece is one 1×128 tile of h (n0 is
+// a multiple of 128): its largest magnitude (the thread's 32 values of each of its two rows, then the
+// four threads of the row: lanes l ^ 1, l ^ 2), its scale, the codes, out by a TMA store of a [64, 128]
+// byte box (128-byte swizzle) through the piece's first box, and the scales. The values are h rounded
+// to bf16, as the bf16 output holds them, quantised with e4m3.cuh's helpers: the bits quantize_tiles
+// gives from that output.
+
+// Fragment word 2j + r of a thread: h of columns 8j + 2(lane % 4) + {0, 1}, row half r, as bf16.
+__device__ __forceinline__ float2 bf16_pair(uint32_t w) {
+  const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&w);
+  return __bfloat1622float2(v);
+}
+
+// Warpgroup c's rows [row, row + 64) of h, columns [n0, n0 + 128) (h(j, r): the fragment's values),
+// quantised.
+template <Form kForm, class Out, class Value>
+__device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, int c,
+                                                 int32_t n0, int32_t row, Value h) {
+  const int thread = int(threadIdx.x) % 128, warp = thread / 32, lane = thread % 32;
+  const int32_t N = p.N;
+  uint32_t words[32];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) words[2 * j + r] = gemm::impl::bf16x2_bits(h(j, r));
+  }
+  // Each row's largest magnitude and finiteness over the tile's columns below N.
+  float amax[2] = {0.0f, 0.0f};
+  bool bad[2] = {false, false};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int32_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 v = bf16_pair(words[2 * j + r]);
+      if (col < N) {
+        bad[r] = bad[r] || !isfinite(v.x);
+        amax[r] = fmaxf(amax[r], fabsf(v.x));
+      }
+      if (col + 1 < N) {
+        bad[r] = bad[r] || !isfinite(v.y);
+        amax[r] = fmaxf(amax[r], fabsf(v.y));
+      }
+    }
+  }
+  float inv[2], scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o));
+      bad[r] = __shfl_xor_sync(0xffffffffu, int(bad[r]), o) != 0 || bad[r];
+    }
+    const int e = bad[r] ? 0 : e4m3::scale_exponent(amax[r]);
+    inv[r] = e4m3::pow2(-e);
+    // A tile that is not finite gets a NaN scale, as from quantize_tiles.
+    scale[r] = bad[r] ? __int_as_float(0x7fc00000) : e4m3::pow2(e);
+  }
+  if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
+  // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (code_offset, tiles.h), once the
+  // box's last store has read it and every thread is done with it.
+  const uint32_t box = sm90::smem_addr(smem.piece[c][0]);
+  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  sm90::named_barrier_sync(1 + c, 128);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 v = bf16_pair(words[2 * j + r]);
+      const uint32_t codes = uint32_t(e4m3::to_e4m3(v.x * inv[r])) | (uint32_t(e4m3::to_e4m3(v.y * inv[r])) << 8);
+      sm90::st_shared_u16(box + code_offset(warp, lane, j, r), uint16_t(codes));
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(1 + c, 128);
+  if (thread == 0) {
+    sm90::tma_store_2d(p.tma_out2, smem.piece[c][0], n0, row);
+    sm90::bulk_commit_group();
+  }
+  if (lane % 4 == 0) {
+    const int64_t blocks = blocks_of(N);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int32_t R = row + 16 * warp + lane / 4 + 8 * r;
+      if (R < p.M) p.h_scales[int64_t(R) * blocks + n0 / int32_t(kBlock)] = scale[r];
+    }
+  }
+}
+
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
-                                         int c, const float (&acc)[64]) {
+                                         int c, const float (&acc)[kHalves<kForm>][64]) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   const int32_t M = p.M, N = p.N, m0 = tile.m0, n0 = tile.n0;
@@ -343,44 +432,75 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       const int32_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 (acc[4j], acc[4j + 1]) and row1 (acc[4j + 2], acc[4j + 3])
-        if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        if (dst[h] != nullptr) store_pair(dst[h], col, N, acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
       }
     }
   } else {
-    // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns n0 + 8j ..) in
-    // row half r at acc[4j + 2r], acc[4j + 2r + 1]. The TMA stores leave out rows and columns past
+    // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns 8j ..) of half h in
+    // row half r at acc[h][4j + 2r], acc[h][4j + 2r + 1]. The TMA stores leave out rows and columns past
     // their tensor.
     const int32_t row = m0 + 64 * c;
-    const auto pair = [&](int i) { return make_float2(acc[i], acc[i + 1]); };
-    if constexpr (kSwiGLU) {  // 64 columns: the gate's groups in acc[0 .. 31], the up's in acc[32 .. 63]
-      auto& piece = reinterpret_cast<__nv_bfloat16(&)[1][64 * 64]>(smem.piece[c][0]);
-      gemm::impl::store_piece<false>(piece, p.tma_out, c, n0, row, 0, N, [&](int j, int r) {
+    const auto pair = [&](int h, int i) { return make_float2(acc[h][i], acc[h][i + 1]); };
+    if constexpr (kSwiGLU) {  // 128 columns: h = silu(g) ⊙ u from the gate's half and the up's
+      const auto h = [&](int j, int r) {
         const int i = 4 * j + 2 * r;
-        return make_float2(silu(acc[i]) * acc[32 + i], silu(acc[i + 1]) * acc[32 + i + 1]);
-      });
+        return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
+      };
+      if (p.store_h) gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N, h);
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
-        gemm::impl::store_piece<false>(piece, SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(4 * j + 2 * r); });
-        gemm::impl::store_piece<false>(piece, SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(32 + 4 * j + 2 * r); });
+        gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+        gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
+                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
       }
+      // Last: the acc registers are dead once it has taken h's words.
+      if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
       if (row < M) {
         const bool second = row >= p.split;
         gemm::impl::store_piece<true>(smem.piece[c], second ? p.tma_out2 : p.tma_out, c, n0,
                                       second ? row - p.split : row, tile.expert, N,
-                                      [&](int j, int r) { return pair(4 * j + 2 * r); });
+                                      [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
       }
-    } else {
+    } else {  // grouped: the first half's columns, then the second's where it has any
       gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N,
-                                     [&](int j, int r) { return pair(4 * j + 2 * r); });
+                                     [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+      if (second_half<kForm>(tile, N)) {
+        gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0 + kTileN, row, 0, N,
+                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
+      }
     }
   }
 }
 
-// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ...
-template <Form kForm, class Out>
+// finish_gather (row_gather.cuh) over the producer warpgroup alone, warp by warp: the consumers never
+// touch the gather's counters. The last of the grid's producer warps to arrive zeroes them (those of the
+// row blocks up to the schedule's total) for the next launch on the stream.
+// NOTES: not every thread, as the bf16 kernel does: with the consumers' 232 registers reaching code
+// that every thread runs, ptxas serialised their wgmma (C7511), and dropping them back to 40 first
+// did too (C7512).
+__device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, const gemm::TileGrid& grid) {
+  const int lane = int(threadIdx.x) % 32;
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) {
+    __threadfence();  // the warp's copies and counts before its arrival
+    const int32_t warps = 4 * int32_t(gridDim.x);
+    last = atomicAdd(&g.sync[gemm::kGatherCtasDone], 1) == warps - 1;
+    if (last) __threadfence();  // every warp's before this one zeroes the counters
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __syncwarp();  // every lane's zeros after lane 0's fence
+  const int32_t total = grid.expert_offset[grid.experts];
+  const int32_t blocks = total <= grid.capacity ? total / gemm::kBlockM : 0;
+  for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
+}
+
+// Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ... With kGather, every CTA's warps 1-3
+// copy A's rows for all (a CTA without tiles too), and the last producer warp to finish zeroes the
+// gather's counters.
+template <Form kForm, class Out, int kGather>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
@@ -388,15 +508,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
-                DeviceStatus* status, KeptGateUp kept, int32_t split) {
+                DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
+                RowSources sources) {
+  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU, "only the gate/up form gathers its rows");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
-                          status, kept, split};
+                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
+                          gather, sources};
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
-  if (int32_t(blockIdx.x) >= tiles.count) return;  // every thread alike, before any barrier
+  // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
+  if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Smem::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -408,7 +532,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) producer(smem, tiles, p);
+    const gemm::TileGrid grid{expert_offset, experts, 0, 0, 0, 0, M, false};
+    if (threadIdx.x == 0) {
+      producer<kForm, Out, kGather>(smem, tiles, p);
+    } else if (kGather != kGatherNone && threadIdx.x >= 32) {
+      gemm::gather_rows_warp<kGather == kGatherRemote, kFp8GatherVecsPerLane, true>(p.gather, grid, p.sources);
+    }
+    if constexpr (kGather != kGatherNone) finish_gather_warp(p.gather, grid);
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
@@ -416,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t it = 0;  // K blocks consumed before this tile
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
-    float acc[64];
+    float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc);
     it += tile.kb_end - tile.kb_begin;
     epilogue(smem, p, tile, c, acc);

@@ -12,55 +12,17 @@
 #include "common/cuda_check.h"
 #include "device/remote.cuh"
 #include "kernels/fp8/api.h"
+#include "kernels/fp8/e4m3.cuh"
 #include "lynx/error.h"
 
 namespace lynx::fp8 {
 namespace {
 
-constexpr int kMinScaleExponent = -126;  // scales stay normal floats
-
-// 2^e as a float, for e in [-126, 127].
-__device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }
-
-// The exponent e of the smallest power of two 2^e with amax <= 448 · 2^e, at least -126 (reference:
-// pow2_scale); 0 for amax = 0. With amax = m · 2^p, m in [0.5, 1) (frexp), 448 = 0.875 · 2^9: e = p - 9
-// when m <= 0.875, else p - 8. amax is finite here (a tile with a NaN or an infinity is reported).
-__device__ __forceinline__ int scale_exponent(float amax) {
-  if (!(amax > 0.0f)) return 0;
-  const uint32_t bits = __float_as_uint(amax);
-  const int biased = int(bits >> 23) & 0xFF;
-  if (biased == 0) return kMinScaleExponent;  // subnormal: e far below -126
-  const int p = biased - 126;
-  const bool low = (bits & 0x7FFFFF) <= 0x600000;  // m <= 0.875, i.e. 1 + fraction <= 1.75
-  const int e = low ? p - 9 : p - 8;
-  return e < kMinScaleExponent ? kMinScaleExponent : e;
-}
-
-// Round to nearest even, saturating to ±448 (cvt.rn.satfinite.e4m3x2.f32).
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ __forceinline__ float from_e4m3(uint8_t q) {
-  __nv_fp8_e4m3 f;
-  f.__x = q;
-  return static_cast<float>(f);
-}
+using namespace e4m3;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
-}
-
-// NOTES: the first error wins the status word (common/status.h); the flag is the kernels' own report.
-__device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
-  if (r.flag != nullptr) atomicOr(r.flag, 1);
-  if (r.status != nullptr &&
-      atomicCAS(&r.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kNonFiniteInput)) ==
-          int32_t(StatusCode::kOk)) {
-    r.status->a = r.what;
-    r.status->rank = r.rank;
-  }
 }
 
 // Four adjacent values of a row of `n` starting at column c (c % 4 == 0), zero past n: one 8-byte load
@@ -325,15 +287,62 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
 constexpr int kCodesStride = int(kBlock) + 16;
 static_assert(kBlock * kCodesStride <= kBlock * kBlock * 2, "the codes fit in the staged block's memory");
 
+// transpose_tiles' rows: row r's four bf16 values from column c (c % 4 == 0, zeros past cols), as the
+// bits of one 8-byte word.
+struct Bf16Rows {
+  const __nv_bfloat16* x;
+  bool vector;  // cols % 4 == 0 and x 8-byte aligned: one 8-byte load
+
+  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
+    const __nv_bfloat16* row = x + r * cols;
+    if (vector && c < cols) return *reinterpret_cast<const uint2*>(row + c);
+    uint16_t part[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
+    return make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
+  }
+};
+
+// The same from token rows in 1×128 E4M3 tiles, gathered into schedule order on the way: schedule row r
+// is token row_token_slot[r] / top_k's codes times its tile's scale, rounded to bf16 as dequantize_tiles
+// rounds them (zeros for a padding row): what gather_tiles then dequantize_tiles put in a bf16 buffer.
+struct GatheredTileRows {
+  const uint8_t* src;
+  const float* src_scales;
+  const int32_t* row_token_slot;
+  int64_t top_k;
+  bool vector;  // cols % 4 == 0 and src 4-byte aligned: one 4-byte load
+
+  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
+    const int32_t slot = row_token_slot[r];
+    if (slot < 0 || c >= cols) return make_uint2(0, 0);
+    const int64_t token = slot / top_k;
+    const uint8_t* q = src + token * cols + c;
+    const float s = src_scales[token * blocks_of(cols) + c / kBlock];
+    uint8_t b[4];
+    if (vector) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(q);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = uint8_t(word >> (8 * i));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = c + i < cols ? q[i] : uint8_t(0);
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(from_e4m3(b[0]) * s, from_e4m3(b[1]) * s);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(from_e4m3(b[2]) * s, from_e4m3(b[3]) * s);
+    return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+};
+
 // One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (warp w
 // loads rows w, w + 4, ..., a lane 4 adjacent values: one 8-byte load where `vector`); thread t reads
 // back column c0 + t, quantises its 128 rows as one tile and puts the codes (q's row c0 + t, columns
 // r0 .. r0 + 127) in shared memory over the block; the CTA then writes those rows 8 lanes a row, 16
 // bytes each, so that a warp's store covers four whole 128-byte rows.
+template <class Rows>
 __global__ void __launch_bounds__(kBlock)
-    transpose_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t capacity, int64_t cols,
-                           const int32_t* __restrict__ total_rows, uint8_t* __restrict__ q,
-                           float* __restrict__ scales, NonfiniteReport report, bool vector) {
+    transpose_tiles_kernel(Rows x, int64_t capacity, int64_t cols, const int32_t* __restrict__ total_rows,
+                           uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report) {
   __shared__ __align__(16) uint8_t staged[kBlock * kBlock * 2];
   auto block = reinterpret_cast<__nv_bfloat16(*)[kBlock]>(staged);  // [128 rows, 128 columns] of x
   auto codes = reinterpret_cast<uint8_t(*)[kCodesStride]>(staged);  // [128 columns, 128 rows] of codes
@@ -344,18 +353,7 @@ __global__ void __launch_bounds__(kBlock)
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
 #pragma unroll 8
   for (int r = warp; r < int(kBlock); r += int(kBlock) / 32) {
-    const __nv_bfloat16* row = x + (r0 + r) * cols;
-    const int64_t c = c0 + 4 * lane;
-    uint2 raw = make_uint2(0, 0);
-    if (vector && c < cols) {
-      raw = *reinterpret_cast<const uint2*>(row + c);
-    } else {
-      uint16_t part[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
-      raw = make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
-    }
-    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = raw;
+    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = x.load4(r0 + r, c0 + 4 * lane, cols);
   }
   __syncthreads();
   const int64_t c = c0 + t;
@@ -401,7 +399,8 @@ __global__ void __launch_bounds__(kBlock)
 constexpr int kGatherWarps = 8;  // schedule rows per CTA of gather_tiles
 
 // One warp per schedule row: its bytes in 16-byte pieces where cols % 16 == 0 (every layer shape), then
-// its scales. kRemote (R > 1): from the row's source rank's staged tiles (TileSources), not from src.
+// its scales (only its scales without `bytes`). kRemote (R > 1): from the row's source rank's staged
+// tiles (TileSources), not from src.
 // NOTES: a template parameter, as the bf16 gathers' (glue.cu): the one-rank loads keep their read-only
 // path.
 template <bool kRemote>
@@ -409,7 +408,7 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
                                     const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
                                     const int32_t* __restrict__ row_token_slot, const int32_t* __restrict__ total_rows,
                                     int64_t capacity, int64_t top_k, int64_t cols, TileSources sources,
-                                    NonfiniteReport report) {
+                                    NonfiniteReport report, bool bytes) {
   const int64_t row = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
   // A schedule over capacity placed no rows (its row arrays hold another schedule's): nothing to gather.
   const int32_t total = *total_rows;
@@ -417,10 +416,10 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
   const int lane = threadIdx.x % 32;
   const int32_t slot = row_token_slot[row];
   const int64_t kb = blocks_of(cols);
-  uint8_t* d = dst + row * cols;
+  uint8_t* d = bytes ? dst + row * cols : nullptr;
   float* ds = dst_scales + row * kb;
   if (slot < 0) {
-    for (int64_t c = lane; c < cols; c += 32) d[c] = 0;
+    for (int64_t c = lane; c < cols && bytes; c += 32) d[c] = 0;
     for (int64_t b = lane; b < kb; b += 32) ds[b] = 1.0f;
     return;
   }
@@ -432,13 +431,15 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
     src = base;
     src_scales = reinterpret_cast<const float*>(base + sources.tokens * cols);
   }
-  const uint8_t* s = src + token * cols;
-  if (cols % 16 == 0) {
-    for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
-      *reinterpret_cast<uint4*>(d + c) = remote::load(reinterpret_cast<const uint4*>(s + c));
+  if (bytes) {
+    const uint8_t* s = src + token * cols;
+    if (cols % 16 == 0) {
+      for (int64_t c = 16 * lane; c < cols; c += 16 * 32) {
+        *reinterpret_cast<uint4*>(d + c) = remote::load(reinterpret_cast<const uint4*>(s + c));
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
     }
-  } else {
-    for (int64_t c = lane; c < cols; c += 32) d[c] = remote::load(s + c);
   }
   for (int64_t b = lane; b < kb; b += 32) {
     const float scale = remote::load(src_scales + token * kb + b);
@@ -568,17 +569,32 @@ void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, i
                            report1);
 }
 
-void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
-                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+template <class Rows>
+void launch_transpose_tiles(const Rows& rows, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                            float* scales, NonfiniteReport report, cudaStream_t stream) {
   if (capacity % kBlock != 0) throw Error("capacity", "must be a multiple of 128, got " + std::to_string(capacity));
   const int64_t blocks = (capacity / kBlock) * blocks_of(cols);
   if (blocks == 0) return;
   if (!aligned(q, 16)) throw Error("q", "must be 16-byte aligned");
   if (!aligned(scales, 16)) throw Error("scales", "must be 16-byte aligned");
-  const bool vector = cols % 4 == 0 && aligned(x, 8);
-  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), capacity,
-                                                                 cols, total_rows, q, scales, report, vector);
+  transpose_tiles_kernel<<<grid_of(blocks), kBlock, 0, stream>>>(rows, capacity, cols, total_rows, q, scales, report);
   LYNX_CHECK_LAUNCH();
+}
+
+void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int32_t* total_rows, uint8_t* q,
+                     float* scales, NonfiniteReport report, cudaStream_t stream) {
+  const Bf16Rows rows{reinterpret_cast<const __nv_bfloat16*>(x), cols % 4 == 0 && aligned(x, 8)};
+  launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
+}
+
+void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
+                              float* scales, NonfiniteReport report, cudaStream_t stream) {
+  if (src == nullptr || src_scales == nullptr || row_token_slot == nullptr || top_k <= 0) {
+    throw Error("src", "its scales, the row slots and a positive top_k are needed");
+  }
+  const GatheredTileRows rows{src, src_scales, row_token_slot, top_k, cols % 4 == 0 && aligned(src, 4)};
+  launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
 }
 
 void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const float* src_scales,
@@ -590,8 +606,16 @@ void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const flo
   }
   const auto kernel = sources.remote() ? gather_tiles_kernel<true> : gather_tiles_kernel<false>;
   kernel<<<grid_of((capacity + kGatherWarps - 1) / kGatherWarps), kGatherWarps * 32, 0, stream>>>(
-      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report);
+      dst, dst_scales, src, src_scales, row_token_slot, total_rows, capacity, top_k, cols, sources, report,
+      dst != nullptr);
   LYNX_CHECK_LAUNCH();
+}
+
+void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_t* row_token_slot,
+                        const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, cudaStream_t stream,
+                        const TileSources& sources, NonfiniteReport report) {
+  gather_tiles(nullptr, dst_scales, nullptr, src_scales, row_token_slot, total_rows, capacity, top_k, cols, stream,
+               sources, report);
 }
 
 void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,

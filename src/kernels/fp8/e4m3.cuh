@@ -1,0 +1,56 @@
+// The E4M3 codes and power-of-two scales of the block-scaled recipe (api.h), on the device: what the
+// quantisation kernels (quantize.cu) and the gate/up GEMM's quantising epilogue (gemm_kernel.cuh) share,
+// so that both give src/reference/fp8.h's bits.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/fp8/api.h"
+
+namespace lynx::fp8::e4m3 {
+
+constexpr int kMinScaleExponent = -126;  // scales stay normal floats
+
+// 2^e as a float, for e in [-126, 127].
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }
+
+// The exponent e of the smallest power of two 2^e with amax <= 448 · 2^e, at least -126 (reference:
+// pow2_scale); 0 for amax = 0. With amax = m · 2^p, m in [0.5, 1) (frexp), 448 = 0.875 · 2^9: e = p - 9
+// when m <= 0.875, else p - 8. amax is finite here (a tile with a NaN or an infinity is reported).
+__device__ __forceinline__ int scale_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  const uint32_t bits = __float_as_uint(amax);
+  const int biased = int(bits >> 23) & 0xFF;
+  if (biased == 0) return kMinScaleExponent;  // subnormal: e far below -126
+  const int p = biased - 126;
+  const bool low = (bits & 0x7FFFFF) <= 0x600000;  // m <= 0.875, i.e. 1 + fraction <= 1.75
+  const int e = low ? p - 9 : p - 8;
+  return e < kMinScaleExponent ? kMinScaleExponent : e;
+}
+
+// Round to nearest even, saturating to ±448 (cvt.rn.satfinite.e4m3x2.f32).
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float from_e4m3(uint8_t q) {
+  __nv_fp8_e4m3 f;
+  f.__x = q;
+  return static_cast<float>(f);
+}
+
+// NOTES: the first error wins the status word (common/status.h); the flag is the kernels' own report.
+__device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
+  if (r.flag != nullptr) atomicOr(r.flag, 1);
+  if (r.status != nullptr &&
+      atomicCAS(&r.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kNonFiniteInput)) ==
+          int32_t(StatusCode::kOk)) {
+    r.status->a = r.what;
+    r.status->rank = r.rank;
+  }
+}
+
+}  // namespace lynx::fp8::e4m3

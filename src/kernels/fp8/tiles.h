@@ -1,0 +1,125 @@
+// The block-scaled FP8 GEMM's tiles (gemm_kernel.cuh): which output tile a persistent CTA computes, which
+// of its 128-column halves exist, the bytes each K block's stage loads and the B scales each half reads.
+// Compiles for host and device; the CPU tests check it (tests/cpu/test_fp8_tiles.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "common/hd.h"
+#include "kernels/expert_gemm/tile_scheduler.h"
+#include "kernels/fp8/api.h"
+
+namespace lynx::fp8::impl {
+
+constexpr int kTileM = 128;  // output rows per CTA (two consumer warpgroups of 64)
+constexpr int kTileN = 128;  // columns of one wgmma half of a tile: one B scale block
+
+// What a CTA computes: kDense, a [128, 128] tile of A·Bᵀ; kGrouped, a [128, 256] one over one expert's
+// rows of A in schedule order (M = the capacity) with B [experts, N, K] and its scales [experts, N
+// blocks, K blocks]; kSwiGLU, grouped, a [128, 128] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): its two halves are
+// the gate's 128 columns and the same 128 of the up's (B's stage holds both, tma_b and tma_b2), each
+// promoted with its own block scale. A grouped row block past the schedule's rows has nothing to do.
+// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
+// schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
+// along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop
+// runs over the expert's row blocks only (none: a zero tile).
+enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
+
+// NOTES: the grouped forms (the forward's GEMMs and the dgrads, the layer's bulk) take [128, 256] tiles:
+// a K block's 48 KB of operands feed 4.2 M multiply-adds, where a [128, 128] tile's 32 KB feed 2.1 M,
+// 27% fewer bytes from L2 for each product. At twice the bf16 rate a [128, 128] tile would need 1.33×
+// the L2 bandwidth of the bf16 kernel's [128, 256] tiles (docs/fp8.md). Two temporaries of 128 columns
+// beside a 256-column accumulator would be 256 registers a thread: one temporary takes each half in
+// turn, and the other warpgroup's wgmma run while one promotes (as DeepGEMM's and CUTLASS's block-scaled
+// kernels do).
+template <Form kForm>
+constexpr int kHalves = kForm == Form::kGrouped || kForm == Form::kSwiGLU ? 2 : 1;  // 128-column halves a tile
+// Output columns per tile (kSwiGLU: h's, each from a gate and an up column).
+template <Form kForm>
+constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTileN;
+// A stage's E4M3 bytes when every half is loaded.
+template <Form kForm>
+constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * kBlock);
+
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
+struct Tile {
+  int32_t m0, n0, expert, kb_begin, kb_end;
+};
+
+// Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
+// grouped form where columns n0 + 128 .. lie below N (the producer loads, and the consumers compute,
+// only those that do).
+template <Form kForm>
+LYNX_HD bool second_half(const Tile& tile, int32_t N) {
+  if constexpr (kHalves<kForm> == 1) return false;
+  return kForm == Form::kSwiGLU || tile.n0 + kTileN < N;
+}
+
+// The E4M3 bytes of a tile's stage: A's 128 rows and B's rows of the halves it loads (boxes past M, N
+// or K are zero-filled by the TMA and still count their whole bytes).
+template <Form kForm>
+LYNX_HD uint32_t stage_bytes(const Tile& tile, int32_t N) {
+  return kStageBytes<kForm> - (kHalves<kForm> == 2 && !second_half<kForm>(tile, N) ? uint32_t(kTileN * kBlock) : 0u);
+}
+
+// The first of the K block scales of half h's B block ([experts, blocks_of(N), k_blocks]; the forward
+// forms): block n0 / 128 + h of the grouped form (a half that is not computed reads the first half's),
+// block n0 / 128 of gate/up (the gate's scales for h = 0, the up's, in their own array, for h = 1).
+template <Form kForm>
+LYNX_HD int64_t b_scale_row(const Tile& tile, int32_t N, int32_t k_blocks, int h) {
+  const int64_t first = (int64_t(tile.expert) * blocks_of(N) + tile.n0 / kBlock) * k_blocks;
+  return kForm == Form::kGrouped && h == 1 && second_half<kForm>(tile, N) ? first + k_blocks : first;
+}
+
+// The quantising gate/up epilogue's codes (gemm_kernel.cuh, quantize_h_piece): the offset in its [64
+// rows, 128 bytes] box (the TMA's 128-byte swizzle: 16-byte chunk k of row R at chunk k ^ (R % 8)) of the
+// two codes of a consumer thread's fragment column group j, row half r: columns 8j + 2(lane % 4) + {0, 1}
+// of row 16·warp + lane / 4 + 8r.
+LYNX_HD uint32_t code_offset(int warp, int lane, int j, int r) {
+  const int b = 8 * j + 2 * (lane % 4);  // the byte column; the row's % 8 is lane / 4 for both halves
+  return uint32_t((16 * warp + lane / 4) * 128 + 8 * 128 * r + ((b / 16) ^ (lane / 4)) * 16 + b % 16);
+}
+
+// The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
+// grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
+// row blocks below the schedule's rows (none after an overflow), read once per CTA. A tile's columns:
+// kOutN from n0.
+template <Form kForm>
+struct TileSpace {
+  int32_t n_tiles, m_tiles, count;
+  const int32_t* expert_offset;
+  int32_t experts, k_blocks;
+
+  LYNX_HD TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
+      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
+    n_tiles = (N + kOutN<kForm> - 1) / kOutN<kForm>;
+    m_tiles = int32_t(blocks_of(M));
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      const int32_t total = offset[num_experts];
+      m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
+    }
+    count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
+  }
+
+  LYNX_HD Tile operator[](int32_t t) const {
+    Tile tile;
+    tile.n0 = (t % n_tiles) * kOutN<kForm>;
+    tile.m0 = (t / n_tiles % m_tiles) * kTileM;
+    tile.expert = 0;
+    tile.kb_begin = 0;
+    tile.kb_end = k_blocks;
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
+    }
+    if constexpr (kForm == Form::kWeightGrad) {
+      // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
+      tile.expert = t / (n_tiles * m_tiles);
+      const bool placed = expert_offset[experts] <= k_blocks * int32_t(kBlock);
+      tile.kb_begin = placed ? expert_offset[tile.expert] / int32_t(kBlock) : 0;
+      tile.kb_end = placed ? expert_offset[tile.expert + 1] / int32_t(kBlock) : 0;
+    }
+    return tile;
+  }
+};
+
+}  // namespace lynx::fp8::impl
