@@ -31,6 +31,12 @@ __device__ __forceinline__ int scale_exponent(float amax) {
   return e < kMinScaleExponent ? kMinScaleExponent : e;
 }
 
+// The scale of a tile or block with exponent e: 2^e, or NaN where it is not finite, so that whatever
+// reads it is NaN, never finite and wrong (E4M3 saturates an infinity to 448).
+__device__ __forceinline__ float scale_or_nan(int e, bool finite) {
+  return finite ? pow2(e) : __int_as_float(0x7fc00000);
+}
+
 // Round to nearest even, saturating to ±448 (cvt.rn.satfinite.e4m3x2.f32).
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));

@@ -383,8 +383,7 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
     }
     const int e = bad[r] ? 0 : e4m3::scale_exponent(amax[r]);
     inv[r] = e4m3::pow2(-e);
-    // A tile that is not finite gets a NaN scale, as from quantize_tiles.
-    scale[r] = bad[r] ? __int_as_float(0x7fc00000) : e4m3::pow2(e);
+    scale[r] = e4m3::scale_or_nan(e, !bad[r]);
   }
   if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
   // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (code_offset, tiles.h), once the

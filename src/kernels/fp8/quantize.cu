@@ -107,9 +107,7 @@ __global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64
   if (!tile_finite && lane == 0) report_nonfinite(report);
   const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
   const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
-  // NOTES: a tile that is not finite gets a NaN scale, so that whatever reads it is NaN, never finite
-  // and wrong (E4M3 saturates an infinity to 448).
-  const float scale = tile_finite ? pow2(e) : __int_as_float(0x7fc00000);
+  const float scale = scale_or_nan(e, tile_finite);
   store4(q + r * cols, c, cols, vector, pack4(v, inv));
   if (lane == 0) scales[tile] = scale;
 }
@@ -194,8 +192,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
     const int64_t r = r0 + warp + kBlockWarps * i;
     if (r < rows) store4(q + r * cols, c, cols, vector, pack4(v[i], inv));
   }
-  // A block that is not finite: a NaN scale, as for tiles (every later product that reads it is NaN).
-  if (threadIdx.x == 0) scales[blockIdx.x] = b.bad0 ? __int_as_float(0x7fc00000) : pow2(e);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale_or_nan(e, !b.bad0);
 }
 
 // The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
@@ -278,7 +275,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
     }
   }
   if (threadIdx.x == 0) {
-    scales[matrix * blocks_of(rows) * kb + blockIdx.x] = block_finite ? pow2(e) : __int_as_float(0x7fc00000);
+    scales[matrix * blocks_of(rows) * kb + blockIdx.x] = scale_or_nan(e, block_finite);
   }
 }
 
@@ -383,7 +380,7 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();  // every column read: the block's memory takes the codes
 #pragma unroll
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
-  if (c < cols) scales[(r0 / kBlock) * scale_pitch(cols) + c] = finite ? pow2(e) : __int_as_float(0x7fc00000);
+  if (c < cols) scales[(r0 / kBlock) * scale_pitch(cols) + c] = scale_or_nan(e, finite);
   __syncthreads();
   constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
 #pragma unroll
