@@ -148,7 +148,7 @@ fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, c
   g.lookahead = 2 * w.plan.gate_up.gather_lookahead;
   g.sync = w.gather_sync;
   if (w.ranks() == 1) {
-    fp8::quantize_tiles(data_of<const bf16_t>(in.x), T, H, nullptr, f.x, f.x_scales, report(w, Fp8Tensor::kX), s);
+    quantize_tokens(w, in.x, Fp8Tensor::kX, s);
     fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
     g.tokens = f.x;
     return g;
