@@ -38,7 +38,7 @@ double dissimilarity(const std::vector<double>& a, const std::vector<double>& b)
 uint64_t digest(std::initializer_list<TensorView> tensors) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (const TensorView& t : tensors) {
-    std::vector<uint8_t> bytes(size_t(t.numel()) * (t.dtype == DType::kF32 ? 4 : 2));
+    std::vector<uint8_t> bytes(size_t(t.numel() * dtype_size(t.dtype)));
     LYNX_CUDA(cudaMemcpy(bytes.data(), t.data, bytes.size(), cudaMemcpyDeviceToHost));
     for (const uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
   }
