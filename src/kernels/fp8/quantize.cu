@@ -537,12 +537,13 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
 
 constexpr int kDequantWarps = 8;  // rows per CTA of dequantize_tiles at a time
 
-// One warp per row below *row_limit (grid-stride), a lane 8 values at a time: value(q) · its tile's
-// scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale none).
+// One warp per row below *row_limit (every row where null; grid-stride), a lane 8 values at a time:
+// value(q) · its tile's scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale
+// none).
 __global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
                                         int64_t capacity, int64_t cols, const int32_t* __restrict__ row_limit,
                                         __nv_bfloat16* __restrict__ out) {
-  const int64_t limit = *row_limit;
+  const int64_t limit = row_limit != nullptr ? *row_limit : capacity;
   if (limit > capacity) return;  // a schedule over capacity: its rows hold nothing
   const int64_t kb = blocks_of(cols);
   const int lane = threadIdx.x % 32;
