@@ -183,7 +183,8 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
 // column 128h + 8j + 2(l%4) + r%2 of the tile (gate/up: h = 0 the gate's column 8j + .., 1 the up's),
 // j in [0, 16).
 
-// NOTES: the wide forms' consumer warpgroups issue their wgmma groups alternately, warpgroup 0 first:
+// NOTES: in the wide forms and the weight gradient the consumer warpgroups issue their wgmma groups
+// alternately, warpgroup 0 first:
 // group g of warpgroup c waits at named barrier kTurnBarrier + c until the other has issued its group
 // g - 1 (c = 0) or g (c = 1). Both issue the same groups (the same tiles, K blocks and halves), so the
 // turns pair up; warpgroup 0 takes one last turn after its last group (finish_turns), so that no
@@ -274,7 +275,10 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     // spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas serialised its wgmma.
     const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
     for (int32_t i = 0; i < n; ++i) {
-      issue(pa, i);
+      wait_full(i);
+      take_turn(groups);
+      issue_half(pa, i, 0);
+      pass_turn(groups);
       sm90::wgmma_wait<0>();
       sm90::fence_registers(pa);
       const int stage = (it + i) % kStages;
@@ -570,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
   int32_t it = 0;      // K blocks consumed before this tile
-  int32_t groups = 0;  // wgmma groups issued in turn (the wide forms')
+  int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
     float acc[kHalves<kForm>][64];
