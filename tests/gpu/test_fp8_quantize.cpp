@@ -419,6 +419,23 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
       ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
     }
   }
+  // No limit: every row, the padding rows' zeros among them.
+  d_out.fill_bytes(0xFF);
+  fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), total, cols, nullptr, d_out.as<bf16_t>(), nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<HostBf16> all = to_host<HostBf16>(d_out, size_t(cap * cols));
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t slot = one_rank_slots[size_t(r)];
+    for (int64_t c = 0; c < cols; ++c) {
+      const HostBf16 got = all[size_t(r * cols + c)];
+      if (r >= total) {
+        ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the rows written";
+        continue;
+      }
+      const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
+      ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "no limit: row " << r << " column " << c;
+    }
+  }
 }
 
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the
