@@ -1,7 +1,7 @@
 // The FP8 quantisation kernels (Fp8Quantize.*) against the CPU reference (src/reference/fp8.h) bit for
 // bit: codes, power-of-two scales and dequantised values, for 1×128 tiles and 128×128 blocks, with
-// shorter edge tiles (K = 2880), all-zero tiles, subnormal inputs, magnitudes spread over 2^±40 and
-// exact E4M3 ties; a NaN or an infinity reported.
+// shorter edge tiles (K = 2880), all-zero and -0 tiles, subnormal inputs, the largest bf16 magnitude,
+// magnitudes spread over 2^±40 and exact E4M3 ties; a NaN or an infinity reported, its tile's scale NaN.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,6 +145,57 @@ TEST_F(Fp8Quantize, TilesEqualTheReference) {
   expect_equal_to_reference(130, 256, false, 40);
   expect_equal_to_reference(1, 64, false, 4);     // one short tile
   expect_equal_to_reference(130, 256, false, 8, 1);  // unaligned x and q: one value at a time
+  expect_equal_to_reference(5, 300, false, 8);       // cols % 8 == 4: one value at a time; 3 tiles a row
+  expect_equal_to_reference(130, 256, false, 8, 4);  // x 8-byte, q 4-byte aligned: one value at a time
+  expect_equal_to_reference(4, 1408, false, 8, 8);   // x 16-byte, q 8-byte aligned past the start; 11 tiles
+}
+
+// Tiles of edge values, 4 rows of 5 tiles (two per warp at a time: tile 4 alone in its pair): a NaN in
+// tile (0, 1) and an infinity in tile (1, 4), each half-warp's own, their scales NaN and every other tile
+// equal to the reference; a tile of -0, one of the largest finite bf16 magnitude, one of subnormals
+// with the smallest. Then a row limit above the rows and one of 0: nothing written.
+TEST_F(Fp8Quantize, TilesOfEdgeValuesEqualTheReference) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t rows = 4, cols = 640, kb = fp8::blocks_of(cols);
+  std::vector<HostBf16> x = spread_values(rows, cols, 8, seed);
+  x[size_t(0 * cols + 128 + 77)] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  x[size_t(1 * cols + 512 + 3)] = float_to_bf16(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < 128; ++c) {
+    x[size_t(2 * cols + c)] = HostBf16{0x8000};                                       // -0
+    x[size_t(2 * cols + 128 + c)] = HostBf16{uint16_t(c % 3 == 0 ? 0xFF7F : 0x7F7F)};  // ±the largest
+    x[size_t(2 * cols + 256 + c)] = HostBf16{uint16_t(c % 2 ? 0x8001 : 0x0001 + c)};   // subnormals
+  }
+  const std::vector<float> xf = to_floats(x);
+  const ref::fp8::Quantized want = ref::fp8::quantize_tiles(xf.data(), rows, cols);
+  const GpuQuantized got = quantize_on_gpu(x, rows, cols, false);
+  EXPECT_EQ(got.nonfinite, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < kb; ++b) {
+      const size_t i = size_t(r * kb + b);
+      if ((r == 0 && b == 1) || (r == 1 && b == 4)) {
+        EXPECT_TRUE(std::isnan(got.scales[i])) << "tile (" << r << ", " << b << ")";
+        continue;
+      }
+      ASSERT_EQ(bits(got.scales[i]), bits(want.scales[i])) << "scale of tile (" << r << ", " << b << ")";
+      for (int64_t c = b * 128; c < std::min(cols, (b + 1) * 128); ++c) {
+        ASSERT_EQ(got.q[size_t(r * cols + c)], want.q[size_t(r * cols + c)]) << "q[" << r << ", " << c << "]";
+      }
+    }
+  }
+
+  DeviceBuffer d_x = to_device(x), d_q(size_t(rows * cols)), d_s(size_t(rows * kb) * 4);
+  for (const int32_t limit : {int32_t(rows + 1), 0}) {
+    DeviceBuffer d_limit = to_device(std::vector<int32_t>{limit}), d_flag = to_device(std::vector<int32_t>{0});
+    d_q.fill_bytes(0x7F);
+    d_s.fill_bytes(0xFF);
+    fp8::quantize_tiles(d_x.as<bf16_t>(), rows, cols, d_limit.as<int32_t>(), d_q.as<uint8_t>(), d_s.as<float>(),
+                        fp8::NonfiniteReport{d_flag.as<int32_t>()}, nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(to_host<int32_t>(d_flag, 1)[0], 0) << "limit " << limit << ": a row read";
+    for (const uint8_t v : to_host<uint8_t>(d_q, size_t(rows * cols))) ASSERT_EQ(v, 0x7F) << "limit " << limit;
+    for (const float v : to_host<float>(d_s, size_t(rows * kb))) ASSERT_TRUE(std::isnan(v)) << "limit " << limit;
+  }
 }
 
 TEST_F(Fp8Quantize, BlocksEqualTheReference) {
@@ -368,6 +419,23 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
       ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
     }
   }
+  // No limit: every row, the padding rows' zeros among them.
+  d_out.fill_bytes(0xFF);
+  fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), total, cols, nullptr, d_out.as<bf16_t>(), nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<HostBf16> all = to_host<HostBf16>(d_out, size_t(cap * cols));
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t slot = one_rank_slots[size_t(r)];
+    for (int64_t c = 0; c < cols; ++c) {
+      const HostBf16 got = all[size_t(r * cols + c)];
+      if (r >= total) {
+        ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the rows written";
+        continue;
+      }
+      const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
+      ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "no limit: row " << r << " column " << c;
+    }
+  }
 }
 
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the
@@ -436,6 +504,65 @@ TEST_F(Fp8Quantize, TransposedGatheredTilesEqualThePathThroughBf16) {
   const auto seed = fresh_seed();
   expect_transposed_gathered_tiles_match(320, seed);
   expect_transposed_gathered_tiles_match(130, seed ^ 1);  // rows not a multiple of 4: one byte at a time
+}
+
+// A token's tile with a NaN scale (its source found a NaN or an infinity), gathered by
+// transpose_gathered_tiles at top-3 into every row block: reported, and each transposed tile whose rows
+// hold that token in that column block gets a NaN scale; every other keeps the codes and scale of the
+// run without it.
+TEST_F(Fp8Quantize, TransposedGatheredTilesReportANonFiniteTile) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t T = 150, k = 3, cap = 384, cols = 320, kb = fp8::blocks_of(cols), pitch = fp8::scale_pitch(cols);
+  // Schedule row r: slot (7r) mod (T·k) of rank r % 2, every fifth a padding row; every row block placed.
+  const TwoRankTiles two = two_rank_tiles(T, cols, k, cap, 7, 5, seed);
+  const int32_t bad_token = two.one_rank_slots[5] / int32_t(k);
+  const int64_t bad_block = 1;  // columns 128-255
+  std::vector<float> bad_scales = two.tiles.scales;
+  bad_scales[size_t(bad_token * kb + bad_block)] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer d_bad_s = to_device(bad_scales), d_total = to_device(std::vector<int32_t>{int32_t(cap)});
+  struct Out {
+    std::vector<uint8_t> q;
+    std::vector<float> s;
+    int32_t flag;
+  };
+  const auto run = [&](const DeviceBuffer& scales) {
+    DeviceBuffer d_q(size_t(cols * cap)), d_s(size_t(cap / 128 * pitch) * 4);
+    DeviceBuffer d_flag = to_device(std::vector<int32_t>{0});
+    d_q.fill_bytes(0xFF);
+    d_s.fill_bytes(0xFF);
+    fp8::transpose_gathered_tiles(two.d_all.as<uint8_t>(), scales.as<float>(), two.d_one_slots.as<int32_t>(),
+                                  d_total.as<int32_t>(), cap, k, cols, d_q.as<uint8_t>(), d_s.as<float>(),
+                                  fp8::NonfiniteReport{d_flag.as<int32_t>()}, nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return Out{to_host<uint8_t>(d_q, size_t(cols * cap)), to_host<float>(d_s, size_t(cap / 128 * pitch)),
+               to_host<int32_t>(d_flag, 1)[0]};
+  };
+  const Out clean = run(two.d_all_s), bad = run(d_bad_s);
+  EXPECT_EQ(clean.flag, 0);
+  EXPECT_EQ(bad.flag, 1);
+  int64_t nan_scales = 0;
+  for (int64_t b = 0; b < cap / 128; ++b) {
+    bool holds = false;  // a row of block b is the bad token's
+    for (int64_t r = 128 * b; r < 128 * (b + 1); ++r) {
+      const int32_t slot = two.one_rank_slots[size_t(r)];
+      holds |= slot >= 0 && slot / int32_t(k) == bad_token;
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(b * pitch + c);
+      if (holds && c / 128 == bad_block) {
+        ASSERT_TRUE(std::isnan(bad.s[i])) << "scale of row block " << b << " column " << c;
+        ++nan_scales;
+        continue;
+      }
+      ASSERT_EQ(bits(bad.s[i]), bits(clean.s[i])) << "scale of row block " << b << " column " << c;
+      for (int64_t r = 128 * b; r < 128 * (b + 1); ++r) {
+        ASSERT_EQ(bad.q[size_t(c * cap + r)], clean.q[size_t(c * cap + r)]) << "q[" << c << ", " << r << "]";
+      }
+    }
+  }
+  EXPECT_EQ(nan_scales % 128, 0);
+  EXPECT_GT(nan_scales, 0);
 }
 
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows

@@ -123,8 +123,8 @@ void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_
 
 // The rows below *row_limit of tiles q [capacity, cols] (scales [capacity, blocks_of(cols)]) as bf16:
 // out[r, c] = value(q[r, c]) · scale of its tile, exact (an E4M3 value has 4 significant bits; only a
-// value below bf16's smallest subnormal would round). Nothing when *row_limit > capacity. cols % 8 == 0;
-// q 8-byte and out 16-byte aligned.
+// value below bf16's smallest subnormal would round). Nothing when *row_limit > capacity; row_limit null:
+// every row. cols % 8 == 0; q 8-byte and out 16-byte aligned.
 void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,
                       bf16_t* out, cudaStream_t stream);
 

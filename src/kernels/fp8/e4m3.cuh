@@ -42,10 +42,23 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Two values at once, the first in the low byte: the same instruction as to_e4m3, which converts a pair
+// with a zero.
+__device__ __forceinline__ uint16_t to_e4m3x2(float first, float second) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
+}
+
 __device__ __forceinline__ float from_e4m3(uint8_t q) {
   __nv_fp8_e4m3 f;
   f.__x = q;
   return static_cast<float>(f);
+}
+
+// The values of two codes, the low byte's first (from_e4m3's conversion, also made in pairs).
+__device__ __forceinline__ float2 from_e4m3x2(uint16_t q) {
+  __nv_fp8x2_e4m3 f;
+  f.__x = q;
+  return static_cast<float2>(f);
 }
 
 // NOTES: the first error wins the status word (common/status.h); the flag is the kernels' own report.

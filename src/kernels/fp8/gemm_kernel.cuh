@@ -183,11 +183,32 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
 // column 128h + 8j + 2(l%4) + r%2 of the tile (gate/up: h = 0 the gate's column 8j + .., 1 the up's),
 // j in [0, 16).
 
-// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it.
+// NOTES: in the wide forms and the weight gradient the consumer warpgroups issue their wgmma groups
+// alternately, warpgroup 0 first:
+// group g of warpgroup c waits at named barrier kTurnBarrier + c until the other has issued its group
+// g - 1 (c = 0) or g (c = 1). Both issue the same groups (the same tiles, K blocks and halves), so the
+// turns pair up; warpgroup 0 takes one last turn after its last group (finish_turns), so that no
+// barrier is left half-arrived.
+constexpr int kTurnBarrier = 3;  // 1 and 2: the epilogues' (one per consumer warpgroup)
+__device__ __forceinline__ void take_turn(int32_t groups) {
+  const int c = int(threadIdx.x) / 128 - 1;
+  if (c == 1 || groups > 0) sm90::named_barrier_sync(kTurnBarrier + c, 2 * 128);
+}
+__device__ __forceinline__ void pass_turn(int32_t& groups) {
+  const int c = int(threadIdx.x) / 128 - 1;
+  sm90::named_barrier_arrive(kTurnBarrier + 1 - c, 2 * 128);
+  ++groups;
+}
+__device__ __forceinline__ void finish_turns(int32_t groups) {
+  if (int(threadIdx.x) / 128 == 1 && groups > 0) sm90::named_barrier_sync(kTurnBarrier, 2 * 128);
+}
+
+// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it;
+// `groups`: the wgmma groups this warpgroup issued in turn before it (take_turn).
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
-                                         float (&acc)[kHalves<kForm>][64]) {
+                                         float (&acc)[kHalves<kForm>][64], int32_t& groups) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   constexpr int kH = kHalves<kForm>;
@@ -254,7 +275,10 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     // spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas serialised its wgmma.
     const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
     for (int32_t i = 0; i < n; ++i) {
-      issue(pa, i);
+      wait_full(i);
+      take_turn(groups);
+      issue_half(pa, i, 0);
+      pass_turn(groups);
       sm90::wgmma_wait<0>();
       sm90::fence_registers(pa);
       const int stage = (it + i) % kStages;
@@ -271,17 +295,24 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     }
   } else if constexpr (kH == 2) {
     // Each K block's halves one after another through pa; the scales a block ahead (their loads'
-    // latency behind this block's products).
+    // latency behind this block's products). The two consumer warpgroups issue their groups in turn
+    // (take_turn), so that one's products run on the tensor cores while the other waits for its own and
+    // promotes them.
     Scales next = n > 0 ? scales_of(0) : Scales{};
     for (int32_t i = 0; i < n; ++i) {
       const Scales sc = next;
       if (i + 1 < n) next = scales_of(i + 1);
-      issue(pa, i);
+      wait_full(i);
+      take_turn(groups);
+      issue_half(pa, i, 0);
+      pass_turn(groups);
       sm90::wgmma_wait<0>();
       if (!second) release(i);
       promote(acc[0], pa, sc.a0 * sc.b, sc.a1 * sc.b);
       if (second) {
+        take_turn(groups);
         issue_half(pa, i, 1);
+        pass_turn(groups);
         sm90::wgmma_wait<0>();
         release(i);
         promote(acc[1], pa, sc.a0 * sc.b2, sc.a1 * sc.b2);
@@ -542,14 +573,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
-  int32_t it = 0;  // K blocks consumed before this tile
+  int32_t it = 0;      // K blocks consumed before this tile
+  int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     const Tile tile = tiles[t];
     float acc[kHalves<kForm>][64];
-    mainloop(smem, tiles, p, tile, t, it, c, acc);
+    mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;
     epilogue(smem, p, tile, c, acc);
   }
+  finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.
   if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }

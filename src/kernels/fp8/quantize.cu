@@ -1,7 +1,7 @@
-// FP8 quantisation kernels (api.h). A 1×128 tile is one warp (4 values a lane), and in transpose_tiles
-// one thread's column of a 128×128 block staged in shared memory; a 128×128 weight block is one CTA of 8
-// warps reading whole 128-element rows (4 values a lane), its codes of a transposed block written back
-// through shared memory.
+// FP8 quantisation kernels (api.h). A 1×128 tile is one half-warp (8 values a lane), a warp taking a
+// row's tiles two at a time, and in transpose_tiles one thread's column of a 128×128 block staged in
+// shared memory; a 128×128 weight block is one CTA of 8 warps reading whole 128-element rows (4 values a
+// lane), its codes of a transposed block written back through shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -19,6 +19,13 @@ namespace lynx::fp8 {
 namespace {
 
 using namespace e4m3;
+
+// A tile's largest magnitude from its values' bf16 bits b: b & 0x7FFF orders as |value| does, as an
+// unsigned integer, with infinity kInfBits and the NaNs above it, so the largest of a tile's is amax's
+// bits where the tile is finite (amax_of_bits: the value fmaxf over the values gives), and at least
+// kInfBits where it holds a NaN or an infinity.
+constexpr uint32_t kMagnitudeBits = 0x7FFFu, kInfBits = 0x7F80u;
+__device__ __forceinline__ float amax_of_bits(uint32_t bits) { return __uint_as_float(bits << 16); }
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -58,10 +65,7 @@ __device__ __forceinline__ void load4(const uint8_t* row, float scale, int64_t c
 
 // E4M3(v · inv) of four values, packed with the first in the lowest byte.
 __device__ __forceinline__ uint32_t pack4(const float (&v)[4], float inv) {
-  uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) packed |= uint32_t(to_e4m3(v[i] * inv)) << (8 * i);
-  return packed;
+  return uint32_t(to_e4m3x2(v[0] * inv, v[1] * inv)) | uint32_t(to_e4m3x2(v[2] * inv, v[3] * inv)) << 16;
 }
 
 // Stores four codes (pack4) at columns c .. c + 3 of a row of n: one 4-byte store where `vector` (n % 4 ==
@@ -77,39 +81,79 @@ __device__ __forceinline__ void store4(uint8_t* row, int64_t c, int64_t n, bool 
   }
 }
 
-constexpr int kTileWarps = 8;  // tiles per CTA of quantize_tiles
+constexpr int kTileWarps = 8;  // rows (a warp each) per CTA of quantize_tiles
+constexpr int kTilePairs = 2;  // pairs of tiles a warp loads before quantising them
 
-// One warp per tile (row r, columns [c0, c0 + 128)): lane l holds columns c0 + 4l .. c0 + 4l + 3, read
-// as one 8-byte load and written as one 4-byte store where `vector`.
-__global__ void quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
-                                      const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
-                                      float* __restrict__ scales, NonfiniteReport report, bool vector) {
-  const int64_t kb = blocks_of(cols);
-  const int64_t tile = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
-  if (tile >= rows * kb) return;
-  const int64_t r = tile / kb;
+// Eight adjacent values of a row of n from column c (c % 8 == 0) as bf16 bits, the first in the low half
+// of .x, zeros past n: one 16-byte load where `vector` (n % 8 == 0 and the row 16-byte aligned).
+__device__ __forceinline__ uint4 load8_bits(const __nv_bfloat16* row, int64_t c, int64_t n, bool vector) {
+  if (vector) return c < n ? *reinterpret_cast<const uint4*>(row + c) : make_uint4(0, 0, 0, 0);
+  uint32_t part[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) part[i] = c + i < n ? __bfloat16_as_ushort(row[c + i]) : 0u;
+  return make_uint4(part[0] | part[1] << 16, part[2] | part[3] << 16, part[4] | part[5] << 16, part[6] | part[7] << 16);
+}
+
+// E4M3(v · inv) of a word's two bf16 values (bits), the first (low half) in the low byte.
+__device__ __forceinline__ uint32_t pack2_bits(uint32_t word, float inv) {
+  return to_e4m3x2(__uint_as_float(word << 16) * inv, __uint_as_float(word & 0xFFFF0000u) * inv);
+}
+
+// Stores eight codes at columns c .. c + 7 of a row of n: one 8-byte store where `vector` (n % 8 == 0 and
+// the row 8-byte aligned), else those below n one at a time.
+__device__ __forceinline__ void store8(uint8_t* row, int64_t c, int64_t n, bool vector, uint2 packed) {
+  if (c >= n) return;
+  if (vector) {
+    *reinterpret_cast<uint2*>(row + c) = packed;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (c + i < n) row[c + i] = uint8_t((i < 4 ? packed.x : packed.y) >> (8 * (i % 4)));
+  }
+}
+
+// One warp per row r, its tiles two at a time: half-warp h takes tile 2i + h (columns [c0, c0 + 128)),
+// its lane j columns c0 + 8j .. c0 + 8j + 7, read as one 16-byte load and written as one 8-byte store
+// where `vector`; kTilePairs pairs loaded at once, so that each lane has as many loads in flight. The
+// tile's largest magnitude is taken on the bf16 bits (kMagnitudeBits), two values at a time (__vmaxu2),
+// then over the half-warp.
+// NOTES: the maximum is alike in a half-warp, so each half takes its own branch on it without a vote;
+// the shuffles stay outside every branch, each half's lanes reading only their own half.
+__global__ void __launch_bounds__(kTileWarps * 32)
+    quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
+                          const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
+                          float* __restrict__ scales, NonfiniteReport report, bool vector) {
+  const int64_t r = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
+  if (r >= rows) return;
   // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
   if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t c = (tile % kb) * kBlock + 4 * lane;
-  float v[4];
-  load4(x + r * cols, c, cols, vector, v);
-  float amax = 0.0f;
-  bool finite = true;
+  const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16;
+  const __nv_bfloat16* xr = x + r * cols;
+  uint8_t* qr = q + r * cols;
+  float* sr = scales + r * blocks_of(cols);
+  for (int64_t at = 0; at < cols; at += kTilePairs * 2 * kBlock) {
+    uint4 w[kTilePairs];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    finite &= isfinite(v[i]);
-    amax = fmaxf(amax, fabsf(v[i]));
+    for (int p = 0; p < kTilePairs; ++p) w[p] = load8_bits(xr, at + (2 * p + half) * kBlock + 8 * j, cols, vector);
+#pragma unroll
+    for (int p = 0; p < kTilePairs; ++p) {
+      const int64_t c0 = at + (2 * p + half) * kBlock, c = c0 + 8 * j;  // past cols: zeros, nothing stored
+      constexpr uint32_t kPair = kMagnitudeBits << 16 | kMagnitudeBits;
+      const uint32_t m2 = __vmaxu2(__vmaxu2(w[p].x & kPair, w[p].y & kPair), __vmaxu2(w[p].z & kPair, w[p].w & kPair));
+      uint32_t m = max(m2 & 0xFFFFu, m2 >> 16);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const bool finite = m < kInfBits;
+      if (!finite && j == 0) report_nonfinite(report);
+      const int e = finite ? scale_exponent(amax_of_bits(m)) : 0;
+      const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+      const uint2 packed = make_uint2(pack2_bits(w[p].x, inv) | pack2_bits(w[p].y, inv) << 16,
+                                      pack2_bits(w[p].z, inv) | pack2_bits(w[p].w, inv) << 16);
+      store8(qr, c, cols, vector, packed);
+      if (j == 0 && c0 < cols) sr[c0 / kBlock] = scale_or_nan(e, finite);
+    }
   }
-  // NOTES: the whole warp takes one branch (tile_finite is the warp's), so warp_max's full-mask shuffles
-  // see every lane.
-  const bool tile_finite = !__any_sync(0xffffffffu, !finite);
-  if (!tile_finite && lane == 0) report_nonfinite(report);
-  const int e = tile_finite ? scale_exponent(warp_max(amax)) : 0;
-  const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
-  const float scale = scale_or_nan(e, tile_finite);
-  store4(q + r * cols, c, cols, vector, pack4(v, inv));
-  if (lane == 0) scales[tile] = scale;
 }
 
 // The 128×128 block kernels: 8 warps of a CTA share a block; each warp reads whole 128-element rows of
@@ -284,85 +328,120 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
 constexpr int kCodesStride = int(kBlock) + 16;
 static_assert(kBlock * kCodesStride <= kBlock * kBlock * 2, "the codes fit in the staged block's memory");
 
-// transpose_tiles' rows: row r's four bf16 values from column c (c % 4 == 0, zeros past cols), as the
-// bits of one 8-byte word.
+// transpose_tiles' rows. A CTA first finds each of its 128 rows' source (`source`, for its column block
+// at c0), thread t that of row r0 + t, into shared memory; `load4` then reads four values of a row from
+// its source, from column c (c % 4 == 0, zeros past cols), and `bf16x4` turns what it read into the bits
+// of four bf16 values in one 8-byte word.
+// NOTES: load4 reads through __ldg: its pointer comes from shared memory, and a generic load could alias
+// the staging stores.
+// bf16 rows: a row's source is where it starts; what load4 reads, the bits themselves.
 struct Bf16Rows {
   const __nv_bfloat16* x;
   bool vector;  // cols % 4 == 0 and x 8-byte aligned: one 8-byte load
 
-  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
-    const __nv_bfloat16* row = x + r * cols;
-    if (vector && c < cols) return *reinterpret_cast<const uint2*>(row + c);
-    uint16_t part[4];
+  using Source = const __nv_bfloat16*;
+  using Loaded = uint2;
+
+  __device__ __forceinline__ Source source(int64_t r, int64_t, int64_t cols) const { return x + r * cols; }
+
+  __device__ __forceinline__ Loaded load4(Source row, int64_t c, int64_t cols) const {
+    if (vector && c < cols) return __ldg(reinterpret_cast<const uint2*>(row + c));
+    uint32_t part[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __bfloat16_as_ushort(row[c + i]) : uint16_t(0);
-    return make_uint2(part[0] | uint32_t(part[1]) << 16, part[2] | uint32_t(part[3]) << 16);
+    for (int i = 0; i < 4; ++i) part[i] = c + i < cols ? __ldg(reinterpret_cast<const uint16_t*>(row + c + i)) : 0u;
+    return make_uint2(part[0] | part[1] << 16, part[2] | part[3] << 16);
   }
+
+  __device__ __forceinline__ static uint2 bf16x4(Loaded v) { return v; }
 };
 
 // The same from token rows in 1×128 E4M3 tiles, gathered into schedule order on the way: schedule row r
 // is token row_token_slot[r] / top_k's codes times its tile's scale, rounded to bf16 as dequantize_tiles
 // rounds them (zeros for a padding row): what gather_tiles then dequantize_tiles put in a bf16 buffer.
+// A row's source is its token's codes and the scale of its tile in the CTA's column block, found once
+// for the 32 loads of the row.
 struct GatheredTileRows {
   const uint8_t* src;
   const float* src_scales;
   const int32_t* row_token_slot;
-  int64_t top_k;
+  uint32_t top_k;
   bool vector;  // cols % 4 == 0 and src 4-byte aligned: one 4-byte load
 
-  __device__ __forceinline__ uint2 load4(int64_t r, int64_t c, int64_t cols) const {
+  struct __align__(16) Source {
+    const uint8_t* row;  // null: a padding row
+    float scale;
+  };
+  // Four codes and their scale; a scale of 0 gives zeros (a padding row, columns past cols), whatever the
+  // tile's scale (a NaN one times 0 would not be).
+  struct Loaded {
+    uint32_t codes;
+    float scale;
+  };
+
+  __device__ __forceinline__ Source source(int64_t r, int64_t c0, int64_t cols) const {
     const int32_t slot = row_token_slot[r];
-    if (slot < 0 || c >= cols) return make_uint2(0, 0);
-    const int64_t token = slot / top_k;
-    const uint8_t* q = src + token * cols + c;
-    const float s = src_scales[token * blocks_of(cols) + c / kBlock];
-    uint8_t b[4];
-    if (vector) {
-      const uint32_t word = *reinterpret_cast<const uint32_t*>(q);
+    if (slot < 0) return {nullptr, 0.0f};
+    const int64_t token = uint32_t(slot) / top_k;  // 32-bit: a slot is an int32
+    return {src + token * cols, src_scales[token * blocks_of(cols) + c0 / kBlock]};
+  }
+
+  __device__ __forceinline__ Loaded load4(const Source& s, int64_t c, int64_t cols) const {
+    if (s.row == nullptr || c >= cols) return {0, 0.0f};
+    if (vector) return {__ldg(reinterpret_cast<const uint32_t*>(s.row + c)), s.scale};
+    uint32_t codes = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = uint8_t(word >> (8 * i));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = c + i < cols ? q[i] : uint8_t(0);
+    for (int i = 0; i < 4; ++i) {
+      if (c + i < cols) codes |= uint32_t(__ldg(s.row + c + i)) << (8 * i);
     }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(from_e4m3(b[0]) * s, from_e4m3(b[1]) * s);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(from_e4m3(b[2]) * s, from_e4m3(b[3]) * s);
+    return {codes, s.scale};
+  }
+
+  __device__ __forceinline__ static uint2 bf16x4(Loaded v) {
+    const float2 v01 = from_e4m3x2(uint16_t(v.codes)), v23 = from_e4m3x2(uint16_t(v.codes >> 16));
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v01.x * v.scale, v01.y * v.scale);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v23.x * v.scale, v23.y * v.scale);
     return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
 };
 
-// One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (warp w
-// loads rows w, w + 4, ..., a lane 4 adjacent values: one 8-byte load where `vector`); thread t reads
-// back column c0 + t, quantises its 128 rows as one tile and puts the codes (q's row c0 + t, columns
-// r0 .. r0 + 127) in shared memory over the block; the CTA then writes those rows 8 lanes a row, 16
-// bytes each, so that a warp's store covers four whole 128-byte rows.
+// One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (thread t
+// finds row r0 + t's source, then warp w loads rows w, w + 4, ..., a lane 4 adjacent values: one 8-byte
+// load where `vector`); thread t reads back column c0 + t, quantises its 128 rows as one tile and puts
+// the codes (q's row c0 + t, columns r0 .. r0 + 127) in shared memory over the block; the CTA then
+// writes those rows 8 lanes a row, 16 bytes each, so that a warp's store covers four whole 128-byte rows.
 template <class Rows>
 __global__ void __launch_bounds__(kBlock)
     transpose_tiles_kernel(Rows x, int64_t capacity, int64_t cols, const int32_t* __restrict__ total_rows,
                            uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report) {
   __shared__ __align__(16) uint8_t staged[kBlock * kBlock * 2];
+  __shared__ typename Rows::Source sources[kBlock];
   auto block = reinterpret_cast<__nv_bfloat16(*)[kBlock]>(staged);  // [128 rows, 128 columns] of x
   auto codes = reinterpret_cast<uint8_t(*)[kCodesStride]>(staged);  // [128 columns, 128 rows] of codes
-  const int64_t kb = blocks_of(cols);
+  const uint32_t kb = uint32_t(blocks_of(cols));  // below the grid's size
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
   const int32_t total = *total_rows;
   if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
-#pragma unroll 8
-  for (int r = warp; r < int(kBlock); r += int(kBlock) / 32) {
-    *reinterpret_cast<uint2*>(&block[r][4 * lane]) = x.load4(r0 + r, c0 + 4 * lane, cols);
+  sources[t] = x.source(r0 + t, c0, cols);
+  __syncthreads();
+  // NOTES: a group's loads all issued before the first is staged: that many in flight a thread.
+  constexpr int kLoadsAtOnce = 16;
+  for (int i0 = 0; i0 < int(kBlock) / 4; i0 += kLoadsAtOnce) {
+    typename Rows::Loaded v[kLoadsAtOnce];
+#pragma unroll
+    for (int i = 0; i < kLoadsAtOnce; ++i) v[i] = x.load4(sources[warp + 4 * (i0 + i)], c0 + 4 * lane, cols);
+#pragma unroll
+    for (int i = 0; i < kLoadsAtOnce; ++i) {
+      *reinterpret_cast<uint2*>(&block[warp + 4 * (i0 + i)][4 * lane]) = Rows::bf16x4(v[i]);
+    }
   }
   __syncthreads();
   const int64_t c = c0 + t;
-  float amax = 0.0f;
-  bool finite = true;
-  for (int r = 0; r < int(kBlock); ++r) {
-    const float v = __bfloat162float(block[r][t]);
-    finite &= isfinite(v);
-    amax = fmaxf(amax, fabsf(v));
-  }
+  uint32_t m = 0;  // the largest magnitude's bits (kMagnitudeBits)
+  for (int r = 0; r < int(kBlock); ++r) m = max(m, __bfloat16_as_ushort(block[r][t]) & kMagnitudeBits);
+  const bool finite = m < kInfBits;
   if (!finite) report_nonfinite(report);  // the columns past cols hold zeros
-  const int e = finite ? scale_exponent(amax) : 0;
+  const int e = finite ? scale_exponent(amax_of_bits(m)) : 0;
   const float inv = pow2(-e);
   uint4 mine[int(kBlock) / 16];
 #pragma unroll
@@ -376,6 +455,9 @@ __global__ void __launch_bounds__(kBlock)
       word[w] = pack4(v, inv);
     }
     mine[j] = make_uint4(word[0], word[1], word[2], word[3]);
+    // NOTES: keeps the loads of later rows after this group's (no shared memory access crosses it): hoisted
+    // all ahead, the pairwise conversions' codes held 128 registers a thread, against 80 without.
+    __syncwarp();
   }
   __syncthreads();  // every column read: the block's memory takes the codes
 #pragma unroll
@@ -455,12 +537,13 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
 
 constexpr int kDequantWarps = 8;  // rows per CTA of dequantize_tiles at a time
 
-// One warp per row below *row_limit (grid-stride), a lane 8 values at a time: value(q) · its tile's
-// scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale none).
+// One warp per row below *row_limit (every row where null; grid-stride), a lane 8 values at a time:
+// value(q) · its tile's scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale
+// none).
 __global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
                                         int64_t capacity, int64_t cols, const int32_t* __restrict__ row_limit,
                                         __nv_bfloat16* __restrict__ out) {
-  const int64_t limit = *row_limit;
+  const int64_t limit = row_limit != nullptr ? *row_limit : capacity;
   if (limit > capacity) return;  // a schedule over capacity: its rows hold nothing
   const int64_t kb = blocks_of(cols);
   const int lane = threadIdx.x % 32;
@@ -500,10 +583,9 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, const int32_t* row_limit, uint8_t* q, float* scales,
                     NonfiniteReport report, cudaStream_t stream) {
-  const int64_t tiles = rows * blocks_of(cols);
-  if (tiles == 0) return;
-  const bool vector = cols % 4 == 0 && aligned(x, 8) && aligned(q, 4);
-  quantize_tiles_kernel<<<grid_of((tiles + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
+  if (rows * cols == 0) return;
+  const bool vector = cols % 8 == 0 && aligned(x, 16) && aligned(q, 8);
+  quantize_tiles_kernel<<<grid_of((rows + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(x), rows, cols, row_limit, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
@@ -590,7 +672,9 @@ void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const
   if (src == nullptr || src_scales == nullptr || row_token_slot == nullptr || top_k <= 0) {
     throw Error("src", "its scales, the row slots and a positive top_k are needed");
   }
-  const GatheredTileRows rows{src, src_scales, row_token_slot, top_k, cols % 4 == 0 && aligned(src, 4)};
+  // Slots are int32s: a top_k of 2^31 or more puts every slot in token 0, as 2^31 does.
+  const uint32_t k = uint32_t(std::min<int64_t>(top_k, int64_t(1) << 31));
+  const GatheredTileRows rows{src, src_scales, row_token_slot, k, cols % 4 == 0 && aligned(src, 4)};
   launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
 }
 
