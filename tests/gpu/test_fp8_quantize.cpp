@@ -398,44 +398,34 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
       ASSERT_TRUE(std::isnan(gs[size_t(i)])) << "scale past the schedule written: " << i;
     }
   }
-  // Dequantised below a limit of 100 rows.
+  // Dequantised below a limit of 100 rows, then with no limit over the first `total` rows (the padding
+  // rows' zeros among them): every row below the limit exact, none past it written.
+  DeviceBuffer d_out(size_t(cap * cols) * 2);
+  const auto expect_dequantized = [&](int64_t capacity, const int32_t* d_limit, int64_t limit) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity) + (d_limit != nullptr ? ", row limit " : ", no limit ") +
+                 std::to_string(limit));
+    d_out.fill_bytes(0xFF);
+    fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), capacity, cols, d_limit, d_out.as<bf16_t>(), nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    const std::vector<HostBf16> out = to_host<HostBf16>(d_out, size_t(cap * cols));
+    for (int64_t r = 0; r < cap; ++r) {
+      const int32_t slot = one_rank_slots[size_t(r)];
+      for (int64_t c = 0; c < cols; ++c) {
+        const HostBf16 got = out[size_t(r * cols + c)];
+        if (r >= limit) {
+          ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the limit written";
+          continue;
+        }
+        const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
+        ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "row " << r << " column " << c;
+        ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
+      }
+    }
+  };
   const int64_t limit = 100;
-  DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)}), d_out(size_t(cap * cols) * 2);
-  d_out.fill_bytes(0xFF);
-  fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), cap, cols, d_limit.as<int32_t>(), d_out.as<bf16_t>(),
-                        nullptr);
-  LYNX_TEST_CUDA(cudaDeviceSynchronize());
-  const std::vector<HostBf16> out = to_host<HostBf16>(d_out, size_t(cap * cols));
-  for (int64_t r = 0; r < cap; ++r) {
-    const int32_t slot = one_rank_slots[size_t(r)];
-    for (int64_t c = 0; c < cols; ++c) {
-      const HostBf16 got = out[size_t(r * cols + c)];
-      if (r >= limit) {
-        ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the limit written";
-        continue;
-      }
-      const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
-      ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "row " << r << " column " << c;
-      ASSERT_EQ(double(want), to_double(got)) << "not exact: row " << r << " column " << c;
-    }
-  }
-  // No limit: every row, the padding rows' zeros among them.
-  d_out.fill_bytes(0xFF);
-  fp8::dequantize_tiles(d_gq.as<uint8_t>(), d_gs.as<float>(), total, cols, nullptr, d_out.as<bf16_t>(), nullptr);
-  LYNX_TEST_CUDA(cudaDeviceSynchronize());
-  const std::vector<HostBf16> all = to_host<HostBf16>(d_out, size_t(cap * cols));
-  for (int64_t r = 0; r < cap; ++r) {
-    const int32_t slot = one_rank_slots[size_t(r)];
-    for (int64_t c = 0; c < cols; ++c) {
-      const HostBf16 got = all[size_t(r * cols + c)];
-      if (r >= total) {
-        ASSERT_TRUE(std::isnan(to_double(got))) << "row " << r << " past the rows written";
-        continue;
-      }
-      const float want = slot < 0 ? 0.0f : tiles.dequant(slot / k, c, false);
-      ASSERT_EQ(float_to_bf16(want).bits, got.bits) << "no limit: row " << r << " column " << c;
-    }
-  }
+  DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)});
+  expect_dequantized(cap, d_limit.as<int32_t>(), limit);
+  expect_dequantized(total, nullptr, total);
 }
 
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the
