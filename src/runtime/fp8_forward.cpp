@@ -124,7 +124,9 @@ void dequantized_rows(const Workspace::Impl& w, bf16_t* out, cudaStream_t s) {
 // the tokens dequantised into `tokens` ([T, H] bf16), then gathered by the bf16 passes' row gather
 // (zeros in padding rows). The bits of dequantized_rows on the gathered tiles.
 // NOTES: T rows dequantised and a bf16 gather instead of the tiles' gather and capacity (T · k) rows
-// dequantised: 160 µs of dequantisation at qwen3-30b-a3b (H200, 2026-12-05) where T rows take ~20.
+// dequantised (160 µs of dequantisation at qwen3-30b-a3b, H200, 2026-12-05), a k-th of the rows.
+// `tokens` holds capacity rows: only where they hold T (tokens_fit; else dequantized_rows).
+bool tokens_fit(const Workspace::Impl& w) { return w.shape.tokens <= w.problem.capacity; }
 void dequantized_token_rows(const Workspace::Impl& w, bf16_t* tokens, bf16_t* out, cudaStream_t s) {
   const LayerShape& sh = w.shape;
   fp8::dequantize_tiles(w.f8.x, w.f8.x_scales, sh.tokens, sh.hidden, nullptr, tokens, s);
@@ -220,8 +222,11 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
     // One rank's dŷ tokens from f8.x, through un.xg (x̂'s rows, which it fills only after dx_combine).
-    if (dy_rows && w.ranks() == 1) dequantized_token_rows(w, w.un.xg, dyg, s);
-    if (dy_rows && w.ranks() > 1) dequantized_rows(w, dyg, s);
+    if (dy_rows && w.ranks() == 1 && tokens_fit(w)) {
+      dequantized_token_rows(w, w.un.xg, dyg, s);
+    } else if (dy_rows) {
+      dequantized_rows(w, dyg, s);
+    }
   }
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
@@ -266,9 +271,14 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     // f8.x (dw_down is done with dy's tiles there), whose tiles the FP8 weight gradient transposes
     // itself; for bf16 ones, dequantised and gathered into un.xg.
     if (!omitted(Stage::kXGather, w.backward_calls)) {
-      quantize_tokens(w, in.x, Fp8Tensor::kX, s);
-      // x̂'s tokens through rows_b, which dx_combine is done with.
-      if (bf16_wgrads) dequantized_token_rows(w, w.un.rows_b, w.un.xg, s);
+      if (bf16_wgrads && !tokens_fit(w)) {
+        tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
+        dequantized_rows(w, w.un.xg, s);
+      } else {
+        quantize_tokens(w, in.x, Fp8Tensor::kX, s);
+        // x̂'s tokens through rows_b, which dx_combine is done with.
+        if (bf16_wgrads) dequantized_token_rows(w, w.un.rows_b, w.un.xg, s);
+      }
     }
   }
   if (bf16_wgrads) return fused::weight_grad_gate_up(w, grads, s);

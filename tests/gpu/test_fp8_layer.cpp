@@ -141,7 +141,7 @@ void expect_gradients_close(const Outputs& o, const HostLayer& L, const std::vec
   }
 }
 
-void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false) {
+void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false, int64_t capacity = 0) {
   const auto seed = fresh_seed();
   SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
   const HostLayer L(c, seed);
@@ -149,6 +149,7 @@ void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false) {
   const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
   Config config = fp8_config();
   config.bf16_weight_grads = bf16_weight_grads;
+  if (capacity > 0) config.schedule_capacity = capacity;
   Workspace ws(L.shape, config);
   // A row no kernel wrote (a padding row of a 128-row block the quantisations read) cannot pass.
   test_hooks::poison_row_buffers(ws);
@@ -198,6 +199,15 @@ TEST_F(Fp8Layer, ForwardMatchesEmulation) {
 
 // The recipe's option: the weight gradients in bf16 (within the same bounds).
 TEST_F(Fp8Layer, Bf16WeightGradients) { expect_fp8_layer_matches({257, 320, 192, 16, 4, 128}, true); }
+
+// A schedule of fewer rows than tokens, which holds every routed slot where half are not routed (two
+// experts, ~150 rows each: two blocks): one rank's x̂ and dŷ rows then come from the gathered tiles, the
+// scratch of capacity rows being too small for T token rows.
+TEST_F(Fp8Layer, Bf16WeightGradientsWithFewerRowsThanTokens) {
+  Case c{600, 256, 128, 2, 1, 0};
+  c.unrouted_every = 2;
+  expect_fp8_layer_matches(c, true, 512);
+}
 
 // FP8 at R virtual ranks (the R·T tokens cut into R) gives FP8 at R = 1's bits: a row's tiles are the
 // row's wherever it is quantised, its products are its own, and each expert's weight-gradient K blocks
