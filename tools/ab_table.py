@@ -13,19 +13,43 @@ PASSES = ["forward", "backward", "forward+backward"]
 
 
 def pass_label(row):
-    """The row's pass, with its clock regime where lynx-bench timed one (--regime burst|sustained)."""
+    """The row's pass (with --precision fp8, what it timed: "forward fp8", ...), with its clock regime
+    where lynx-bench timed one (--regime burst|sustained)."""
     regime = row.get("regime", "as-found")
-    return row["pass"] if regime == "as-found" else f"{row['pass']} {regime}"
+    name = row["pass"] if "pass" in row else row["what"]
+    return name if regime == "as-found" else f"{name} {regime}"
 
 
 def collect(runs):
     """runs: (build index, round, lynx-bench JSON dict). Returns {(shape, routing, pass): {build:
-    {round: ms}}}."""
+    {round: ms}}} (routing "-" where the rows name none: --precision fp8 times the first routing)."""
     times = {}
     for build, rnd, run in runs:
         for row in run["results"]:
-            times.setdefault((row["shape"], row["routing"], pass_label(row)), {}).setdefault(build, {})[rnd] = row["ms"]
+            key = (row["shape"], row.get("routing", "-"), pass_label(row))
+            times.setdefault(key, {}).setdefault(build, {})[rnd] = row["ms"]
     return times
+
+
+def digests(runs, names):
+    """With --precision fp8, lynx-bench's digests of every FP8 output's bits (and with bf16 weight
+    gradients): one line per build and shape, saying whether they are the first build's. Builds that
+    compute the same values give the same digests; empty without such rows."""
+    seen = {}
+    for build, _, run in runs:
+        for row in run["results"]:
+            if "fp8_bits" in row:
+                seen.setdefault(row["shape"], {}).setdefault(build, set()).add(
+                    (row["fp8_bits"], row.get("fp8_bf16_wgrad_bits", "")))
+    lines = []
+    for shape in sorted(seen):
+        first = seen[shape].get(0)
+        for build in sorted(seen[shape]):
+            bits = seen[shape][build]
+            text = ", ".join("/".join(b for b in pair if b) for pair in sorted(bits))
+            same = "" if build == 0 else (" (the first build's)" if bits == first else " (DIFFERS from the first build's)")
+            lines.append(f"FP8 output bits, {shape}, {names[build]}: {text}{same}")
+    return lines
 
 
 def table(times, names):
@@ -78,7 +102,10 @@ def main(argv):
             raw.append({"build": d, "round": r, **run})
     with open(os.path.join(out, "ab.json"), "w") as f:
         json.dump(raw, f, indent=1)
-    print(table(collect(runs), labels(dirs)))
+    names = labels(dirs)
+    print(table(collect(runs), names))
+    for line in digests(runs, names):
+        print(line)
 
 
 if __name__ == "__main__":

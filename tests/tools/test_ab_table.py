@@ -44,6 +44,23 @@ class AbTable(unittest.TestCase):
         self.assertEqual(times[("qwen3-30b-a3b", "uniform", "forward sustained")], {0: {1: 1.3}})
         self.assertEqual(times[("qwen3-30b-a3b", "uniform", "backward")], {0: {1: 2.3}})
 
+    def test_precision_rows_and_their_digests(self):
+        # lynx-bench --precision fp8: rows named by what they time, no routing, each with the digests.
+        def fp8_run(ms, bits):
+            return {"results": [{"shape": "qwen3-30b-a3b", "regime": "as-found", "what": w, "ms": m, "fp8_bits": bits,
+                                 "fp8_bf16_wgrad_bits": "58051bfe8d831eea"}
+                                for w, m in [("forward bf16", 1.2), ("forward fp8", ms)]]}
+        runs = [(0, 1, fp8_run(1.03, "717533af926d93c5")), (1, 1, fp8_run(0.95, "717533af926d93c5")),
+                (2, 1, fp8_run(0.90, "0000000000000001"))]
+        times = ab_table.collect(runs)
+        self.assertEqual(times[("qwen3-30b-a3b", "-", "forward fp8")], {0: {1: 1.03}, 1: {1: 0.95}, 2: {1: 0.90}})
+        lines = ab_table.digests(runs, ["base", "cand", "wrong"])
+        self.assertEqual(lines, [
+            "FP8 output bits, qwen3-30b-a3b, base: 717533af926d93c5/58051bfe8d831eea",
+            "FP8 output bits, qwen3-30b-a3b, cand: 717533af926d93c5/58051bfe8d831eea (the first build's)",
+            "FP8 output bits, qwen3-30b-a3b, wrong: 0000000000000001/58051bfe8d831eea (DIFFERS from the first build's)"])
+        self.assertEqual(ab_table.digests([(0, 1, run(1.0))], ["base"]), [])
+
     def test_a_repeated_build_is_labelled_the_control(self):
         self.assertEqual(ab_table.labels(["x/build-a", "build-b/", "y/build-a", "build-a"]),
                          ["build-a", "build-b", "build-a-control", "build-a-control2"])
