@@ -188,7 +188,9 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
 // group g of warpgroup c waits at named barrier kTurnBarrier + c until the other has issued its group
 // g - 1 (c = 0) or g (c = 1). Both issue the same groups (the same tiles, K blocks and halves), so the
 // turns pair up; warpgroup 0 takes one last turn after its last group (finish_turns), so that no
-// barrier is left half-arrived.
+// barrier is left half-arrived. Named barriers, whose waits are not bounded as the stages' mbarrier waits
+// are: turns on two mbarriers with bounded, reported waits spilled 36-44 bytes in three of the kernels
+// (2026-12-05).
 constexpr int kTurnBarrier = 3;  // 1 and 2: the epilogues' (one per consumer warpgroup)
 __device__ __forceinline__ void take_turn(int32_t groups) {
   const int c = int(threadIdx.x) / 128 - 1;
