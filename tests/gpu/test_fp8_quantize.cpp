@@ -678,7 +678,8 @@ void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, 
     d_src_scales[k] = to_device(scales);
   }
   const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
-  DeviceBuffer d_q(size_t(batch * rows * cols + q_offset)), d_s(size_t(batch * n_scales) * 4);
+  constexpr int64_t kCanary = 64;  // bytes past q's last matrix (and scales past the last), never written
+  DeviceBuffer d_q(size_t(batch * rows * cols + q_offset + kCanary)), d_s(size_t(batch * n_scales + kCanary) * 4);
   d_q.fill_bytes(0x7F);
   d_s.fill_bytes(0xFF);
   uint8_t* qp = d_q.as<uint8_t>() + q_offset;
@@ -693,9 +694,13 @@ void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, 
                                     d_s.as<float>(), {}, nullptr);
   }
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
-  const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols + q_offset));
-  const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales));
+  const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols + q_offset + kCanary));
+  const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales + kCanary));
   for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << "written before q: " << i;
+  for (int64_t i = 0; i < kCanary; ++i) {
+    ASSERT_EQ(q[size_t(q_offset + batch * rows * cols + i)], 0x7F) << "written past q: " << i;
+    ASSERT_TRUE(std::isnan(sc[size_t(batch * n_scales + i)])) << "written past the scales: " << i;
+  }
   for (int64_t m = 0; m < batch; ++m) {
     std::vector<float> t(size_t(rows * cols));  // the transposed matrix [rows, cols]
     for (int64_t r = 0; r < rows; ++r) {

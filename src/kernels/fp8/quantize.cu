@@ -507,10 +507,10 @@ __global__ void __launch_bounds__(kBlock)
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
   if (c < cols) scales[(r0 / kBlock) * scale_pitch(cols) + c] = scale_or_nan(e, finite);
   __syncthreads();
-  constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
+  constexpr int kCodeRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int row = t / 8 + kRowsAtOnce * i;
+    const int row = t / 8 + kCodeRowsAtOnce * i;
     if (c0 + row < cols) {
       *reinterpret_cast<uint4*>(q + (c0 + row) * capacity + r0 + 16 * (t % 8)) =
           *reinterpret_cast<const uint4*>(&codes[row][16 * (t % 8)]);
