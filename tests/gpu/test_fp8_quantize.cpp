@@ -205,6 +205,9 @@ TEST_F(Fp8Quantize, BlocksEqualTheReference) {
   expect_equal_to_reference(1, 1, true, 2);
   expect_equal_to_reference(300, 2880, true, 8, 1);  // unaligned w and q: one value at a time
   expect_equal_to_reference(130, 258, true, 8);      // columns not a multiple of 4
+  expect_equal_to_reference(131, 260, true, 8);      // cols % 8 == 4: one value at a time; 3 rows in a block
+  expect_equal_to_reference(200, 384, true, 8, 4);   // w 8-byte, q 4-byte aligned: one value at a time
+  expect_equal_to_reference(200, 384, true, 8, 8);   // w 16-byte, q 8-byte aligned past the start
 }
 
 TEST_F(Fp8Quantize, NonFiniteInputIsReported) {
@@ -558,7 +561,7 @@ TEST_F(Fp8Quantize, TransposedGatheredTilesReportANonFiniteTile) {
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows
 // each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit; from bf16
 // sources and from E4M3 ones with their block scales (quantize_blocks_transposed_fp8, whose values are
-// the sources dequantised), with the source rows' length a multiple of 4 (4 values a load) and not.
+// the sources dequantised), with the source rows' length a multiple of 8 (8 values a load) and not.
 TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -625,9 +628,113 @@ TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
   }
 }
 
-// A NaN or an infinity in a transposed copy's source is reported through that source's report, and its
-// transposed block gets a NaN scale (from bf16 values, and from an E4M3 block whose scale is NaN); one in
-// transpose_tiles' rows through its report.
+// quantize_blocks_transposed(_fp8) of `batch` matrices from sources [batch, n0, rows] and [batch, n1,
+// rows] (n1 = 0: one), the sources `src_offset` values and q `q_offset` bytes past aligned addresses,
+// against quantize_blocks of the transposed matrix bit for bit, nothing written before q. E4M3
+// sources: the reference's blocks of fresh values, each block's scale times 1 + (i % 5) / π (block i),
+// so mostly not a power of two: the values, code · scale in fp32, then round.
+void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, int64_t n1, int64_t rows,
+                                    int64_t src_offset, int64_t q_offset) {
+  const auto seed = fresh_seed();
+  const int64_t cols = n0 + n1;
+  SCOPED_TRACE(std::string(fp8_source ? "E4M3" : "bf16") + " sources " + std::to_string(n0) + " + " +
+               std::to_string(n1) + " of " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+               ", offsets " + std::to_string(src_offset) + " / " + std::to_string(q_offset) + " seed " +
+               std::to_string(seed));
+  std::vector<float> values[2];  // each source's [batch, n, rows]
+  DeviceBuffer d_src[2], d_src_scales[2];
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = k == 0 ? n0 : n1;
+    if (n == 0) continue;
+    const std::vector<HostBf16> x = spread_values(batch * n, rows, 6, seed ^ uint64_t(k));
+    if (!fp8_source) {
+      values[k] = to_floats(x);
+      std::vector<HostBf16> shifted(size_t(src_offset), float_to_bf16(0.0f));
+      shifted.insert(shifted.end(), x.begin(), x.end());
+      d_src[k] = to_device(shifted);
+      continue;
+    }
+    const std::vector<float> xf = to_floats(x);
+    std::vector<uint8_t> codes(size_t(src_offset), 0);
+    std::vector<float> scales;
+    for (int64_t m = 0; m < batch; ++m) {
+      const ref::fp8::Quantized qm = ref::fp8::quantize_blocks(xf.data() + m * n * rows, n, rows);
+      codes.insert(codes.end(), qm.q.begin(), qm.q.end());
+      scales.insert(scales.end(), qm.scales.begin(), qm.scales.end());
+    }
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] *= 1.0f + float(i % 5) / 3.14159265f;
+    const int64_t per_matrix = fp8::blocks_of(n) * fp8::blocks_of(rows);
+    values[k].resize(size_t(batch * n * rows));
+    for (int64_t m = 0; m < batch; ++m) {
+      for (int64_t c = 0; c < n; ++c) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t i = size_t((m * n + c) * rows + r);
+          const float s = scales[size_t(m * per_matrix + (c / fp8::kBlock) * fp8::blocks_of(rows) + r / fp8::kBlock)];
+          values[k][i] = ref::fp8::from_e4m3(codes[size_t(src_offset) + i]) * s;
+        }
+      }
+    }
+    d_src[k] = to_device(codes);
+    d_src_scales[k] = to_device(scales);
+  }
+  const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  constexpr int64_t kCanary = 64;  // bytes past q's last matrix (and scales past the last), never written
+  DeviceBuffer d_q(size_t(batch * rows * cols + q_offset + kCanary)), d_s(size_t(batch * n_scales + kCanary) * 4);
+  d_q.fill_bytes(0x7F);
+  d_s.fill_bytes(0xFF);
+  uint8_t* qp = d_q.as<uint8_t>() + q_offset;
+  if (fp8_source) {
+    fp8::quantize_blocks_transposed_fp8(d_src[0].as<uint8_t>() + src_offset, d_src_scales[0].as<float>(), n0,
+                                        n1 > 0 ? d_src[1].as<uint8_t>() + src_offset : nullptr,
+                                        d_src_scales[1].as<float>(), n1, batch, rows, qp, d_s.as<float>(), {},
+                                        nullptr);
+  } else {
+    fp8::quantize_blocks_transposed(d_src[0].as<bf16_t>() + src_offset, n0,
+                                    n1 > 0 ? d_src[1].as<bf16_t>() + src_offset : nullptr, n1, batch, rows, qp,
+                                    d_s.as<float>(), {}, nullptr);
+  }
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols + q_offset + kCanary));
+  const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales + kCanary));
+  for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << "written before q: " << i;
+  for (int64_t i = 0; i < kCanary; ++i) {
+    ASSERT_EQ(q[size_t(q_offset + batch * rows * cols + i)], 0x7F) << "written past q: " << i;
+    ASSERT_TRUE(std::isnan(sc[size_t(batch * n_scales + i)])) << "written past the scales: " << i;
+  }
+  for (int64_t m = 0; m < batch; ++m) {
+    std::vector<float> t(size_t(rows * cols));  // the transposed matrix [rows, cols]
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        t[size_t(r * cols + c)] =
+            c < n0 ? values[0][size_t((m * n0 + c) * rows + r)] : values[1][size_t((m * n1 + c - n0) * rows + r)];
+      }
+    }
+    const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
+    ASSERT_TRUE(want.finite);
+    const auto at = q.begin() + q_offset + m * rows * cols;
+    expect_codes_and_scales({at, at + rows * cols}, {sc.begin() + m * n_scales, sc.begin() + (m + 1) * n_scales},
+                            want, "matrix " + std::to_string(m));
+  }
+}
+
+// The transposed forms' load and store paths: sources of 8-value multiples, aligned (8 values a load)
+// or not (one at a time), rows % 8 == 4; q's rows of 16-byte multiples, aligned (16 bytes a store) or
+// not (one byte at a time); blocks straddling sources of 200 and 136 (n0 % 128 != 0) whose second
+// source's blocks (from 56 on) split a transposed block; E4M3 sources with scales not powers of two.
+TEST_F(Fp8Quantize, TransposedBlocksEqualTheReferenceOnEachPath) {
+  for (const bool fp8_source : {false, true}) {
+    expect_transposed_blocks_match(fp8_source, 2, 200, 136, 320, 0, 0);  // both vector
+    expect_transposed_blocks_match(fp8_source, 1, 200, 136, 320, 1, 4);  // neither
+    expect_transposed_blocks_match(fp8_source, 1, 200, 136, 264, 8, 16);  // both vector, an 8-row edge block
+    expect_transposed_blocks_match(fp8_source, 1, 136, 200, 132, 0, 0);  // rows % 8 == 4: one value at a time
+    expect_transposed_blocks_match(fp8_source, 2, 200, 0, 130, 0, 0);    // one source; cols % 16 == 8: bytes
+    expect_transposed_blocks_match(fp8_source, 1, 3, 2, 5, 0, 0);        // one short block of both sources
+  }
+}
+
+// A NaN or an infinity in a transposed copy's source is reported through that source's report (also in a
+// block straddling the two), and its transposed block gets a NaN scale (from bf16 values, and from an E4M3
+// block whose scale is NaN); one in transpose_tiles' rows through its report.
 TEST_F(Fp8Quantize, TransposedFormsReportNonFiniteBySource) {
   const int64_t n = 200, rows = 130, cols = 2 * n;  // sources [1, n, rows]; transposed [rows, 2n]
   const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
@@ -657,6 +764,19 @@ TEST_F(Fp8Quantize, TransposedFormsReportNonFiniteBySource) {
   EXPECT_EQ(flags0, (std::vector<int32_t>{1, 0})) << "a value of the first source reported as the second's";
   for (int64_t i = 0; i < n_scales; ++i) {
     EXPECT_EQ(std::isnan(scales0[size_t(i)]), i == fp8::blocks_of(cols)) << "scale " << i;
+  }
+  // Block (0, 1) straddles the sources (columns 128-199 of a, 200-255 of b): a NaN in b's row 10, value
+  // 100 (column 210) is b's alone, an infinity in a's row 150, value 5 (column 150) a's alone.
+  for (const bool in_b : {true, false}) {
+    std::vector<HostBf16> sa = a, sb = b;
+    if (in_b) {
+      sb[size_t(10 * rows + 100)] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+    } else {
+      sa[size_t(150 * rows + 5)] = float_to_bf16(-std::numeric_limits<float>::infinity());
+    }
+    const auto [flags, scales] = run(sa, sb);
+    EXPECT_EQ(flags, (std::vector<int32_t>{in_b ? 0 : 1, in_b ? 1 : 0})) << "straddling, in " << (in_b ? "b" : "a");
+    for (int64_t i = 0; i < n_scales; ++i) EXPECT_EQ(std::isnan(scales[size_t(i)]), i == 1) << "scale " << i;
   }
 
   // From E4M3 sources: a's block (1, 0) (its rows 128-199, values 0-127) with a NaN scale.

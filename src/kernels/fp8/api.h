@@ -32,7 +32,7 @@ struct NonfiniteReport {
 // least; 1 for an all-zero tile) of the 1×128 tile (r, c / 128): scales [rows, blocks_of(cols)].
 // A row's last tile may be shorter. Sets *nonfinite to 1 (and leaves it otherwise) when x holds a NaN
 // or an infinity; that tile's q is then unspecified and its scale NaN (so is a block's below).
-// No alignment needed: where cols % 4 == 0 and x is 8-byte, q 4-byte aligned, 4 values move at once.
+// No alignment needed: where cols % 8 == 0 and x is 16-byte, q 8-byte aligned, 8 values move at once.
 void quantize_tiles(const bf16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, int32_t* nonfinite,
                     cudaStream_t stream);
 

@@ -1,7 +1,7 @@
 // FP8 quantisation kernels (api.h). A 1×128 tile is one half-warp (8 values a lane), a warp taking a
 // row's tiles two at a time, and in transpose_tiles one thread's column of a 128×128 block staged in
-// shared memory; a 128×128 weight block is one CTA of 8 warps reading whole 128-element rows (4 values a
-// lane), its codes of a transposed block written back through shared memory.
+// shared memory; a 128×128 weight block is one CTA of 8 warps, a half-warp reading a 128-element row (8
+// values a lane), its codes of a transposed block written back through shared memory, 16 bytes a store.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -27,58 +27,9 @@ using namespace e4m3;
 constexpr uint32_t kMagnitudeBits = 0x7FFFu, kInfBits = 0x7F80u;
 __device__ __forceinline__ float amax_of_bits(uint32_t bits) { return __uint_as_float(bits << 16); }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Four adjacent values of a row of `n` starting at column c (c % 4 == 0), zero past n: one 8-byte load
-// where `vector` (n % 4 == 0 and the row 8-byte aligned), else one at a time.
-__device__ __forceinline__ void load4(const __nv_bfloat16* row, int64_t c, int64_t n, bool vector, float (&v)[4]) {
-  if (vector && c < n) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row + c);
-    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-    v[0] = __low2float(lo);
-    v[1] = __high2float(lo);
-    v[2] = __low2float(hi);
-    v[3] = __high2float(hi);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = c + i < n ? __bfloat162float(row[c + i]) : 0.0f;
-}
-
-// The same from E4M3 codes times `scale` (exact where the scale is a power of two): one 4-byte load where
-// `vector` (n % 4 == 0 and the row 4-byte aligned).
-__device__ __forceinline__ void load4(const uint8_t* row, float scale, int64_t c, int64_t n, bool vector,
-                                      float (&v)[4]) {
-  if (vector && c < n) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(row + c);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = from_e4m3(uint8_t(word >> (8 * i))) * scale;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = c + i < n ? from_e4m3(row[c + i]) * scale : 0.0f;
-}
-
 // E4M3(v · inv) of four values, packed with the first in the lowest byte.
 __device__ __forceinline__ uint32_t pack4(const float (&v)[4], float inv) {
   return uint32_t(to_e4m3x2(v[0] * inv, v[1] * inv)) | uint32_t(to_e4m3x2(v[2] * inv, v[3] * inv)) << 16;
-}
-
-// Stores four codes (pack4) at columns c .. c + 3 of a row of n: one 4-byte store where `vector` (n % 4 ==
-// 0 and the row 4-byte aligned), else those below n one at a time.
-__device__ __forceinline__ void store4(uint8_t* row, int64_t c, int64_t n, bool vector, uint32_t packed) {
-  if (vector && c < n) {
-    *reinterpret_cast<uint32_t*>(row + c) = packed;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (c + i < n) row[c + i] = uint8_t(packed >> (8 * i));
-  }
 }
 
 constexpr int kTileWarps = 8;  // rows (a warp each) per CTA of quantize_tiles
@@ -156,87 +107,138 @@ __global__ void __launch_bounds__(kTileWarps * 32)
   }
 }
 
-// The 128×128 block kernels: 8 warps of a CTA share a block; each warp reads whole 128-element rows of
-// it (a lane 4 adjacent values), rows w, w + 8, ... of the block, so every load instruction reads
-// 256 (bf16) or 128 (E4M3) contiguous bytes, and each thread keeps its 16 × 4 values in registers
-// between the block's maximum and the codes.
+// The 128×128 block kernels: one CTA of 8 warps per block, half-warp h reading rows h, h + 16, ... of
+// it, a lane 8 adjacent values of each (one 16-byte load of bf16 where `vector`), so that every load
+// instruction reads two whole rows; each thread keeps its 8 × 8 values as loaded (bf16 bits or E4M3
+// codes, packed) between the block's maximum and the codes.
+// NOTES: packed, not as fp32 (64 registers of values alone), so that 4 CTAs fit an SM: with the 2 that
+// fit otherwise, each CTA's load, maximum and store phases in turn left the SM waiting on memory. The
+// launch bounds' 4 CTAs an SM cap a thread at 64 registers (72 to 80 uncapped; no spills capped).
 constexpr int kBlockWarps = 8;
-constexpr int kRowsPerWarp = int(kBlock) / kBlockWarps;  // 16
-static_assert(kRowsPerWarp * kBlockWarps == kBlock, "the warps cover the block's rows");
+constexpr int kBlockThreads = kBlockWarps * 32;
+constexpr int kBlocksPerSm = 4;
+constexpr int kRowsAtOnce = kBlockThreads / 16;            // 16 rows, a half-warp each
+constexpr int kRowsPerThread = int(kBlock) / kRowsAtOnce;  // 8
 
-// Every value's finiteness and the block's largest magnitude, over the CTA (warp_amax: kBlockWarps
-// floats of shared memory). Non-finite values are told apart by source for the transposed form: bad0
-// is the CTA-wide OR over the warp's rows i for which in_src1(i) is false, bad1 over those where true.
-struct BlockAmax {
-  float amax;
-  bool bad0, bad1;
-};
-template <class InSrc1>
-__device__ __forceinline__ BlockAmax block_amax(const float (&v)[kRowsPerWarp][4], InSrc1 in_src1,
-                                                float* warp_amax) {
-  float amax = 0.0f;
-  bool bad0 = false, bad1 = false;
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    bool finite = true;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      finite &= isfinite(v[i][j]);
-      amax = fmaxf(amax, fabsf(v[i][j]));
-    }
-    if (in_src1(i)) {
-      bad1 |= !finite;
-    } else {
-      bad0 |= !finite;
-    }
+// A magnitude as its fp32 bits: |v|'s bits order as |v| does, as unsigned integers, with infinity
+// kInfFloatBits and the NaNs above it (as kMagnitudeBits for bf16 bits).
+constexpr uint32_t kInfFloatBits = 0x7F800000u;
+
+// Eight adjacent bf16 values of a row, as load8_bits gives them.
+struct Bf16x8 {
+  uint4 bits;
+
+  // The largest magnitude's fp32 bits (kInfFloatBits or above where a value is not finite).
+  __device__ __forceinline__ uint32_t magnitude() const {
+    constexpr uint32_t kPair = kMagnitudeBits << 16 | kMagnitudeBits;
+    const uint32_t m2 = __vmaxu2(__vmaxu2(bits.x & kPair, bits.y & kPair), __vmaxu2(bits.z & kPair, bits.w & kPair));
+    return max(m2 & 0xFFFFu, m2 >> 16) << 16;
   }
-  amax = warp_max(amax);
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  // Also orders warp_amax's writes before the reads below.
-  BlockAmax b;
-  b.bad0 = __syncthreads_or(bad0);
-  b.bad1 = __syncthreads_or(bad1);
-  b.amax = 0.0f;
+
+  // E4M3(v · inv) of the eight, the first in the lowest byte.
+  __device__ __forceinline__ uint2 codes(float inv) const {
+    return make_uint2(pack2_bits(bits.x, inv) | pack2_bits(bits.y, inv) << 16,
+                      pack2_bits(bits.z, inv) | pack2_bits(bits.w, inv) << 16);
+  }
+};
+
+// Eight adjacent E4M3 codes of a row (the first in the lowest byte) and their block's scale: the values
+// code · scale in fp32 (rounded where the scale is not a power of two), the same products for the
+// block's maximum and for the codes.
+struct E4m3x8 {
+  uint2 code;
+  float scale;
+
+  // Values 2k and 2k + 1.
+  __device__ __forceinline__ float2 values(int k) const {
+    const float2 v = from_e4m3x2(uint16_t((k < 2 ? code.x : code.y) >> (16 * (k % 2))));
+    return make_float2(v.x * scale, v.y * scale);
+  }
+
+  __device__ __forceinline__ uint32_t magnitude() const {
+    uint32_t m = 0;
 #pragma unroll
-  for (int w = 0; w < kBlockWarps; ++w) b.amax = fmaxf(b.amax, warp_amax[w]);
-  return b;
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = values(k);
+      m = max(m, max(__float_as_uint(v.x) & 0x7FFFFFFFu, __float_as_uint(v.y) & 0x7FFFFFFFu));
+    }
+    return m;
+  }
+
+  __device__ __forceinline__ uint2 codes(float inv) const {
+    uint32_t pair[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = values(k);
+      pair[k] = to_e4m3x2(v.x * inv, v.y * inv);
+    }
+    return make_uint2(pair[0] | pair[1] << 16, pair[2] | pair[3] << 16);
+  }
+};
+
+// Eight adjacent codes of a row of n from column c (c % 8 == 0), zeros past n: one 8-byte load where
+// `vector` (n % 8 == 0 and the row 8-byte aligned), else one at a time.
+__device__ __forceinline__ uint2 load8_codes(const uint8_t* row, int64_t c, int64_t n, bool vector) {
+  if (vector) return c < n ? *reinterpret_cast<const uint2*>(row + c) : make_uint2(0, 0);
+  uint32_t part[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (c + i < n) part[i / 4] |= uint32_t(row[c + i]) << (8 * (i % 4));
+  }
+  return make_uint2(part[0], part[1]);
 }
 
-// One CTA per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y; lane l holds
-// columns c0 + 4l .. c0 + 4l + 3 of rows r0 + w + 8i (warp w, i < 16). `vector`: cols % 4 == 0 and w
-// 8-byte, q 4-byte aligned.
-__global__ void __launch_bounds__(kBlockWarps * 32)
+// Each m[k], the largest over the CTA's threads (warp_max: shared memory), into every thread's m[k].
+template <int kValues>
+__device__ __forceinline__ void block_max(uint32_t (&m)[kValues], uint32_t (&warp_max)[kValues][kBlockWarps]) {
+#pragma unroll
+  for (int k = 0; k < kValues; ++k) {
+    m[k] = __reduce_max_sync(0xffffffffu, m[k]);
+    if (threadIdx.x % 32 == 0) warp_max[k][threadIdx.x / 32] = m[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kValues; ++k) {
+    m[k] = 0;
+#pragma unroll
+    for (int w = 0; w < kBlockWarps; ++w) m[k] = max(m[k], warp_max[k][w]);
+  }
+}
+
+// One CTA per block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of matrix blockIdx.y; half-warp h's
+// lane j holds columns c0 + 8j .. c0 + 8j + 7 of rows r0 + h + 16i (i < 8), their codes written back as
+// one 8-byte store each. `vector`: cols % 8 == 0, w 16-byte and q 8-byte aligned.
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
     quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols, uint8_t* __restrict__ q,
                            float* __restrict__ scales, NonfiniteReport report, bool vector) {
-  __shared__ float warp_amax[kBlockWarps];
+  __shared__ uint32_t warp_max[1][kBlockWarps];
   const int64_t kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
   w += matrix * rows * cols;
   q += matrix * rows * cols;
   scales += matrix * blocks_of(rows) * kb;
-  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c = int64_t(blockIdx.x % kb) * kBlock + 4 * (threadIdx.x % 32);
-  const int warp = int(threadIdx.x) / 32;
-  float v[kRowsPerWarp][4];
+  const int h = int(threadIdx.x) / 16;
+  const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c = int64_t(blockIdx.x % kb) * kBlock + 8 * (threadIdx.x % 16);
+  Bf16x8 v[kRowsPerThread];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int64_t r = r0 + warp + kBlockWarps * i;
-    if (r < rows) {
-      load4(w + r * cols, c, cols, vector, v[i]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
-    }
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t r = r0 + h + kRowsAtOnce * i;
+    v[i].bits = r < rows ? load8_bits(w + r * cols, c, cols, vector) : make_uint4(0, 0, 0, 0);
   }
-  const BlockAmax b = block_amax(v, [](int) { return false; }, warp_amax);
-  if (threadIdx.x == 0 && b.bad0) report_nonfinite(report);
-  const int e = b.bad0 ? 0 : scale_exponent(b.amax);
+  uint32_t m[1] = {0};
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) m[0] = max(m[0], v[i].magnitude());
+  block_max(m, warp_max);
+  const bool finite = m[0] < kInfFloatBits;
+  if (threadIdx.x == 0 && !finite) report_nonfinite(report);
+  const int e = finite ? scale_exponent(__uint_as_float(m[0])) : 0;
   const float inv = pow2(-e);
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int64_t r = r0 + warp + kBlockWarps * i;
-    if (r < rows) store4(q + r * cols, c, cols, vector, pack4(v[i], inv));
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t r = r0 + h + kRowsAtOnce * i;
+    if (r < rows) store8(q + r * cols, c, cols, vector, v[i].codes(inv));
   }
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale_or_nan(e, !b.bad0);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale_or_nan(e, finite);
 }
 
 // The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
@@ -251,71 +253,112 @@ struct BlockSource {
 using Bf16Source = BlockSource<__nv_bfloat16>;
 using Fp8Source = BlockSource<uint8_t>;
 
-// The codes of one transposed block between its two halves, as [source row][output row] bytes, a source
-// row's 128 bytes and one word of padding: lane l's word of source row i is word 33i + l (phase 1, a
-// warp writing one source row: no bank conflicts), and lane l's byte of output row r for source row
-// l + 32j is in word 33(l + 32j) + r / 4, bank (l + r / 4) % 32 (phase 2: none either).
-constexpr int kTransposeStride = int(kBlock) + 4;
+// Stores sixteen codes at columns c .. c + 15 of a row of n: one 16-byte store where `vector` (n % 16 ==
+// 0 and the row 16-byte aligned), else those below n one at a time.
+__device__ __forceinline__ void store16(uint8_t* row, int64_t c, int64_t n, bool vector, uint4 packed) {
+  if (c >= n) return;
+  if (vector) {
+    *reinterpret_cast<uint4*>(row + c) = packed;
+    return;
+  }
+  const uint32_t word[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    if (c + i < n) row[c + i] = uint8_t(word[i / 4] >> (8 * (i % 4)));
+  }
+}
 
 // One CTA per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the transposed matrix of
-// matrix blockIdx.y. Phase 1: warp w reads source rows c0 + w + 8i (i < 16), lane l their values r0 + 4l
-// .. r0 + 4l + 3, contiguous in the source, and after the block's maximum writes their codes into
-// shared memory. Phase 2: warp w writes output rows r0 + w + 8i, lane l its columns c0 + l + 32j (j <
-// 4), 32 adjacent bytes a store. `vector`: rows % 4 == 0 and both sources' rows aligned to 4 values.
+// matrix blockIdx.y, its codes between the two halves in shared memory: codes[c][a ^ 4 (c / 16)] holds
+// output rows r0 + 4a .. r0 + 4a + 3 (a byte each, the first lowest) of output column c0 + c.
+// Half 1: half-warp h's lane j reads source rows c0 + h + 16i (i < 8), their values r0 + 8j .. r0 + 8j
+// + 7 (contiguous in the source), and after the block's maximum writes their codes, 8 bytes a row.
+// Half 2: lane l of warp w takes output rows 4a .. 4a + 3 (a = 4w + l / 8) of columns 16g .. 16g + 15
+// (g = l % 8): 16 words of shared memory, transposed 4 × 4 bytes at a time (byte permutes) into 16 bytes
+// of each of its 4 rows, one store each, so that a store instruction writes 4 whole 128-byte rows.
+// `vector`: rows % 8 == 0 and both sources' rows aligned to 8 values; `vector_out`: cols % 16 == 0 and
+// q 16-byte aligned.
+// NOTES: the XOR keeps both halves free of bank conflicts: in half 1 a half-warp writes all 32 words of
+// one row, and at each load of half 2 a warp's lanes read words a ^ 4g = 4 (w ^ g) + l / 8 of their
+// rows: 32 different banks.
+// NOTES: an E4M3 row's values past `rows` are code 0 times the row's scale, not 0: the same where the
+// scale is finite, and where it is not, that row's own values are not finite either (the same source).
 template <class Source>
-__global__ void __launch_bounds__(kBlockWarps * 32)
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
     quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows, uint8_t* __restrict__ q,
                                       float* __restrict__ scales, NonfiniteReport report0, NonfiniteReport report1,
-                                      bool vector) {
+                                      bool vector, bool vector_out) {
   constexpr bool kFp8 = std::is_same_v<Source, Fp8Source>;
-  __shared__ float warp_amax[kBlockWarps];
-  __shared__ __align__(16) uint8_t codes[kBlock][kTransposeStride];
+  __shared__ uint32_t warp_max[2][kBlockWarps];
+  __shared__ __align__(16) uint32_t codes[kBlock][kBlock / 4];
   const int64_t cols = n0 + n1, kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
   const int64_t r0 = int64_t(blockIdx.x / kb) * kBlock, c0 = int64_t(blockIdx.x % kb) * kBlock;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int64_t r = r0 + 4 * lane;
-  // Source row c0 + warp + 8i: its values r .. r + 3 (zero past the rows or the columns).
-  float v[kRowsPerWarp][4];
+  const int h = int(threadIdx.x) / 16, j = int(threadIdx.x) % 16;
+  const int64_t r = r0 + 8 * j;
+  // Source row c0 + h + 16i: its values r .. r + 7 (zero past the rows or the columns).
+  std::conditional_t<kFp8, E4m3x8, Bf16x8> v[kRowsPerThread];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int64_t c = c0 + warp + kBlockWarps * i;
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t c = c0 + h + kRowsAtOnce * i;
     const bool second = c >= n0;
     const int64_t n = second ? n1 : n0, at = second ? c - n0 : c;
-    if (c < cols) {
-      if constexpr (kFp8) {
+    if constexpr (kFp8) {
+      v[i] = {make_uint2(0, 0), 0.0f};
+      if (c < cols) {
         const float* s = second ? src.scales1 : src.scales0;
-        const float scale = s[(matrix * blocks_of(n) + at / kBlock) * blocks_of(rows) + r0 / kBlock];
-        load4((second ? src.m1 : src.m0) + (matrix * n + at) * rows, scale, r, rows, vector, v[i]);
-      } else {
-        load4((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector, v[i]);
+        v[i].code = load8_codes((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector);
+        v[i].scale = s[(matrix * blocks_of(n) + at / kBlock) * blocks_of(rows) + r0 / kBlock];
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f;
+      v[i].bits = c < cols ? load8_bits((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector)
+                           : make_uint4(0, 0, 0, 0);
     }
   }
-  // Each source's own report (a block may straddle them).
-  const BlockAmax b = block_amax(v, [&](int i) { return c0 + warp + kBlockWarps * i >= n0; }, warp_amax);
-  if (threadIdx.x == 0 && b.bad0) report_nonfinite(report0);
-  if (threadIdx.x == 0 && b.bad1) report_nonfinite(report1);
-  const bool block_finite = !b.bad0 && !b.bad1;
-  const int e = block_finite ? scale_exponent(b.amax) : 0;
+  // Each source's own largest magnitude (a block may straddle them), for its own report.
+  uint32_t m[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const uint32_t mi = v[i].magnitude();
+    if (c0 + h + kRowsAtOnce * i >= n0) {
+      m[1] = max(m[1], mi);
+    } else {
+      m[0] = max(m[0], mi);
+    }
+  }
+  block_max(m, warp_max);
+  const bool bad0 = m[0] >= kInfFloatBits, bad1 = m[1] >= kInfFloatBits;
+  if (threadIdx.x == 0 && bad0) report_nonfinite(report0);
+  if (threadIdx.x == 0 && bad1) report_nonfinite(report1);
+  const bool block_finite = !bad0 && !bad1;
+  const int e = block_finite ? scale_exponent(__uint_as_float(max(m[0], m[1]))) : 0;
   const float inv = pow2(-e);
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    *reinterpret_cast<uint32_t*>(&codes[warp + kBlockWarps * i][4 * lane]) = pack4(v[i], inv);
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    *reinterpret_cast<uint2*>(&codes[h + kRowsAtOnce * i][(2 * j) ^ (4 * i)]) = v[i].codes(inv);
   }
   __syncthreads();
+  const int lane = int(threadIdx.x) % 32, g = lane % 8, a = 4 * (int(threadIdx.x) / 32) + lane / 8;
+  uint32_t out_words[4][4];  // [output row 4a + n][columns 16g + 4k .. 16g + 4k + 3]
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t col[4];  // output column 16g + 4k + i: rows 4a .. 4a + 3
+#pragma unroll
+    for (int i = 0; i < 4; ++i) col[i] = codes[16 * g + 4 * k + i][a ^ (4 * g)];
+    const uint32_t lo01 = __byte_perm(col[0], col[1], 0x5140), lo23 = __byte_perm(col[2], col[3], 0x5140);
+    const uint32_t hi01 = __byte_perm(col[0], col[1], 0x7362), hi23 = __byte_perm(col[2], col[3], 0x7362);
+    out_words[0][k] = __byte_perm(lo01, lo23, 0x5410);
+    out_words[1][k] = __byte_perm(lo01, lo23, 0x7632);
+    out_words[2][k] = __byte_perm(hi01, hi23, 0x5410);
+    out_words[3][k] = __byte_perm(hi01, hi23, 0x7632);
+  }
   uint8_t* out = q + matrix * rows * cols;
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int rr = warp + kBlockWarps * i;
-    if (r0 + rr >= rows) break;  // rows rise with i
-#pragma unroll
-    for (int j = 0; j < int(kBlock) / 32; ++j) {
-      const int cc = lane + 32 * j;
-      if (c0 + cc < cols) out[(r0 + rr) * cols + c0 + cc] = codes[cc][rr];
+  for (int n = 0; n < 4; ++n) {
+    const int64_t rr = r0 + 4 * a + n;
+    if (rr < rows) {
+      store16(out + rr * cols, c0 + 16 * g, cols, vector_out,
+              make_uint4(out_words[n][0], out_words[n][1], out_words[n][2], out_words[n][3]));
     }
   }
   if (threadIdx.x == 0) {
@@ -464,10 +507,10 @@ __global__ void __launch_bounds__(kBlock)
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];
   if (c < cols) scales[(r0 / kBlock) * scale_pitch(cols) + c] = scale_or_nan(e, finite);
   __syncthreads();
-  constexpr int kRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
+  constexpr int kCodeRowsAtOnce = int(kBlock) / 8;  // 8 lanes a row
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int row = t / 8 + kRowsAtOnce * i;
+    const int row = t / 8 + kCodeRowsAtOnce * i;
     if (c0 + row < cols) {
       *reinterpret_cast<uint4*>(q + (c0 + row) * capacity + r0 + 16 * (t % 8)) =
           *reinterpret_cast<const uint4*>(&codes[row][16 * (t % 8)]);
@@ -600,8 +643,8 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
   const int64_t blocks = blocks_of(rows) * blocks_of(cols);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
-  const bool vector = cols % 4 == 0 && aligned(w, 8) && aligned(q, 4);
-  quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockWarps * 32, 0, stream>>>(
+  const bool vector = cols % 8 == 0 && aligned(w, 16) && aligned(q, 8);
+  quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
       reinterpret_cast<const __nv_bfloat16*>(w), rows, cols, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
@@ -621,11 +664,12 @@ void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && src.m1 == nullptr) throw Error("src1", "is null with n1 > 0");
-  // Rows of 4-value multiples start aligned to 4 values where both sources do.
-  constexpr uintptr_t kVector = 4 * sizeof(*src.m0);
-  const bool vector = rows % 4 == 0 && aligned(src.m0, kVector) && aligned(src.m1, kVector);
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockWarps * 32, 0, stream>>>(
-      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector);
+  // Rows of 8-value multiples start aligned to 8 values where both sources do; likewise q's rows.
+  constexpr uintptr_t kVector = 8 * sizeof(*src.m0);
+  const bool vector = rows % 8 == 0 && aligned(src.m0, kVector) && aligned(src.m1, kVector);
+  const bool vector_out = (n0 + n1) % 16 == 0 && aligned(q, 16);
+  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
+      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector, vector_out);
   LYNX_CHECK_LAUNCH();
 }
 
