@@ -56,7 +56,8 @@ def table(times, names):
     """One line per (shape, routing, pass): the medians, each later build's ratio to the first, and
     'w/n': the rounds it was faster than the first build in, of the n rounds both ran."""
     short = [n[len("build-"):] if n.startswith("build-") else n for n in names]
-    head = (f"{'shape':15} {'routing':8} {'pass':17} " + " ".join(f"{n[:9]:>9}" for n in short) + " " +
+    width = max([17] + [len(k[2]) for k in times])  # the pass column ("fwd+bwd fp8, bf16 wgrad" is 23)
+    head = (f"{'shape':15} {'routing':8} {'pass':{width}} " + " ".join(f"{n[:9]:>9}" for n in short) + " " +
             " ".join(f"{n[:6] + '/A':>8} {'faster':>6}" for n in short[1:]))
     lines = [head]
     order = lambda k: (k[0], k[1], PASSES.index(k[2]) if k[2] in PASSES else len(PASSES))
@@ -72,7 +73,7 @@ def table(times, names):
             wins = sum(1 for r in both if rounds[r] < first[r])
             ratio = f"{med[b] / med[0]:8.3f}" if med[b] is not None and med[0] else f"{'-':>8}"
             others.append(f"{ratio} {f'{wins}/{len(both)}':>6}")
-        lines.append(f"{key[0]:15} {key[1]:8} {key[2]:17} {cells} " + " ".join(others))
+        lines.append(f"{key[0]:15} {key[1]:8} {key[2]:{width}} {cells} " + " ".join(others))
     return "\n".join(lines)
 
 
