@@ -50,76 +50,6 @@ __device__ __forceinline__ uint32_t pack2_bits(uint32_t word, float inv) {
   return to_e4m3x2(__uint_as_float(word << 16) * inv, __uint_as_float(word & 0xFFFF0000u) * inv);
 }
 
-// Stores eight codes at columns c .. c + 7 of a row of n: one 8-byte store where `vector` (n % 8 == 0 and
-// the row 8-byte aligned), else those below n one at a time.
-__device__ __forceinline__ void store8(uint8_t* row, int64_t c, int64_t n, bool vector, uint2 packed) {
-  if (c >= n) return;
-  if (vector) {
-    *reinterpret_cast<uint2*>(row + c) = packed;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if (c + i < n) row[c + i] = uint8_t((i < 4 ? packed.x : packed.y) >> (8 * (i % 4)));
-  }
-}
-
-// One warp per row r, its tiles two at a time: half-warp h takes tile 2i + h (columns [c0, c0 + 128)),
-// its lane j columns c0 + 8j .. c0 + 8j + 7, read as one 16-byte load and written as one 8-byte store
-// where `vector`; kTilePairs pairs loaded at once, so that each lane has as many loads in flight. The
-// tile's largest magnitude is taken on the bf16 bits (kMagnitudeBits), two values at a time (__vmaxu2),
-// then over the half-warp.
-// NOTES: the maximum is alike in a half-warp, so each half takes its own branch on it without a vote;
-// the shuffles stay outside every branch, each half's lanes reading only their own half.
-__global__ void __launch_bounds__(kTileWarps * 32)
-    quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
-                          const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
-                          float* __restrict__ scales, NonfiniteReport report, bool vector) {
-  const int64_t r = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
-  if (r >= rows) return;
-  // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
-  if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
-  const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16;
-  const __nv_bfloat16* xr = x + r * cols;
-  uint8_t* qr = q + r * cols;
-  float* sr = scales + r * blocks_of(cols);
-  for (int64_t at = 0; at < cols; at += kTilePairs * 2 * kBlock) {
-    uint4 w[kTilePairs];
-#pragma unroll
-    for (int p = 0; p < kTilePairs; ++p) w[p] = load8_bits(xr, at + (2 * p + half) * kBlock + 8 * j, cols, vector);
-#pragma unroll
-    for (int p = 0; p < kTilePairs; ++p) {
-      const int64_t c0 = at + (2 * p + half) * kBlock, c = c0 + 8 * j;  // past cols: zeros, nothing stored
-      constexpr uint32_t kPair = kMagnitudeBits << 16 | kMagnitudeBits;
-      const uint32_t m2 = __vmaxu2(__vmaxu2(w[p].x & kPair, w[p].y & kPair), __vmaxu2(w[p].z & kPair, w[p].w & kPair));
-      uint32_t m = max(m2 & 0xFFFFu, m2 >> 16);
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-      const bool finite = m < kInfBits;
-      if (!finite && j == 0) report_nonfinite(report);
-      const int e = finite ? scale_exponent(amax_of_bits(m)) : 0;
-      const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
-      const uint2 packed = make_uint2(pack2_bits(w[p].x, inv) | pack2_bits(w[p].y, inv) << 16,
-                                      pack2_bits(w[p].z, inv) | pack2_bits(w[p].w, inv) << 16);
-      store8(qr, c, cols, vector, packed);
-      if (j == 0 && c0 < cols) sr[c0 / kBlock] = scale_or_nan(e, finite);
-    }
-  }
-}
-
-// The 128×128 block kernels: one CTA of 8 warps per block, half-warp h reading rows h, h + 16, ... of
-// it, a lane 8 adjacent values of each (one 16-byte load of bf16 where `vector`), so that every load
-// instruction reads two whole rows; each thread keeps its 8 × 8 values as loaded (bf16 bits or E4M3
-// codes, packed) between the block's maximum and the codes.
-// NOTES: packed, not as fp32 (64 registers of values alone), so that 4 CTAs fit an SM: with the 2 that
-// fit otherwise, each CTA's load, maximum and store phases in turn left the SM waiting on memory. The
-// launch bounds' 4 CTAs an SM cap a thread at 64 registers (72 to 80 uncapped; no spills capped).
-constexpr int kBlockWarps = 8;
-constexpr int kBlockThreads = kBlockWarps * 32;
-constexpr int kBlocksPerSm = 4;
-constexpr int kRowsAtOnce = kBlockThreads / 16;            // 16 rows, a half-warp each
-constexpr int kRowsPerThread = int(kBlock) / kRowsAtOnce;  // 8
-
 // A magnitude as its fp32 bits: |v|'s bits order as |v| does, as unsigned integers, with infinity
 // kInfFloatBits and the NaNs above it (as kMagnitudeBits for bf16 bits).
 constexpr uint32_t kInfFloatBits = 0x7F800000u;
@@ -141,6 +71,77 @@ struct Bf16x8 {
                       pack2_bits(bits.z, inv) | pack2_bits(bits.w, inv) << 16);
   }
 };
+
+// Stores the codes of `packed` (uint2: 8, uint4: 16; the first in the lowest byte) at columns c .. of a
+// row of n: one store where `vector` (n a multiple of their count and the row aligned to their bytes),
+// else those below n one at a time.
+template <class Packed>
+__device__ __forceinline__ void store_codes(uint8_t* row, int64_t c, int64_t n, bool vector, Packed packed) {
+  constexpr int kCodes = int(sizeof(Packed));
+  if (c >= n) return;
+  if (vector) {
+    *reinterpret_cast<Packed*>(row + c) = packed;
+    return;
+  }
+  const uint32_t* word = reinterpret_cast<const uint32_t*>(&packed);
+#pragma unroll
+  for (int i = 0; i < kCodes; ++i) {
+    if (c + i < n) row[c + i] = uint8_t(word[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+// One warp per row r, its tiles two at a time: half-warp h takes tile 2i + h (columns [c0, c0 + 128)),
+// its lane j columns c0 + 8j .. c0 + 8j + 7, read as one 16-byte load and written as one 8-byte store
+// where `vector`; kTilePairs pairs loaded at once, so that each lane has as many loads in flight. The
+// tile's largest magnitude is taken on the bf16 bits (Bf16x8, as the block kernels take theirs), then
+// over the half-warp.
+// NOTES: the maximum is alike in a half-warp, so each half takes its own branch on it without a vote;
+// the shuffles stay outside every branch, each half's lanes reading only their own half.
+__global__ void __launch_bounds__(kTileWarps * 32)
+    quantize_tiles_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
+                          const int32_t* __restrict__ row_limit, uint8_t* __restrict__ q,
+                          float* __restrict__ scales, NonfiniteReport report, bool vector) {
+  const int64_t r = int64_t(blockIdx.x) * kTileWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  // A limit past the rows (a schedule over capacity) quantises nothing: those rows were never placed.
+  if (row_limit != nullptr && (r >= *row_limit || *row_limit > rows)) return;
+  const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16;
+  const __nv_bfloat16* xr = x + r * cols;
+  uint8_t* qr = q + r * cols;
+  float* sr = scales + r * blocks_of(cols);
+  for (int64_t at = 0; at < cols; at += kTilePairs * 2 * kBlock) {
+    uint4 w[kTilePairs];
+#pragma unroll
+    for (int p = 0; p < kTilePairs; ++p) w[p] = load8_bits(xr, at + (2 * p + half) * kBlock + 8 * j, cols, vector);
+#pragma unroll
+    for (int p = 0; p < kTilePairs; ++p) {
+      const int64_t c0 = at + (2 * p + half) * kBlock, c = c0 + 8 * j;  // past cols: zeros, nothing stored
+      const Bf16x8 v{w[p]};
+      uint32_t m = v.magnitude();
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const bool finite = m < kInfFloatBits;
+      if (!finite && j == 0) report_nonfinite(report);
+      const int e = finite ? scale_exponent(__uint_as_float(m)) : 0;
+      const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
+      store_codes(qr, c, cols, vector, v.codes(inv));
+      if (j == 0 && c0 < cols) sr[c0 / kBlock] = scale_or_nan(e, finite);
+    }
+  }
+}
+
+// The 128×128 block kernels: one CTA of 8 warps per block, half-warp h reading rows h, h + 16, ... of
+// it, a lane 8 adjacent values of each (one 16-byte load of bf16 where `vector`), so that every load
+// instruction reads two whole rows; each thread keeps its 8 × 8 values as loaded (bf16 bits or E4M3
+// codes, packed) between the block's maximum and the codes.
+// NOTES: packed, not as fp32 (64 registers of values alone), so that 4 CTAs fit an SM: with the 2 that
+// fit otherwise, each CTA's load, maximum and store phases in turn left the SM waiting on memory. The
+// launch bounds' 4 CTAs an SM cap a thread at 64 registers (72 to 80 uncapped; no spills capped).
+constexpr int kBlockWarps = 8;
+constexpr int kBlockThreads = kBlockWarps * 32;
+constexpr int kBlocksPerSm = 4;
+constexpr int kRowsAtOnce = kBlockThreads / 16;            // 16 rows, a half-warp each
+constexpr int kRowsPerThread = int(kBlock) / kRowsAtOnce;  // 8
 
 // Eight adjacent E4M3 codes of a row (the first in the lowest byte) and their block's scale: the values
 // code · scale in fp32 (rounded where the scale is not a power of two), the same products for the
@@ -236,7 +237,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int64_t r = r0 + h + kRowsAtOnce * i;
-    if (r < rows) store8(q + r * cols, c, cols, vector, v[i].codes(inv));
+    if (r < rows) store_codes(q + r * cols, c, cols, vector, v[i].codes(inv));
   }
   if (threadIdx.x == 0) scales[blockIdx.x] = scale_or_nan(e, finite);
 }
@@ -252,21 +253,6 @@ struct BlockSource {
 };
 using Bf16Source = BlockSource<__nv_bfloat16>;
 using Fp8Source = BlockSource<uint8_t>;
-
-// Stores sixteen codes at columns c .. c + 15 of a row of n: one 16-byte store where `vector` (n % 16 ==
-// 0 and the row 16-byte aligned), else those below n one at a time.
-__device__ __forceinline__ void store16(uint8_t* row, int64_t c, int64_t n, bool vector, uint4 packed) {
-  if (c >= n) return;
-  if (vector) {
-    *reinterpret_cast<uint4*>(row + c) = packed;
-    return;
-  }
-  const uint32_t word[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    if (c + i < n) row[c + i] = uint8_t(word[i / 4] >> (8 * (i % 4)));
-  }
-}
 
 // One CTA per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the transposed matrix of
 // matrix blockIdx.y, its codes between the two halves in shared memory: codes[c][a ^ 4 (c / 16)] holds
@@ -357,7 +343,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
   for (int n = 0; n < 4; ++n) {
     const int64_t rr = r0 + 4 * a + n;
     if (rr < rows) {
-      store16(out + rr * cols, c0 + 16 * g, cols, vector_out,
+      store_codes(out + rr * cols, c0 + 16 * g, cols, vector_out,
               make_uint4(out_words[n][0], out_words[n][1], out_words[n][2], out_words[n][3]));
     }
   }
