@@ -77,9 +77,13 @@ Emulated emulated_y(const HostLayer& L) {
 // 1e-3 of y's norm; 1e-2, the layer's bf16 tolerance, holds that with room, where a wrong scale, row,
 // expert or block is off by order one. Where h's tile has its amax at a scale boundary, the GPU's sums
 // may tip the tile's scale itself (twice or half the emulation's), and all of its elements move by E4M3
-// steps: seen at T = 5, k = 1, where one such row of five made y 1.9e-2 from the emulation (2026-12-05);
-// so tokens with such a slot are left out of the comparison with the emulation (the exact layer's
-// bound still covers them). Against the exact layer: each quantised operand has an RMS
+// steps, so tokens with such a slot are left out of the comparison with the emulation (the exact
+// layer's bound still covers them). Even one element of h moved by one E4M3 step (up to 1/8 of it)
+// moves its token's y by up to a few 1e-2 where I · k is 64: the bounds hold for the whole comparison
+// only over enough tokens. At T = 5, I = 64, k = 1 one such token made y 1.85e-2 from the emulation and
+// dw_gate's dissimilarity 5.91e-3 (an H200, 2026-12-05, seed 3506817434), so the case of experts
+// without rows takes 96 tokens over 128 experts (most experts one row or none, as at T = 5).
+// Against the exact layer: each quantised operand has an RMS
 // relative error of at most ε = 2^-4/√3 (docs/fp8.md), and a dot product with random signs brings it
 // into its result: g and u take x's and their weights' (2ε² each), h = silu(g)·u both of them and its
 // own (5ε²), y that and w_down's (6ε²); the dissimilarity, half of y's squared relative error, 3ε² =
@@ -189,7 +193,7 @@ void expect_fp8_layer_matches(const Case& c, bool bf16_weight_grads = false, int
 TEST_F(Fp8Layer, ForwardMatchesEmulation) {
   expect_fp8_layer_matches({300, 256, 128, 8, 2, 0});
   expect_fp8_layer_matches({257, 320, 192, 16, 4, 128});  // H and I past a multiple of 128, a shared expert
-  expect_fp8_layer_matches({5, 128, 64, 16, 1, 0});       // experts without rows, a K of half a block
+  expect_fp8_layer_matches({96, 128, 64, 128, 1, 0});    // experts of one row or none, a K of half a block
   Case cyclic{200, 448, 128, 8, 2, 0, "cyclic"};  // H of three and a half blocks
   expect_fp8_layer_matches(cyclic);
   Case unrouted{130, 256, 128, 8, 4, 0};
