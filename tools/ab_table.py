@@ -97,8 +97,14 @@ def main(argv):
             path = os.path.join(work, f"{i}-{r}.json")
             if not os.path.exists(path):
                 continue
-            with open(path) as f:
-                run = json.load(f)
+            # NOTES: a lynx-bench that failed part-way (out of memory, a trap) leaves its JSON unfinished:
+            # that round is left out and said so, the others still make the table.
+            try:
+                with open(path) as f:
+                    run = json.load(f)
+            except (OSError, ValueError) as e:
+                print(f"ab_table: {d} round {r}: {path} unreadable ({e}): left out", file=sys.stderr)
+                continue
             runs.append((i, r, run))
             raw.append({"build": d, "round": r, **run})
     with open(os.path.join(out, "ab.json"), "w") as f:

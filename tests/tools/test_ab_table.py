@@ -75,6 +75,17 @@ class AbTable(unittest.TestCase):
                 raw = json.load(f)
             self.assertEqual([(r["build"], r["round"]) for r in raw], [("build-a", 1), ("build-b", 1)])
 
+    def test_an_unfinished_run_is_left_out(self):
+        with tempfile.TemporaryDirectory() as work:
+            with open(os.path.join(work, "0-1.json"), "w") as f:
+                json.dump(run(1.2), f)
+            with open(os.path.join(work, "1-1.json"), "w") as f:
+                f.write('{"results": [{"shape": "qwen3-30b-a3b", "ms": ')  # a run that stopped writing
+            ab_table.main(["ab_table.py", work, work, "1", "build-a", "build-b"])
+            with open(os.path.join(work, "ab.json")) as f:
+                raw = json.load(f)
+            self.assertEqual([(r["build"], r["round"]) for r in raw], [("build-a", 1)])
+
 
 if __name__ == "__main__":
     unittest.main()
