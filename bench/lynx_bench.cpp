@@ -22,6 +22,7 @@
 #include "lynx_version.h"
 #include "problem.h"
 #include "precision_bench.h"
+#include "results_json.h"
 #include "ranks_bench.h"
 #include "regime.h"
 #include "shapes.h"
@@ -266,44 +267,10 @@ std::string today() {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
+// The --json file of this run (bench/results_json.h): nothing without --json.
+ResultsJson results_json(const Options& o, const std::string& gpu) {
+  return ResultsJson(o.json, today(), gpu, LYNX_GIT_COMMIT, o.command);
 }
-
-// The --json file: date, GPU, commit and command, then one object per result row (nothing without --json).
-class ResultsJson {
- public:
-  ResultsJson(const Options& o, const std::string& gpu) : path_(o.json) {
-    if (path_.empty()) return;
-    out_.open(path_);
-    if (!out_) throw Error("--json", "cannot write " + path_);
-    out_ << "{\n  \"date\": " << json_string(today()) << ",\n  \"gpu\": " << json_string(gpu)
-         << ",\n  \"commit\": " << json_string(LYNX_GIT_COMMIT) << ",\n  \"command\": " << json_string(o.command)
-         << ",\n  \"results\": [";
-  }
-  bool enabled() const { return out_.is_open(); }
-  // The stream to write the next row's object to.
-  std::ostream& row() {
-    out_ << (rows_++ ? ",\n    " : "\n    ");
-    return out_;
-  }
-  void close() {
-    if (!enabled()) return;
-    out_ << "\n  ]\n}\n";
-    out_.close();
-    std::printf("results written to %s\n", path_.c_str());
-  }
-
- private:
-  std::string path_;
-  std::ofstream out_;
-  int64_t rows_ = 0;
-};
 
 // The shape named on the command line, with --shared-intermediate, checked before a Problem's routing
 // assumes it (k <= E).
@@ -315,10 +282,10 @@ NamedShape checked_shape(const Options& o, const std::string& name) {
 }
 
 void write_json(const Options& o, const std::string& gpu, const std::vector<Row>& rows) {
-  ResultsJson json(o, gpu);
+  ResultsJson json = results_json(o, gpu);
   if (!json.enabled()) return;
   for (const Row& r : rows) {
-    std::ostream& f = json.row();
+    ResultsJson::Row f = json.row();
     f << "{\"shape\": " << json_string(r.shape) << ", \"routing\": " << json_string(r.routing)
       << ", \"pass\": " << json_string(r.pass) << ", \"impl\": " << json_string(r.impl)
       << ", \"regime\": " << json_string(regime_name(r.regime)) << ", \"ms\": " << r.ms
@@ -370,7 +337,7 @@ void for_each_table(const Options& o, Body&& body) {
 
 // --ranks: one table per shape and regime (bench/ranks_bench.h).
 int run_ranks_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
-  ResultsJson json(o, gpu);
+  ResultsJson json = results_json(o, gpu);
   bool ok = true;
   for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
     const Precision precision = o.fp8 ? Precision::kFp8Block : Precision::kBf16;
@@ -420,7 +387,7 @@ std::string hex_digest(uint64_t h) {
 
 // --precision fp8: one table per shape and regime (bench/precision_bench.h).
 int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock& clock) {
-  ResultsJson json(o, gpu);
+  ResultsJson json = results_json(o, gpu);
   bool ok = true;
   for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
     const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock);

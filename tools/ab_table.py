@@ -105,6 +105,9 @@ def main(argv):
             except (OSError, ValueError) as e:
                 print(f"ab_table: {d} round {r}: {path} unreadable ({e}): left out", file=sys.stderr)
                 continue
+            if run.get("complete") is False:
+                print(f"ab_table: {d} round {r}: the run stopped part-way; its finished rows are used",
+                      file=sys.stderr)
             runs.append((i, r, run))
             raw.append({"build": d, "round": r, **run})
     with open(os.path.join(out, "ab.json"), "w") as f:
