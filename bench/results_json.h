@@ -42,6 +42,9 @@ class ResultsJson {
   // with no rows: a path that cannot be written fails here (lynx::Error), before any timing.
   ResultsJson(std::string path, const std::string& date, const std::string& gpu, const std::string& commit,
               const std::string& command);
+  // Its rows point at it: neither copied nor moved.
+  ResultsJson(const ResultsJson&) = delete;
+  ResultsJson& operator=(const ResultsJson&) = delete;
   bool enabled() const { return !path_.empty(); }
   Row row() { return Row(enabled() ? this : nullptr); }
   // The file with "complete": true; throws lynx::Error if a write since the last one failed.

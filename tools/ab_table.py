@@ -97,8 +97,9 @@ def main(argv):
             path = os.path.join(work, f"{i}-{r}.json")
             if not os.path.exists(path):
                 continue
-            # NOTES: a lynx-bench that failed part-way (out of memory, a trap) leaves its JSON unfinished:
-            # that round is left out and said so, the others still make the table.
+            # NOTES: a lynx-bench built before 29590f0 that failed part-way (out of memory, a trap) left its
+            # JSON unfinished: that round is left out and said so. Later ones write whole files, with
+            # "complete": false until the run ends: their finished rows count.
             try:
                 with open(path) as f:
                     run = json.load(f)

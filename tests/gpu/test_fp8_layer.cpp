@@ -84,10 +84,9 @@ Emulated emulated_y(const HostLayer& L) {
 // dw_gate's dissimilarity 5.91e-3 (an H200, 2026-12-05, seed 3506817434); at T = 96, k = 1 y stayed
 // within 8.5e-3 of it (an H100, the same day). So the case of experts without rows takes 96 tokens,
 // k = 4 over 128 experts: a token's y sums four slots' products, each tip moves it half as much, and
-// experts still have one row, a few or none.
-// Against the exact layer: each quantised operand has an RMS
-// relative error of at most ε = 2^-4/√3 (docs/fp8.md), and a dot product with random signs brings it
-// into its result: g and u take x's and their weights' (2ε² each), h = silu(g)·u both of them and its
+// experts still have one row, a few or none. Against the exact layer: each quantised operand has an
+// RMS relative error of at most ε = 2^-4/√3 (docs/fp8.md), and a dot product with random signs brings
+// it into its result: g and u take x's and their weights' (2ε² each), h = silu(g)·u both of them and its
 // own (5ε²), y that and w_down's (6ε²); the dissimilarity, half of y's squared relative error, 3ε² =
 // 2^-8 ≈ 3.9e-3. silu amplifies g's error where g < 0 (by 1.3 on average at these tests' g, which
 // makes it 3.3ε²), while E4M3's actual RMS error is 0.5-0.6 of ε: the CPU emulation measures 0.67 of
