@@ -67,6 +67,31 @@ LYNX_HD int32_t expert_of_row(const int32_t* expert_offset, int32_t experts, int
   return lo;
 }
 
+// The same search by a warp, 32 offsets a round: log32(E) loads one after another instead of log2(E)
+// (each a global load's latency where a tile starts). A round narrows [lo, lo + span), which holds the
+// expert, to the last of the candidates lo + step·l (lanes l = 0 .. 31, those inside) whose offsets are
+// at or below the row: `count` of them, a prefix (the offsets ascend; lane 0's, offset[lo], always is).
+LYNX_HD int32_t expert_search_step(int32_t span) { return (span + 31) / 32; }
+LYNX_HD void narrow_expert_range(int32_t& lo, int32_t& span, int32_t step, int32_t count) {
+  const int32_t skipped = step * (count - 1);
+  lo += skipped;
+  span = span - skipped < step ? span - skipped : step;
+}
+#ifdef __CUDACC__
+// expert_of_row by every lane of a warp, with the same row.
+__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row) {
+  const int32_t lane = int32_t(threadIdx.x % 32);
+  int32_t lo = 0, span = experts;
+  while (span > 1) {
+    const int32_t step = expert_search_step(span);
+    const int32_t candidate = lo + step * lane;
+    const bool at_or_below = step * lane < span && expert_offset[candidate] <= row;
+    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, at_or_below)));
+  }
+  return lo;
+}
+#endif
+
 // Tiles of the launch. Row modes: only the row blocks in use (none when the schedule is over
 // capacity: it placed no rows). Weight grad: every (expert, row block, column block).
 // The first row block of expert e among the tiles' (row modes), with or without folded tails.

@@ -578,7 +578,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t it = 0;      // K blocks consumed before this tile
   int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
-    const Tile tile = tiles[t];
+    // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
+    // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
+    // counters, H100, 2026-12-05). A warp's search is two loads in turn.
+    Tile tile = tiles.without_expert(t);
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0);
+    }
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;

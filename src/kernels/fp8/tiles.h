@@ -102,15 +102,22 @@ struct TileSpace {
   }
 
   LYNX_HD Tile operator[](int32_t t) const {
+    Tile tile = without_expert(t);
+    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
+    }
+    return tile;
+  }
+
+  // Tile t but, in the grouped forms, its expert (0): the kernel's consumers find it a warp at a time
+  // (gemm::expert_of_row_warp).
+  LYNX_HD Tile without_expert(int32_t t) const {
     Tile tile;
     tile.n0 = (t % n_tiles) * kOutN<kForm>;
     tile.m0 = (t / n_tiles % m_tiles) * kTileM;
     tile.expert = 0;
     tile.kb_begin = 0;
     tile.kb_end = k_blocks;
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
-      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
-    }
     if constexpr (kForm == Form::kWeightGrad) {
       // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
       tile.expert = t / (n_tiles * m_tiles);
