@@ -120,6 +120,14 @@ char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expe
   return static_cast<char*>(base);
 }
 
+bool exported_from_device(const std::vector<uint8_t>& exported, int device) {
+  Exported e;
+  std::memcpy(&e, exported.data(), sizeof e);
+  cudaDeviceProp prop{};
+  LYNX_CUDA(cudaGetDeviceProperties(&prop, device));
+  return std::memcmp(&e.device_uuid, &prop.uuid, sizeof prop.uuid) == 0;
+}
+
 void close_region(char* base) {
   if (base) cudaIpcCloseMemHandle(base);
 }

@@ -30,4 +30,8 @@ char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expe
 
 void close_region(char* base);
 
+// Whether what a rank exported (export_region) came from `device` itself: the two ranks' passes then
+// share its SMs. Call after open_region has accepted the bytes.
+bool exported_from_device(const std::vector<uint8_t>& exported, int device);
+
 }  // namespace lynx::comm

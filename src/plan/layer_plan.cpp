@@ -49,19 +49,24 @@ gemm::RowLaunch row_launch(const LayerShape& shape, int64_t k, bool gathers, con
 
 // `products_per_row`: the output columns each gathered row feeds in the launch that reads it.
 // `gemm_may_pull`: the launch has a GEMM kernel that gathers from other ranks.
-GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, bool gemm_may_pull, int64_t l2_bytes,
-                         const Overrides& f) {
+GatherPlace gather_place(const LayerShape& shape, int64_t products_per_row, bool gemm_may_pull,
+                         const DeviceProps& device, const Overrides& f) {
   const bool token_major =
       f.gather_token_major >= 0
           ? f.gather_token_major == 1
           : gather_token_major(shape.tokens * shape.top_k, shape.local_experts(), shape.tokens, shape.hidden,
-                               products_per_row, l2_bytes);
+                               products_per_row, device.l2_bytes);
   // NOTES: at R > 1 the rows come from other ranks: gate/up pulls them in its own gather (a kernel
   // variant reading through the table of ranks), `da` with the row-major kernel (the GEMM has no such
   // variant: kernels/expert_gemm/launch.cu says why). A token-major gather would be a push from each
-  // source, which the passes do not have.
+  // source, which the passes do not have. Where ranks share a GPU's SMs, gate/up's rows too come by the
+  // row-major kernel: a GEMM's gather warps copy rows for every CTA of its grid, which assumes the whole
+  // grid resident, while R ranks' grids take turns on the SMs (R = 8 virtual ranks at qwen3-30b-a3b, as
+  // graphs: forward 1.058x of R = 1 with the kernel, 1.209x with the gather in the GEMM; 2026-12-05,
+  // bench/results/2026-12-05-h100-2f73042-fp8-tile-start-log.txt).
   if (shape.num_ranks > 1) {
-    return f.gemm_gather != 0 && gemm_may_pull ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
+    const bool pull_in_gemm = f.gemm_gather >= 0 ? f.gemm_gather == 1 : device.ranks_sharing_sms == 1;
+    return pull_in_gemm && gemm_may_pull ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
   }
   if (token_major) return GatherPlace::kTokenKernel;
   return f.gemm_gather != 0 ? GatherPlace::kInGemm : GatherPlace::kRowKernel;
@@ -82,8 +87,8 @@ LayerPlan make_layer_plan(const LayerShape& shape, const DeviceProps& device, co
   const int64_t H = shape.hidden, I = shape.intermediate;
   LayerPlan p;
   p.gemm_sm_count = forced.gemm_sm_count > 0 ? forced.gemm_sm_count : device.sm_count;
-  p.gate_up_gather = gather_place(shape, 2 * I, true, device.l2_bytes, forced);  // gate and up: 2I columns
-  p.da_gather = gather_place(shape, I, false, device.l2_bytes, forced);          // da: I columns
+  p.gate_up_gather = gather_place(shape, 2 * I, true, device, forced);  // gate and up: 2I columns
+  p.da_gather = gather_place(shape, I, false, device, forced);          // da: I columns
   p.x_rows_again = x_rows_again_place(shape, p.da_gather, forced.x_rows_again);
   p.gate_up = row_launch(shape, H, p.gate_up_gather == GatherPlace::kInGemm, forced);
   p.down = row_launch(shape, I, false, forced);

@@ -19,6 +19,8 @@ struct DeviceProps {
   int32_t sm_count = 132;
   int64_t l2_bytes = int64_t(50) << 20;
   sched::LaunchLimits schedule{132, 227 * 1024 / 4};  // what the schedule kernel may use
+  // Ranks of the group whose passes run on this GPU's SMs at once (virtual ranks; processes on one GPU).
+  int32_t ranks_sharing_sms = 1;
 };
 
 // Where a launch's rows are gathered into schedule order: token-major by a kernel before it

@@ -269,6 +269,7 @@ plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
   if (overrides.virtual_serial == 1) return props;
 #endif
   props.schedule.sm_count = std::max(shape.num_ranks, props.schedule.sm_count / shape.num_ranks);
+  props.ranks_sharing_sms = shape.num_ranks;
   return props;
 }
 

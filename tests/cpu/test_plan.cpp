@@ -145,14 +145,13 @@ TEST(LayerPlan, OverridesReplaceTheirChoice) {
   const LayerPlan q = make_layer_plan(kQwen3, h200(), g);
   EXPECT_EQ(q.gate_up_gather, GatherPlace::kRowKernel);
   EXPECT_EQ(q.da_gather, GatherPlace::kRowKernel);
-  EXPECT_FALSE(q.gate_up.order.in_order);  // a launch that does not gather its rows: the static order
   g.gather_token_major = 1;
   EXPECT_EQ(make_layer_plan(kQwen3, h200(), g).gate_up_gather, GatherPlace::kTokenKernel);
 }
 
 // At R > 1 the rows come from other ranks: gate/up's own gather pulls them (no token-major push, even
-// where one rank would scatter by token), or the row-major kernel when the override says so; `da`
-// always pulls with the row-major kernel.
+// where one rank would scatter by token) where each rank has the GPU's SMs to itself, the row-major
+// kernel where ranks share them or the override says so; `da` always pulls with the row-major kernel.
 TEST(LayerPlan, RanksPullRowsInGateUp) {
   for (LayerShape s : {kQwen3, kDeepseekV3}) {
     s.num_ranks = 8;
@@ -163,7 +162,20 @@ TEST(LayerPlan, RanksPullRowsInGateUp) {
     Overrides g;
     g.gemm_gather = 0;
     EXPECT_EQ(make_layer_plan(s, h200(), g).gate_up_gather, GatherPlace::kRowKernel);
+    for (int32_t sharing : {2, 8}) {
+      DeviceProps shared = h200();
+      shared.ranks_sharing_sms = sharing;
+      const LayerPlan q = make_layer_plan(s, shared);
+      EXPECT_EQ(q.gate_up_gather, GatherPlace::kRowKernel) << sharing;
+      EXPECT_EQ(q.da_gather, GatherPlace::kRowKernel) << sharing;
+      Overrides in_gemm;
+      in_gemm.gemm_gather = 1;
+      EXPECT_EQ(make_layer_plan(s, shared, in_gemm).gate_up_gather, GatherPlace::kInGemm) << sharing;
+    }
   }
+  DeviceProps shared = h200();
+  shared.ranks_sharing_sms = 8;  // one rank: nothing to share with, the one-rank rules
+  EXPECT_EQ(make_layer_plan(kQwen3, shared).gate_up_gather, GatherPlace::kInGemm);
   EXPECT_EQ(make_layer_plan(kDeepseekV3, h200()).gate_up_gather, GatherPlace::kTokenKernel);
 }
 
