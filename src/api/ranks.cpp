@@ -204,7 +204,7 @@ void connect_process_group(Workspace& ws, const AllGather& all_gather) {
     throw Error("all_gather", "returned " + str(all.size()) + " ranks' bytes for a group of " + str(R));
   }
   std::vector<char*> bases(R, nullptr);
-  int32_t sharing = 1;  // ranks on this rank's GPU, itself included
+  int32_t sharing = 1;  // ranks on this rank's GPU, itself included (the plan's choices: plan/layer_plan.cpp)
   try {
     for (int32_t r = 0; r < R; ++r) {
       if (r == w.shape.rank) {
@@ -215,15 +215,15 @@ void connect_process_group(Workspace& ws, const AllGather& all_gather) {
       w.opened.push_back(bases[r]);
       if (comm::exported_from_device(all[r], w.device)) ++sharing;
     }
-    if (sharing > 1) {  // the plan's choices for ranks that share the SMs (plan/layer_plan.cpp)
-      w.device_props.ranks_sharing_sms = sharing;
-      w.replan();
-    }
     w.connect(bases);
   } catch (...) {
     for (char* b : w.opened) comm::close_region(b);
     w.opened.clear();
     throw;
+  }
+  if (sharing > 1) {
+    w.device_props.ranks_sharing_sms = sharing;
+    w.replan();
   }
 }
 

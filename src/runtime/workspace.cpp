@@ -55,10 +55,8 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
   device_props.schedule = sched::launch_limits();
 #if LYNX_EXPERIMENTS
   overrides = plan::environment_overrides();
-  plan = plan::make_layer_plan(s, device_props, overrides);
-#else
-  plan = plan::make_layer_plan(s, device_props);
 #endif
+  replan();
   config = resolve_config(s, c, info);
   try {
     const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, Is = s.shared_intermediate;
@@ -257,6 +255,14 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
   const std::vector<void*> tables = comm::peer_tables(layout, bases);
   LYNX_CUDA(cudaMemcpy(peer_tables, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
   peer_bases = bases;
+}
+
+void Workspace::Impl::replan() {
+#if LYNX_EXPERIMENTS
+  plan = plan::make_layer_plan(shape, device_props, overrides);
+#else
+  plan = plan::make_layer_plan(shape, device_props);
+#endif
 }
 
 plan::DeviceProps Workspace::Impl::virtual_rank_props() const {

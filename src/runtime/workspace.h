@@ -159,9 +159,10 @@ struct Workspace::Impl {
   plan::Overrides overrides;                    // the environment's, then the test hooks' (experiments/test_hooks.h)
   int32_t test_stall_task = -1;                 // test hook: a gate/up tile the producer never loads
   int32_t test_gather_stall_block = -1;         // test hook: a row block the in-kernel gather never copies
-  // Makes the plan again from `overrides` (after a test hook changed them).
-  void replan() { plan = plan::make_layer_plan(shape, device_props, overrides); }
 #endif
+  // Makes the plan again from device_props (and, in the experiments build, `overrides`): after either
+  // changed (a process group's ranks found on one GPU; a test hook).
+  void replan();
 
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();
