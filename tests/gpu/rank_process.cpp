@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gpu/ranks_check.h"
 #include "gpu/rank_process_io.h"
+#include "runtime/workspace.h"
 
 namespace fs = std::filesystem;
 using namespace lynx;
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
   const int32_t rank = std::atoi(argv[2]), R = std::atoi(argv[3]);
   const uint64_t seed = std::strtoull(argv[4], nullptr, 10);
   bool pass = true;
+  int gpus = 0;  // --gpu-per-rank: the GPUs the ranks are spread over (rank r on GPU r % gpus)
   Config config;
   for (int i = 5; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
     if (a == "--gpu-per-rank") {
       int count = 1;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) count = 1;
+      gpus = count;
       if (cudaSetDevice(rank % count) != cudaSuccess) {
         std::fprintf(stderr, "rank %d: cannot use GPU %d\n", rank, rank % count);
         return 2;
@@ -88,6 +92,15 @@ int main(int argc, char** argv) {
       }
       return all;
     });
+    // Ranks on one GPU pull gate/up's rows with the row-major kernel, ranks with a GPU each in the GEMM
+    // (plan/layer_plan.cpp; the group tells them apart by the device UUIDs its ranks exchange).
+    const bool shared = gpus == 0, alone = gpus >= R;
+    const plan::GatherPlace place = ws.impl().plan.gate_up_gather;
+    if ((shared && place != plan::GatherPlace::kRowKernel) || (alone && place != plan::GatherPlace::kInGemm)) {
+      throw std::runtime_error(std::string("gate/up's rows pulled ") +
+                               (place == plan::GatherPlace::kInGemm ? "in the GEMM" : "not in the GEMM") +
+                               (shared ? " by ranks that share a GPU" : " by ranks with a GPU each"));
+    }
     if (pass) {
       const std::vector<HostBf16> dy = process_dy(L.c, seed);
       DeviceBuffer d_dy = to_device(dy);

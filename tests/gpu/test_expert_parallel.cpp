@@ -52,8 +52,9 @@ TEST_F(Ranks, DuplicateIdsAndZeroWeights) {
   check_every_r(c, {2, 8});
 }
 
-// The two ways rows are pulled at R > 1 (the GEMM's own gather by default; the row-major kernel), and
-// the in-GEMM gather held one row block ahead of the tiles (its throttle, with rows from every rank).
+// The two ways rows are pulled at R > 1 (the row-major kernel, the default where ranks share a GPU as
+// here; the GEMM's own gather, the default with a GPU per rank), and the in-GEMM gather held one row
+// block ahead of the tiles (its throttle, with rows from every rank).
 TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
   const Case c{512, 128, 64, 8, 4, 64};
   const auto seed = fresh_seed();
@@ -72,6 +73,20 @@ TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
     test_hooks::set_gemm_gather(w, 1);
     test_hooks::set_gather_lookahead(w, 1);
   });
+}
+
+// Virtual ranks share this GPU's SMs, so their plans pull gate/up's rows with the row-major kernel
+// (plan/layer_plan.cpp).
+TEST_F(Ranks, RanksOnOneGpuPullWithTheRowKernel) {
+  LayerShape s;
+  s.tokens = 512;
+  s.hidden = 128;
+  s.intermediate = 64;
+  s.num_experts = 8;
+  s.top_k = 4;
+  for (const auto& w : make_virtual_ranks(s, 2)) {
+    EXPECT_EQ(w->impl().plan.gate_up_gather, plan::GatherPlace::kRowKernel) << "rank " << w->shape().rank;
+  }
 }
 
 // Ranks with fewer tokens than the others pad them with tokens not routed (ids -1, router weights NaN):
