@@ -93,8 +93,10 @@ int main(int argc, char** argv) {
       return all;
     });
     // Ranks on one GPU pull gate/up's rows with the row-major kernel, ranks with a GPU each in the GEMM
-    // (plan/layer_plan.cpp; the group tells them apart by the device UUIDs its ranks exchange).
-    const bool shared = gpus == 0, alone = gpus >= R;
+    // (plan/layer_plan.cpp; the group tells them apart by the device UUIDs its ranks exchange), unless
+    // LYNX_GEMM_GATHER chose.
+    const bool chosen = ws.impl().overrides.gemm_gather >= 0;
+    const bool shared = !chosen && gpus == 0, alone = !chosen && gpus >= R;
     const plan::GatherPlace place = ws.impl().plan.gate_up_gather;
     if ((shared && place != plan::GatherPlace::kRowKernel) || (alone && place != plan::GatherPlace::kInGemm)) {
       throw std::runtime_error(std::string("gate/up's rows pulled ") +
