@@ -78,13 +78,8 @@ TEST_F(Ranks, EveryGatherGivesOneRanksBits) {
 // Virtual ranks share this GPU's SMs, so their plans pull gate/up's rows with the row-major kernel
 // (plan/layer_plan.cpp).
 TEST_F(Ranks, RanksOnOneGpuPullWithTheRowKernel) {
-  LayerShape s;
-  s.tokens = 512;
-  s.hidden = 128;
-  s.intermediate = 64;
-  s.num_experts = 8;
-  s.top_k = 4;
-  for (const auto& w : make_virtual_ranks(s, 2)) {
+  const HostLayer L({512, 128, 64, 8, 4, 0}, fresh_seed());
+  for (const auto& w : make_virtual_ranks(L.shape, 2)) {
     EXPECT_EQ(w->impl().plan.gate_up_gather, plan::GatherPlace::kRowKernel) << "rank " << w->shape().rank;
   }
 }
