@@ -257,13 +257,15 @@ void Workspace::Impl::connect(const std::vector<char*>& bases) {
   peer_bases = bases;
 }
 
-void Workspace::Impl::replan() {
+plan::LayerPlan Workspace::Impl::plan_for(const plan::DeviceProps& props) const {
 #if LYNX_EXPERIMENTS
-  plan = plan::make_layer_plan(shape, device_props, overrides);
+  return plan::make_layer_plan(shape, props, overrides);
 #else
-  plan = plan::make_layer_plan(shape, device_props);
+  return plan::make_layer_plan(shape, props);
 #endif
 }
+
+void Workspace::Impl::replan() { plan = plan_for(device_props); }
 
 plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
   // NOTES: the schedule kernels' grids of the R ranks must all be resident together (cooperative). The
@@ -280,12 +282,7 @@ plan::DeviceProps Workspace::Impl::virtual_rank_props() const {
 }
 
 plan::LayerPlan Workspace::Impl::virtual_rank_plan() const {
-  const plan::DeviceProps props = virtual_rank_props();
-#if LYNX_EXPERIMENTS
-  plan::LayerPlan p = plan::make_layer_plan(shape, props, overrides);
-#else
-  plan::LayerPlan p = plan::make_layer_plan(shape, props);
-#endif
+  const plan::LayerPlan p = plan_for(virtual_rank_props());
   // NOTES: fewer schedule blocks need less scratch than the workspace holds (chunks · pairs + pairs).
   if (p.schedule.scratch_ints() > scratch_ints) {
     throw Error("ranks", "internal: the virtual-rank schedule plan needs more scratch than the workspace holds");

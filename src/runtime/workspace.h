@@ -160,8 +160,10 @@ struct Workspace::Impl {
   int32_t test_stall_task = -1;                 // test hook: a gate/up tile the producer never loads
   int32_t test_gather_stall_block = -1;         // test hook: a row block the in-kernel gather never copies
 #endif
-  // Makes the plan again from device_props (and, in the experiments build, `overrides`): after either
-  // changed (a process group's ranks found on one GPU; a test hook).
+  // The plan for this shape on `props` (and, in the experiments build, `overrides`).
+  plan::LayerPlan plan_for(const plan::DeviceProps& props) const;
+  // Makes the plan again from device_props: after it or `overrides` changed (a process group's ranks
+  // found on one GPU; a test hook).
   void replan();
 
   Impl(const LayerShape& shape, const Config& config);
