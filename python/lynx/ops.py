@@ -66,8 +66,9 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
 
 # Whether an FP8 call has been captured in a CUDA graph in this process: see _fp8_weights.
 _FP8_CAPTURED = False
-# lynx::Fp8Copies: the weights' E4M3 copies a pass reads, the forward's or the backward's (transposed).
-FORWARD_COPIES, BACKWARD_COPIES = 1, 2
+# lynx::Fp8Copies: the weights' E4M3 copies a pass reads, the forward's or the backward's (transposed),
+# or both.
+BOTH_COPIES, FORWARD_COPIES, BACKWARD_COPIES = 0, 1, 2
 
 
 def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
@@ -105,10 +106,17 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     same = (not untracked and made is not None and
             all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(made, now)))
     if not same:
-        _C.quantize_weights(ws, inputs, stream, copies)
+        # NOTES: a forward whose workspace's backward copies are of the weights at these addresses (as they
+        # were before an optimizer step) makes both: its backward will read these weights' too, and both
+        # copies from one read of the weights cost a third less than each pass reading them
+        # (lynx::Fp8Copies::kBoth). Where that guess is wrong, the backward still checks its own.
+        theirs = kept.get(BACKWARD_COPIES)
+        both = (copies == FORWARD_COPIES and not untracked and theirs is not None and
+                all(p == t.data_ptr() for (_, p, _), t in zip(theirs, now)))
+        _C.quantize_weights(ws, inputs, stream, BOTH_COPIES if both else copies)
         ws._fp8_prequantized = False  # the copies are (or are becoming) of bf16 weights
-        ws._fp8_weights = None if untracked else {
-            **kept, copies: tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)}
+        key = tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
+        ws._fp8_weights = None if untracked else {**kept, copies: key, **({BACKWARD_COPIES: key} if both else {})}
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group) -> int:

@@ -21,25 +21,40 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   Fp8Buffers& f = w.f8;
   const QuantizedWeightsKey made{weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
-  if (copies != Fp8Copies::kBackward) {
-    w.quantized_forward.valid = false;  // until every copy is queued
-    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_gate), E, I, H, f.w_gate, f.w_gate_scales,
-                         report(w, Fp8Tensor::kGate), s);
-    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_up), E, I, H, f.w_up, f.w_up_scales,
-                         report(w, Fp8Tensor::kUp), s);
-    fp8::quantize_blocks(data_of<const bf16_t>(weights.w_down), E, H, I, f.w_down, f.w_down_scales,
-                         report(w, Fp8Tensor::kDown), s);
-    w.quantized_forward = made;
+  const bool forward = copies != Fp8Copies::kBackward, backward = copies != Fp8Copies::kForward;
+  if (forward) w.quantized_forward.valid = false;  // until every copy is queued
+  if (backward) w.quantized_backward.valid = false;
+  const auto gate = data_of<const bf16_t>(weights.w_gate), up = data_of<const bf16_t>(weights.w_up),
+             down = data_of<const bf16_t>(weights.w_down);
+  const fp8::NonfiniteReport up_report = report(w, Fp8Tensor::kUp);
+  // NOTES: both copies of a matrix from one read of it where each block of the transposed matrix is the
+  // transpose of one block (always for w_down; for [w_gate; w_up]ᵀ where I % 128 == 0), the same bits:
+  // a third less memory traffic than reading the bf16 weights once for each copy.
+  if (forward && backward) {
+    fp8::quantize_blocks_and_transposed(down, H, nullptr, 0, E, I, f.w_down, f.w_down_scales, nullptr, nullptr,
+                                        f.w_down_t, f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+  } else if (forward) {
+    fp8::quantize_blocks(down, E, H, I, f.w_down, f.w_down_scales, report(w, Fp8Tensor::kDown), s);
+  } else {
+    fp8::quantize_blocks_transposed(down, H, nullptr, 0, E, I, f.w_down_t, f.w_down_t_scales,
+                                    report(w, Fp8Tensor::kDown), s);
   }
-  if (copies != Fp8Copies::kForward) {
-    w.quantized_backward.valid = false;
-    fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_down), H, nullptr, 0, E, I, f.w_down_t,
-                                    f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
-    const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
-    fp8::quantize_blocks_transposed(data_of<const bf16_t>(weights.w_gate), I, data_of<const bf16_t>(weights.w_up), I,
-                                    E, H, f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-    w.quantized_backward = made;
+  if (forward && backward && I % fp8::kBlock == 0) {
+    fp8::quantize_blocks_and_transposed(gate, I, up, I, E, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales,
+                                        f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s,
+                                        &up_report);
+  } else {
+    if (forward) {
+      fp8::quantize_blocks(gate, E, I, H, f.w_gate, f.w_gate_scales, report(w, Fp8Tensor::kGate), s);
+      fp8::quantize_blocks(up, E, I, H, f.w_up, f.w_up_scales, up_report, s);
+    }
+    if (backward) {
+      fp8::quantize_blocks_transposed(gate, I, up, I, E, H, f.w_gate_up_t, f.w_gate_up_t_scales,
+                                      report(w, Fp8Tensor::kGate), s, &up_report);
+    }
   }
+  if (forward) w.quantized_forward = made;
+  if (backward) w.quantized_backward = made;
 }
 
 void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, cudaStream_t s) {

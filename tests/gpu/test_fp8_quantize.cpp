@@ -558,6 +558,20 @@ TEST_F(Fp8Quantize, TransposedGatheredTilesReportANonFiniteTile) {
   EXPECT_GT(nan_scales, 0);
 }
 
+// Matrix m of the transposed pair [rows, n0 + n1] of sources [batch, n0, rows] and [batch, n1, rows]:
+// t(r, c) = src0[m][c][r] for c < n0, src1[m][c − n0][r] otherwise.
+std::vector<float> transposed_matrix(const std::vector<float>& src0, const std::vector<float>& src1, int64_t m,
+                                     int64_t n0, int64_t n1, int64_t rows) {
+  const int64_t cols = n0 + n1;
+  std::vector<float> t(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      t[size_t(r * cols + c)] = c < n0 ? src0[size_t((m * n0 + c) * rows + r)] : src1[size_t((m * n1 + c - n0) * rows + r)];
+    }
+  }
+  return t;
+}
+
 // The dgrad GEMMs' transposed weights: w_downᵀ (one source) and [w_gate; w_up]ᵀ (two, here of 200 rows
 // each: a block straddles them) against quantize_blocks of the transposed matrix, bit for bit; from bf16
 // sources and from E4M3 ones with their block scales (quantize_blocks_transposed_fp8, whose values are
@@ -611,13 +625,7 @@ TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
         const std::vector<float>& a_values = fp8_source ? adq : af;
         const std::vector<float>& b_values = fp8_source ? bdq : bf;
         for (int64_t m = 0; m < batch; ++m) {
-          std::vector<float> t(static_cast<size_t>(rows * cols));  // the transposed matrix [rows, cols]
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t c = 0; c < cols; ++c) {
-              t[size_t(r * cols + c)] =
-                  c < n ? a_values[size_t((m * n + c) * rows + r)] : b_values[size_t((m * n + c - n) * rows + r)];
-            }
-          }
+          const std::vector<float> t = transposed_matrix(a_values, b_values, m, n, cols - n, rows);
           const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
           expect_codes_and_scales({q.begin() + m * rows * cols, q.begin() + (m + 1) * rows * cols},
                                   {sc.begin() + m * n_scales, sc.begin() + (m + 1) * n_scales}, want,
@@ -702,13 +710,7 @@ void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, 
     ASSERT_TRUE(std::isnan(sc[size_t(batch * n_scales + i)])) << "written past the scales: " << i;
   }
   for (int64_t m = 0; m < batch; ++m) {
-    std::vector<float> t(size_t(rows * cols));  // the transposed matrix [rows, cols]
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        t[size_t(r * cols + c)] =
-            c < n0 ? values[0][size_t((m * n0 + c) * rows + r)] : values[1][size_t((m * n1 + c - n0) * rows + r)];
-      }
-    }
+    const std::vector<float> t = transposed_matrix(values[0], values[1], m, n0, n1, rows);
     const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
     ASSERT_TRUE(want.finite);
     const auto at = q.begin() + q_offset + m * rows * cols;
@@ -809,6 +811,144 @@ TEST_F(Fp8Quantize, TransposedFormsReportNonFiniteBySource) {
   EXPECT_EQ(to_host<int32_t>(d_flag, 1)[0], 1);
   const std::vector<float> ts = to_host<float>(d_ts, size_t(width * cap / 128));  // [row blocks, width]
   for (int64_t i = 0; i < width * cap / 128; ++i) EXPECT_EQ(std::isnan(ts[size_t(i)]), i == 7) << "tile scale " << i;
+}
+
+// quantize_blocks_and_transposed (quantize_weights' forward and backward copies from one read): each
+// source's straight copy against quantize_blocks of it and the transposed copy against quantize_blocks
+// of the transposed matrix, bit for bit, from `batch` matrices of sources [batch, n0, rows] and [batch,
+// n1, rows] (n1 = 0: one), the sources `src_offset` values and the copies `q_offset` bytes past aligned
+// addresses; nothing written before or past any copy or its scales.
+void expect_blocks_and_transposed_match(int64_t batch, int64_t n0, int64_t n1, int64_t rows, int64_t src_offset,
+                                        int64_t q_offset) {
+  const auto seed = fresh_seed();
+  const int64_t cols = n0 + n1, n[2] = {n0, n1};
+  SCOPED_TRACE("sources " + std::to_string(n0) + " + " + std::to_string(n1) + " of " + std::to_string(rows) +
+               ", batch " + std::to_string(batch) + ", offsets " + std::to_string(src_offset) + " / " +
+               std::to_string(q_offset) + " seed " + std::to_string(seed));
+  constexpr int64_t kCanary = 64;  // bytes (and scales) past each output, never written
+  std::vector<float> values[2];
+  DeviceBuffer d_src[2], d_q[2], d_s[2];
+  int64_t q_bytes[2] = {0, 0}, n_scales[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    q_bytes[k] = batch * n[k] * rows;
+    n_scales[k] = batch * fp8::blocks_of(n[k]) * fp8::blocks_of(rows);
+    if (n[k] == 0) continue;
+    const std::vector<HostBf16> x = spread_values(batch * n[k], rows, 6, seed ^ uint64_t(k + 1));
+    values[k] = to_floats(x);
+    std::vector<HostBf16> shifted(size_t(src_offset), float_to_bf16(0.0f));
+    shifted.insert(shifted.end(), x.begin(), x.end());
+    d_src[k] = to_device(shifted);
+    d_q[k] = DeviceBuffer(size_t(q_offset + q_bytes[k] + kCanary));
+    d_s[k] = DeviceBuffer(size_t(n_scales[k] + kCanary) * 4);
+    d_q[k].fill_bytes(0x7F);
+    d_s[k].fill_bytes(0xFF);
+  }
+  const int64_t t_bytes = batch * rows * cols, t_scales = batch * fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  DeviceBuffer d_qt(size_t(q_offset + t_bytes + kCanary)), d_st(size_t(t_scales + kCanary) * 4);
+  d_qt.fill_bytes(0x7F);
+  d_st.fill_bytes(0xFF);
+  const auto q_at = [&](DeviceBuffer& b) { return b.get() == nullptr ? nullptr : b.as<uint8_t>() + q_offset; };
+  const auto s_at = [&](DeviceBuffer& b) { return b.get() == nullptr ? nullptr : b.as<float>(); };
+  fp8::quantize_blocks_and_transposed(d_src[0].as<bf16_t>() + src_offset, n0,
+                                      n1 > 0 ? d_src[1].as<bf16_t>() + src_offset : nullptr, n1, batch, rows,
+                                      q_at(d_q[0]), s_at(d_s[0]), q_at(d_q[1]), s_at(d_s[1]), q_at(d_qt),
+                                      d_st.as<float>(), {}, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  // The copies, with their canaries: q_offset bytes before, kCanary bytes and scales after.
+  const auto check_canaries = [&](const std::vector<uint8_t>& q, const std::vector<float>& sc, int64_t bytes,
+                                  int64_t scales, const std::string& what) {
+    for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << what << ": written before it, " << i;
+    for (int64_t i = 0; i < kCanary; ++i) {
+      ASSERT_EQ(q[size_t(q_offset + bytes + i)], 0x7F) << what << ": written past it, " << i;
+      ASSERT_TRUE(std::isnan(sc[size_t(scales + i)])) << what << ": written past its scales, " << i;
+    }
+  };
+  for (int k = 0; k < 2; ++k) {
+    if (n[k] == 0) continue;
+    const std::string what = "straight copy of source " + std::to_string(k);
+    const std::vector<uint8_t> q = to_host<uint8_t>(d_q[k], size_t(q_offset + q_bytes[k] + kCanary));
+    const std::vector<float> sc = to_host<float>(d_s[k], size_t(n_scales[k] + kCanary));
+    check_canaries(q, sc, q_bytes[k], n_scales[k], what);
+    const int64_t per_matrix = fp8::blocks_of(n[k]) * fp8::blocks_of(rows);
+    for (int64_t m = 0; m < batch; ++m) {
+      const ref::fp8::Quantized want = ref::fp8::quantize_blocks(values[k].data() + m * n[k] * rows, n[k], rows);
+      ASSERT_TRUE(want.finite);
+      const auto at = q.begin() + q_offset + m * n[k] * rows;
+      expect_codes_and_scales({at, at + n[k] * rows}, {sc.begin() + m * per_matrix, sc.begin() + (m + 1) * per_matrix},
+                              want, what + ", matrix " + std::to_string(m));
+    }
+  }
+  const std::vector<uint8_t> qt = to_host<uint8_t>(d_qt, size_t(q_offset + t_bytes + kCanary));
+  const std::vector<float> st = to_host<float>(d_st, size_t(t_scales + kCanary));
+  check_canaries(qt, st, t_bytes, t_scales, "transposed copy");
+  const int64_t per_matrix = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  for (int64_t m = 0; m < batch; ++m) {
+    const std::vector<float> t = transposed_matrix(values[0], values[1], m, n0, n1, rows);
+    const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
+    const auto at = qt.begin() + q_offset + m * rows * cols;
+    expect_codes_and_scales({at, at + rows * cols}, {st.begin() + m * per_matrix, st.begin() + (m + 1) * per_matrix},
+                            want, "transposed copy, matrix " + std::to_string(m));
+  }
+}
+
+// Its load and store paths: sources aligned (8 values a load) or not, rows % 8 == 4 (one value at a
+// time); copies aligned (8- and 16-byte stores) or not; edge blocks of 8 rows; one source whose row count
+// is not a multiple of 128 (w_down with H % 128 != 0); one short block.
+TEST_F(Fp8Quantize, BlocksAndTransposedFromOneReadEqualTheReference) {
+  expect_blocks_and_transposed_match(2, 256, 256, 320, 0, 0);  // both vector
+  expect_blocks_and_transposed_match(1, 128, 256, 320, 1, 4);  // neither
+  expect_blocks_and_transposed_match(1, 256, 128, 264, 8, 16);  // both vector, an 8-row edge block
+  expect_blocks_and_transposed_match(1, 128, 128, 132, 0, 0);  // rows % 8 == 4
+  expect_blocks_and_transposed_match(2, 200, 0, 130, 0, 0);    // one source of 200 rows
+  expect_blocks_and_transposed_match(1, 3, 0, 5, 0, 0);        // one short block
+}
+
+// A NaN or an infinity in a source: reported through that source's report, its straight block's scale
+// and its transposed block's NaN, no other; two sources whose blocks would straddle them refused.
+TEST_F(Fp8Quantize, BlocksAndTransposedFromOneReadReportBySource) {
+  const int64_t n = 128, rows = 130, cols = 2 * n;  // sources [1, n, rows]; transposed [rows, 2n]
+  const int64_t src_scales = fp8::blocks_of(n) * fp8::blocks_of(rows), t_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
+  struct Result {
+    std::vector<int32_t> flags;
+    std::vector<float> s0, s1, st;
+  };
+  const auto run = [&](const std::vector<HostBf16>& a, const std::vector<HostBf16>& b) {
+    DeviceBuffer d_a = to_device(a), d_b = to_device(b), d_q0(size_t(n * rows)), d_q1(size_t(n * rows));
+    DeviceBuffer d_s0(size_t(src_scales) * 4), d_s1(size_t(src_scales) * 4), d_qt(size_t(rows * cols)),
+        d_st(size_t(t_scales) * 4);
+    DeviceBuffer d_flags = to_device(std::vector<int32_t>{0, 0});
+    fp8::NonfiniteReport r0{d_flags.as<int32_t>()}, r1{d_flags.as<int32_t>() + 1};
+    fp8::quantize_blocks_and_transposed(d_a.as<bf16_t>(), n, d_b.as<bf16_t>(), n, 1, rows, d_q0.as<uint8_t>(),
+                                        d_s0.as<float>(), d_q1.as<uint8_t>(), d_s1.as<float>(), d_qt.as<uint8_t>(),
+                                        d_st.as<float>(), r0, nullptr, &r1);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return Result{to_host<int32_t>(d_flags, 2), to_host<float>(d_s0, size_t(src_scales)),
+                  to_host<float>(d_s1, size_t(src_scales)), to_host<float>(d_st, size_t(t_scales))};
+  };
+  const std::vector<HostBf16> a = spread_values(n, rows, 4, 3), b = spread_values(n, rows, 4, 4);
+  const Result clean = run(a, b);
+  EXPECT_EQ(clean.flags, (std::vector<int32_t>{0, 0}));
+  for (const auto* v : {&clean.s0, &clean.s1, &clean.st}) {
+    for (const float s : *v) EXPECT_TRUE(std::isfinite(s));
+  }
+  // b's row 100, value 129: its block (0, 1); transposed row 129, column n + 100 = 228, block (1, 1).
+  std::vector<HostBf16> bad_b = b;
+  bad_b[size_t(100 * rows + 129)] = float_to_bf16(std::numeric_limits<float>::infinity());
+  const Result r = run(a, bad_b);
+  EXPECT_EQ(r.flags, (std::vector<int32_t>{0, 1})) << "a value of the second source reported as the first's";
+  for (int64_t i = 0; i < src_scales; ++i) {
+    EXPECT_FALSE(std::isnan(r.s0[size_t(i)])) << "first source's scale " << i;
+    EXPECT_EQ(std::isnan(r.s1[size_t(i)]), i == 1) << "second source's scale " << i;
+  }
+  for (int64_t i = 0; i < t_scales; ++i) {
+    EXPECT_EQ(std::isnan(r.st[size_t(i)]), i == 1 * fp8::blocks_of(cols) + 1) << "transposed scale " << i;
+  }
+  DeviceBuffer d(size_t(4096));
+  EXPECT_THROW(fp8::quantize_blocks_and_transposed(d.as<bf16_t>(), 200, d.as<bf16_t>(), 56, 1, 8, d.as<uint8_t>(),
+                                                   d.as<float>(), d.as<uint8_t>(), d.as<float>(), d.as<uint8_t>(),
+                                                   d.as<float>(), {}, nullptr),
+               Error)
+      << "a block straddling the two sources";
 }
 
 }  // namespace

@@ -617,6 +617,53 @@ def test_fp8_layers_sharing_a_workspace_quantise_what_each_pass_reads(monkeypatc
         assert torch.isfinite(g).all() and torch.equal(g, r), f"layer b: {name}"
 
 
+def test_fp8_training_makes_both_copies_from_one_read(monkeypatch):
+    """A layer trained in FP8: from the second step on, each forward makes its weights' forward and
+    backward copies at once (lynx::Fp8Copies::kBoth) and its backward none; losses and gradients have the
+    bits of the same training with each pass's copies made apart."""
+    quantize = lynx._C.quantize_weights
+    # As in a process that has captured no FP8 call in a CUDA graph (other tests here have: then every
+    # call quantises what its pass reads, ops._fp8_weights says why).
+    monkeypatch.setattr(lynx.ops, "_FP8_CAPTURED", False)
+
+    def train(apart):
+        made = []
+
+        def spy(ws, inputs, stream, copies):
+            made.append(copies)
+            if apart and copies == lynx.ops.BOTH_COPIES:
+                quantize(ws, inputs, stream, lynx.ops.FORWARD_COPIES)
+                quantize(ws, inputs, stream, lynx.ops.BACKWARD_COPIES)
+            else:
+                quantize(ws, inputs, stream, copies)
+
+        monkeypatch.setattr(lynx._C, "quantize_weights", spy)
+        torch.manual_seed(5)
+        layer = lynx.nn.MoE(256, 256, 8, 2, precision="fp8_block", device="cuda")
+        opt = torch.optim.SGD(layer.parameters(), lr=1e-1)
+        x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+        losses, grads = [], []
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss = layer(x).float().square().mean()
+            loss.backward()
+            grads.append([layer.get_parameter(n).grad.clone() for n in ("w1", "w2", "w3")])
+            opt.step()
+            losses.append(loss.item())
+        lynx.check()
+        return made, losses, grads
+
+    made, losses, grads = train(apart=False)
+    made_apart, losses_apart, grads_apart = train(apart=True)
+    ops = lynx.ops
+    assert made == [ops.FORWARD_COPIES, ops.BACKWARD_COPIES, ops.BOTH_COPIES, ops.BOTH_COPIES]
+    assert made_apart == made
+    assert losses == losses_apart and losses[-1] != losses[0]
+    for step, (g, r) in enumerate(zip(grads, grads_apart)):
+        for name, a, b in zip(("w1", "w2", "w3"), g, r):
+            assert torch.isfinite(a).all() and torch.equal(a, b), f"step {step}: {name}"
+
+
 def test_fp8_module_trains_and_bad_precision_is_named():
     layer = lynx.nn.MoE(256, 128, 8, 2, precision="fp8_block", device="cuda")
     assert layer.config.precision == "fp8_block"

@@ -62,6 +62,16 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
                                 int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
                                 const NonfiniteReport* report1 = nullptr);
 
+// quantize_blocks of each source and quantize_blocks_transposed of the pair from one read of the
+// sources: q0, scales0 as quantize_blocks(src0, batch, n0, rows) makes them, q1, scales1 likewise of src1
+// (where n1 > 0), qt, scales_t as quantize_blocks_transposed, bit for bit, non-finite values reported as
+// those report them. Needs n0 % 128 == 0 where n1 > 0, so that every block of the transposed matrix is
+// the transpose of one source block (Error otherwise): the weights' forward and backward copies at once.
+void quantize_blocks_and_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                    int64_t rows, uint8_t* q0, float* scales0, uint8_t* q1, float* scales1,
+                                    uint8_t* qt, float* scales_t, NonfiniteReport report, cudaStream_t stream,
+                                    const NonfiniteReport* report1 = nullptr);
+
 // The same from E4M3 sources with a scale per 128×128 block (quantize_blocks' layout: src0 [batch, n0,
 // rows] with scales0 [batch, blocks_of(n0), blocks_of(rows)], likewise src1): src(c, r) = value(c, r) ·
 // its block's scale, in fp32 (exact where the scales are powers of two: then equal to the bf16 form on

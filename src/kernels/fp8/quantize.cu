@@ -254,6 +254,16 @@ struct BlockSource {
 using Bf16Source = BlockSource<__nv_bfloat16>;
 using Fp8Source = BlockSource<uint8_t>;
 
+// quantize_blocks_and_transposed's straight copies: each source's own 128×128 blocks, as quantize_blocks
+// makes them (q0 [batch, n0, rows], scales0 [batch, blocks_of(n0), blocks_of(rows)]; likewise q1).
+struct StraightCopies {
+  uint8_t* q0;
+  float* scales0;
+  uint8_t* q1;
+  float* scales1;
+  bool vector;  // rows % 8 == 0 and q0, q1 8-byte aligned: one 8-byte store a row
+};
+
 // One CTA per 128×128 block (rows [r0, r0 + 128), columns [c0, c0 + 128)) of the transposed matrix of
 // matrix blockIdx.y, its codes between the two halves in shared memory: codes[c][a ^ 4 (c / 16)] holds
 // output rows r0 + 4a .. r0 + 4a + 3 (a byte each, the first lowest) of output column c0 + c.
@@ -269,12 +279,16 @@ using Fp8Source = BlockSource<uint8_t>;
 // rows: 32 different banks.
 // NOTES: an E4M3 row's values past `rows` are code 0 times the row's scale, not 0: the same where the
 // scale is finite, and where it is not, that row's own values are not finite either (the same source).
-template <class Source>
+// kStraight (bf16 sources, n0 % 128 == 0 where n1 > 0): half 1 also stores its codes, 8 bytes a source
+// row, into the straight copies, and the block's scale as the source block's. A source block's values
+// are the transposed block's, so its maximum, scale and codes are quantize_blocks' of that block.
+template <class Source, bool kStraight>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
     quantize_blocks_transposed_kernel(Source src, int64_t n0, int64_t n1, int64_t rows, uint8_t* __restrict__ q,
                                       float* __restrict__ scales, NonfiniteReport report0, NonfiniteReport report1,
-                                      bool vector, bool vector_out) {
+                                      bool vector, bool vector_out, StraightCopies straight) {
   constexpr bool kFp8 = std::is_same_v<Source, Fp8Source>;
+  static_assert(!(kFp8 && kStraight), "straight copies are quantize_blocks' of bf16 sources");
   __shared__ uint32_t warp_max[2][kBlockWarps];
   __shared__ __align__(16) uint32_t codes[kBlock][kBlock / 4];
   const int64_t cols = n0 + n1, kb = blocks_of(cols);
@@ -321,7 +335,22 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
   const float inv = pow2(-e);
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
-    *reinterpret_cast<uint2*>(&codes[h + kRowsAtOnce * i][(2 * j) ^ (4 * i)]) = v[i].codes(inv);
+    const uint2 packed = v[i].codes(inv);
+    *reinterpret_cast<uint2*>(&codes[h + kRowsAtOnce * i][(2 * j) ^ (4 * i)]) = packed;
+    if constexpr (kStraight) {  // source row c's values r .. r + 7
+      const int64_t c = c0 + h + kRowsAtOnce * i;
+      if (c < cols) {
+        const bool second = c >= n0;
+        const int64_t n = second ? n1 : n0, at = second ? c - n0 : c;
+        store_codes((second ? straight.q1 : straight.q0) + (matrix * n + at) * rows, r, rows, straight.vector, packed);
+      }
+    }
+  }
+  if (kStraight && threadIdx.x == 0) {  // the block is one source's (n0 % 128 == 0)
+    const bool second = c0 >= n0;
+    const int64_t n = second ? n1 : n0, at = second ? c0 - n0 : c0;
+    (second ? straight.scales1 : straight.scales0)[(matrix * blocks_of(n) + at / kBlock) * blocks_of(rows) +
+                                                   r0 / kBlock] = scale_or_nan(e, block_finite);
   }
   __syncthreads();
   const int lane = int(threadIdx.x) % 32, g = lane % 8, a = 4 * (int(threadIdx.x) / 32) + lane / 8;
@@ -642,10 +671,10 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 
 namespace {
 
-template <class Source>
+template <bool kStraight = false, class Source>
 void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
                               float* scales, NonfiniteReport report, cudaStream_t stream,
-                              const NonfiniteReport* report1) {
+                              const NonfiniteReport* report1, StraightCopies straight = {}) {
   const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
@@ -654,8 +683,8 @@ void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t
   constexpr uintptr_t kVector = 8 * sizeof(*src.m0);
   const bool vector = rows % 8 == 0 && aligned(src.m0, kVector) && aligned(src.m1, kVector);
   const bool vector_out = (n0 + n1) % 16 == 0 && aligned(q, 16);
-  quantize_blocks_transposed_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
-      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector, vector_out);
+  quantize_blocks_transposed_kernel<Source, kStraight><<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
+      src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector, vector_out, straight);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -667,6 +696,23 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
   const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), nullptr,
                        reinterpret_cast<const __nv_bfloat16*>(src1), nullptr};
   launch_blocks_transposed(src, n0, n1, batch, rows, q, scales, report, stream, report1);
+}
+
+void quantize_blocks_and_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
+                                    int64_t rows, uint8_t* q0, float* scales0, uint8_t* q1, float* scales1,
+                                    uint8_t* qt, float* scales_t, NonfiniteReport report, cudaStream_t stream,
+                                    const NonfiniteReport* report1) {
+  if (n1 > 0 && n0 % kBlock != 0) {
+    throw Error("n0", "must be a multiple of 128 with a second source (a block would straddle them), got " +
+                          std::to_string(n0));
+  }
+  if (q0 == nullptr || scales0 == nullptr || (n1 > 0 && (q1 == nullptr || scales1 == nullptr))) {
+    throw Error("q0", "each source's straight copy and scales must be given");
+  }
+  const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), nullptr,
+                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr};
+  const StraightCopies straight{q0, scales0, q1, scales1, rows % 8 == 0 && aligned(q0, 8) && aligned(q1, 8)};
+  launch_blocks_transposed<true>(src, n0, n1, batch, rows, qt, scales_t, report, stream, report1, straight);
 }
 
 void quantize_blocks_transposed_fp8(const uint8_t* src0, const float* scales0, int64_t n0, const uint8_t* src1,
