@@ -20,7 +20,13 @@ namespace lynx {
 // as an error); deallocate does not throw. Under CUDA graph capture a call takes and gives back its
 // block once, while it is captured, and every replay uses that block: the allocator must keep it for
 // the graph alone for the graph's life (cudaMallocAsync's graph memory nodes, a caching allocator's
-// private pool for the capture, as PyTorch's graph capture uses).
+// private pool for the capture, as PyTorch's graph capture uses). Where several ranks of a group share one
+// allocator, each with its calls on a stream of its own (virtual ranks), it must not hand a rank memory
+// another rank's stream gave back by making the first stream wait for the other's queued work: the
+// ranks' passes wait for one another inside their kernels, so that wait would hold the ranks until
+// their barriers' time limit. cudaMallocAsync's default pool may do so
+// (cudaMemPoolReuseAllowInternalDependencies: turn it off in a pool of its own); PyTorch's caching
+// allocator reuses a block only on the stream that gave it back.
 class ScratchAllocator {
  public:
   virtual ~ScratchAllocator() = default;
