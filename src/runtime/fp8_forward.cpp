@@ -29,16 +29,8 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   const fp8::NonfiniteReport up_report = report(w, Fp8Tensor::kUp);
   // NOTES: both copies of a matrix from one read of it where each block of the transposed matrix is the
   // transpose of one block (always for w_down; for [w_gate; w_up]ᵀ where I % 128 == 0), the same bits:
-  // a third less memory traffic than reading the bf16 weights once for each copy.
-  if (forward && backward) {
-    fp8::quantize_blocks_and_transposed(down, H, nullptr, 0, E, I, f.w_down, f.w_down_scales, nullptr, nullptr,
-                                        f.w_down_t, f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
-  } else if (forward) {
-    fp8::quantize_blocks(down, E, H, I, f.w_down, f.w_down_scales, report(w, Fp8Tensor::kDown), s);
-  } else {
-    fp8::quantize_blocks_transposed(down, H, nullptr, 0, E, I, f.w_down_t, f.w_down_t_scales,
-                                    report(w, Fp8Tensor::kDown), s);
-  }
+  // a third less memory traffic than reading the bf16 weights once for each copy. w_gate and w_up before
+  // w_down, as before: the status names the first non-finite tensor reported.
   if (forward && backward && I % fp8::kBlock == 0) {
     fp8::quantize_blocks_and_transposed(gate, I, up, I, E, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales,
                                         f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s,
@@ -52,6 +44,15 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
       fp8::quantize_blocks_transposed(gate, I, up, I, E, H, f.w_gate_up_t, f.w_gate_up_t_scales,
                                       report(w, Fp8Tensor::kGate), s, &up_report);
     }
+  }
+  if (forward && backward) {
+    fp8::quantize_blocks_and_transposed(down, H, nullptr, 0, E, I, f.w_down, f.w_down_scales, nullptr, nullptr,
+                                        f.w_down_t, f.w_down_t_scales, report(w, Fp8Tensor::kDown), s);
+  } else if (forward) {
+    fp8::quantize_blocks(down, E, H, I, f.w_down, f.w_down_scales, report(w, Fp8Tensor::kDown), s);
+  } else {
+    fp8::quantize_blocks_transposed(down, H, nullptr, 0, E, I, f.w_down_t, f.w_down_t_scales,
+                                    report(w, Fp8Tensor::kDown), s);
   }
   if (forward) w.quantized_forward = made;
   if (backward) w.quantized_backward = made;

@@ -912,11 +912,15 @@ TEST_F(Fp8Quantize, BlocksAndTransposedFromOneReadReportBySource) {
     std::vector<int32_t> flags;
     std::vector<float> s0, s1, st;
   };
+  // Scales are filled with this byte first: 0x3F3F3F3F is a finite float no power-of-two scale equals.
+  constexpr int kUnwritten = 0x3F;
+  const auto written = [](float s) { return bits(s) != 0x3F3F3F3Fu; };
   const auto run = [&](const std::vector<HostBf16>& a, const std::vector<HostBf16>& b) {
     DeviceBuffer d_a = to_device(a), d_b = to_device(b), d_q0(size_t(n * rows)), d_q1(size_t(n * rows));
     DeviceBuffer d_s0(size_t(src_scales) * 4), d_s1(size_t(src_scales) * 4), d_qt(size_t(rows * cols)),
         d_st(size_t(t_scales) * 4);
     DeviceBuffer d_flags = to_device(std::vector<int32_t>{0, 0});
+    for (DeviceBuffer* d : {&d_s0, &d_s1, &d_st}) d->fill_bytes(kUnwritten);
     fp8::NonfiniteReport r0{d_flags.as<int32_t>()}, r1{d_flags.as<int32_t>() + 1};
     fp8::quantize_blocks_and_transposed(d_a.as<bf16_t>(), n, d_b.as<bf16_t>(), n, 1, rows, d_q0.as<uint8_t>(),
                                         d_s0.as<float>(), d_q1.as<uint8_t>(), d_s1.as<float>(), d_qt.as<uint8_t>(),
@@ -929,7 +933,7 @@ TEST_F(Fp8Quantize, BlocksAndTransposedFromOneReadReportBySource) {
   const Result clean = run(a, b);
   EXPECT_EQ(clean.flags, (std::vector<int32_t>{0, 0}));
   for (const auto* v : {&clean.s0, &clean.s1, &clean.st}) {
-    for (const float s : *v) EXPECT_TRUE(std::isfinite(s));
+    for (const float s : *v) EXPECT_TRUE(std::isfinite(s) && written(s)) << s;
   }
   // b's row 100, value 129: its block (0, 1); transposed row 129, column n + 100 = 228, block (1, 1).
   std::vector<HostBf16> bad_b = b;
@@ -937,10 +941,12 @@ TEST_F(Fp8Quantize, BlocksAndTransposedFromOneReadReportBySource) {
   const Result r = run(a, bad_b);
   EXPECT_EQ(r.flags, (std::vector<int32_t>{0, 1})) << "a value of the second source reported as the first's";
   for (int64_t i = 0; i < src_scales; ++i) {
-    EXPECT_FALSE(std::isnan(r.s0[size_t(i)])) << "first source's scale " << i;
+    EXPECT_TRUE(written(r.s0[size_t(i)]) && !std::isnan(r.s0[size_t(i)])) << "first source's scale " << i;
+    EXPECT_TRUE(written(r.s1[size_t(i)])) << "second source's scale " << i;
     EXPECT_EQ(std::isnan(r.s1[size_t(i)]), i == 1) << "second source's scale " << i;
   }
   for (int64_t i = 0; i < t_scales; ++i) {
+    EXPECT_TRUE(written(r.st[size_t(i)])) << "transposed scale " << i;
     EXPECT_EQ(std::isnan(r.st[size_t(i)]), i == 1 * fp8::blocks_of(cols) + 1) << "transposed scale " << i;
   }
   DeviceBuffer d(size_t(4096));
