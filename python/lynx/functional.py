@@ -67,8 +67,8 @@ class Schedule:
 
     row_token_slot: torch.Tensor  # [capacity] token * k + j of each row, -1 for padding
     row_src_rank: torch.Tensor    # [capacity] source rank of each row, -1 for padding
-    expert_offset: torch.Tensor   # [E + 1] first row of each expert (padded)
-    expert_rows: torch.Tensor     # [E] rows each expert received (unpadded)
+    expert_offset: torch.Tensor   # [E / R + 1] first row of each of this rank's experts (padded)
+    expert_rows: torch.Tensor     # [E / R] rows each of this rank's experts received (unpadded)
     slot_row: torch.Tensor        # [T * k] row of (t, j)
 
 
@@ -187,7 +187,7 @@ def forward(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_g
 def recompute_forward_context(ws: Workspace, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                               ws_up=None, ws_down=None) -> torch.Tensor:
     """lynx::recompute_forward_context: rebuilds what backward needs without producing y. Returns the
-    rows each expert received (int32 [E])."""
+    rows each of this rank's experts received (int32 [E / R]; [E] at one rank)."""
     tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     config = ws._args(x, topk_ids, w_gate, ws_gate, tensors)
     counts = ops.moe_recompute_forward_context(*tensors, *config)
