@@ -582,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
     // counters, H100, 2026-12-05). A warp's search is two loads in turn.
     Tile tile = tiles.without_expert(t);
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+    if constexpr (kScheduleRows<kForm>) {
       tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0);
     }
     float acc[kHalves<kForm>][64];

@@ -32,8 +32,11 @@ enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 // beside a 256-column accumulator would be 256 registers a thread: one temporary takes each half in
 // turn, and the other warpgroup's wgmma run while one promotes (as DeepGEMM's and CUTLASS's block-scaled
 // kernels do).
+// The forms over the experts' rows in schedule order (a tile's rows are one expert's).
 template <Form kForm>
-constexpr int kHalves = kForm == Form::kGrouped || kForm == Form::kSwiGLU ? 2 : 1;  // 128-column halves a tile
+constexpr bool kScheduleRows = kForm == Form::kGrouped || kForm == Form::kSwiGLU;
+template <Form kForm>
+constexpr int kHalves = kScheduleRows<kForm> ? 2 : 1;  // 128-column halves a tile
 // Output columns per tile (kSwiGLU: h's, each from a gate and an up column).
 template <Form kForm>
 constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTileN;
@@ -94,7 +97,7 @@ struct TileSpace {
       : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
     n_tiles = (N + kOutN<kForm> - 1) / kOutN<kForm>;
     m_tiles = int32_t(blocks_of(M));
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+    if constexpr (kScheduleRows<kForm>) {
       const int32_t total = offset[num_experts];
       m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
     }
@@ -103,7 +106,7 @@ struct TileSpace {
 
   LYNX_HD Tile operator[](int32_t t) const {
     Tile tile = without_expert(t);
-    if constexpr (kForm == Form::kGrouped || kForm == Form::kSwiGLU) {
+    if constexpr (kScheduleRows<kForm>) {
       tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
     }
     return tile;
