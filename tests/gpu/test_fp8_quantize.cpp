@@ -636,6 +636,20 @@ TEST_F(Fp8Quantize, TransposedBlocksEqualTheReference) {
   }
 }
 
+// Bytes (and scales) past each output of the block forms' tests, never written.
+constexpr int64_t kCanary = 64;
+
+// An output fetched with its surroundings (q poisoned with 0x7F, scales with NaN): nothing written in
+// the q_offset bytes before its `bytes`, nor in the kCanary bytes and scales past them and its `scales`.
+void expect_canaries(const std::vector<uint8_t>& q, const std::vector<float>& sc, int64_t q_offset, int64_t bytes,
+                     int64_t scales, const std::string& what) {
+  for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << what << ": written before it, " << i;
+  for (int64_t i = 0; i < kCanary; ++i) {
+    ASSERT_EQ(q[size_t(q_offset + bytes + i)], 0x7F) << what << ": written past it, " << i;
+    ASSERT_TRUE(std::isnan(sc[size_t(scales + i)])) << what << ": written past its scales, " << i;
+  }
+}
+
 // quantize_blocks_transposed(_fp8) of `batch` matrices from sources [batch, n0, rows] and [batch, n1,
 // rows] (n1 = 0: one), the sources `src_offset` values and q `q_offset` bytes past aligned addresses,
 // against quantize_blocks of the transposed matrix bit for bit, nothing written before q. E4M3
@@ -686,7 +700,6 @@ void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, 
     d_src_scales[k] = to_device(scales);
   }
   const int64_t n_scales = fp8::blocks_of(rows) * fp8::blocks_of(cols);
-  constexpr int64_t kCanary = 64;  // bytes past q's last matrix (and scales past the last), never written
   DeviceBuffer d_q(size_t(batch * rows * cols + q_offset + kCanary)), d_s(size_t(batch * n_scales + kCanary) * 4);
   d_q.fill_bytes(0x7F);
   d_s.fill_bytes(0xFF);
@@ -704,11 +717,7 @@ void expect_transposed_blocks_match(bool fp8_source, int64_t batch, int64_t n0, 
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
   const std::vector<uint8_t> q = to_host<uint8_t>(d_q, size_t(batch * rows * cols + q_offset + kCanary));
   const std::vector<float> sc = to_host<float>(d_s, size_t(batch * n_scales + kCanary));
-  for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << "written before q: " << i;
-  for (int64_t i = 0; i < kCanary; ++i) {
-    ASSERT_EQ(q[size_t(q_offset + batch * rows * cols + i)], 0x7F) << "written past q: " << i;
-    ASSERT_TRUE(std::isnan(sc[size_t(batch * n_scales + i)])) << "written past the scales: " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_canaries(q, sc, q_offset, batch * rows * cols, batch * n_scales, "q"));
   for (int64_t m = 0; m < batch; ++m) {
     const std::vector<float> t = transposed_matrix(values[0], values[1], m, n0, n1, rows);
     const ref::fp8::Quantized want = ref::fp8::quantize_blocks(t.data(), rows, cols);
@@ -825,7 +834,6 @@ void expect_blocks_and_transposed_match(int64_t batch, int64_t n0, int64_t n1, i
   SCOPED_TRACE("sources " + std::to_string(n0) + " + " + std::to_string(n1) + " of " + std::to_string(rows) +
                ", batch " + std::to_string(batch) + ", offsets " + std::to_string(src_offset) + " / " +
                std::to_string(q_offset) + " seed " + std::to_string(seed));
-  constexpr int64_t kCanary = 64;  // bytes (and scales) past each output, never written
   std::vector<float> values[2];
   DeviceBuffer d_src[2], d_q[2], d_s[2];
   int64_t q_bytes[2] = {0, 0}, n_scales[2] = {0, 0};
@@ -854,21 +862,12 @@ void expect_blocks_and_transposed_match(int64_t batch, int64_t n0, int64_t n1, i
                                       q_at(d_q[0]), s_at(d_s[0]), q_at(d_q[1]), s_at(d_s[1]), q_at(d_qt),
                                       d_st.as<float>(), {}, nullptr);
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
-  // The copies, with their canaries: q_offset bytes before, kCanary bytes and scales after.
-  const auto check_canaries = [&](const std::vector<uint8_t>& q, const std::vector<float>& sc, int64_t bytes,
-                                  int64_t scales, const std::string& what) {
-    for (int64_t i = 0; i < q_offset; ++i) ASSERT_EQ(q[size_t(i)], 0x7F) << what << ": written before it, " << i;
-    for (int64_t i = 0; i < kCanary; ++i) {
-      ASSERT_EQ(q[size_t(q_offset + bytes + i)], 0x7F) << what << ": written past it, " << i;
-      ASSERT_TRUE(std::isnan(sc[size_t(scales + i)])) << what << ": written past its scales, " << i;
-    }
-  };
   for (int k = 0; k < 2; ++k) {
     if (n[k] == 0) continue;
     const std::string what = "straight copy of source " + std::to_string(k);
     const std::vector<uint8_t> q = to_host<uint8_t>(d_q[k], size_t(q_offset + q_bytes[k] + kCanary));
     const std::vector<float> sc = to_host<float>(d_s[k], size_t(n_scales[k] + kCanary));
-    check_canaries(q, sc, q_bytes[k], n_scales[k], what);
+    ASSERT_NO_FATAL_FAILURE(expect_canaries(q, sc, q_offset, q_bytes[k], n_scales[k], what));
     const int64_t per_matrix = fp8::blocks_of(n[k]) * fp8::blocks_of(rows);
     for (int64_t m = 0; m < batch; ++m) {
       const ref::fp8::Quantized want = ref::fp8::quantize_blocks(values[k].data() + m * n[k] * rows, n[k], rows);
@@ -880,7 +879,7 @@ void expect_blocks_and_transposed_match(int64_t batch, int64_t n0, int64_t n1, i
   }
   const std::vector<uint8_t> qt = to_host<uint8_t>(d_qt, size_t(q_offset + t_bytes + kCanary));
   const std::vector<float> st = to_host<float>(d_st, size_t(t_scales + kCanary));
-  check_canaries(qt, st, t_bytes, t_scales, "transposed copy");
+  ASSERT_NO_FATAL_FAILURE(expect_canaries(qt, st, q_offset, t_bytes, t_scales, "transposed copy"));
   const int64_t per_matrix = fp8::blocks_of(rows) * fp8::blocks_of(cols);
   for (int64_t m = 0; m < batch; ++m) {
     const std::vector<float> t = transposed_matrix(values[0], values[1], m, n0, n1, rows);
