@@ -26,7 +26,10 @@ namespace lynx {
 // ranks' passes wait for one another inside their kernels, so that wait would hold the ranks until
 // their barriers' time limit. cudaMallocAsync's default pool may do so
 // (cudaMemPoolReuseAllowInternalDependencies: turn it off in a pool of its own); PyTorch's caching
-// allocator reuses a block only on the stream that gave it back.
+// allocator reuses a block only on the stream that gave it back. A workspace with a shared expert also
+// takes one block while it is made (on the legacy default stream, given back before the constructor
+// returns): the shared expert's products run once on it, so that cuBLAS loads their kernels then
+// rather than inside a pass (src/common/kernel_loading.h says why).
 class ScratchAllocator {
  public:
   virtual ~ScratchAllocator() = default;

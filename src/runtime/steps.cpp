@@ -1,7 +1,12 @@
 #include "runtime/steps.h"
 
+#include <cstdint>
+#include <string>
+
 #include "common/cuda_check.h"
 #include "kernels/glue/api.h"
+#include "lynx/allocator.h"
+#include "plan/context_layout.h"
 #include "runtime/stages.h"
 
 namespace lynx {
@@ -65,6 +70,67 @@ void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t
   glue::swiglu_forward(w.un.hs, w.un.gs, w.un.us, nullptr, nullptr, T, Is, s);
   blas::gemm(w.cublas, {false, true, to_int(T), to_int(H), to_int(Is), w.un.hs, to_int(Is),
                            in.weights.ws_down.data, to_int(Is), w.un.ys, to_int(H)}, true, s);
+}
+
+void load_shared_expert_kernels(Workspace::Impl& w) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
+  if (Is == 0) return;
+  // x (also dy) [T, H]; the weights [Is, H] and [H, Is], read; their gradients, written; gs, us, hs, dhs,
+  // dgs, dus [T, Is]; ys [T, H] fp32.
+  const int64_t x_bytes = plan::lent_bytes(2 * T * H), w_bytes = plan::lent_bytes(2 * Is * H);
+  const int64_t t_bytes = plan::lent_bytes(2 * T * Is), bytes = x_bytes + 2 * w_bytes + 6 * t_bytes + plan::lent_bytes(4 * T * H);
+  ScratchAllocator* allocator = w.config.scratch_allocator;
+  const cudaStream_t s = nullptr;
+  char* block = nullptr;
+  if (allocator) {
+    block = static_cast<char*>(allocator->allocate(size_t(bytes), s));
+    if (block == nullptr) {
+      throw Error("config.scratch_allocator", "allocate(" + std::to_string(bytes) + " bytes) returned no memory");
+    }
+    if (reinterpret_cast<uintptr_t>(block) % 256 != 0) {
+      allocator->deallocate(block, size_t(bytes), s);
+      throw Error("config.scratch_allocator", "allocate returned memory that is not 256-byte aligned");
+    }
+  } else {
+    LYNX_CUDA(cudaMalloc(reinterpret_cast<void**>(&block), size_t(bytes)));
+  }
+  const UnfusedBuffers kept = w.un;
+  const auto give_back = [&] {
+    w.un = kept;
+    cudaStreamSynchronize(s);
+    if (allocator) {
+      allocator->deallocate(block, size_t(bytes), s);
+    } else {
+      cudaFree(block);
+    }
+  };
+  try {
+    LYNX_CUDA(cudaMemsetAsync(block, 0, size_t(bytes), s));
+    char* at = block;
+    const auto take = [&](int64_t n) {
+      char* p = at;
+      at += n;
+      return p;
+    };
+    LayerInputs in{};
+    in.x.data = take(x_bytes);
+    in.weights.ws_gate.data = in.weights.ws_up.data = in.weights.ws_down.data = take(w_bytes);
+    Gradients grads{};
+    grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = take(w_bytes);
+    for (bf16_t** field : {&w.un.gs, &w.un.us, &w.un.hs, &w.un.dhs, &w.un.dgs, &w.un.dus}) {
+      *field = reinterpret_cast<bf16_t*>(take(t_bytes));
+    }
+    w.un.ys = reinterpret_cast<float*>(at);
+    enqueue_shared_gate_up(w, in, s);
+    enqueue_shared_down(w, in, s);
+    enqueue_shared_backward(w, in, in.x, grads, s);
+    LYNX_CUDA(cudaStreamSynchronize(s));
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  give_back();
 }
 
 void enqueue_combine(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s) {

@@ -8,6 +8,9 @@
 #include "kernels/expert_gemm/api.h"
 #include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
+#include "kernels/peer/api.h"
+#include "kernels/schedule/api.h"
+#include "runtime/steps.h"
 #include "runtime/workspace.h"
 
 namespace lynx {
@@ -199,11 +202,22 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
       gemm::prepare_expert_gemm_kernels(device_props.sm_count);
     }
-    glue::prepare_glue_kernels();
+    // NOTES: every kernel a pass can launch is loaded now, cuBLAS's for the shared expert included
+    // (common/kernel_loading.h says why): a pass that loaded one at its first launch could wait for
+    // its own cross-rank barrier, or hold the host until the GPU is idle.
+    glue::load_kernels();
+    sched::load_schedule_kernels();
+    sched::load_stage_routing_kernels();
+    if (s.num_ranks > 1) peer::load_kernels();
+    if (config.precision == Precision::kFp8Block) {
+      fp8::load_quantize_kernels();
+      fp8::load_gemm_kernels();
+    }
     LYNX_CUBLAS(cublasCreate(&cublas));
     // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
     // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).
     grouped = std::make_unique<blas::GroupedGemm>(9 * E_loc);
+    load_shared_expert_kernels(*this);
     // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
     // wait for: the status word, the tickets and the gather's counters must be set before the
     // constructor returns.

@@ -224,18 +224,21 @@ TEST_F(FusedForward, StalledScheduleIsReportedNotHung) {
 
 // A workspace's first forward and backward only queue work: behind a kernel that keeps the GPU busy
 // for 500 ms, both host calls return long before it ends. In a child process, so that no kernel is
-// loaded yet: lazy module loading loads a kernel at its first launch, and a load waits for the kernels
-// running (glue::prepare_glue_kernels).
-[[noreturn]] void run_first_calls_behind_a_busy_gpu() {
-  const Case c{300, 128, 128, 4, 2, 0};
+// loaded yet: lazy module loading loads a kernel at its first launch, cuBLAS a kernel at its first
+// product of a shape, and a load waits for the kernels running (common/kernel_loading.h). With a
+// shared expert (cuBLAS), in bf16 and in FP8 (whose weights are quantised before the busy kernel).
+[[noreturn]] void run_first_calls_behind_a_busy_gpu(Precision precision) {
+  const Case c{300, 128, 128, 4, 2, 64};
   const HostLayer L(c, 7);
   Config config;
   config.backend = Backend::kFused;
+  config.precision = precision;
   Workspace ws(L.shape, config);
   OutputBuffers out(c);
   const DeviceBuffer dy = to_device(std::vector<HostBf16>(c.T * c.H, float_to_bf16(1.0f)));
   cudaStream_t stream;
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (precision == Precision::kFp8Block) quantize_weights(ws, L.inputs().weights, stream);
   spin_on_stream(stream, 500'000'000);
   const auto t0 = std::chrono::steady_clock::now();
   forward(ws, L.inputs(), out.y_view(), stream);
@@ -248,7 +251,13 @@ TEST_F(FusedForward, StalledScheduleIsReportedNotHung) {
 
 TEST_F(FusedForward, FirstCallsDoNotWaitForTheGpu) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_first_calls_behind_a_busy_gpu(), ::testing::ExitedWithCode(0), "host [0-9.]+ ms");
+  EXPECT_EXIT(run_first_calls_behind_a_busy_gpu(Precision::kBf16), ::testing::ExitedWithCode(0), "host [0-9.]+ ms");
+}
+
+TEST_F(FusedForward, FirstFp8CallsDoNotWaitForTheGpu) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_first_calls_behind_a_busy_gpu(Precision::kFp8Block), ::testing::ExitedWithCode(0),
+              "host [0-9.]+ ms");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // own, give every layer the routed bits of one rank holding every token and expert.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -125,6 +126,20 @@ TEST_F(RanksLent, ForwardsInFlightAtThreeRanks) {
 }
 TEST_F(RanksLent, ForwardsInFlightAtTwoRanksFp8) {
   expect_forwards_in_flight({384, 256, 192, 8, 2, 64}, 2, Precision::kFp8Block);
+}
+
+// The same in a process of its own, where no kernel is loaded yet. The ranks' passes are called rank
+// by rank from one thread, so a pass that loaded a kernel at its first launch (cuBLAS's for the shared
+// expert, at its first product of a shape) while its own barrier waited for the next rank, whose pass
+// is not queued yet, would wait for itself until the barrier's time limit (common/kernel_loading.h).
+[[noreturn]] void run_first_forwards_in_flight() {
+  expect_forwards_in_flight({384, 256, 192, 8, 2, 64}, 2, Precision::kFp8Block);
+  std::exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+TEST_F(RanksLent, FirstForwardsInFlightOfAProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(run_first_forwards_in_flight(), ::testing::ExitedWithCode(0), "");
 }
 
 // A context recomputed into a fresh block, after another layer's forward, serves the backward: the

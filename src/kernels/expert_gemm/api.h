@@ -91,8 +91,9 @@ constexpr int32_t kGatherCtasDone = 2;
 constexpr int32_t kGatherSyncHeader = 3;
 inline int64_t gather_sync_ints(int64_t capacity) { return kGatherSyncHeader + capacity / kBlockM; }
 
-// Sets up the GEMM kernels on the current device (shared-memory limits, how many 2-CTA clusters fit),
-// once per process and device. A fused workspace calls it when it is made; a launch does it itself
+// Loads the GEMM kernels into the current context (common/kernel_loading.h says why) and sets them up
+// on the current device (shared-memory limits, how many 2-CTA clusters fit, once per process and
+// device). A fused workspace calls it when it is made; a launch does it itself
 // otherwise, which must not be the first thing a stream capture does.
 void prepare_expert_gemm_kernels(int sm_count);
 

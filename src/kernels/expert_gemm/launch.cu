@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "common/per_device.h"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/expert_gemm/kernel.cuh"
@@ -222,6 +223,7 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
 }  // namespace
 
 void prepare_expert_gemm_kernels(int sm_count) {
+  load_module_of(reinterpret_cast<const void*>(&expert_gemm_kernel<Mode::kRows, false, false>));
   prepare<Mode::kRowsSwiGLU, false>(sm_count);
   prepare<Mode::kRows, false>(sm_count);
   prepare<Mode::kRowsMnB, false>(sm_count);

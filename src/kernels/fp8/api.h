@@ -227,4 +227,9 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
                                       const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,
                                       DeviceStatus* status, cudaStream_t stream);
 
+// Load the quantisation kernels and the GEMM kernels into the current context (common/kernel_loading.h
+// says why).
+void load_quantize_kernels();
+void load_gemm_kernels();
+
 }  // namespace lynx::fp8

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "common/per_device.h"
 #include "kernels/expert_gemm/tma.h"
 #include "kernels/fp8/api.h"
@@ -197,6 +198,10 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                             tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
                             int32_t(split));
+}
+
+void load_gemm_kernels() {
+  load_module_of(reinterpret_cast<const void*>(&gemm_kernel<Form::kSwiGLU, bf16_t, kGatherRemote>));
 }
 
 }  // namespace lynx::fp8

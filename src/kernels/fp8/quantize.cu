@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "device/remote.cuh"
 #include "kernels/fp8/api.h"
 #include "kernels/fp8/e4m3.cuh"
@@ -792,5 +793,7 @@ void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t col
   dequantize_kernel<<<grid_of(grid), threads, 0, stream>>>(q, scales, rows, cols, blocks, x);
   LYNX_CHECK_LAUNCH();
 }
+
+void load_quantize_kernels() { load_module_of(reinterpret_cast<const void*>(&dequantize_kernel)); }
 
 }  // namespace lynx::fp8

@@ -12,11 +12,9 @@
 namespace lynx::glue {
 
 
-// Loads this file's kernels into the current context. NOTES: with lazy module loading (CUDA's
-// default) a kernel is loaded at its first launch, and a load waits for the kernels the device is
-// running: a pass's first combine or SwiGLU backward would hold the host until the GEMMs before it
-// finished. A workspace calls this when it is made.
-void prepare_glue_kernels();
+// Loads the glue kernels into the current context (common/kernel_loading.h says why). A workspace
+// calls this when it is made.
+void load_kernels();
 
 // dst[row, :] = src[row_token_slot[row] / k, :] for the rows below *total_rows; padding rows get zeros.
 // With remote `sources` (R > 1), a row is read from its source rank's copy instead of src.

@@ -6,6 +6,7 @@
 #include "device/activation.cuh"
 #include "device/remote.cuh"
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "common/per_device.h"
 #include "kernels/schedule/core.h"
 #include "kernels/glue/api.h"
@@ -355,20 +356,7 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 
 }  // namespace
 
-void prepare_glue_kernels() {
-  for (const void* kernel : {reinterpret_cast<const void*>(gather_rows_kernel<false>),
-                             reinterpret_cast<const void*>(gather_rows_kernel<true>),
-                             reinterpret_cast<const void*>(scatter_token_rows_kernel),
-                             reinterpret_cast<const void*>(swiglu_forward_kernel),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel<false, false>),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel<false, true>),
-                             reinterpret_cast<const void*>(swiglu_backward_kernel<true, false>),
-                             reinterpret_cast<const void*>(combine_kernel<false>),
-                             reinterpret_cast<const void*>(combine_kernel<true>)}) {
-    cudaFuncAttributes attr{};
-    LYNX_CUDA(cudaFuncGetAttributes(&attr, kernel));
-  }
-}
+void load_kernels() { load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>)); }
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream, const RowSources& sources) {

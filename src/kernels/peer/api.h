@@ -44,4 +44,7 @@ void arrive(const BarrierArgs& args, bool publish_status, cudaStream_t stream);
 // rank's status, so that this rank's combine writes nothing either and check() reports it.
 void wait(const BarrierArgs& args, bool collect_errors, cudaStream_t stream);
 
+// Loads the barrier kernels into the current context (common/kernel_loading.h says why).
+void load_kernels();
+
 }  // namespace lynx::peer

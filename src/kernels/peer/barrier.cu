@@ -1,4 +1,5 @@
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "device/remote.cuh"
 #include "device/sm90.cuh"
 #include "kernels/peer/api.h"
@@ -64,5 +65,7 @@ void wait(const BarrierArgs& args, bool collect_errors, cudaStream_t stream) {
   wait_kernel<<<1, 32 * ((args.ranks + 31) / 32), 0, stream>>>(args, collect_errors);
   LYNX_CHECK_LAUNCH();
 }
+
+void load_kernels() { load_module_of(reinterpret_cast<const void*>(&arrive_kernel)); }
 
 }  // namespace lynx::peer

@@ -144,4 +144,9 @@ void build_schedule_device(const Problem& p, const SchedulePlan& plan, const Dev
 void stage_routing(const OwnRouting& own, float* weights_copy, int64_t entries, int64_t num_experts, int32_t rank,
                    DeviceStatus* status, cudaStream_t stream);
 
+// Load the schedule kernels and the routing copy's into the current context (common/kernel_loading.h
+// says why).
+void load_schedule_kernels();
+void load_stage_routing_kernels();
+
 }  // namespace lynx::sched

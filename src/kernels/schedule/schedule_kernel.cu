@@ -25,6 +25,7 @@
 #include <climits>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "common/per_device.h"
 #include "device/last_block.cuh"
 #include "device/remote.cuh"
@@ -467,5 +468,7 @@ void build_schedule_device(const Problem& p, const SchedulePlan& plan, const Dev
     LYNX_CUDA(cudaLaunchKernelEx(&cfg, schedule_kernel<int32_t>, a));
   }
 }
+
+void load_schedule_kernels() { load_module_of(reinterpret_cast<const void*>(&schedule_kernel<int32_t>)); }
 
 }  // namespace lynx::sched

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "device/last_block.cuh"
 #include "kernels/schedule/api.h"
 #include "kernels/schedule/routing_check.h"
@@ -48,5 +49,7 @@ void stage_routing(const OwnRouting& own, float* weights_copy, int64_t entries, 
   }
   LYNX_CHECK_LAUNCH();
 }
+
+void load_stage_routing_kernels() { load_module_of(reinterpret_cast<const void*>(&stage_routing_kernel<int32_t>)); }
 
 }  // namespace lynx::sched
