@@ -290,6 +290,15 @@ void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradien
   }
 }
 
+void expect_d_topk_values_within_term_rss(const std::vector<float>& got, const ref::Gradients& g, double tolerance) {
+  ASSERT_EQ(got.size(), g.d_topk_term_rss.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(double(got[i]) - g.d_topk_weights[i]), tolerance * g.d_topk_term_rss[i])
+        << "d_topk_weights[" << i << "] = " << got[i] << ", reference " << g.d_topk_weights[i]
+        << " (its terms' magnitude " << g.d_topk_magnitude[i] << ", root-sum-square " << g.d_topk_term_rss[i] << ")";
+  }
+}
+
 void expect_rows_near(const std::vector<HostBf16>& got, const std::vector<double>& want, int64_t width,
                       const char* what) {
   constexpr double kRowBound = 0.1, kRowFloor = 0.25;  // layer_check.h says why

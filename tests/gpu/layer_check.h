@@ -131,6 +131,11 @@ LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const
 // a cancelled dot product's error scales with its terms, not with its value (fatal on the first miss).
 void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
 
+// Every d_topk_weights value within `tolerance` of the root-sum-square of its terms' errors' scales
+// (g.d_topk_term_rss): the FP8 path's, whose operands' errors come from sums over H that may cancel
+// (random_case.h, kFp8Bounds) (fatal on the first miss).
+void expect_d_topk_values_within_term_rss(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
+
 // Every row of a [rows, width] output (y, dx) near the reference's row: within 0.1 of that row's norm or,
 // for rows under a quarter of the rows' rms norm (a cancelled sum), of that quarter. NOTES: a wrong
 // term (one of a token's k rows stale or never written: the per-row buffers share memory, so such a

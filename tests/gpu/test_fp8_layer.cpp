@@ -121,17 +121,20 @@ double dissimilarity_of(const std::vector<T>& got, const std::vector<double>& wa
   return ref::fp8::dissimilarity(g, want);
 }
 
-// NOTES: each d_topk_weights value is one dot product ⟨da, h⟩ over I whose terms bear da's and h's FP8
-// errors (6ε², a relative error of √6·ε ≈ 0.088 at most), with random signs, so a cancelled value's
-// error scales with the magnitude of its terms, not with the value (as in tests/gpu/layer_check.cpp):
-// every value within √6·ε of that magnitude, and the dissimilarity where there are 32 values or more.
-const double kDTopkMagnitudeTolerance = std::sqrt(2.0) / 16.0;
+// NOTES: each d_topk_weights value is one dot product ⟨da, h⟩ over I, and da, g and u are themselves
+// sums over H that may cancel, so a term's FP8 error does not scale with that term: the magnitude of
+// the terms does not bound the value's error (√6·ε of it was crossed, 0.0958, at T=130 H=256 I=128
+// E=8 k=4, seed 3131583568, on an H100: d_topk_weights[323] -119.912 against -102.950; the CPU
+// emulation of the FP8 backward gives -119.935 for it, so the recipe's roundings, not a kernel). Every
+// value within 6 RMS error scales of its terms, √2·ε·d_topk_term_rss (the random cases' bound,
+// random_case.h: that value is 3.4 of them), and the dissimilarity where there are 32 values or more.
+const double kDTopkTermRssTolerance = 6.0 * ref::fp8::kQuantisedProductRmsError;
 
 // Every gradient against the exact layer's.
 void expect_gradients_close(const Outputs& o, const HostLayer& L, const std::vector<HostBf16>& dy) {
   const ref::Gradients g = ref::backward(L.reference(L.weights_double()), to_double_vec(dy).data());
   EXPECT_LT(dissimilarity_of(o.dx, g.dx, "dx"), kMaxDxDissimilarity);
-  expect_d_topk_values_near(o.d_topk, g, kDTopkMagnitudeTolerance);
+  expect_d_topk_values_within_term_rss(o.d_topk, g, kDTopkTermRssTolerance);
   if (::testing::Test::HasFatalFailure()) return;
   if (o.d_topk.size() >= 32) {
     EXPECT_LT(dissimilarity_of(o.d_topk, g.d_topk_weights, "d_topk_weights"), kMaxDissimilarity);
