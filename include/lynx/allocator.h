@@ -29,7 +29,10 @@ namespace lynx {
 // allocator reuses a block only on the stream that gave it back. A workspace with a shared expert also
 // takes one block while it is made (on the legacy default stream, given back before the constructor
 // returns): the shared expert's products run once on it, so that cuBLAS loads their kernels then
-// rather than inside a pass (src/common/kernel_loading.h says why).
+// rather than inside a pass (src/common/kernel_loading.h says why). Its bytes: x's [T, H] and one
+// shared-expert weight's [I_s, H] in bf16, and the shared expert's intermediates the workspace lends
+// (hs, dhs, dgs, dus [T, I_s] bf16, ys [T, H] fp32; gs and us [T, I_s] too with
+// Config::caller_context), each rounded up to 1 KB.
 class ScratchAllocator {
  public:
   virtual ~ScratchAllocator() = default;

@@ -26,6 +26,7 @@ Fn entry_point(const char* name, int version) {
   cudaDriverEntryPointQueryResult q{};
   if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess || p == nullptr) {
+    cudaGetLastError();
     throw Error("", std::string("the CUDA driver does not provide ") + name + " (loading kernels needs driver >= 12.4)");
   }
   return reinterpret_cast<Fn>(p);

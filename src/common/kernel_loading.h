@@ -5,7 +5,9 @@
 // first launch of a kernel comes after a kernel of its own that waits for other work (a cross-rank
 // barrier waiting for a rank whose pass the same thread has not queued yet) would then wait for
 // itself until the barrier's time limit; and a pass's first call would hold the host until the GPU
-// is idle. So a workspace loads every kernel its passes can launch when it is made.
+// is idle. So a workspace loads, when it is made, every kernel of lynx's kernel files, and cuBLAS's
+// for the shared expert (runtime/steps.h). Not loaded then: the unfused backend's cuBLAS products of
+// the routed experts, whose shapes follow the routing (one rank, and its calls wait for the GPU anyway).
 #pragma once
 
 namespace lynx {

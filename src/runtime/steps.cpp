@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/cuda_check.h"
 #include "kernels/glue/api.h"
@@ -76,10 +77,25 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
   const LayerShape& sh = w.shape;
   const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
   if (Is == 0) return;
-  // x (also dy) [T, H]; the weights [Is, H] and [H, Is], read; their gradients, written; gs, us, hs, dhs,
-  // dgs, dus [T, Is]; ys [T, H] fp32.
+  // The block: x (also dy) [T, H] and one area for the weights [Is, H] and [H, Is], then their gradients
+  // (every weight is last read before the first gradient is written), zeroed; and, of gs, us, hs, dhs,
+  // dgs, dus [T, Is] and ys [T, H] fp32, those the workspace does not hold itself (lent scratch, the
+  // caller's context).
   const int64_t x_bytes = plan::lent_bytes(2 * T * H), w_bytes = plan::lent_bytes(2 * Is * H);
-  const int64_t t_bytes = plan::lent_bytes(2 * T * Is), bytes = x_bytes + 2 * w_bytes + 6 * t_bytes + plan::lent_bytes(4 * T * H);
+  UnfusedBuffers& un = w.un;
+  const UnfusedBuffers kept = un;
+  struct Area {
+    void** field;
+    int64_t bytes;
+  };
+  std::vector<Area> lent;
+  for (bf16_t** field : {&un.gs, &un.us, &un.hs, &un.dhs, &un.dgs, &un.dus}) {
+    if (*field == nullptr) lent.push_back({reinterpret_cast<void**>(field), plan::lent_bytes(2 * T * Is)});
+  }
+  if (un.ys == nullptr) lent.push_back({reinterpret_cast<void**>(&un.ys), plan::lent_bytes(4 * T * H)});
+  int64_t bytes = x_bytes + w_bytes;
+  for (const Area& a : lent) bytes += a.bytes;
+
   ScratchAllocator* allocator = w.config.scratch_allocator;
   const cudaStream_t s = nullptr;
   char* block = nullptr;
@@ -93,35 +109,39 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
       throw Error("config.scratch_allocator", "allocate returned memory that is not 256-byte aligned");
     }
   } else {
-    LYNX_CUDA(cudaMalloc(reinterpret_cast<void**>(&block), size_t(bytes)));
+    const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&block), size_t(bytes));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("", "cannot allocate " + std::to_string(bytes) +
+                          " bytes of device memory to load the shared expert's cuBLAS kernels: " + cudaGetErrorString(err));
+    }
   }
-  const UnfusedBuffers kept = w.un;
+  // NOTES: a deallocate that throws is not reported (lynx/allocator.h asks that it not throw), so that
+  // the error being raised, if any, is the one the caller sees.
   const auto give_back = [&] {
-    w.un = kept;
+    un = kept;
     cudaStreamSynchronize(s);
     if (allocator) {
-      allocator->deallocate(block, size_t(bytes), s);
+      try {
+        allocator->deallocate(block, size_t(bytes), s);
+      } catch (...) {
+      }
     } else {
       cudaFree(block);
     }
   };
   try {
-    LYNX_CUDA(cudaMemsetAsync(block, 0, size_t(bytes), s));
-    char* at = block;
-    const auto take = [&](int64_t n) {
-      char* p = at;
-      at += n;
-      return p;
-    };
+    LYNX_CUDA(cudaMemsetAsync(block, 0, size_t(x_bytes + w_bytes), s));
     LayerInputs in{};
-    in.x.data = take(x_bytes);
-    in.weights.ws_gate.data = in.weights.ws_up.data = in.weights.ws_down.data = take(w_bytes);
+    in.x.data = block;
+    in.weights.ws_gate.data = in.weights.ws_up.data = in.weights.ws_down.data = block + x_bytes;
     Gradients grads{};
-    grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = take(w_bytes);
-    for (bf16_t** field : {&w.un.gs, &w.un.us, &w.un.hs, &w.un.dhs, &w.un.dgs, &w.un.dus}) {
-      *field = reinterpret_cast<bf16_t*>(take(t_bytes));
+    grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = block + x_bytes;
+    char* at = block + x_bytes + w_bytes;
+    for (const Area& a : lent) {
+      *a.field = at;
+      at += a.bytes;
     }
-    w.un.ys = reinterpret_cast<float*>(at);
     enqueue_shared_gate_up(w, in, s);
     enqueue_shared_down(w, in, s);
     enqueue_shared_backward(w, in, in.x, grads, s);

@@ -24,12 +24,13 @@ void enqueue_stage_inputs(Workspace::Impl& w, const LayerInputs& in, cudaStream_
 void enqueue_shared_gate_up(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s);
 
-// Runs the shared expert's products, forward and backward, once on zeros in memory of its own, so
-// that cuBLAS loads their kernels when the workspace is made rather than at a pass's first call
-// (common/kernel_loading.h says why; cuBLAS loads a kernel at its first use, whatever
-// CUDA_MODULE_LOADING says). The operands lie on 1 KB boundaries, as a lent block's and PyTorch's do:
-// cuBLAS chooses its kernel by shape and by the operands' alignment. Waits for the GPU. Nothing when
-// there is no shared expert.
+// Runs the shared expert's products, forward and backward, once on zeros (x, dy and the weights in a
+// block of their own; the intermediates in the workspace's buffers, or in that block where they are
+// lent), so that cuBLAS loads their kernels when the workspace is made rather than at a pass's first
+// call (common/kernel_loading.h says why; cuBLAS loads a kernel at its first use, whatever
+// CUDA_MODULE_LOADING says). cuBLAS chooses its kernel by the products' shapes and by their operands'
+// alignment: the block's operands are aligned to 256 bytes or more, as lynx's buffers and PyTorch's
+// tensors are. Waits for the GPU. Nothing when there is no shared expert.
 void load_shared_expert_kernels(Workspace::Impl& w);
 
 // The combine of the routed rows (w.un.rows_a; at R > 1 every rank's, pulled) into y, with the shared

@@ -202,9 +202,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       LYNX_CUDA(cudaMemset(gather_sync, 0, sizeof(int32_t) * gemm::gather_sync_ints(cap)));
       gemm::prepare_expert_gemm_kernels(device_props.sm_count);
     }
-    // NOTES: every kernel a pass can launch is loaded now, cuBLAS's for the shared expert included
-    // (common/kernel_loading.h says why): a pass that loaded one at its first launch could wait for
-    // its own cross-rank barrier, or hold the host until the GPU is idle.
+    // NOTES: lynx's kernels are loaded now, and cuBLAS's for the shared expert (common/kernel_loading.h
+    // says why): a pass that loaded one at its first launch could wait for its own cross-rank barrier,
+    // or hold the host until the GPU is idle.
     glue::load_kernels();
     sched::load_schedule_kernels();
     sched::load_stage_routing_kernels();
