@@ -8,6 +8,7 @@
 #include "kernels/glue/api.h"
 #include "lynx/allocator.h"
 #include "plan/context_layout.h"
+#include "plan/shared_load_block.h"
 #include "runtime/stages.h"
 
 namespace lynx {
@@ -75,13 +76,12 @@ void enqueue_shared_down(Workspace::Impl& w, const LayerInputs& in, cudaStream_t
 
 void load_shared_expert_kernels(Workspace::Impl& w) {
   const LayerShape& sh = w.shape;
+  if (sh.shared_intermediate == 0) return;
   const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
-  if (Is == 0) return;
-  // The block: x (also dy) [T, H] and one area for the weights [Is, H] and [H, Is], then their gradients
-  // (every weight is last read before the first gradient is written), zeroed; and, of gs, us, hs, dhs,
-  // dgs, dus [T, Is] and ys [T, H] fp32, those the workspace does not hold itself (lent scratch, the
-  // caller's context).
-  const int64_t x_bytes = plan::lent_bytes(2 * T * H), w_bytes = plan::lent_bytes(2 * Is * H);
+  // x and the weights (plan/shared_load_block.h), then those of the intermediates the workspace does
+  // not hold itself (lent scratch, the caller's context), in the block; the others in the workspace.
+  const plan::SharedLoadBlock layout =
+      plan::shared_load_block(sh, w.config.scratch_allocator != nullptr, w.config.caller_context);
   UnfusedBuffers& un = w.un;
   const UnfusedBuffers kept = un;
   struct Area {
@@ -89,12 +89,18 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
     int64_t bytes;
   };
   std::vector<Area> lent;
-  for (bf16_t** field : {&un.gs, &un.us, &un.hs, &un.dhs, &un.dgs, &un.dus}) {
+  for (bf16_t** field : {&un.hs, &un.dhs, &un.dgs, &un.dus}) {
     if (*field == nullptr) lent.push_back({reinterpret_cast<void**>(field), plan::lent_bytes(2 * T * Is)});
   }
   if (un.ys == nullptr) lent.push_back({reinterpret_cast<void**>(&un.ys), plan::lent_bytes(4 * T * H)});
-  int64_t bytes = x_bytes + w_bytes;
+  for (bf16_t** field : {&un.gs, &un.us}) {
+    if (*field == nullptr) lent.push_back({reinterpret_cast<void**>(field), plan::lent_bytes(2 * T * Is)});
+  }
+  int64_t bytes = layout.x + layout.weights;
   for (const Area& a : lent) bytes += a.bytes;
+  if (bytes != layout.total()) {
+    throw Error("", "internal: the shared expert's load block is not that of plan/shared_load_block.h");
+  }
 
   ScratchAllocator* allocator = w.config.scratch_allocator;
   const cudaStream_t s = nullptr;
@@ -131,13 +137,13 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
     }
   };
   try {
-    LYNX_CUDA(cudaMemsetAsync(block, 0, size_t(x_bytes + w_bytes), s));
+    LYNX_CUDA(cudaMemsetAsync(block, 0, size_t(layout.x + layout.weights), s));
     LayerInputs in{};
     in.x.data = block;
-    in.weights.ws_gate.data = in.weights.ws_up.data = in.weights.ws_down.data = block + x_bytes;
+    in.weights.ws_gate.data = in.weights.ws_up.data = in.weights.ws_down.data = block + layout.x;
     Gradients grads{};
-    grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = block + x_bytes;
-    char* at = block + x_bytes + w_bytes;
+    grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = block + layout.x;
+    char* at = block + layout.x + layout.weights;
     for (const Area& a : lent) {
       *a.field = at;
       at += a.bytes;

@@ -6,6 +6,7 @@
 
 #include "lynx/error.h"
 #include "plan/layer_plan.h"
+#include "plan/shared_load_block.h"
 
 namespace lynx::plan {
 namespace {
@@ -200,6 +201,28 @@ TEST(LayerPlan, OverridesOutOfRangeAreErrors) {
   o = {};
   o.gemm_sm_count = -1;
   expect_error(o, "gemm_sm_count");
+}
+
+// The block a workspace with a shared expert takes while it is made (lynx/allocator.h gives these
+// sizes): x and one shared weight always, the intermediates where they are lent, each rounded up to
+// 1 KB; nothing without a shared expert.
+TEST(SharedLoadBlock, HoldsWhatTheWorkspaceDoesNot) {
+  LayerShape s;
+  s.tokens = 4096, s.hidden = 7168, s.intermediate = 2048, s.num_experts = 256, s.top_k = 8;
+  EXPECT_EQ(plan::shared_load_block(s, true, true).total(), 0);
+  s.shared_intermediate = 2048;
+  const int64_t x = 2 * 4096 * 7168, w = 2 * 2048 * 7168, t = 2 * 4096 * 2048, y = 4 * 4096 * 7168;
+  EXPECT_EQ(plan::shared_load_block(s, false, false).total(), x + w);
+  EXPECT_EQ(plan::shared_load_block(s, true, false).total(), x + w + 4 * t + y);
+  EXPECT_EQ(plan::shared_load_block(s, false, true).total(), x + w + 2 * t);
+  EXPECT_EQ(plan::shared_load_block(s, true, true).total(), x + w + 6 * t + y);
+  // Each area on its own 1 KB: T = 5, H = 64, I_s = 3.
+  s.tokens = 5, s.hidden = 64, s.shared_intermediate = 3;
+  const plan::SharedLoadBlock b = plan::shared_load_block(s, true, true);
+  EXPECT_EQ(b.x, 1024);            // 640 bytes
+  EXPECT_EQ(b.weights, 1024);      // 384
+  EXPECT_EQ(b.scratch, 6 * 1024);  // four of 30, and ys' 1280
+  EXPECT_EQ(b.context, 2 * 1024);
 }
 
 }  // namespace
