@@ -2,13 +2,14 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "kernels/glue/api.h"
 #include "lynx/allocator.h"
 #include "plan/context_layout.h"
 #include "plan/shared_load_block.h"
+#include "runtime/scratch.h"
 #include "runtime/stages.h"
 
 namespace lynx {
@@ -78,42 +79,15 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
   const LayerShape& sh = w.shape;
   if (sh.shared_intermediate == 0) return;
   const int64_t T = sh.tokens, H = sh.hidden, Is = sh.shared_intermediate;
-  // x and the weights (plan/shared_load_block.h), then those of the intermediates the workspace does
-  // not hold itself (lent scratch, the caller's context), in the block; the others in the workspace.
-  const plan::SharedLoadBlock layout =
-      plan::shared_load_block(sh, w.config.scratch_allocator != nullptr, w.config.caller_context);
-  UnfusedBuffers& un = w.un;
-  const UnfusedBuffers kept = un;
-  struct Area {
-    void** field;
-    int64_t bytes;
-  };
-  std::vector<Area> lent;
-  for (bf16_t** field : {&un.hs, &un.dhs, &un.dgs, &un.dus}) {
-    if (*field == nullptr) lent.push_back({reinterpret_cast<void**>(field), plan::lent_bytes(2 * T * Is)});
-  }
-  if (un.ys == nullptr) lent.push_back({reinterpret_cast<void**>(&un.ys), plan::lent_bytes(4 * T * H)});
-  for (bf16_t** field : {&un.gs, &un.us}) {
-    if (*field == nullptr) lent.push_back({reinterpret_cast<void**>(field), plan::lent_bytes(2 * T * Is)});
-  }
-  int64_t bytes = layout.x + layout.weights;
-  for (const Area& a : lent) bytes += a.bytes;
-  if (bytes != layout.total()) {
-    throw Error("", "internal: the shared expert's load block is not that of plan/shared_load_block.h");
-  }
-
   ScratchAllocator* allocator = w.config.scratch_allocator;
+  // x and the weights, then the intermediates the workspace lends (plan/shared_load_block.h); the
+  // others are the workspace's own.
+  const plan::SharedLoadBlock layout = plan::shared_load_block(sh, allocator != nullptr, w.config.caller_context);
+  const int64_t bytes = layout.total();
   const cudaStream_t s = nullptr;
   char* block = nullptr;
   if (allocator) {
-    block = static_cast<char*>(allocator->allocate(size_t(bytes), s));
-    if (block == nullptr) {
-      throw Error("config.scratch_allocator", "allocate(" + std::to_string(bytes) + " bytes) returned no memory");
-    }
-    if (reinterpret_cast<uintptr_t>(block) % 256 != 0) {
-      allocator->deallocate(block, size_t(bytes), s);
-      throw Error("config.scratch_allocator", "allocate returned memory that is not 256-byte aligned");
-    }
+    block = allocate_block(*allocator, bytes, s);
   } else {
     const cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&block), size_t(bytes));
     if (err != cudaSuccess) {
@@ -122,16 +96,13 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
                           " bytes of device memory to load the shared expert's cuBLAS kernels: " + cudaGetErrorString(err));
     }
   }
-  // NOTES: a deallocate that throws is not reported (lynx/allocator.h asks that it not throw), so that
-  // the error being raised, if any, is the one the caller sees.
+  UnfusedBuffers& un = w.un;
+  const UnfusedBuffers kept = un;
   const auto give_back = [&] {
     un = kept;
     cudaStreamSynchronize(s);
     if (allocator) {
-      try {
-        allocator->deallocate(block, size_t(bytes), s);
-      } catch (...) {
-      }
+      deallocate_block(*allocator, block, bytes, s);
     } else {
       cudaFree(block);
     }
@@ -144,9 +115,17 @@ void load_shared_expert_kernels(Workspace::Impl& w) {
     Gradients grads{};
     grads.dws_gate.data = grads.dws_up.data = grads.dws_down.data = block + layout.x;
     char* at = block + layout.x + layout.weights;
-    for (const Area& a : lent) {
-      *a.field = at;
-      at += a.bytes;
+    const auto place = [&](auto*& field, int64_t n) {
+      field = reinterpret_cast<std::remove_reference_t<decltype(field)>>(at);
+      at += plan::lent_bytes(n);
+    };
+    if (layout.scratch > 0) {
+      for (bf16_t** field : {&un.hs, &un.dhs, &un.dgs, &un.dus}) place(*field, 2 * T * Is);
+      place(un.ys, 4 * T * H);
+    }
+    if (layout.context > 0) {
+      place(un.gs, 2 * T * Is);
+      place(un.us, 2 * T * Is);
     }
     enqueue_shared_gate_up(w, in, s);
     enqueue_shared_down(w, in, s);
