@@ -127,14 +127,13 @@ struct LayerStack {
 };
 LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute);
 
-// Every d_topk_weights value within `tolerance` of the magnitude of its terms (g.d_topk_magnitude):
-// a cancelled dot product's error scales with its terms, not with its value (fatal on the first miss).
-void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
-
-// Every d_topk_weights value within `tolerance` of the root-sum-square of its terms' errors' scales
-// (g.d_topk_term_rss): the FP8 path's, whose operands' errors come from sums over H that may cancel
-// (random_case.h, kFp8Bounds) (fatal on the first miss).
-void expect_d_topk_values_within_term_rss(const std::vector<float>& got, const ref::Gradients& g, double tolerance);
+// Every d_topk_weights value within `tolerance` · scale[i] of the reference (fatal on the first miss).
+// The scale: the magnitude of its terms (g.d_topk_magnitude), where a cancelled dot product's error
+// scales with its terms, not with its value; or, for the FP8 path, whose operands' errors come from sums
+// over H that may cancel too, the root-sum-square of its terms' error scales (g.d_topk_term_rss;
+// random_case.h, kFp8Bounds).
+void expect_d_topk_values_near(const std::vector<float>& got, const ref::Gradients& g,
+                               const std::vector<double>& scale, double tolerance);
 
 // Every row of a [rows, width] output (y, dx) near the reference's row: within 0.1 of that row's norm or,
 // for rows under a quarter of the rows' rms norm (a cancelled sum), of that quarter. NOTES: a wrong
