@@ -9,7 +9,8 @@
 // and every output of its real tokens keeps the bits of one rank holding only the real tokens.
 //
 // Every call validates all its arguments on the host before it launches anything, and throws
-// lynx::Error naming the argument at fault. Routing values that live on the device (expert ids out of
+// lynx::Error naming the argument at fault; among the checks, no output (y; dx, d_topk_weights and the
+// weight gradients) may share a byte with another output or with an input of the call. Routing values that live on the device (expert ids out of
 // range, non-finite router weights) are checked by the first kernel of the call; the error is
 // reported by the call itself (paths that read back from the device) or by Workspace::check().
 #pragma once

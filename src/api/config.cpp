@@ -51,6 +51,14 @@ void validate_shape(const LayerShape& s) {
   const int64_t routed = s.tokens * s.top_k * s.num_ranks;
   require(routed <= Limits::kMaxRoutedRows, "shape.tokens",
           "tokens * top_k * num_ranks = " + str(routed) + " exceeds " + str(Limits::kMaxRoutedRows));
+  // NOTES: the schedule's rows, each local expert's padded to kTileRows, are int32-indexed too, and a
+  // given capacity does not bound them: the schedule builder sums the padded counts before it compares
+  // them with the capacity.
+  const int64_t padded = worst_case_schedule_rows(s);
+  require(padded <= Limits::kMaxRoutedRows + 1 - kTileRows, "shape.tokens",
+          "tokens * top_k * num_ranks = " + str(routed) + " rows, each of the " + str(s.local_experts()) +
+              " local experts' padded to " + str(kTileRows) + ", can need " + str(padded) + " schedule rows; at most " +
+              str(Limits::kMaxRoutedRows + 1 - kTileRows) + " are indexable");
 }
 
 int64_t worst_case_schedule_rows(const LayerShape& s) {
@@ -106,11 +114,15 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
     require(r.backend == Backend::kFused, "config.precision", "fp8_block needs the fused backend");
   }
   r.precision = c.precision;
+  require(!c.bf16_weight_grads || c.precision == Precision::kFp8Block, "config.bf16_weight_grads",
+          "applies to precision kFp8Block only (bf16 passes compute every gradient in bf16)");
   r.bf16_weight_grads = c.bf16_weight_grads;
   return r;
 }
 
 int64_t forward_context_bytes(const LayerShape& shape, const Config& config) {
+  require(config.save_forward_context, "config.save_forward_context",
+          "is false: forward saves no context, so there is none to size (a caller's context needs it)");
   Config c = config;
   c.caller_context = false;
   const ResolvedConfig r = resolve_config(shape, c, DeviceInfo{});

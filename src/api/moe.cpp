@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/aliasing.h"
 #include "api/call.h"
 #include "api/passes.h"
 #include "baseline/passes.h"
@@ -58,7 +59,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   validate_output(w.shape, y);
-  if (y.data == in.x.data) throw Error("y", "must not alias x");
+  api::check_forward_aliasing(in, y);
   check_device(w);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -102,9 +103,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   validate_gradients(w.shape, dy, grads);
-  if (grads.dx.data == dy.data) throw Error("dx", "must not alias dy");
-  // One rank's backward reads x again (the weight gradients' rows) after it writes dx.
-  if (grads.dx.data == in.x.data) throw Error("dx", "must not alias x");
+  api::check_backward_aliasing(in, dy, grads);
   require_quantized_weights(w, in, Fp8Copies::kBackward);  // the FP8 dgrads read the transposed copies
   check_device(w);
   require_connected(w);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "api/aliasing.h"
 #include "api/call.h"
 #include "api/passes.h"
 #include "comm/transport.h"
@@ -235,7 +236,7 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
       [&](Workspace::Impl& w, size_t r) {
         validate_inputs(w.shape, in[r]);
         validate_output(w.shape, y[r]);
-        if (y[r].data == in[r].x.data) throw Error("y", "must not alias x");
+        api::check_forward_aliasing(in[r], y[r]);
         api::require_quantized_weights(w, in[r], Fp8Copies::kForward);
       },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
@@ -265,7 +266,7 @@ void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Laye
       [&](Workspace::Impl& w, size_t r) {
         validate_inputs(w.shape, in[r]);
         validate_gradients(w.shape, dy[r], grads[r]);
-        if (grads[r].dx.data == dy[r].data) throw Error("dx", "must not alias dy");
+        api::check_backward_aliasing(in[r], dy[r], grads[r]);
         require_context(w, in[r]);  // before any rank queues anything: a pass begun must be ended
         api::require_quantized_weights(w, in[r], Fp8Copies::kBackward);
       },

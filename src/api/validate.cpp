@@ -104,10 +104,12 @@ void validate_fp8_weights(const LayerShape& s, const Fp8ExpertWeights& w) {
 }
 
 void validate_output(const LayerShape& s, const TensorView& y) {
+  validate_shape(s);
   check_tensor(y, "y", {DType::kBF16}, {s.tokens, s.hidden});
 }
 
 void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradients& g) {
+  validate_shape(s);
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E_loc = s.local_experts();
   check_tensor(dy, "dy", {DType::kBF16}, {T, H});
   check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});

@@ -128,6 +128,12 @@ TEST(Config, ExplicitValuesAreKeptOrRejected) {
   c = Config{};
   c.precision = static_cast<Precision>(7);
   expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.precision");
+  // bf16 weight gradients: an FP8 option; with bf16 passes it would be silently meaningless.
+  c = Config{};
+  c.bf16_weight_grads = true;
+  expect_error([&] { resolve_config(qwen3(), c, DeviceInfo{}); }, "config.bf16_weight_grads");
+  c.precision = Precision::kFp8Block;
+  EXPECT_TRUE(resolve_config(qwen3(), c, DeviceInfo{}).bf16_weight_grads);
 }
 
 // Capacities for a bounded load: the balanced share times max_load plus each local expert's padding,

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "api/aliasing.h"
 #include "kernels/schedule/routing_check.h"
 #include "lynx/lynx.h"
 
@@ -246,6 +247,96 @@ TEST(Validation, ShapeLimits) {
   // The validation of inputs re-checks the shape first.
   s.top_k = Limits::kMaxTopK + 1;
   expect_error([&] { validate_inputs(s, good_inputs(small_shape())); }, "shape.top_k", "at most");
+}
+
+// The schedule's padded rows are int32-indexed too: a shape whose rows fit but whose padding does not
+// is rejected by the shape check, whatever capacity a config gives.
+TEST(Validation, ScheduleRowsBeyondInt32AreRejected) {
+  LayerShape s = small_shape(0);
+  s.tokens = Limits::kMaxTokens - 1;
+  s.top_k = Limits::kMaxTopK;
+  s.num_ranks = Limits::kMaxRanks;
+  s.num_experts = Limits::kMaxExperts;
+  ASSERT_LE(s.tokens * s.top_k * s.num_ranks, Limits::kMaxRoutedRows);  // the rows alone fit
+  expect_error([&] { validate_shape(s); }, "shape.tokens", "indexable");
+  s.num_ranks = Limits::kMaxRanks / 2;
+  EXPECT_NO_THROW(validate_shape(s));
+  EXPECT_LE(worst_case_schedule_rows(s), Limits::kMaxRoutedRows + 1 - kTileRows);
+}
+
+// validate_output and validate_gradients check the shape first, as validate_inputs does.
+TEST(Validation, OutputAndGradientChecksCheckTheShape) {
+  LayerShape s = small_shape();
+  const LayerShape good = s;
+  s.tokens = -5;
+  expect_error([&] { validate_output(s, make_view(fake(20), DType::kBF16, {good.tokens, good.hidden})); },
+               "shape.tokens", "[1,");
+  s = small_shape();
+  s.num_experts = 6;
+  s.num_ranks = 4;
+  expect_error([&] { validate_gradients(s, make_view(fake(21), DType::kBF16, {s.tokens, s.hidden}), good_gradients(good)); },
+               "shape.num_experts", "not divisible");
+}
+
+// Outputs may share memory with neither each other nor the call's inputs, by byte range: views into one
+// allocation are rejected where they overlap and pass where they only touch.
+TEST(Validation, OutputsSharingMemoryAreErrors) {
+  const LayerShape s = small_shape();
+  // 16 MB apart: each tensor of the small shape fits before the next.
+  const auto far = [](int i) { return reinterpret_cast<char*>(uintptr_t(1) << 24) + (uintptr_t(i) << 24); };
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts(), Is = 64;
+  LayerInputs in;
+  in.x = make_view(far(0), DType::kBF16, {T, H});
+  in.topk_ids = make_view(far(1), DType::kI32, {T, k});
+  in.topk_weights = make_view(far(2), DType::kF32, {T, k});
+  in.weights.w_gate = make_view(far(3), DType::kBF16, {E, I, H});
+  in.weights.w_up = make_view(far(4), DType::kBF16, {E, I, H});
+  in.weights.w_down = make_view(far(5), DType::kBF16, {E, H, I});
+  in.weights.ws_gate = make_view(far(6), DType::kBF16, {Is, H});
+  in.weights.ws_up = make_view(far(7), DType::kBF16, {Is, H});
+  in.weights.ws_down = make_view(far(8), DType::kBF16, {H, Is});
+  const TensorView y = make_view(far(9), DType::kBF16, {T, H}), dy = make_view(far(10), DType::kBF16, {T, H});
+  Gradients good;
+  good.dx = make_view(far(11), DType::kBF16, {T, H});
+  good.d_topk_weights = make_view(far(12), DType::kF32, {T, k});
+  good.dw_gate = make_view(far(13), DType::kBF16, {E, I, H});
+  good.dw_up = make_view(far(14), DType::kBF16, {E, I, H});
+  good.dw_down = make_view(far(15), DType::kBF16, {E, H, I});
+  good.dws_gate = make_view(far(16), DType::kBF16, {Is, H});
+  good.dws_up = make_view(far(17), DType::kBF16, {Is, H});
+  good.dws_down = make_view(far(18), DType::kBF16, {H, Is});
+  EXPECT_NO_THROW(api::check_forward_aliasing(in, y));
+  EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, good));
+
+  // y: over x from its second row; right after x's last byte it passes.
+  expect_error([&] { api::check_forward_aliasing(in, make_view(far(0) + 2 * H, DType::kBF16, {T, H})); }, "y",
+               "shares memory with the input x");
+  EXPECT_NO_THROW(api::check_forward_aliasing(in, make_view(far(0) + 2 * T * H, DType::kBF16, {T, H})));
+  expect_error([&] { api::check_forward_aliasing(in, make_view(far(4) + 4096, DType::kBF16, {T, H})); }, "y",
+               "shares memory with the input w_up");
+
+  Gradients g = good;
+  g.dx = dy;
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with the input dy");
+  g = good;
+  g.dx = make_view(far(0) + 2 * H * (T - 1), DType::kBF16, {T, H});  // x's last row
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with the input x");
+  g = good;
+  g.d_topk_weights = make_view(far(11) + 64, DType::kF32, {T, k});  // inside dx
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with d_topk_weights");
+  g = good;
+  g.dw_up = g.dw_gate;
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dw_gate", "shares memory with dw_up");
+  g = good;
+  g.dw_down = in.weights.w_down;
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dw_down", "shares memory with the input w_down");
+  g = good;
+  g.dws_up = in.weights.ws_gate;
+  expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dws_up", "shares memory with the input ws_gate");
+  // Gate and up gradients side by side in one allocation pass.
+  g = good;
+  g.dw_up = make_view(far(13) + 2 * E * I * H, DType::kBF16, {E, I, H});
+  EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, g));
 }
 
 TEST(Validation, RoutingCheckOnDeviceData) {

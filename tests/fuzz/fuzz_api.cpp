@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "api/aliasing.h"
 #include "kernels/schedule/api.h"
 #include "lynx/lynx.h"
 
@@ -102,7 +103,9 @@ void fuzz_shape_and_config(Input& in) {
              s.top_k <= s.num_experts && s.rank < s.num_ranks,
          "validate_shape accepted a shape outside its rules");
   const int64_t worst = worst_case_schedule_rows(s);
-  expect(worst % kTileRows == 0 && worst >= s.tokens * s.top_k * s.num_ranks, "worst_case_schedule_rows");
+  expect(worst % kTileRows == 0 && worst >= s.tokens * s.top_k * s.num_ranks &&
+             worst <= Limits::kMaxRoutedRows + 1 - kTileRows,
+         "worst_case_schedule_rows");
   // A capacity for a bounded load: whole tiles, at least the balanced rows, within the worst case, and
   // never smaller for a larger load.
   const double load = 1.0 + double(in.take<uint8_t>()) / 16.0;
@@ -133,6 +136,7 @@ void fuzz_shape_and_config(Input& in) {
          "resolve_config's precision");
   expect(r.precision == Precision::kBf16 || r.backend == Backend::kFused, "FP8 on the unfused backend");
   expect(!r.caller_context || r.save_forward_context, "resolve_config's caller_context");
+  expect(!r.bf16_weight_grads || r.precision == Precision::kFp8Block, "bf16 weight gradients outside FP8");
 
   // The tensors of a call on this shape.
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, E = s.local_experts(), k = s.top_k;
@@ -162,8 +166,11 @@ void fuzz_shape_and_config(Input& in) {
   }
   try {
     validate_inputs(s, li);
-    validate_output(s, view(in, DType::kBF16, {T, H}));
-    validate_gradients(s, view(in, DType::kBF16, {T, H}), g);
+    const TensorView y = view(in, DType::kBF16, {T, H}), dy = view(in, DType::kBF16, {T, H});
+    validate_output(s, y);
+    validate_gradients(s, dy, g);
+    api::check_forward_aliasing(li, y);
+    api::check_backward_aliasing(li, dy, g);
   } catch (const Error& e) {
     check_error(e);
   }
