@@ -32,6 +32,23 @@ void require_context_form(const Workspace::Impl& w, bool given) {
   }
 }
 
+// NOTES: the unfused backend reads the schedule's counts back to the host between its kernels, which a
+// stream being captured into a CUDA graph cannot do: refused before anything is queued, so that the
+// caller's capture and the workspace's context stay as they were.
+void require_not_captured(const Workspace::Impl& w, cudaStream_t stream) {
+  if (w.config.backend != Backend::kUnfused) return;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: this call's own
+    throw Error("stream", std::string("cannot be used now (") + cudaGetErrorString(e) + ")");
+  }
+  if (status != cudaStreamCaptureStatusNone) {
+    throw Error("stream", "is being captured into a CUDA graph: the unfused backend reads counts back to the host "
+                          "between its kernels, which a graph cannot hold (the fused backend can be captured)");
+  }
+}
+
 void validate_context(const Workspace::Impl& w, const ForwardContext& ctx) {
   if (ctx.data == nullptr) throw Error("ctx.data", "is null");
   if (ctx.bytes < w.context_block.bytes) {
@@ -61,6 +78,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   validate_output(w.shape, y);
   api::check_forward_aliasing(in, y);
   check_device(w);
+  require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
   require_quantized_weights(w, in, Fp8Copies::kForward);
@@ -82,6 +100,7 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
   check_device(w);
+  require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
   require_quantized_weights(w, in, Fp8Copies::kForward);
@@ -106,6 +125,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   api::check_backward_aliasing(in, dy, grads);
   require_quantized_weights(w, in, Fp8Copies::kBackward);  // the FP8 dgrads read the transposed copies
   check_device(w);
+  require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
   if (ctx) {

@@ -252,6 +252,50 @@ TEST_P(Layer, DxAliasingAnInputIsAnError) {
   }
 }
 
+// The unfused backend reads counts back to the host, which a CUDA graph cannot hold: each call on a
+// stream being captured is refused with an error naming the stream, nothing queued, so the capture
+// ends cleanly with an empty graph and the workspace works afterwards.
+class UnfusedBackend : public GpuTest {};
+TEST_F(UnfusedBackend, CaptureIsRefusedBeforeAnythingRuns) {
+  const Case c{64, 64, 64, 4, 2, 0};
+  HostLayer L(c, fresh_seed());
+  Config config;
+  config.backend = Backend::kUnfused;
+  Workspace ws(L.shape, config);
+  OutputBuffers out(c);
+  DeviceBuffer dy(c.T * c.H * 2);
+  LYNX_TEST_CUDA(cudaMemset(dy.get(), 0, c.T * c.H * 2));
+  const TensorView dyv = make_view(dy.get(), DType::kBF16, {c.T, c.H});
+  cudaStream_t stream;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  forward(ws, L.inputs(), out.y_view(), stream);  // a context for the backward below
+  LYNX_TEST_CUDA(cudaStreamSynchronize(stream));
+  const auto expect_refused = [&](const char* call, auto&& f) {
+    cudaGraph_t graph = nullptr;
+    LYNX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      f();
+      ADD_FAILURE() << call << " was queued into a capture";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "stream") << e.what();
+      EXPECT_NE(std::string(e.what()).find("captured"), std::string::npos) << e.what();
+    }
+    LYNX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+    size_t nodes = 1;
+    LYNX_TEST_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+    EXPECT_EQ(nodes, 0u) << call;
+    LYNX_TEST_CUDA(cudaGraphDestroy(graph));
+  };
+  expect_refused("forward", [&] { forward(ws, L.inputs(), out.y_view(), stream); });
+  expect_refused("recompute_forward_context", [&] { recompute_forward_context(ws, L.inputs(), stream); });
+  expect_refused("backward", [&] { backward(ws, L.inputs(), dyv, out.grads(), stream); });
+  // The context the first forward saved is still there: the backward runs eagerly.
+  backward(ws, L.inputs(), dyv, out.grads(), stream);
+  ws.check(stream);
+  LYNX_TEST_CUDA(cudaStreamSynchronize(stream));
+  LYNX_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Layer, ::testing::Values(Backend::kUnfused, Backend::kFused),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return info.param == Backend::kFused ? std::string("fused") : std::string("unfused");
