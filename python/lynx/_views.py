@@ -20,9 +20,31 @@ def view(t, name):
 
 
 def inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+    """The call's tensors as the binding takes them: each a CUDA tensor on x's device (checked here,
+    before any workspace is looked up or made)."""
     names = ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
     tensors = (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    return tuple(view(t, n) for t, n in zip(tensors, names))
+    views = tuple(view(t, n) for t, n in zip(tensors, names))
+    for t, n in zip(tensors[1:], names[1:]):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"lynx: {n}: on {t.device}, but x is on {x.device}: every tensor of a call must be on "
+                             "x's device")
+    return views
+
+
+def on_device_of_x(t, name, x):
+    """view(t), t being on x's device."""
+    v = view(t, name)
+    if t.device != x.device:
+        raise ValueError(f"lynx: {name}: on {t.device}, but x is on {x.device}: every tensor of a call must be on "
+                         "x's device")
+    return v
+
+
+def aligned(t):
+    """t, or a copy of it where its data is not 16-byte aligned (a view at an offset: lynx's vector loads
+    need the alignment every allocation has)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 class _DeviceArray:

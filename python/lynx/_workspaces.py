@@ -104,6 +104,13 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     ws = _BY_SPEC.get(spec)
     if ws is None:
         ws = _PARKED.get(spec)
+    if ws is None and _capturing():
+        # NOTES: making a workspace allocates and waits for the device, which a CUDA graph capture cannot
+        # hold: the capture would end with a raw CUDA error.
+        raise RuntimeError(f"lynx: no workspace yet for this call's shape (T = {tokens}, H = {hidden}, I = "
+                           f"{intermediate}, E = {num_experts}, k = {top_k}) and configuration, and none can be made "
+                           "while a CUDA graph is captured: run the call once outside the capture first (a layer "
+                           "whose tag was released gets a new workspace at each call, so it cannot be captured)")
     if ws is None:
         R, rank = _groups.ranks(config.ep_group)
         if R > 1 and config.tag in _RELEASED:

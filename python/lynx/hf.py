@@ -10,7 +10,7 @@ import weakref
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
-from lynx import _workspaces, ops
+from lynx import _views, _workspaces, ops
 from lynx.functional import Config, _op_config
 
 
@@ -35,7 +35,7 @@ class _Experts(torch.autograd.Function):
         x, topk_ids, topk_weights, gate_up, down, context = ctx.saved_tensors
         gate, up = _halves(gate_up)
         dx, d_topk, d_gate, d_up, d_down = ops.moe_backward_from(
-            dy.to(torch.bfloat16).contiguous(), context, x, topk_ids, topk_weights, gate, up, down, None, None, None,
+            _views.aligned(dy.to(torch.bfloat16).contiguous()), context, x, topk_ids, topk_weights, gate, up, down, None, None, None,
             *ctx.config)[:5]
         return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None, None
 
@@ -66,7 +66,8 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
                                   "weights are not supported")
     if self.gate_up_proj.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
         raise ValueError("lynx: the experts' weights and hidden states must be bf16")
-    y = _Experts.apply(hidden_states.contiguous(), top_k_index.contiguous(), top_k_weights.float().contiguous(),
+    y = _Experts.apply(_views.aligned(hidden_states.contiguous()), top_k_index.contiguous(),
+                       top_k_weights.float().contiguous(),
                        self.gate_up_proj, self.down_proj.contiguous(), workspace_tag(self), config)
     return y.to(hidden_states.dtype)
 

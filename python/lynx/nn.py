@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lynx import _groups, _workspaces, functional, ops
+from lynx import _C, _groups, _views, _workspaces, functional, ops
 
 
 class MoE(nn.Module):
@@ -50,6 +50,9 @@ class MoE(nn.Module):
         if num_experts % ranks != 0:
             raise ValueError(f"lynx.nn.MoE: num_experts ({num_experts}) must be a multiple of the ep_group's size "
                              f"({ranks})")
+        # The sizes the kernels take (lynx::validate_shape; a lynx error naming the field), checked now
+        # rather than at the first forward.
+        _C.schedule_capacity_for_load(1, hidden, intermediate, num_experts, top_k, shared_intermediate, ranks, 2.0)
         local_experts = num_experts // ranks
         self.expert_offset = rank * local_experts
         self.hidden, self.intermediate = hidden, intermediate
@@ -118,8 +121,11 @@ class MoE(nn.Module):
         return topk_ids, topk_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 1 or x.shape[-1] != self.hidden or x.dtype != torch.bfloat16:
+            raise ValueError(f"lynx.nn.MoE: x must be bfloat16 [..., {self.hidden}] (hidden), got {x.dtype} "
+                             f"{list(x.shape)}")
         shape = x.shape
-        tokens = x.reshape(-1, self.hidden).contiguous()
+        tokens = _views.aligned(x.reshape(-1, self.hidden).contiguous())
         topk_ids, topk_weights = self.route(tokens)
         T = tokens.shape[0]
         if self.ep_tokens is not None:

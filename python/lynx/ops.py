@@ -141,13 +141,14 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
     """y, and the forward context backward needs (uint8 [forward_context_bytes]): a tensor like any
     other that autograd saves, so that any number of forwards may be in flight before their backwards,
     under checkpointing or saved-tensor hooks too."""
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group),
-                          dtype=torch.uint8, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
-    _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
+    with torch.cuda.device(x.device):
+        ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        context = torch.empty(_context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group),
+                              dtype=torch.uint8, device=x.device)
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
+        _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
     return y, context
 
 
@@ -174,12 +175,14 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
         raise ValueError(f"lynx: the saved forward context came back as a {context.dtype} tensor on {context.device}"
                          f"{'' if context.is_contiguous() else ', not contiguous'}; backward needs it as saved: uint8, "
                          f"contiguous, on {x.device}")
-    ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
-    _C.backward_from(ws, inputs, _views.view(dy, "dy"), views, context.data_ptr(), context.numel(), _stream(x))
+    dy_view = _views.on_device_of_x(dy, "dy", x)
+    with torch.cuda.device(x.device):
+        ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
+        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+        # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
+        _C.backward_from(ws, inputs, dy_view, views, context.data_ptr(), context.numel(), _stream(x))
     return grads
 
 
@@ -208,12 +211,13 @@ def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_d
 def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
                 schedule_capacity: int, save_forward_context: bool, tag: int, ep_group: int, precision: int) -> Tensor:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
-                    precision)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
-    _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
+    with torch.cuda.device(x.device):
+        ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
+                        ep_group, precision)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
+        _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
     return y
 
 
@@ -228,17 +232,19 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
                  backend: int, schedule_capacity: int, save_forward_context: bool,
                  tag: int, ep_group: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
-                    precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    stream = _stream(x)
-    # Another call may have replaced the workspace's forward context (or it was never kept).
-    if not ws.has_context_for(inputs):
-        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, FORWARD_COPIES)
-        _C.recompute_forward_context(ws, inputs, stream)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, BACKWARD_COPIES)  # as in moe_backward_from
-    grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _C.backward(ws, inputs, _views.view(dy, "dy"), views, stream)
+    dy_view = _views.on_device_of_x(dy, "dy", x)
+    with torch.cuda.device(x.device):
+        ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
+                        ep_group, precision)
+        stream = _stream(x)
+        # Another call may have replaced the workspace's forward context (or it was never kept).
+        if not ws.has_context_for(inputs):
+            _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, FORWARD_COPIES)
+            _C.recompute_forward_context(ws, inputs, stream)
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, BACKWARD_COPIES)  # as in moe_backward_from
+        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+        _C.backward(ws, inputs, dy_view, views, stream)
     return grads
 
 
@@ -251,12 +257,13 @@ def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Ten
     local expert received (int32 [E / R]). NOTES: the workspace is state that torch.library cannot name, so
     the per-expert counts are the op's output; an unused call may be dropped by a compiler, which is
     safe because moe_backward recomputes whatever context it lacks."""
-    ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
-                    precision)
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
-    _C.recompute_forward_context(ws, inputs, _stream(x))
-    return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
+    with torch.cuda.device(x.device):
+        ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
+                        ep_group, precision)
+        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
+        _C.recompute_forward_context(ws, inputs, _stream(x))
+        return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
 
 
 @moe_recompute_forward_context.register_fake
@@ -278,7 +285,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down = ctx.saved_tensors
-    dy = dy.to(torch.bfloat16).contiguous()
+    dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
     dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down,
                                                              ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None
@@ -296,7 +303,7 @@ def _setup_saving(ctx, inputs, output):
 
 def _backward_saving(ctx, dy, _dcontext):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, context = ctx.saved_tensors
-    dy = dy.to(torch.bfloat16).contiguous()
+    dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
     dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward_from(dy, context, x, topk_ids, topk_weights, w_gate, w_up,
                                                                   w_down, ws_gate, ws_up, ws_down, *ctx.config)
     shared = ws_gate is not None

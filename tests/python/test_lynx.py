@@ -441,6 +441,60 @@ def test_bad_arguments_are_named():
         lynx.check()
 
 
+def test_bad_arguments_are_refused_before_a_workspace_is_made():
+    x, ids, tw, w, s = make(T=72, H=64, I=64, E=4, k=2)  # a shape no other test runs
+    made = len(lynx._workspaces.all_workspaces())
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        lynx.moe(x.cpu(), ids, tw, *w)
+    with pytest.raises(ValueError, match="topk_weights: must be a CUDA tensor"):
+        lynx.moe(x, ids, tw.cpu(), *w)
+    assert len(lynx._workspaces.all_workspaces()) == made
+
+
+def test_module_checks_its_sizes_and_its_input():
+    with pytest.raises(ValueError, match="shape.hidden"):
+        lynx.nn.MoE(hidden=100, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    with pytest.raises(ValueError, match="shape.top_k"):
+        lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=9, device="cuda")
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    with pytest.raises(ValueError, match=r"\[\.\.\., 128\]"):
+        layer(torch.randn(4, 256, device="cuda", dtype=torch.bfloat16))  # as many numbers as 8 tokens
+    with pytest.raises(ValueError, match="bfloat16"):
+        layer(torch.randn(4, 128, device="cuda"))
+
+
+def test_module_backward_takes_a_gradient_at_any_offset():
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    x = torch.randn(50, 128, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for pad in (0, 1):  # 1: y's gradient a view 2 bytes into cat's, not 16-byte aligned
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        torch.cat([torch.zeros(pad, device="cuda", dtype=y.dtype), y.flatten()]).float().sum().backward()
+        grads.append(xi.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_capture_of_a_shape_never_run_is_refused():
+    x, ids, tw, w, s = make(T=88, H=64, I=64, E=4, k=2)  # a shape no other test runs
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="no workspace yet"):
+        with torch.cuda.graph(graph):
+            lynx.moe(x, ids, tw, *w)
+    assert rel(lynx.moe(x, ids, tw, *w), reference_moe(x, ids, tw, *w)) < TOL
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_two_gpus_are_refused_and_any_current_device_works():
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    with pytest.raises(ValueError, match="w_gate: on cuda:1, but x is on cuda:0"):
+        lynx.moe(x, ids, tw, w[0].to("cuda:1"), w[1], w[2])
+    want = lynx.moe(x, ids, tw, *w)
+    with torch.cuda.device(1):  # the call runs on x's device whatever the current one is
+        got = lynx.moe(x, ids, tw, *w)
+    assert torch.equal(got, want)
+
+
 FP8 = lynx.Config(precision="fp8_block")
 FP8_MAX_DISSIMILARITY = 1 / 256  # tests/gpu/test_fp8_layer.cpp derives it
 
