@@ -61,6 +61,21 @@ void check_group(const std::vector<Workspace*>& ranks) {
 // block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
 // blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
 // spinning blocks fit the GPU together.
+// A rank's arguments validated as the one-rank call does; with several ranks the error says which
+// rank's argument it is (the argument keeps its name).
+template <class Validate>
+void validate_rank(Validate&& validate, Workspace::Impl& w, size_t r, size_t ranks) {
+  try {
+    validate(w, r);
+  } catch (const Error& e) {
+    if (ranks == 1) throw;
+    const std::string prefix = "lynx: " + (e.argument().empty() ? std::string() : e.argument() + ": ");
+    std::string message = e.what();
+    if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+    throw Error(e.argument(), "of rank " + str(r) + ": " + message);
+  }
+}
+
 template <class Validate, class Step>
 void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
                Step&& step) {
@@ -91,7 +106,7 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     if (w.config.backend != Backend::kFused) {
       throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");
     }
-    validate(w, r);
+    validate_rank(validate, w, r, ranks.size());
   }
   const auto each = [&](fused::Step s, const auto& stream_of) {
     for (size_t r = 0; r < ranks.size(); ++r) {
