@@ -8,8 +8,9 @@
 // Loops (Loop): as the wide forms issue them (each half's group waited for, then promoted into its
 // accumulator, the two warpgroups issuing in turn), the same without turns, with A read into registers
 // once a K block, with the row and block scales loaded from global memory each K block as the kernel
-// does; with no promotion (both halves straight into accumulators: the issue's ceiling); and bf16's
-// [128, 256] × 64 products for comparison. Feeds (Feed): how a stage's operands arrive: 16 bytes (the
+// does; the dense form's [128, 128] loop (two temporaries, a block's group issued before the last one
+// is promoted); with no promotion (both halves straight into accumulators: the issue's ceiling), also
+// as one m64n256k32 a k step; and bf16's [128, 256] × 64 products for comparison. Feeds (Feed): how a stage's operands arrive: 16 bytes (the
 // loop and its barriers alone), 48 KB from an L2-resident buffer or from DRAM, or B from L2 with A's
 // 128 rows gathered by three warps (16-byte loads and shared-memory stores), as the gate/up GEMM does.
 // NOTES: a loop that promotes keeps one accumulator (both halves promoted into it: the same
@@ -41,7 +42,7 @@ constexpr int kThreads = 384;       // the producer warpgroup, then two consumer
 constexpr int kScaleBlocks = 64;    // the scale arrays' K blocks (taken modulo)
 constexpr int kTurnBarrier = 3;     // named barriers 3 and 4, as in the kernel
 
-enum class Loop { kPromoteTurns, kPromote, kRegsA, kScales, kNoPromote, kBf16 };
+enum class Loop { kPromoteTurns, kPromote, kRegsA, kScales, kPipelined128, kNoPromote, kNoPromote256, kBf16 };
 enum class Feed { kNone, kL2, kDram, kGather };
 
 struct Smem {
@@ -85,6 +86,17 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int32_t(accumulate)));
+}
+
+// acc[64, 256] (+)= A[64, 32] · B[256, 32]ᵀ, E4M3 from shared memory (the widest FP8 wgmma: A read once
+// for 256 columns).
+__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -177,18 +189,58 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
   float next_a0 = 1.0f, next_a1 = 1.0f, next_b = 1.0f;
   if constexpr (kLoop == Loop::kScales) next_a0 = scale_a(0, 0), next_a1 = scale_a(0, 1), next_b = p.scales_b[0];
   const float s0 = 1.0f + float(threadIdx.x) * 1e-7f, s1 = 1.0f - float(threadIdx.x) * 1e-7f;
+  if constexpr (kLoop == Loop::kPipelined128) {
+    // The dense form's loop: [128, 128] tiles, block i + 1's group issued before block i's products
+    // are promoted (two temporaries, wait_group 1), no turns.
+    float(&pb)[64] = acc[1];
+    const auto issue = [&](float(&d)[64], int32_t i) {
+      const int st = i % kStages;
+      sm90::mbarrier_wait(&s.full[st], uint32_t(i / kStages) & 1, p.status, sm90::Wait::kFullStage, i);
+      issue_half(d, st, 0);
+    };
+    const auto finish = [&](float(&d)[64], int32_t i) {
+      sm90::mbarrier_arrive(&s.empty[i % kStages]);
+      sm90::fence_registers(d);
+#pragma unroll
+      for (int e = 0; e < 64; ++e) acc[0][e] = fmaf(d[e], (e % 4) < 2 ? s0 : s1, acc[0][e]);
+    };
+    const int32_t n = p.k_blocks;
+    issue(pa, 0);
+    int32_t i = 0;
+#pragma unroll 1
+    for (; i + 2 < n; i += 2) {
+      issue(pb, i + 1);
+      sm90::wgmma_wait<1>();
+      finish(pa, i);
+      issue(pa, i + 2);
+      sm90::wgmma_wait<1>();
+      finish(pb, i + 1);
+    }
+    if (i + 1 < n) {
+      issue(pb, i + 1);
+      sm90::wgmma_wait<1>();
+      finish(pa, i);
+      sm90::wgmma_wait<0>();
+      finish(pb, i + 1);
+    } else {
+      sm90::wgmma_wait<0>();
+      finish(pa, i);
+    }
+  } else {
 #pragma unroll 1
   for (int32_t i = 0; i < p.k_blocks; ++i) {
     const int st = i % kStages;
     sm90::mbarrier_wait(&s.full[st], uint32_t(i / kStages) & 1, p.status, sm90::Wait::kFullStage, i);
-    if constexpr (kLoop == Loop::kNoPromote || kLoop == Loop::kBf16) {
+    if constexpr (kLoop == Loop::kNoPromote || kLoop == Loop::kNoPromote256 || kLoop == Loop::kBf16) {
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t da = sm90::smem_desc_k_major_sw128(&s.a[st][64 * c * 128 + kk * 32]);
+        float(&wide)[128] = *reinterpret_cast<float(*)[128]>(&acc[0][0]);
         if constexpr (kLoop == Loop::kBf16) {
-          float(&wide)[128] = *reinterpret_cast<float(*)[128]>(&acc[0][0]);
           sm90::wgmma_m64n256k16(wide, da, sm90::smem_desc_k_major_sw128(&s.b[st][kk * 32]), true);
+        } else if constexpr (kLoop == Loop::kNoPromote256) {
+          wgmma_m64n256k32_e4m3(wide, da, sm90::smem_desc_k_major_sw128(&s.b[st][kk * 32]));
         } else {
           sm90::wgmma_m64n128k32_e4m3(acc[0], da, sm90::smem_desc_k_major_sw128(&s.b[st][kk * 32]), true);
           sm90::wgmma_m64n128k32_e4m3(acc[1], da, sm90::smem_desc_k_major_sw128(&s.b[st][128 * 128 + kk * 32]), true);
@@ -233,6 +285,7 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
       }
     }
     sm90::mbarrier_arrive(&s.empty[st]);
+  }
   }
   if (kTurns && c == 0 && groups > 0) sm90::named_barrier_sync(kTurnBarrier, 256);
   sm90::fence_registers(acc[0]);
@@ -284,7 +337,8 @@ constexpr double kFp8Block = 128.0 * 256 * 128 * 2, kBf16Block = 128.0 * 256 * 6
 template <Loop kLoop, Feed kFeed>
 Case make_case(const char* loop, const char* feed) {
   const bool bf16 = kLoop == Loop::kBf16;
-  return {loop, feed, mainloop_kernel<kLoop, kFeed>, bf16 ? kBf16Block : kFp8Block, bf16 ? 4096.0 : 8192.0};
+  const double flop = bf16 ? kBf16Block : kLoop == Loop::kPipelined128 ? kFp8Block / 2 : kFp8Block;
+  return {loop, feed, mainloop_kernel<kLoop, kFeed>, flop, bf16 ? 4096.0 : 8192.0};
 }
 
 void check(cudaError_t e, const char* what) {
@@ -355,10 +409,13 @@ int main(int argc, char** argv) {
       make_case<Loop::kPromote, Feed::kNone>("promote, no turns", "none"),
       make_case<Loop::kRegsA, Feed::kNone>("promote, turns, A in registers", "none"),
       make_case<Loop::kScales, Feed::kNone>("promote, turns, scales loaded", "none"),
+      make_case<Loop::kPipelined128, Feed::kNone>("[128,128] pipelined (dense form)", "none"),
       make_case<Loop::kNoPromote, Feed::kNone>("no promotion", "none"),
+      make_case<Loop::kNoPromote256, Feed::kNone>("no promotion, m64n256k32", "none"),
       make_case<Loop::kBf16, Feed::kNone>("bf16 m64n256k16", "none"),
       make_case<Loop::kPromoteTurns, Feed::kL2>("promote, turns (as built)", "L2"),
       make_case<Loop::kRegsA, Feed::kL2>("promote, turns, A in registers", "L2"),
+      make_case<Loop::kPipelined128, Feed::kL2>("[128,128] pipelined (dense form)", "L2"),
       make_case<Loop::kNoPromote, Feed::kL2>("no promotion", "L2"),
       make_case<Loop::kBf16, Feed::kL2>("bf16 m64n256k16", "L2"),
       make_case<Loop::kPromoteTurns, Feed::kGather>("promote, turns (as built)", "gather A"),
