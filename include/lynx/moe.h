@@ -46,14 +46,17 @@ struct LayerInputs {
   ExpertWeights weights;
 };
 
-// Outputs of backward. Weight gradients are overwritten, not accumulated.
+// Outputs of backward. Weight gradients are overwritten, not accumulated. The weight gradients come in
+// two groups, the routed experts' (dw_*) and the shared expert's (dws_*): give all three of a group, or
+// none of them, and that group is not computed (frozen experts: the GEMMs and the steps that feed only
+// them are skipped; the other outputs keep their bits).
 struct Gradients {
   TensorView dx;              // [T, H] bf16
   TensorView d_topk_weights;  // [T, k] fp32
-  TensorView dw_gate;         // [E_loc, I, H] bf16
+  TensorView dw_gate;         // [E_loc, I, H] bf16, or absent (with dw_up and dw_down)
   TensorView dw_up;           // [E_loc, I, H] bf16
   TensorView dw_down;         // [E_loc, H, I] bf16
-  TensorView dws_gate;        // [I_s, H] bf16, absent when there is no shared expert
+  TensorView dws_gate;        // [I_s, H] bf16, absent when there is no shared expert (or not wanted)
   TensorView dws_up;          // [I_s, H] bf16
   TensorView dws_down;        // [H, I_s] bf16
 };

@@ -53,6 +53,21 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
   }
 }
 
+bool any_present(std::initializer_list<const TensorView*> views) {
+  for (const TensorView* v : views) {
+    if (v->present()) return true;
+  }
+  return false;
+}
+
+// A weight gradient of a group that is given (all of it or none: none skips those weight gradients).
+void check_group_member(const TensorView& v, const std::string& name, const std::string& group) {
+  if (!v.present()) {
+    throw Error(name, "is absent while others of " + group + " are given: give all three, or none (then those "
+                      "weight gradients are not computed)");
+  }
+}
+
 void check_absent(const TensorView& v, const std::string& name) {
   if (v.present()) throw Error(name, "must be absent: the layer has no shared expert (shape.shared_intermediate == 0)");
 }
@@ -114,14 +129,24 @@ void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradien
   check_tensor(dy, "dy", {DType::kBF16}, {T, H});
   check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});
   check_tensor(g.d_topk_weights, "d_topk_weights", {DType::kF32}, {T, k});
-  check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
+  if (any_present({&g.dw_gate, &g.dw_up, &g.dw_down})) {
+    check_group_member(g.dw_gate, "dw_gate", "dw_gate, dw_up and dw_down");
+    check_group_member(g.dw_up, "dw_up", "dw_gate, dw_up and dw_down");
+    check_group_member(g.dw_down, "dw_down", "dw_gate, dw_up and dw_down");
+    check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+    check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+    check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
+  }
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
-    check_tensor(g.dws_gate, "dws_gate", {DType::kBF16}, {Is, H});
-    check_tensor(g.dws_up, "dws_up", {DType::kBF16}, {Is, H});
-    check_tensor(g.dws_down, "dws_down", {DType::kBF16}, {H, Is});
+    if (any_present({&g.dws_gate, &g.dws_up, &g.dws_down})) {
+      check_group_member(g.dws_gate, "dws_gate", "dws_gate, dws_up and dws_down");
+      check_group_member(g.dws_up, "dws_up", "dws_gate, dws_up and dws_down");
+      check_group_member(g.dws_down, "dws_down", "dws_gate, dws_up and dws_down");
+      check_tensor(g.dws_gate, "dws_gate", {DType::kBF16}, {Is, H});
+      check_tensor(g.dws_up, "dws_up", {DType::kBF16}, {Is, H});
+      check_tensor(g.dws_down, "dws_down", {DType::kBF16}, {H, Is});
+    }
   } else {
     check_absent(g.dws_gate, "dws_gate");
     check_absent(g.dws_up, "dws_up");

@@ -105,6 +105,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     dx_up.push_back({false, false, n, to_int(H), to_int(I), w.un.du + o * I, to_int(I), wu + e * I * H, to_int(H),
                      dxe + o * H, to_int(H), 1.0f});
     // Weight gradients, K = n rows of the expert: [I, n] · [n, H], [I, n] · [n, H], [H, n] · [n, I]
+    if (!wants_expert_weight_grads(grads)) continue;
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.dg + o * I, to_int(I), w.un.xg + o * H, to_int(H),
                      data_of<bf16_t>(grads.dw_gate) + e * I * H, to_int(H)});
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.du + o * I, to_int(I), w.un.xg + o * H, to_int(H),
@@ -121,6 +122,7 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
   unrouted.d_topk_weights = data_of<float>(grads.d_topk_weights);
   glue::combine(data_of<bf16_t>(grads.dx), dxe, w.schedule.slot_row, nullptr, Is > 0 ? w.un.ys : nullptr, T, k, H,
                 w.status, s, unrouted);
+  if (!wants_expert_weight_grads(grads)) return;
   // The forward's x rows are not kept (plan/context_layout.cpp): gathered again.
   glue::gather_rows(w.un.xg, data_of<const bf16_t>(in.x), w.schedule.row_token_slot, w.device_total_rows(), cap, k, H,
                     s);

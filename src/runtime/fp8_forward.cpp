@@ -229,10 +229,11 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   bf16_t* dyg = w.un.rows_a;  // [cap, H]  dŷ: the dy rows as they travelled, bf16, for a bf16 dw_down
                               //            (then rows_b, the per-row dx, in the same memory)
   const bool bf16_wgrads = w.config.bf16_weight_grads;
+  const bool wgrads = wants_expert_weight_grads(grads);
   // NOTES: one rank's FP8 weight gradients read dy's tiles straight from f8.x. At R > 1 those tiles are
   // other ranks' (pulled once already, into f8.xg, for the dgrad of down): dŷ's rows are dequantised
   // from f8.xg instead, as for bf16 weight gradients, rather than pulled a second time.
-  const bool dy_rows = bf16_wgrads || w.ranks() > 1;
+  const bool dy_rows = wgrads && (bf16_wgrads || w.ranks() > 1);
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
@@ -262,7 +263,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // dw_down, the dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
   if (bf16_wgrads) {
     fused::weight_grad_down(w, grads, dyg, s);
-  } else if (!omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
+  } else if (wgrads && !omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
     // Its operands transposed and quantised in 1×128 tiles along the rows, into buffers the forward
     // and the dgrad of down are done with (each at least that large); so below for dw_gate | dw_up.
     // dŷ's straight from dy's tiles in f8.x at R = 1.
@@ -286,7 +287,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again: into
     // f8.x (dw_down is done with dy's tiles there), whose tiles the FP8 weight gradient transposes
     // itself; for bf16 ones, dequantised and gathered into un.xg.
-    if (!omitted(Stage::kXGather, w.backward_calls)) {
+    if (wgrads && !omitted(Stage::kXGather, w.backward_calls)) {
       if (bf16_wgrads && !tokens_fit(w)) {
         tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
         dequantized_rows(w, w.un.xg, s);
@@ -298,7 +299,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     }
   }
   if (bf16_wgrads) return fused::weight_grad_gate_up(w, grads, s);
-  if (!omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
+  if (wgrads && !omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
     fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
     // x̂: one rank's from x's tiles; at R > 1 the context's rows (the region's token rows hold dy now).
     if (w.ranks() == 1) {

@@ -38,7 +38,7 @@ gemm::WeightGradArgs weight_grad_args(const Workspace::Impl& w) {
 }  // namespace
 
 void weight_grad_gate_up(Workspace::Impl& w, const Gradients& grads, cudaStream_t s) {
-  if (omitted(Stage::kWgradGateUp, w.backward_calls)) return;
+  if (!wants_expert_weight_grads(grads) || omitted(Stage::kWgradGateUp, w.backward_calls)) return;
   const int64_t H = w.shape.hidden, I = w.shape.intermediate;
   // dw_gate[e] = dgᵀ · x and dw_up[e] = duᵀ · x: one GEMM with M = 2I, split at I.
   gemm::WeightGradArgs wg = weight_grad_args(w);
@@ -53,7 +53,7 @@ void weight_grad_gate_up(Workspace::Impl& w, const Gradients& grads, cudaStream_
 }
 
 void weight_grad_down(Workspace::Impl& w, const Gradients& grads, const bf16_t* dyg, cudaStream_t s) {
-  if (omitted(Stage::kWgradDown, w.backward_calls)) return;
+  if (!wants_expert_weight_grads(grads) || omitted(Stage::kWgradDown, w.backward_calls)) return;
   // dw_down[e] = dyᵀ · (w · silu(g)⊙u)
   gemm::WeightGradArgs wg = weight_grad_args(w);
   wg.a = dyg;
@@ -92,7 +92,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
 
   // One rank keeps no x rows from its forward (plan/context_layout.cpp): the gate/up weight gradients'
   // x rows are gathered again into xg, where the plan says (plan::XRowsAgain).
-  const bool x_again = w.ranks() == 1 && !omitted(Stage::kXGather, w.backward_calls);
+  const bool x_again =
+      w.ranks() == 1 && wants_expert_weight_grads(grads) && !omitted(Stage::kXGather, w.backward_calls);
   plan::XRowsAgain x_place = x_again ? w.plan.x_rows_again : plan::XRowsAgain::kKept;
   if (x_place == plan::XRowsAgain::kBesideDgradDown &&
       ((gather && place == plan::GatherPlace::kInGemm) || omitted(Stage::kDgradDown, w.backward_calls))) {

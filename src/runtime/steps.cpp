@@ -200,6 +200,7 @@ void enqueue_shared_backward(Workspace::Impl& w, const LayerInputs& in, const Te
   gemm(w.cublas, {false, false, T, H, Is, w.un.dgs, Is, in.weights.ws_gate.data, H, w.un.ys, H, 0.0f}, true, s);
   gemm(w.cublas, {false, false, T, H, Is, w.un.dus, Is, in.weights.ws_up.data, H, w.un.ys, H, 1.0f}, true, s);
   // Weight gradients, K = T: dyᵀ · hs, dgsᵀ · x, dusᵀ · x
+  if (!wants_shared_weight_grads(grads)) return;
   gemm(w.cublas, {true, false, H, Is, T, dyp, H, w.un.hs, Is, grads.dws_down.data, Is}, false, s);
   gemm(w.cublas, {true, false, Is, H, T, w.un.dgs, Is, in.x.data, H, grads.dws_gate.data, H}, false, s);
   gemm(w.cublas, {true, false, Is, H, T, w.un.dus, Is, in.x.data, H, grads.dws_up.data, H}, false, s);

@@ -10,6 +10,11 @@ T* data_of(const TensorView& v) {
   return static_cast<T*>(v.data);
 }
 
+// Whether a backward computes the routed experts' weight gradients, and the shared expert's: the caller
+// gives all three of a group or none (validate_gradients), e.g. none for frozen experts.
+inline bool wants_expert_weight_grads(const Gradients& g) { return g.dw_gate.present(); }
+inline bool wants_shared_weight_grads(const Gradients& g) { return g.dws_gate.present(); }
+
 // Queues the schedule build (no host synchronisation). At R = 1 the build checks and copies the
 // caller's ids itself; at R > 1 it reads every rank's checked copy (stage_routing, in the pass's
 // opening step) and writes each placed row into its source rank's slot_row.

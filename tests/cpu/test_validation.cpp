@@ -207,6 +207,39 @@ TEST(Validation, MissingAndUnexpectedTensors) {
                "bf16");
 }
 
+// Weight gradients come as groups, the routed experts' three and the shared expert's three: all of a
+// group or none of it (none: not computed, e.g. for frozen experts); one missing from a given group is
+// an error naming it.
+TEST(Validation, WeightGradientsComeAsWholeGroups) {
+  const LayerShape s = small_shape();
+  const TensorView dy = make_view(fake(21), DType::kBF16, {s.tokens, s.hidden});
+  Gradients g = good_gradients(s);
+  g.dw_gate = g.dw_up = g.dw_down = TensorView{};
+  EXPECT_NO_THROW(validate_gradients(s, dy, g));
+  g.dws_gate = g.dws_up = g.dws_down = TensorView{};
+  EXPECT_NO_THROW(validate_gradients(s, dy, g));
+  g = good_gradients(s);
+  g.dws_gate = g.dws_up = g.dws_down = TensorView{};
+  EXPECT_NO_THROW(validate_gradients(s, dy, g));
+  g = good_gradients(s);
+  g.dw_up = TensorView{};
+  expect_error([&] { validate_gradients(s, dy, g); }, "dw_up", "give all three, or none");
+  g = good_gradients(s);
+  g.dw_gate = g.dw_up = TensorView{};
+  expect_error([&] { validate_gradients(s, dy, g); }, "dw_gate", "give all three, or none");
+  g = good_gradients(s);
+  g.dws_down = TensorView{};
+  expect_error([&] { validate_gradients(s, dy, g); }, "dws_down", "give all three, or none");
+  // dx and d_topk_weights are always needed.
+  g = good_gradients(s);
+  g.dx = TensorView{};
+  expect_error([&] { validate_gradients(s, dy, g); }, "dx", "absent");
+  // A group that is given is checked as before.
+  g = good_gradients(s);
+  g.dw_down = make_view(fake(14), DType::kF32, {s.local_experts(), s.hidden, s.intermediate});
+  expect_error([&] { validate_gradients(s, dy, g); }, "dw_down", "bf16");
+}
+
 TEST(Validation, ShapeLimits) {
   LayerShape s = small_shape();
   s.top_k = 9;

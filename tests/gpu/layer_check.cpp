@@ -234,6 +234,32 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, cons
   return out.to_host_outputs();
 }
 
+void expect_weight_grads_can_be_left_out(Workspace& ws, const HostLayer& L) {
+  const Case& c = L.c;
+  const std::vector<HostBf16> dy = random_dy(c);
+  const Outputs all = run_layer(ws, L, dy);
+  DeviceBuffer d_dy = to_device(dy);
+  for (const bool expert : {false, true}) {
+    for (const bool shared : {false, true}) {
+      if (expert && (shared || c.Is == 0)) continue;  // the whole backward, or the same as it
+      SCOPED_TRACE(std::string("expert weight gradients ") + (expert ? "given" : "left out") +
+                   ", shared expert's " + (shared ? "given" : "left out"));
+      OutputBuffers out(c);
+      out.poison();
+      Gradients g = out.grads();
+      if (!expert) g.dw_gate = g.dw_up = g.dw_down = TensorView{};
+      if (!shared) g.dws_gate = g.dws_up = g.dws_down = TensorView{};
+      forward(ws, L.inputs(), out.y_view(), nullptr);
+      backward(ws, L.inputs(), make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
+      ws.check(nullptr);
+      Outputs got = out.to_host_outputs();
+      if (!expert) got.dw_gate = all.dw_gate, got.dw_up = all.dw_up, got.dw_down = all.dw_down;
+      if (!shared) got.dws_gate = all.dws_gate, got.dws_up = all.dws_up, got.dws_down = all.dws_down;
+      EXPECT_EQ(first_difference(got, all), "");
+    }
+  }
+}
+
 void expect_graph_replays_match_reference(Workspace& ws, HostLayer& L, bool eager_first) {
   const Case& c = L.c;
   OutputBuffers out(c);

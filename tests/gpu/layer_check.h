@@ -118,6 +118,12 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>
 Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, const std::vector<HostBf16>& dy,
                   bool recompute = false);
 
+// A backward with a weight-gradient group left out (the routed experts' three, the shared expert's, or
+// both) gives every other output the bits of the whole backward
+// (which other tests check against the reference). The workspace's FP8 copies, if any, must be made
+// already.
+void expect_weight_grads_can_be_left_out(Workspace& ws, const HostLayer& L);
+
 // n layers of case c, each with its inputs and dy drawn from rng, and its outputs as a workspace of
 // `config` that owns its buffers gives them (what tests of lent scratch or contexts compare with).
 struct LayerStack {

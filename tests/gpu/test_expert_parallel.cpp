@@ -249,6 +249,27 @@ TEST_F(Ranks, RejectedCallQueuesNothing) {
   EXPECT_EQ(first_routed_difference(gather_outputs(L, g.global, g.slices), want), "");
 }
 
+// Frozen experts at R = 4: backward_ranks without the routed experts' weight gradients gives every
+// other output the bits of the whole backward (the shared expert's per-rank parts included).
+TEST_F(Ranks, WeightGradientsLeftOut) {
+  const Case c{256, 128, 64, 8, 2, 64};
+  const HostLayer L(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  VirtualGroup all(L, 4, dy);
+  all.forward(nullptr);
+  all.backward(nullptr);
+  all.check(nullptr);
+  const Outputs want = gather_outputs(L, all.global, all.slices);
+  VirtualGroup part(L, 4, dy);
+  for (Gradients& g : part.grads) g.dw_gate = g.dw_up = g.dw_down = TensorView{};
+  part.forward(nullptr);
+  part.backward(nullptr);
+  part.check(nullptr);
+  Outputs got = gather_outputs(L, part.global, part.slices);
+  got.dw_gate = want.dw_gate, got.dw_up = want.dw_up, got.dw_down = want.dw_down;
+  EXPECT_EQ(first_difference(got, want), "");
+}
+
 [[noreturn]] void run_without_rank_one() {
   const Case c{64, 64, 64, 4, 2, 0};
   const HostLayer L(c, 7);

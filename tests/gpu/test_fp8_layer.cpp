@@ -445,6 +445,21 @@ TEST_F(Fp8Layer, PreQuantizedWeights) {
   expect_prequantized_like_quantize_weights({200, 320, 192, 8, 4, 0});  // H and I past a multiple of 128
 }
 
+// Frozen experts in FP8, with FP8 and with bf16 weight gradients: the other gradients keep the bits of
+// the whole backward.
+TEST_F(Fp8Layer, WeightGradientsLeftOut) {
+  for (const bool bf16_weight_grads : {false, true}) {
+    SCOPED_TRACE(bf16_weight_grads ? "bf16 weight gradients" : "FP8 weight gradients");
+    const Case c{200, 256, 192, 8, 2, 64};
+    HostLayer L(c, fresh_seed());
+    Config config = fp8_config();
+    config.bf16_weight_grads = bf16_weight_grads;
+    Workspace ws(L.shape, config);
+    quantize_weights(ws, L.inputs().weights, nullptr);
+    expect_weight_grads_can_be_left_out(ws, L);
+  }
+}
+
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};
   const HostLayer L(c, fresh_seed());

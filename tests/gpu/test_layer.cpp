@@ -228,6 +228,15 @@ TEST_P(Layer, BackwardWithoutContextIsAnError) {
   }
 }
 
+// Frozen experts: a backward without the routed experts' weight gradients (or the shared expert's)
+// computes the other gradients with the whole backward's bits.
+TEST_P(Layer, WeightGradientsLeftOut) {
+  const Case c{200, 128, 64, 8, 2, 64};
+  HostLayer L(c, fresh_seed());
+  Workspace ws(L.shape, config());
+  expect_weight_grads_can_be_left_out(ws, L);
+}
+
 // dx may alias neither dy nor x (backward reads x again after it writes dx): named errors, nothing run.
 TEST_P(Layer, DxAliasingAnInputIsAnError) {
   const Case c{64, 64, 64, 4, 2, 0};
