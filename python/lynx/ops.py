@@ -124,12 +124,38 @@ def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_
     return _C.forward_context_bytes(*_shape(x, topk_ids, w_gate, ws_gate, R), backend, schedule_capacity, R)
 
 
-def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
-    """Empty gradients (a shared expert's are [0] without one) and their views for the binding."""
+# The weight-gradient groups a backward computes (its `weight_grads` argument, a bit each): the routed
+# experts' three and the shared expert's three. A group left out is not computed (lynx::Gradients: frozen
+# experts) and comes back as [0] tensors.
+EXPERT_WEIGHT_GRADS, SHARED_WEIGHT_GRADS = 1, 2
+ALL_WEIGHT_GRADS = EXPERT_WEIGHT_GRADS | SHARED_WEIGHT_GRADS
+
+
+def weight_grads_needed(needs_input_grad) -> int:
+    """The groups a backward must compute, from autograd's needs_input_grad of (x, topk_ids, topk_weights,
+    w_gate, w_up, w_down, ws_gate, ws_up, ws_down, ...)."""
+    return ((EXPERT_WEIGHT_GRADS if any(needs_input_grad[3:6]) else 0) |
+            (SHARED_WEIGHT_GRADS if any(needs_input_grad[6:9]) else 0))
+
+
+def _wanted(i, shared, weight_grads):
+    """Whether gradient i of (dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down) is
+    computed."""
+    if i < 2:
+        return True
+    if i < 5:
+        return bool(weight_grads & EXPERT_WEIGHT_GRADS)
+    return shared and bool(weight_grads & SHARED_WEIGHT_GRADS)
+
+
+def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads):
+    """Empty gradients ([0] for a shared expert's without one, and for a group left out) and their views
+    for the binding (None for those)."""
     shared = ws_gate is not None
-    grads = _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    grads = _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads)
     names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
-    views = tuple(_views.view(g, n) if (i < 5 or shared) else None for i, (g, n) in enumerate(zip(grads, names)))
+    views = tuple(_views.view(g, n) if _wanted(i, shared, weight_grads) else None
+                  for i, (g, n) in enumerate(zip(grads, names)))
     return grads, views
 
 
@@ -168,8 +194,9 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor,
                       w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
                       ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int, schedule_capacity: int,
-                      tag: int, ep_group: int,
-                      precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      tag: int, ep_group: int, precision: int,
+                      weight_grads: int = ALL_WEIGHT_GRADS) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                     Tensor, Tensor]:
     # A saved-tensor hook may have handed the context back elsewhere or in another form.
     if context.device != x.device or context.dtype != torch.uint8 or not context.is_contiguous():
         raise ValueError(f"lynx: the saved forward context came back as a {context.dtype} tensor on {context.device}"
@@ -179,7 +206,8 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
     dy_view = _views.on_device_of_x(dy, "dy", x)
     with torch.cuda.device(x.device):
         ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
-        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                                         weight_grads)
         # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
         _C.backward_from(ws, inputs, dy_view, views, context.data_ptr(), context.numel(), _stream(x))
@@ -188,23 +216,25 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
 
 @moe_backward_from.register_fake
 def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-      schedule_capacity, tag, ep_group, precision):
-    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+      schedule_capacity, tag, ep_group, precision, weight_grads=ALL_WEIGHT_GRADS):
+    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads)
 
 
-def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
-    """Empty gradients, as the ops return them (a shared expert's are [0] without one; the experts' bf16,
-    also for e4m3 weights)."""
+def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads):
+    """Empty gradients, as the ops return them (a shared expert's are [0] without one, and a group left
+    out is [0]; the experts' bf16, also for e4m3 weights)."""
     shared = ws_gate is not None
+    experts = bool(weight_grads & EXPERT_WEIGHT_GRADS)
+    shared_grads = shared and bool(weight_grads & SHARED_WEIGHT_GRADS)
 
     def like(w):
-        return torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
+        return torch.empty(w.shape, dtype=torch.bfloat16, device=w.device) if experts else x.new_empty(0)
 
     return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
             like(w_gate), like(w_up), like(w_down),
-            torch.empty_like(ws_gate) if shared else x.new_empty(0),
-            torch.empty_like(ws_up) if shared else x.new_empty(0),
-            torch.empty_like(ws_down) if shared else x.new_empty(0))
+            torch.empty_like(ws_gate) if shared_grads else x.new_empty(0),
+            torch.empty_like(ws_up) if shared_grads else x.new_empty(0),
+            torch.empty_like(ws_down) if shared_grads else x.new_empty(0))
 
 
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
@@ -231,7 +261,9 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
                  backend: int, schedule_capacity: int, save_forward_context: bool,
-                 tag: int, ep_group: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 tag: int, ep_group: int, precision: int,
+                 weight_grads: int = ALL_WEIGHT_GRADS) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                Tensor]:
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     dy_view = _views.on_device_of_x(dy, "dy", x)
     with torch.cuda.device(x.device):
@@ -243,7 +275,8 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
             _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, FORWARD_COPIES)
             _C.recompute_forward_context(ws, inputs, stream)
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, BACKWARD_COPIES)  # as in moe_backward_from
-        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                                         weight_grads)
         _C.backward(ws, inputs, dy_view, views, stream)
     return grads
 
@@ -274,8 +307,18 @@ def _(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, 
 
 @moe_backward.register_fake
 def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend, schedule_capacity,
-      save_forward_context, tag, ep_group, precision):
-    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+      save_forward_context, tag, ep_group, precision, weight_grads=ALL_WEIGHT_GRADS):
+    return _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads)
+
+
+def _autograd_gradients(grads, shared, wanted):
+    """The gradients of (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) for
+    autograd: None for topk_ids, a group not computed and an absent shared expert."""
+    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = grads
+    experts = bool(wanted & EXPERT_WEIGHT_GRADS)
+    shared = shared and bool(wanted & SHARED_WEIGHT_GRADS)
+    return (dx, None, dtk, *((dwg, dwu, dwd) if experts else (None,) * 3),
+            *((dwsg, dwsu, dwsd) if shared else (None,) * 3))
 
 
 def _setup_context(ctx, inputs, output):
@@ -286,11 +329,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down = ctx.saved_tensors
     dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
-    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down,
-                                                             ws_gate, ws_up, ws_down, *ctx.config)
-    shared = ws_gate is not None
-    return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None, None, None, None)
+    wanted = weight_grads_needed(ctx.needs_input_grad)
+    grads = moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *ctx.config,
+                         wanted)
+    return (*_autograd_gradients(grads, ws_gate is not None, wanted), None, None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward", _backward, setup_context=_setup_context)
@@ -304,11 +346,10 @@ def _setup_saving(ctx, inputs, output):
 def _backward_saving(ctx, dy, _dcontext):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, context = ctx.saved_tensors
     dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
-    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = moe_backward_from(dy, context, x, topk_ids, topk_weights, w_gate, w_up,
-                                                                  w_down, ws_gate, ws_up, ws_down, *ctx.config)
-    shared = ws_gate is not None
-    return (dx, None, dtk, dwg, dwu, dwd, dwsg if shared else None, dwsu if shared else None,
-            dwsd if shared else None, None, None, None, None, None)
+    wanted = weight_grads_needed(ctx.needs_input_grad)
+    grads = moe_backward_from(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                              *ctx.config, wanted)
+    return (*_autograd_gradients(grads, ws_gate is not None, wanted), None, None, None, None, None)
 
 
 torch.library.register_autograd("lynx::moe_forward_saving", _backward_saving, setup_context=_setup_saving)

@@ -441,6 +441,36 @@ def test_bad_arguments_are_named():
         lynx.check()
 
 
+def test_frozen_experts_skip_their_weight_gradients():
+    """Experts (or the shared expert) that do not require grad: their weight gradients are not computed,
+    and every other gradient keeps the bits of the backward that computes them all."""
+    layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, shared_intermediate=64, device="cuda")
+    x = torch.randn(50, 128, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(50, 128, device="cuda", dtype=torch.bfloat16)
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+
+    def gradients():
+        xi = x.clone().requires_grad_()
+        layer(xi).backward(dy)
+        got = [xi.grad] + [None if p.grad is None else p.grad.clone() for p in layer.parameters()]
+        layer.zero_grad(set_to_none=True)
+        return got
+
+    want = gradients()
+    experts, shared = ("w1", "w2", "w3"), ("shared_w1", "shared_w2", "shared_w3")
+    for frozen in (experts, shared, experts + shared):
+        for n in frozen:
+            getattr(layer, n).requires_grad_(False)
+        got = gradients()
+        for n in frozen:
+            getattr(layer, n).requires_grad_(True)
+        for name, g, w in zip(names, got, want):
+            if name in frozen:
+                assert g is None, name
+            else:
+                assert torch.equal(g, w), f"{name} with {frozen} frozen"
+
+
 def test_bad_arguments_are_refused_before_a_workspace_is_made():
     x, ids, tw, w, s = make(T=72, H=64, I=64, E=4, k=2)  # a shape no other test runs
     made = len(lynx._workspaces.all_workspaces())
