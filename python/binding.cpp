@@ -252,6 +252,10 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     lynx::set_quantized_weights(ws, f, to_stream(stream));
   });
+  m.def("share_quantized_weights", [](lynx::Workspace& from, lynx::Workspace& to) {
+    py::gil_scoped_release release;
+    lynx::share_quantized_weights(from, to);
+  });
   m.def("recompute_forward_context", [](lynx::Workspace& ws, const py::tuple& in, uintptr_t stream) {
     const lynx::LayerInputs inputs = to_inputs(in);
     py::gil_scoped_release release;

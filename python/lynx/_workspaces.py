@@ -129,9 +129,43 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config.ep_group))
                 _groups.connected(config.ep_group)
+            elif config.precision != _PRECISIONS["bf16"] and config.tag not in _RELEASED:
+                _share_fp8_copies(ws, spec)
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
     return ws
+
+
+class Fp8State:
+    """What Python knows of a workspace's FP8 weight copies (ops._fp8_weights): shared by the workspaces
+    that share the copies (lynx::share_quantized_weights)."""
+
+    def __init__(self):
+        self.weights = None        # copies (ops.FORWARD_COPIES / BACKWARD_COPIES) -> the weights they were made from
+        self.prequantized = False  # the copies were given in FP8 (functional.set_quantized_weights)
+        self.given = None          # those e4m3 tensors and scales: weak references and versions
+
+
+def fp8_state(ws) -> Fp8State:
+    state = getattr(ws, "_fp8", None)
+    if state is None:
+        state = ws._fp8 = Fp8State()
+    return state
+
+
+def _share_fp8_copies(ws, spec):
+    """A new FP8 workspace of one rank takes the weight copies of a cached one with the same tag, device
+    and experts (one layer at another token count, say), so that a layer keeps one set of copies (6·E·I·H
+    bytes) however many token counts it is called at."""
+    tokens, hidden, intermediate, num_experts, _, _, config, index = spec
+    for other_spec, other in _BY_SPEC.items():
+        o_tokens, o_hidden, o_intermediate, o_experts, _, _, o_config, o_index = other_spec
+        if (o_config.tag == config.tag and o_index == index and o_config.ep_group == 0 and
+                o_config.precision != _PRECISIONS["bf16"] and (o_hidden, o_intermediate, o_experts) ==
+                (hidden, intermediate, num_experts)):
+            _C.share_quantized_weights(other, ws)
+            ws._fp8 = fp8_state(other)
+            return
 
 
 def all_workspaces():

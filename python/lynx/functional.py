@@ -223,9 +223,10 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
                              torch.cuda.current_stream(ws.device).cuda_stream)
     # The copies are these: bf16 weights given later are quantised again (ops._fp8_weights), and the e4m3
     # ones are checked to be these, unchanged (scales included).
-    impl._fp8_weights = None
-    impl._fp8_prequantized = True
-    impl._fp8_given = None if any(t.is_inference() for t in tensors) else tuple(
+    state = _workspaces.fp8_state(impl)
+    state.weights = None
+    state.prequantized = True
+    state.given = None if any(t.is_inference() for t in tensors) else tuple(
         (weakref.ref(t), t._version) for t in tensors)
 
 
@@ -235,7 +236,7 @@ def fp8_weights_changed():
     op, torch's optimizers); call this after changes no counter records: through `.data`, or by an
     optimizer that writes through raw pointers."""
     for ws in _workspaces.all_workspaces():
-        ws._fp8_weights = None
+        _workspaces.fp8_state(ws).weights = None
 
 
 def check(device=None):

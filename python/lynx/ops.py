@@ -87,12 +87,13 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     if precision == _workspaces._PRECISIONS["bf16"]:
         return
     now = (w_gate, w_up, w_down)
+    state = _workspaces.fp8_state(ws)
     if w_gate.dtype == torch.float8_e4m3fn:  # given by functional.set_quantized_weights: never quantised here
-        if not getattr(ws, "_fp8_prequantized", False):
+        if not state.prequantized:
             raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
                              "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
                              "lynx.nn.MoE take bf16 weights)")
-        given = getattr(ws, "_fp8_given", None)  # the six tensors given (values, scales): weak refs, versions
+        given = state.given  # the six tensors given (values, scales): weak refs, versions
         if given is not None and not (all(ref() is t for (ref, _), t in zip(given, now)) and
                                       all(ref() is not None and ref()._version == v for ref, v in given)):
             raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that are not those given to "
@@ -101,7 +102,7 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     if torch.cuda.is_current_stream_capturing():
         _FP8_CAPTURED = True
     untracked = _FP8_CAPTURED or any(t.is_inference() for t in now)
-    kept = getattr(ws, "_fp8_weights", None) or {}  # copies -> the weights they were made from
+    kept = state.weights or {}  # copies -> the weights they were made from
     made = kept.get(copies)
     same = (not untracked and made is not None and
             all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(made, now)))
@@ -114,9 +115,9 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
         both = (copies == FORWARD_COPIES and not untracked and theirs is not None and
                 all(p == t.data_ptr() for (_, p, _), t in zip(theirs, now)))
         _C.quantize_weights(ws, inputs, stream, BOTH_COPIES if both else copies)
-        ws._fp8_prequantized = False  # the copies are (or are becoming) of bf16 weights
+        state.prequantized = False  # the copies are (or are becoming) of bf16 weights
         key = tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
-        ws._fp8_weights = None if untracked else {**kept, copies: key, **({BACKWARD_COPIES: key} if both else {})}
+        state.weights = None if untracked else {**kept, copies: key, **({BACKWARD_COPIES: key} if both else {})}
 
 
 def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_group) -> int:

@@ -8,6 +8,7 @@
 #include "api/call.h"
 #include "api/passes.h"
 #include "baseline/passes.h"
+#include "common/cuda_check.h"
 #include "lynx/error.h"
 #include "runtime/context.h"
 #include "runtime/scratch.h"
@@ -166,6 +167,35 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
   validate_fp8_weights(w.shape, weights);
   check_device(w);
   enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
+}
+
+void share_quantized_weights(Workspace& from, Workspace& to) {
+  Workspace::Impl& a = from.impl();
+  Workspace::Impl& b = to.impl();
+  api::require_fp8(a, "share_quantized_weights");
+  api::require_fp8(b, "share_quantized_weights");
+  if (a.device != b.device) {
+    throw Error("to", "is on device " + std::to_string(b.device) + ", `from` on device " + std::to_string(a.device) +
+                          ": weight copies are shared on one device");
+  }
+  const LayerShape &sa = a.shape, &sb = b.shape;
+  if (sa.hidden != sb.hidden || sa.intermediate != sb.intermediate || sa.local_experts() != sb.local_experts()) {
+    throw Error("to", "holds experts of hidden " + std::to_string(sb.hidden) + ", intermediate " +
+                          std::to_string(sb.intermediate) + " and " + std::to_string(sb.local_experts()) +
+                          " local experts, `from` of " + std::to_string(sa.hidden) + ", " +
+                          std::to_string(sa.intermediate) + " and " + std::to_string(sa.local_experts()) +
+                          ": their weight copies differ");
+  }
+  int current = -1;
+  LYNX_CUDA(cudaGetDevice(&current));
+  LYNX_CUDA(cudaSetDevice(b.device));
+  try {
+    b.use_fp8_store(a.fp8_store);
+  } catch (...) {
+    cudaSetDevice(current);
+    throw;
+  }
+  LYNX_CUDA(cudaSetDevice(current));
 }
 
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {

@@ -55,7 +55,7 @@ inline void require_quantized_weights(const Workspace::Impl& w, const LayerInput
     return;
   }
   const bool forward = copies == Fp8Copies::kForward;
-  const QuantizedWeightsKey& made = forward ? w.quantized_forward : w.quantized_backward;
+  const QuantizedWeightsKey& made = forward ? w.fp8_store->forward : w.fp8_store->backward;
   const std::string which =
       forward ? "the forward's copies (Fp8Copies::kForward)" : "the backward's copies (Fp8Copies::kBackward)";
   if (!made.valid) {

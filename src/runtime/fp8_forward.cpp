@@ -22,8 +22,9 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   Fp8Buffers& f = w.f8;
   const QuantizedWeightsKey made{weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
   const bool forward = copies != Fp8Copies::kBackward, backward = copies != Fp8Copies::kForward;
-  if (forward) w.quantized_forward.valid = false;  // until every copy is queued
-  if (backward) w.quantized_backward.valid = false;
+  Fp8WeightStore& store = *w.fp8_store;
+  if (forward) store.forward.valid = false;  // until every copy is queued
+  if (backward) store.backward.valid = false;
   const auto gate = data_of<const bf16_t>(weights.w_gate), up = data_of<const bf16_t>(weights.w_up),
              down = data_of<const bf16_t>(weights.w_down);
   const fp8::NonfiniteReport up_report = report(w, Fp8Tensor::kUp);
@@ -54,8 +55,8 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
     fp8::quantize_blocks_transposed(down, H, nullptr, 0, E, I, f.w_down_t, f.w_down_t_scales,
                                     report(w, Fp8Tensor::kDown), s);
   }
-  if (forward) w.quantized_forward = made;
-  if (backward) w.quantized_backward = made;
+  if (forward) store.forward = made;
+  if (backward) store.backward = made;
 }
 
 void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, cudaStream_t s) {
@@ -63,7 +64,8 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   const int64_t kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
   Fp8Buffers& f = w.f8;
-  w.quantized_forward.valid = w.quantized_backward.valid = false;  // until every copy is queued
+  Fp8WeightStore& store = *w.fp8_store;
+  store.forward.valid = store.backward.valid = false;  // until every copy is queued
   const auto copy = [&](void* dst, const TensorView& src, int64_t bytes) {
     LYNX_CUDA(cudaMemcpyAsync(dst, src.data, size_t(bytes), cudaMemcpyDeviceToDevice, s));
   };
@@ -79,8 +81,7 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
                                       f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-  w.quantized_forward = w.quantized_backward = {weights.w_gate.data, weights.w_up.data, weights.w_down.data,
-                                                 DType::kE4M3, true};
+  store.forward = store.backward = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
 }
 
 namespace {

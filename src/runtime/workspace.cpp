@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/transport.h"
@@ -26,6 +28,42 @@ DeviceInfo query_device(int device) {
 }
 
 }  // namespace
+
+namespace {
+
+// f8's weight fields: the store's.
+void point_at_fp8_store(Fp8Buffers& f8, const Fp8WeightStore& st) {
+  const Fp8Buffers& b = st.buffers;
+  f8.w_gate = b.w_gate;
+  f8.w_gate_scales = b.w_gate_scales;
+  f8.w_up = b.w_up;
+  f8.w_up_scales = b.w_up_scales;
+  f8.w_down = b.w_down;
+  f8.w_down_scales = b.w_down_scales;
+  f8.w_down_t = b.w_down_t;
+  f8.w_down_t_scales = b.w_down_t_scales;
+  f8.w_gate_up_t = b.w_gate_up_t;
+  f8.w_gate_up_t_scales = b.w_gate_up_t_scales;
+}
+
+}  // namespace
+
+Fp8WeightStore::~Fp8WeightStore() {
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+  for (void* p : allocations) cudaFree(p);
+  cudaGetLastError();
+  if (switched) cudaSetDevice(current);
+}
+
+void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
+  if (!fp8_store || !store) throw Error("", "internal: an FP8 weight store shared outside FP8");
+  if (store == fp8_store) return;
+  LYNX_CUDA(cudaDeviceSynchronize());
+  if (fp8_store.use_count() == 1) bytes -= fp8_store->bytes;  // this workspace's own copies, freed below
+  fp8_store = std::move(store);
+  point_at_fp8_store(f8, *fp8_store);
+}
 
 void* Workspace::Impl::alloc_bytes(int64_t n) {
   if (n == 0) return nullptr;
@@ -162,17 +200,37 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     }
     if (config.precision == Precision::kFp8Block) {
       const int64_t E = E_loc, kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
-      f8.w_gate = alloc<uint8_t>(E * I * H);
-      f8.w_gate_scales = alloc<float>(E * kbI * kbH);
-      f8.w_up = alloc<uint8_t>(E * I * H);
-      f8.w_up_scales = alloc<float>(E * kbI * kbH);
-      f8.w_down = alloc<uint8_t>(E * H * I);
-      f8.w_down_scales = alloc<float>(E * kbH * kbI);
       const int64_t kb2I = fp8::blocks_of(2 * I);
-      f8.w_down_t = alloc<uint8_t>(E * I * H);
-      f8.w_down_t_scales = alloc<float>(E * kbI * kbH);
-      f8.w_gate_up_t = alloc<uint8_t>(E * H * 2 * I);
-      f8.w_gate_up_t_scales = alloc<float>(E * kbH * kb2I);
+      fp8_store = std::make_shared<Fp8WeightStore>();
+      fp8_store->device = device;
+      Fp8WeightStore& st = *fp8_store;
+      const auto own = [&](auto*& field, int64_t count) {  // into the store, counted as this workspace's
+        using T = std::remove_reference_t<decltype(*field)>;
+        const int64_t n = count * int64_t(sizeof(T));
+        void* p = nullptr;
+        const cudaError_t err = cudaMalloc(&p, size_t(n));
+        if (err != cudaSuccess) {
+          cudaGetLastError();
+          throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for the FP8 weight "
+                              "copies (" + std::to_string(bytes) + " bytes already held): " + cudaGetErrorString(err));
+        }
+        st.allocations.push_back(p);
+        st.bytes += n;
+        bytes += n;
+        field = static_cast<T*>(p);
+      };
+      Fp8Buffers& b = st.buffers;
+      own(b.w_gate, E * I * H);
+      own(b.w_gate_scales, E * kbI * kbH);
+      own(b.w_up, E * I * H);
+      own(b.w_up_scales, E * kbI * kbH);
+      own(b.w_down, E * H * I);
+      own(b.w_down_scales, E * kbH * kbI);
+      own(b.w_down_t, E * I * H);
+      own(b.w_down_t_scales, E * kbI * kbH);
+      own(b.w_gate_up_t, E * H * 2 * I);
+      own(b.w_gate_up_t_scales, E * kbH * kb2I);
+      point_at_fp8_store(f8, st);
       // At R > 1 each rank's tiles are staged in its shared region's token rows (fp8_forward.cpp): H bytes
       // and 4 per 128 columns a token, within the 2·H of a bf16 row.
       if (s.num_ranks > 1 && H + 4 * kbH > 2 * H) throw Error("shape.hidden", "internal: FP8 tiles exceed a token row");
@@ -314,6 +372,7 @@ void Workspace::Impl::become_virtual_rank(const plan::LayerPlan& p, cudaStream_t
 }
 
 void Workspace::Impl::release() {
+  fp8_store.reset();
   for (char* base : opened) comm::close_region(base);
   opened.clear();
   if (rank_stream) cudaStreamDestroy(rank_stream);

@@ -88,6 +88,22 @@ struct QuantizedWeightsKey {
   bool operator==(const QuantizedWeightsKey&) const = default;
 };
 
+// The routed experts' E4M3 copies (the weight fields of `buffers`; its scratch fields unused) and what
+// they were made from. Allocated by the workspace that made them; the workspaces of one layer at other
+// token counts may use them too (share_quantized_weights), and the last of them to go frees them.
+struct Fp8WeightStore {
+  int device = 0;
+  int64_t bytes = 0;
+  std::vector<void*> allocations;
+  Fp8Buffers buffers{};
+  QuantizedWeightsKey forward;   // the weights w_gate, w_up and w_down were made from
+  QuantizedWeightsKey backward;  // ... w_down_t and w_gate_up_t
+  Fp8WeightStore() = default;
+  Fp8WeightStore(const Fp8WeightStore&) = delete;
+  Fp8WeightStore& operator=(const Fp8WeightStore&) = delete;
+  ~Fp8WeightStore();  // frees on its device; whoever drops the last reference has waited for it
+};
+
 // Identifies the inputs a saved forward context belongs to (the tensors it was computed from).
 struct ContextKey {
   const void* x = nullptr;
@@ -134,9 +150,8 @@ struct Workspace::Impl {
 
   UnfusedBuffers un{};
   FusedBuffers fb{};
-  Fp8Buffers f8{};
-  QuantizedWeightsKey quantized_forward;   // the weights w_gate, w_up and w_down were made from
-  QuantizedWeightsKey quantized_backward;  // ... w_down_t and w_gate_up_t
+  Fp8Buffers f8{};  // its weight fields: fp8_store's
+  std::shared_ptr<Fp8WeightStore> fp8_store;  // FP8: the weights' copies this workspace reads (null in bf16)
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<blas::GroupedGemm> grouped;
 
@@ -169,6 +184,9 @@ struct Workspace::Impl {
   Impl(const LayerShape& shape, const Config& config);
   ~Impl();
   void release();  // frees everything; safe to call twice
+  // FP8: reads `store`'s weight copies from now on (its own are freed once no other workspace uses
+  // them). Waits for the device first: queued passes may still read the copies being replaced.
+  void use_fp8_store(std::shared_ptr<Fp8WeightStore> store);
 
   template <class T>
   T* alloc(int64_t count) {

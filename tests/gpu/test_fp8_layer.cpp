@@ -445,6 +445,43 @@ TEST_F(Fp8Layer, PreQuantizedWeights) {
   expect_prequantized_like_quantize_weights({200, 320, 192, 8, 4, 0});  // H and I past a multiple of 128
 }
 
+// One layer's workspaces at two token counts sharing one set of weight copies: quantised through either,
+// both read them, with the bits of workspaces that keep copies of their own; the workspace that gave up
+// its copies holds less; sharing with a bf16 workspace or another layer's shape is an error.
+TEST_F(Fp8Layer, SharedWeightCopies) {
+  const Case big{200, 256, 192, 8, 2, 64}, small{72, 256, 192, 8, 2, 64};
+  const HostLayer L(big, fresh_seed()), S(small, fresh_seed());
+  LayerInputs s_in = S.inputs();
+  s_in.weights = L.inputs().weights;  // one layer's weights at two token counts
+  const std::vector<HostBf16> dy_big = random_dy(big), dy_small = random_dy(small);
+  Workspace own_big(L.shape, fp8_config()), own_small(S.shape, fp8_config());
+  quantize_weights(own_big, L.inputs().weights, nullptr);
+  quantize_weights(own_small, s_in.weights, nullptr);
+  const Outputs want_big = run_layer(own_big, L, dy_big);
+  const Outputs want_small = run_layer(own_small, S, s_in, dy_small);
+
+  Workspace a(L.shape, fp8_config()), b(S.shape, fp8_config());
+  const int64_t b_alone = b.device_bytes();
+  share_quantized_weights(a, b);
+  EXPECT_LT(b.device_bytes(), b_alone);
+  quantize_weights(b, s_in.weights, nullptr);  // made through one, read by both
+  EXPECT_EQ(first_difference(run_layer(a, L, dy_big), want_big), "");
+  EXPECT_EQ(first_difference(run_layer(b, S, s_in, dy_small), want_small), "");
+  a.check(nullptr);
+  b.check(nullptr);
+
+  Workspace bf16(L.shape);
+  EXPECT_THROW(share_quantized_weights(a, bf16), Error);
+  const HostLayer other(Case{72, 256, 128, 8, 2, 64}, fresh_seed());
+  Workspace c(other.shape, fp8_config());
+  try {
+    share_quantized_weights(a, c);
+    ADD_FAILURE() << "shared copies with another intermediate size";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "to") << e.what();
+  }
+}
+
 // Frozen experts in FP8, with FP8 and with bf16 weight gradients: the other gradients keep the bits of
 // the whole backward.
 TEST_F(Fp8Layer, WeightGradientsLeftOut) {

@@ -1,6 +1,8 @@
 """The PyTorch binding against a plain-PyTorch MoE, on fresh random inputs (run on a Hopper GPU;
 skipped elsewhere)."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -274,7 +276,6 @@ def test_workspace_lifetime_and_tags():
 
 
 def test_copied_layers_get_their_own_workspaces():
-    import copy
     layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
     twin = copy.deepcopy(layer)
     assert twin.workspace_tag != layer.workspace_tag
@@ -746,6 +747,24 @@ def test_fp8_training_makes_both_copies_from_one_read(monkeypatch):
     for step, (g, r) in enumerate(zip(grads, grads_apart)):
         for name, a, b in zip(("w1", "w2", "w3"), g, r):
             assert torch.isfinite(a).all() and torch.equal(a, b), f"step {step}: {name}"
+
+
+def test_fp8_layer_keeps_one_set_of_weight_copies_across_token_counts():
+    """An FP8 layer called at several token counts has a workspace for each, all reading one set of E4M3
+    weight copies (6·E·I·H bytes, held by the first), with the bits of a layer that runs each count alone."""
+    H, I, E = 1024, 512, 16
+    layer = lynx.nn.MoE(H, I, E, 2, precision="fp8_block", device="cuda")
+    x = torch.randn(160, H, device="cuda", dtype=torch.bfloat16)
+    counts = (64, 96, 160, 64)
+    got = [layer(x[:T]) for T in counts]
+    wss = [ws for spec, ws in lynx._workspaces._BY_SPEC.items() if spec[6].tag == layer.workspace_tag]
+    assert len(wss) == 3
+    assert len({id(lynx._workspaces.fp8_state(ws)) for ws in wss}) == 1
+    copies = 6 * E * I * H
+    assert sorted(ws.device_bytes() >= copies for ws in wss) == [False, False, True]
+    for T, y in zip(counts, got):
+        alone = copy.deepcopy(layer)  # a tag, and so workspaces and copies, of its own
+        assert torch.equal(y, alone(x[:T])), T
 
 
 def test_fp8_module_trains_and_bad_precision_is_named():
