@@ -108,7 +108,8 @@ class Workspace {
   int64_t context_bytes() const;  // of which: what forward keeps for backward, each buffer rounded up to
                                   // 1 KB (0 until a context exists)
   // The schedule of the last forward / recompute call. With Config::caller_context the schedule is
-  // part of the caller's ForwardContext, which the workspace does not hold between calls: null arrays.
+  // part of the caller's ForwardContext, which the workspace does not hold between calls: null arrays;
+  // null arrays too before the first forward or recompute.
   Schedule schedule() const;
   // Whether backward on `in` can use the context this workspace holds: the same x, topk_ids,
   // topk_weights, w_gate, w_up (and shared ws_gate, ws_up) pointers as the forward or recompute that built it. Pointers are all

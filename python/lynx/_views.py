@@ -59,8 +59,12 @@ def schedule_tensors(ws, device):
     next call on the workspace rebuilds them (clone to keep). One rank keeps no row_src_rank (a null
     pointer: every row's source is rank 0): it is made from row_token_slot."""
     with torch.cuda.device(device):
+        listed = ws.schedule_arrays()
+        if listed[0][1] == 0:  # row_token_slot: null before the first forward, or with the caller's context
+            raise ValueError("lynx: the workspace holds no schedule: call forward or recompute_forward_context on it "
+                             "first (a workspace whose forward context is the caller's keeps none)")
         arrays = {name: torch.as_tensor(_DeviceArray(ptr, length), device=device)
-                  for name, ptr, length in ws.schedule_arrays() if ptr != 0}
+                  for name, ptr, length in listed if ptr != 0}
         if "row_src_rank" not in arrays:
             slots = arrays["row_token_slot"]
             arrays["row_src_rank"] = torch.where(slots >= 0, 0, -1).to(torch.int32)

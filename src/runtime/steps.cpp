@@ -21,6 +21,7 @@ int to_int(int64_t v) { return static_cast<int>(v); }
 
 void enqueue_schedule(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) {
   w.counts_on_host = false;
+  w.schedule_built = true;
   sched::DeviceRouting routing{};
   sched::DeviceBuffers buffers = w.schedule;
   if (w.ranks() == 1) {

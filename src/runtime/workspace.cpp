@@ -426,6 +426,9 @@ int64_t Workspace::context_bytes() const {
 
 Schedule Workspace::schedule() const {
   Schedule s;
+  s.capacity = impl_->problem.capacity;
+  s.local_experts = impl_->problem.local_experts();
+  if (!impl_->schedule_built) return s;  // null arrays: nothing built yet
   s.row_token_slot = impl_->schedule.row_token_slot;
   s.row_src_rank = impl_->ranks() > 1 ? impl_->schedule.row_src_rank : nullptr;
   s.expert_offset = impl_->schedule.expert_offset;

@@ -160,6 +160,7 @@ struct Workspace::Impl {
   int32_t* row_numbers = nullptr;       // fused, g and u by row: [capacity] 0, 1, ... (gemm::ExpertGemmArgs::gate_up_slot)
   ContextKey context;
   bool counts_on_host = false;          // counts_host holds the current schedule's counts
+  bool schedule_built = false;          // a forward or recompute has queued a schedule build
 
   plan::DeviceProps device_props;
   plan::LayerPlan plan;             // every launch choice for this shape (plan/layer_plan.h)

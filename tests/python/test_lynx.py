@@ -293,6 +293,12 @@ def test_explicit_forward_under_inference_mode():
     assert rel(y, reference_moe(x, ids, tw, *w)) < TOL
 
 
+def test_workspace_schedule_before_any_forward_is_an_error():
+    ws = lynx.Workspace(64, 64, 64, 4, 2)
+    with pytest.raises(ValueError, match="holds no schedule"):
+        ws.schedule()
+
+
 def test_workspace_rejects_another_shape():
     x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
     ws = lynx.Workspace(128, 64, 64, 4, 2)
