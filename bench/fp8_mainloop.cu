@@ -8,8 +8,8 @@
 // Loops (Loop): as the wide forms issue them (each half's group waited for, then promoted into its
 // accumulator, the two warpgroups issuing in turn), the same without turns, with A read into registers
 // once a K block, with the row and block scales loaded from global memory each K block as the kernel
-// does; the dense form's [128, 128] loop (two temporaries, a block's group issued before the last one
-// is promoted); with no promotion (both halves straight into accumulators: the issue's ceiling), also
+// does; [128, 128] tiles with two temporaries (a block's group issued before the one before it is
+// promoted, in pairs); with no promotion (both halves straight into accumulators: the issue's ceiling), also
 // as one m64n256k32 a k step; and bf16's [128, 256] × 64 products for comparison. Feeds (Feed): how a stage's operands arrive: 16 bytes (the
 // loop and its barriers alone), 48 KB from an L2-resident buffer or from DRAM, or B from L2 with A's
 // 128 rows gathered by three warps (16-byte loads and shared-memory stores), as the gate/up GEMM does.
@@ -190,8 +190,10 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
   if constexpr (kLoop == Loop::kScales) next_a0 = scale_a(0, 0), next_a1 = scale_a(0, 1), next_b = p.scales_b[0];
   const float s0 = 1.0f + float(threadIdx.x) * 1e-7f, s1 = 1.0f - float(threadIdx.x) * 1e-7f;
   if constexpr (kLoop == Loop::kPipelined128) {
-    // The dense form's loop: [128, 128] tiles, block i + 1's group issued before block i's products
-    // are promoted (two temporaries, wait_group 1), no turns.
+    // The dense form's idea: [128, 128] tiles, two temporaries, a block's group issued before the one
+    // before it is promoted (wait_group 1), no turns. NOTES: in pairs of blocks, so that no group is in
+    // flight across the loop's back edge: carried across it, ptxas waited for it at the loop head
+    // (C7517), serialising the groups.
     float(&pb)[64] = acc[1];
     const auto issue = [&](float(&d)[64], int32_t i) {
       const int st = i % kStages;
@@ -205,26 +207,19 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
       for (int e = 0; e < 64; ++e) acc[0][e] = fmaf(d[e], (e % 4) < 2 ? s0 : s1, acc[0][e]);
     };
     const int32_t n = p.k_blocks;
-    issue(pa, 0);
-    int32_t i = 0;
 #pragma unroll 1
-    for (; i + 2 < n; i += 2) {
-      issue(pb, i + 1);
-      sm90::wgmma_wait<1>();
-      finish(pa, i);
-      issue(pa, i + 2);
-      sm90::wgmma_wait<1>();
-      finish(pb, i + 1);
-    }
-    if (i + 1 < n) {
-      issue(pb, i + 1);
-      sm90::wgmma_wait<1>();
-      finish(pa, i);
-      sm90::wgmma_wait<0>();
-      finish(pb, i + 1);
-    } else {
-      sm90::wgmma_wait<0>();
-      finish(pa, i);
+    for (int32_t i = 0; i < n; i += 2) {
+      issue(pa, i);
+      if (i + 1 < n) {
+        issue(pb, i + 1);
+        sm90::wgmma_wait<1>();
+        finish(pa, i);
+        sm90::wgmma_wait<0>();
+        finish(pb, i + 1);
+      } else {
+        sm90::wgmma_wait<0>();
+        finish(pa, i);
+      }
     }
   } else {
 #pragma unroll 1
@@ -409,13 +404,13 @@ int main(int argc, char** argv) {
       make_case<Loop::kPromote, Feed::kNone>("promote, no turns", "none"),
       make_case<Loop::kRegsA, Feed::kNone>("promote, turns, A in registers", "none"),
       make_case<Loop::kScales, Feed::kNone>("promote, turns, scales loaded", "none"),
-      make_case<Loop::kPipelined128, Feed::kNone>("[128,128] pipelined (dense form)", "none"),
+      make_case<Loop::kPipelined128, Feed::kNone>("[128,128], two groups in flight", "none"),
       make_case<Loop::kNoPromote, Feed::kNone>("no promotion", "none"),
       make_case<Loop::kNoPromote256, Feed::kNone>("no promotion, m64n256k32", "none"),
       make_case<Loop::kBf16, Feed::kNone>("bf16 m64n256k16", "none"),
       make_case<Loop::kPromoteTurns, Feed::kL2>("promote, turns (as built)", "L2"),
       make_case<Loop::kRegsA, Feed::kL2>("promote, turns, A in registers", "L2"),
-      make_case<Loop::kPipelined128, Feed::kL2>("[128,128] pipelined (dense form)", "L2"),
+      make_case<Loop::kPipelined128, Feed::kL2>("[128,128], two groups in flight", "L2"),
       make_case<Loop::kNoPromote, Feed::kL2>("no promotion", "L2"),
       make_case<Loop::kBf16, Feed::kL2>("bf16 m64n256k16", "L2"),
       make_case<Loop::kPromoteTurns, Feed::kGather>("promote, turns (as built)", "gather A"),

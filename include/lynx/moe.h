@@ -194,8 +194,8 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
 // now on, and its own are freed (once no other workspace reads them): for the workspaces of one layer
 // made for different token counts, so that the layer keeps one set of copies (6·E_loc·I·H bytes) however
 // many counts it is called at. quantize_weights or set_quantized_weights on any of them then makes
-// the copies, and what they were made from, for all of them. Both must be FP8 workspaces of one
-// device with the same hidden, intermediate and local experts; use them on one stream (or with the
+// the copies, and what they were made from, for all of them. Both must be one-rank FP8 workspaces of
+// one device with the same hidden, intermediate and experts; use them on one stream (or with the
 // streams ordered), as a new quantisation rewrites copies another's queued pass may read. Waits for
 // the device. `to`'s device_bytes() no longer counts the copies (`from`'s does).
 void share_quantized_weights(Workspace& from, Workspace& to);

@@ -43,7 +43,10 @@ def on_device_of_x(t, name, x):
 
 def aligned(t):
     """t, or a copy of it where its data is not 16-byte aligned (a view at an offset: lynx's vector loads
-    need the alignment every allocation has)."""
+    need the alignment every allocation has). While torch.compile traces, t as it is (a traced tensor has
+    no address; the op then checks the one it runs with)."""
+    if torch.compiler.is_compiling():
+        return t
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 

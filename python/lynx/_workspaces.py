@@ -129,7 +129,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config.ep_group))
                 _groups.connected(config.ep_group)
-            elif config.precision != _PRECISIONS["bf16"] and config.tag not in _RELEASED:
+            elif config.precision != _PRECISIONS["bf16"] and config.tag < 0 and config.tag not in _RELEASED:
                 _share_fp8_copies(ws, spec)
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
@@ -155,8 +155,11 @@ def fp8_state(ws) -> Fp8State:
 
 def _share_fp8_copies(ws, spec):
     """A new FP8 workspace of one rank takes the weight copies of a cached one with the same tag, device
-    and experts (one layer at another token count, say), so that a layer keeps one set of copies (6·E·I·H
-    bytes) however many token counts it is called at."""
+    and experts (one layer at another token count), so that a layer keeps one set of copies (6·E·I·H
+    bytes) however many token counts it is called at. NOTES: only for a layer's own tags (negative:
+    lynx.nn.MoE, the HF experts), whose calls run one after another; calls with a caller's tag (lynx.moe's
+    default 0) may run on several streams at once, where one's quantisation would rewrite copies
+    another's queued pass reads."""
     tokens, hidden, intermediate, num_experts, _, _, config, index = spec
     for other_spec, other in _BY_SPEC.items():
         o_tokens, o_hidden, o_intermediate, o_experts, _, _, o_config, o_index = other_spec

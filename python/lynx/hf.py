@@ -37,7 +37,7 @@ class _Experts(torch.autograd.Function):
         # Frozen experts (gate_up_proj and down_proj not requiring grad): no expert weight gradients.
         experts = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
         dx, d_topk, d_gate, d_up, d_down = ops.moe_backward_from(
-            _views.aligned(dy.to(torch.bfloat16).contiguous()), context, x, topk_ids, topk_weights, gate, up, down,
+            dy.to(torch.bfloat16).contiguous(), context, x, topk_ids, topk_weights, gate, up, down,
             None, None, None, *ctx.config, ops.EXPERT_WEIGHT_GRADS if experts else 0)[:5]
         if not experts:
             return dx, None, d_topk, None, None, None, None

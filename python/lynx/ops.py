@@ -204,7 +204,7 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
                          f"{'' if context.is_contiguous() else ', not contiguous'}; backward needs it as saved: uint8, "
                          f"contiguous, on {x.device}")
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    dy_view = _views.on_device_of_x(dy, "dy", x)
+    dy_view = _views.on_device_of_x(_views.aligned(dy), "dy", x)
     with torch.cuda.device(x.device):
         ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
         grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
@@ -266,7 +266,7 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
                  weight_grads: int = ALL_WEIGHT_GRADS) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                 Tensor]:
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
-    dy_view = _views.on_device_of_x(dy, "dy", x)
+    dy_view = _views.on_device_of_x(_views.aligned(dy), "dy", x)
     with torch.cuda.device(x.device):
         ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
                         ep_group, precision)
@@ -329,7 +329,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down = ctx.saved_tensors
-    dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
+    dy = dy.to(torch.bfloat16).contiguous()
     wanted = weight_grads_needed(ctx.needs_input_grad)
     grads = moe_backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, *ctx.config,
                          wanted)
@@ -346,7 +346,7 @@ def _setup_saving(ctx, inputs, output):
 
 def _backward_saving(ctx, dy, _dcontext):
     x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, context = ctx.saved_tensors
-    dy = _views.aligned(dy.to(torch.bfloat16).contiguous())
+    dy = dy.to(torch.bfloat16).contiguous()
     wanted = weight_grads_needed(ctx.needs_input_grad)
     grads = moe_backward_from(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
                               *ctx.config, wanted)

@@ -179,6 +179,10 @@ void share_quantized_weights(Workspace& from, Workspace& to) {
                           ": weight copies are shared on one device");
   }
   const LayerShape &sa = a.shape, &sb = b.shape;
+  if (sa.num_ranks != 1 || sb.num_ranks != 1) {
+    throw Error(sa.num_ranks != 1 ? "from" : "to",
+                "is a rank of an expert-parallel group: each rank keeps its own experts' copies");
+  }
   if (sa.hidden != sb.hidden || sa.intermediate != sb.intermediate || sa.local_experts() != sb.local_experts()) {
     throw Error("to", "holds experts of hidden " + std::to_string(sb.hidden) + ", intermediate " +
                           std::to_string(sb.intermediate) + " and " + std::to_string(sb.local_experts()) +

@@ -60,7 +60,8 @@ void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
   if (!fp8_store || !store) throw Error("", "internal: an FP8 weight store shared outside FP8");
   if (store == fp8_store) return;
   LYNX_CUDA(cudaDeviceSynchronize());
-  if (fp8_store.use_count() == 1) bytes -= fp8_store->bytes;  // this workspace's own copies, freed below
+  if (counts_fp8_store) bytes -= fp8_store->bytes;  // this workspace's own copies: freed once no other reads them
+  counts_fp8_store = false;
   fp8_store = std::move(store);
   point_at_fp8_store(f8, *fp8_store);
 }
@@ -203,6 +204,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       const int64_t kb2I = fp8::blocks_of(2 * I);
       fp8_store = std::make_shared<Fp8WeightStore>();
       fp8_store->device = device;
+      counts_fp8_store = true;
       Fp8WeightStore& st = *fp8_store;
       const auto own = [&](auto*& field, int64_t count) {  // into the store, counted as this workspace's
         using T = std::remove_reference_t<decltype(*field)>;

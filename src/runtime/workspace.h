@@ -152,6 +152,7 @@ struct Workspace::Impl {
   FusedBuffers fb{};
   Fp8Buffers f8{};  // its weight fields: fp8_store's
   std::shared_ptr<Fp8WeightStore> fp8_store;  // FP8: the weights' copies this workspace reads (null in bf16)
+  bool counts_fp8_store = false;              // `bytes` counts fp8_store's (this workspace allocated it)
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<blas::GroupedGemm> grouped;
 
