@@ -14,8 +14,8 @@ namespace lynx::api {
 inline void check_device(const Workspace::Impl& w) {
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess || device != w.device) {
-    throw Error("stream", "the current CUDA device (" + std::to_string(device) + ") is not the workspace's device (" +
-                              std::to_string(w.device) + ")");
+    throw Error("device", "the current CUDA device (" + std::to_string(device) + ") is not the workspace's device (" +
+                              std::to_string(w.device) + "): make it current (cudaSetDevice) before the call");
   }
 }
 
