@@ -27,37 +27,39 @@ LayerShape small_shape(int64_t shared = 64) {
   return s;
 }
 
-LayerInputs good_inputs(const LayerShape& s) {
+// `at(i)`: the fake address of tensor i (fake, or one far enough apart for tensors to lie whole
+// between them).
+LayerInputs good_inputs(const LayerShape& s, void* (*at)(int) = fake) {
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts();
   LayerInputs in;
-  in.x = make_view(fake(0), DType::kBF16, {T, H});
-  in.topk_ids = make_view(fake(1), DType::kI32, {T, k});
-  in.topk_weights = make_view(fake(2), DType::kF32, {T, k});
-  in.weights.w_gate = make_view(fake(3), DType::kBF16, {E, I, H});
-  in.weights.w_up = make_view(fake(4), DType::kBF16, {E, I, H});
-  in.weights.w_down = make_view(fake(5), DType::kBF16, {E, H, I});
+  in.x = make_view(at(0), DType::kBF16, {T, H});
+  in.topk_ids = make_view(at(1), DType::kI32, {T, k});
+  in.topk_weights = make_view(at(2), DType::kF32, {T, k});
+  in.weights.w_gate = make_view(at(3), DType::kBF16, {E, I, H});
+  in.weights.w_up = make_view(at(4), DType::kBF16, {E, I, H});
+  in.weights.w_down = make_view(at(5), DType::kBF16, {E, H, I});
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
-    in.weights.ws_gate = make_view(fake(6), DType::kBF16, {Is, H});
-    in.weights.ws_up = make_view(fake(7), DType::kBF16, {Is, H});
-    in.weights.ws_down = make_view(fake(8), DType::kBF16, {H, Is});
+    in.weights.ws_gate = make_view(at(6), DType::kBF16, {Is, H});
+    in.weights.ws_up = make_view(at(7), DType::kBF16, {Is, H});
+    in.weights.ws_down = make_view(at(8), DType::kBF16, {H, Is});
   }
   return in;
 }
 
-Gradients good_gradients(const LayerShape& s) {
+Gradients good_gradients(const LayerShape& s, void* (*at)(int) = fake) {
   const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts();
   Gradients g;
-  g.dx = make_view(fake(10), DType::kBF16, {T, H});
-  g.d_topk_weights = make_view(fake(11), DType::kF32, {T, k});
-  g.dw_gate = make_view(fake(12), DType::kBF16, {E, I, H});
-  g.dw_up = make_view(fake(13), DType::kBF16, {E, I, H});
-  g.dw_down = make_view(fake(14), DType::kBF16, {E, H, I});
+  g.dx = make_view(at(10), DType::kBF16, {T, H});
+  g.d_topk_weights = make_view(at(11), DType::kF32, {T, k});
+  g.dw_gate = make_view(at(12), DType::kBF16, {E, I, H});
+  g.dw_up = make_view(at(13), DType::kBF16, {E, I, H});
+  g.dw_down = make_view(at(14), DType::kBF16, {E, H, I});
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
-    g.dws_gate = make_view(fake(15), DType::kBF16, {Is, H});
-    g.dws_up = make_view(fake(16), DType::kBF16, {Is, H});
-    g.dws_down = make_view(fake(17), DType::kBF16, {H, Is});
+    g.dws_gate = make_view(at(15), DType::kBF16, {Is, H});
+    g.dws_up = make_view(at(16), DType::kBF16, {Is, H});
+    g.dws_down = make_view(at(17), DType::kBF16, {H, Is});
   }
   return g;
 }
@@ -315,47 +317,31 @@ TEST(Validation, OutputAndGradientChecksCheckTheShape) {
 // allocation are rejected where they overlap and pass where they only touch.
 TEST(Validation, OutputsSharingMemoryAreErrors) {
   const LayerShape s = small_shape();
-  // 16 MB apart: each tensor of the small shape fits before the next.
-  const auto far = [](int i) { return reinterpret_cast<char*>(uintptr_t(1) << 24) + (uintptr_t(i) << 24); };
-  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts(), Is = 64;
-  LayerInputs in;
-  in.x = make_view(far(0), DType::kBF16, {T, H});
-  in.topk_ids = make_view(far(1), DType::kI32, {T, k});
-  in.topk_weights = make_view(far(2), DType::kF32, {T, k});
-  in.weights.w_gate = make_view(far(3), DType::kBF16, {E, I, H});
-  in.weights.w_up = make_view(far(4), DType::kBF16, {E, I, H});
-  in.weights.w_down = make_view(far(5), DType::kBF16, {E, H, I});
-  in.weights.ws_gate = make_view(far(6), DType::kBF16, {Is, H});
-  in.weights.ws_up = make_view(far(7), DType::kBF16, {Is, H});
-  in.weights.ws_down = make_view(far(8), DType::kBF16, {H, Is});
-  const TensorView y = make_view(far(9), DType::kBF16, {T, H}), dy = make_view(far(10), DType::kBF16, {T, H});
-  Gradients good;
-  good.dx = make_view(far(11), DType::kBF16, {T, H});
-  good.d_topk_weights = make_view(far(12), DType::kF32, {T, k});
-  good.dw_gate = make_view(far(13), DType::kBF16, {E, I, H});
-  good.dw_up = make_view(far(14), DType::kBF16, {E, I, H});
-  good.dw_down = make_view(far(15), DType::kBF16, {E, H, I});
-  good.dws_gate = make_view(far(16), DType::kBF16, {Is, H});
-  good.dws_up = make_view(far(17), DType::kBF16, {Is, H});
-  good.dws_down = make_view(far(18), DType::kBF16, {H, Is});
+  // 16 MB apart: each tensor of the small shape lies whole before the next.
+  const auto far = [](int i) -> void* { return reinterpret_cast<void*>((uintptr_t(i) + 1) << 24); };
+  const auto at = [&](int i) { return static_cast<char*>(far(i)); };
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, k = s.top_k, E = s.local_experts();
+  const LayerInputs in = good_inputs(s, far);
+  const Gradients good = good_gradients(s, far);
+  const TensorView y = make_view(far(20), DType::kBF16, {T, H}), dy = make_view(far(21), DType::kBF16, {T, H});
   EXPECT_NO_THROW(api::check_forward_aliasing(in, y));
   EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, good));
 
   // y: over x from its second row; right after x's last byte it passes.
-  expect_error([&] { api::check_forward_aliasing(in, make_view(far(0) + 2 * H, DType::kBF16, {T, H})); }, "y",
+  expect_error([&] { api::check_forward_aliasing(in, make_view(at(0) + 2 * H, DType::kBF16, {T, H})); }, "y",
                "shares memory with the input x");
-  EXPECT_NO_THROW(api::check_forward_aliasing(in, make_view(far(0) + 2 * T * H, DType::kBF16, {T, H})));
-  expect_error([&] { api::check_forward_aliasing(in, make_view(far(4) + 4096, DType::kBF16, {T, H})); }, "y",
+  EXPECT_NO_THROW(api::check_forward_aliasing(in, make_view(at(0) + 2 * T * H, DType::kBF16, {T, H})));
+  expect_error([&] { api::check_forward_aliasing(in, make_view(at(4) + 4096, DType::kBF16, {T, H})); }, "y",
                "shares memory with the input w_up");
 
   Gradients g = good;
   g.dx = dy;
   expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with the input dy");
   g = good;
-  g.dx = make_view(far(0) + 2 * H * (T - 1), DType::kBF16, {T, H});  // x's last row
+  g.dx = make_view(at(0) + 2 * H * (T - 1), DType::kBF16, {T, H});  // x's last row
   expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with the input x");
   g = good;
-  g.d_topk_weights = make_view(far(11) + 64, DType::kF32, {T, k});  // inside dx
+  g.d_topk_weights = make_view(at(10) + 64, DType::kF32, {T, k});  // inside dx
   expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dx", "shares memory with d_topk_weights");
   g = good;
   g.dw_up = g.dw_gate;
@@ -368,7 +354,7 @@ TEST(Validation, OutputsSharingMemoryAreErrors) {
   expect_error([&] { api::check_backward_aliasing(in, dy, g); }, "dws_up", "shares memory with the input ws_gate");
   // Gate and up gradients side by side in one allocation pass.
   g = good;
-  g.dw_up = make_view(far(13) + 2 * E * I * H, DType::kBF16, {E, I, H});
+  g.dw_up = make_view(at(12) + 2 * E * I * H, DType::kBF16, {E, I, H});
   EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, g));
 }
 
