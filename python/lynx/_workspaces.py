@@ -171,5 +171,13 @@ def _share_fp8_copies(ws, spec):
             return
 
 
+def check_if_temporary(ws, stream: int) -> None:
+    """A workspace made for one call (its tag released: lynx lookups keep none of them) goes with the
+    call, and lynx.check() never sees it: its call's errors (a bad route, a schedule over capacity) are
+    raised here, at the cost of waiting for the stream."""
+    if not any(ws is kept for kept in all_workspaces()):
+        ws.check(stream)
+
+
 def all_workspaces():
     return list(_BY_SPEC.values()) + list(_PARKED.values())

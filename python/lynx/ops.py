@@ -176,6 +176,7 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
                               dtype=torch.uint8, device=x.device)
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
         _C.forward_into(ws, inputs, _views.view(y, "y"), context.data_ptr(), context.numel(), _stream(x))
+        _workspaces.check_if_temporary(ws, _stream(x))
     return y, context
 
 
@@ -212,6 +213,7 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
         # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
         _C.backward_from(ws, inputs, dy_view, views, context.data_ptr(), context.numel(), _stream(x))
+        _workspaces.check_if_temporary(ws, _stream(x))
     return grads
 
 
@@ -249,6 +251,7 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
         _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
+        _workspaces.check_if_temporary(ws, _stream(x))
     return y
 
 
@@ -279,6 +282,7 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
         grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
                                          weight_grads)
         _C.backward(ws, inputs, dy_view, views, stream)
+        _workspaces.check_if_temporary(ws, stream)
     return grads
 
 
@@ -297,6 +301,7 @@ def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Ten
                         ep_group, precision)
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
         _C.recompute_forward_context(ws, inputs, _stream(x))
+        _workspaces.check_if_temporary(ws, _stream(x))
         return _views.schedule_tensors(ws, x.device)["expert_rows"].clone()
 
 
