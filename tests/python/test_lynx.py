@@ -478,6 +478,18 @@ def test_frozen_experts_skip_their_weight_gradients():
                 assert torch.equal(g, w), f"{name} with {frozen} frozen"
 
 
+def test_a_released_tags_call_raises_its_own_errors():
+    """A call whose tag was released runs on a workspace made for it alone, which lynx.check() never
+    sees: the call raises its kernels' errors itself."""
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    lynx._workspaces.release(91)
+    bad = ids.clone()
+    bad[5, 0] = 17
+    with pytest.raises(ValueError, match=r"topk_ids\[5, 0\] = 17 is out of range"):
+        lynx.moe(x, bad, tw, *w, workspace_tag=91)
+    lynx.check()  # nothing left over
+
+
 def test_bad_arguments_are_refused_before_a_workspace_is_made():
     x, ids, tw, w, s = make(T=72, H=64, I=64, E=4, k=2)  # a shape no other test runs
     made = len(lynx._workspaces.all_workspaces())
