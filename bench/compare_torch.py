@@ -229,7 +229,7 @@ def time_routing(rows, name, routing, flops, x, topk_ids, topk_weights, w_gate, 
     kept_mib = (torch.cuda.memory_allocated() - before) / 2**20
     del y
 
-    def lynx_fwd():  # under no_grad, as the PyTorch path's: lynx's forward then keeps no context either
+    def lynx_fwd():
         with torch.no_grad():
             lynx.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
 

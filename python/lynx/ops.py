@@ -365,16 +365,10 @@ def moe_autograd(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up
                  schedule_capacity, save_forward_context, tag, ep_group, precision):
     """y with autograd: with a saved context, the pair that hands autograd the context (at any R: in an
     expert-parallel group each rank's backward is given its own forward's); without one, the forward
-    that keeps none (its backward recomputes it, on every rank alike). NOTES: at one rank, a forward no
-    backward can follow (grad mode off, or nothing that requires grad: evaluation, inference) keeps no
-    context either: it neither writes g and u for a backward nor allocates the context tensor. In an
-    expert-parallel group every rank must make the same calls (workspaces are made collectively), which
-    a per-rank choice could break, so there the saving pair runs whatever the grad mode."""
-    backward_possible = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
-    if save_forward_context and (backward_possible or ep_group != 0):
+    that keeps none (its backward recomputes it, on every rank alike)."""
+    if save_forward_context:
         y, _ = moe_forward_saving(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
                                   schedule_capacity, tag, ep_group, precision)
         return y
     return moe_forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, backend,
-                       schedule_capacity, save_forward_context and backward_possible, tag, ep_group, precision)
+                       schedule_capacity, save_forward_context, tag, ep_group, precision)

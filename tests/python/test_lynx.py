@@ -478,21 +478,6 @@ def test_frozen_experts_skip_their_weight_gradients():
                 assert torch.equal(g, w), f"{name} with {frozen} frozen"
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8_block"])
-def test_forward_without_grad_keeps_no_context(precision):
-    """A forward no backward can follow (torch.no_grad) runs the pass that keeps no context, with the
-    bits of the forward that keeps one."""
-    layer = lynx.nn.MoE(256, 128, 8, 2, shared_intermediate=128, precision=precision, device="cuda")
-    x = torch.randn(96, 256, device="cuda", dtype=torch.bfloat16)
-    y = layer(x)
-    assert y.grad_fn is not None
-    with torch.no_grad():
-        y_eval = layer(x)
-    specs = [spec for spec in lynx._workspaces._BY_SPEC if spec[6].tag == layer.workspace_tag]
-    assert sorted(spec[6].save_forward_context for spec in specs) == [False, True]
-    assert torch.equal(y_eval, y)
-
-
 def test_a_released_tags_call_raises_its_own_errors():
     """A call whose tag was released runs on a workspace made for it alone, which lynx.check() never
     sees: the call raises its kernels' errors itself."""
