@@ -133,6 +133,8 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                 _share_fp8_copies(ws, spec)
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
+        else:
+            ws._temporary = True  # made for this call alone (check_if_temporary)
     return ws
 
 
@@ -174,8 +176,8 @@ def _share_fp8_copies(ws, spec):
 def check_if_temporary(ws, stream: int) -> None:
     """A workspace made for one call (its tag released: lynx lookups keep none of them) goes with the
     call, and lynx.check() never sees it: its call's errors (a bad route, a schedule over capacity) are
-    raised here, at the cost of waiting for the stream."""
-    if not any(ws is kept for kept in all_workspaces()):
+    raised here, at the cost of waiting for the stream. None is made during a capture (workspace_for)."""
+    if getattr(ws, "_temporary", False) and not _capturing():
         ws.check(stream)
 
 
