@@ -139,25 +139,20 @@ def weight_grads_needed(needs_input_grad) -> int:
             (SHARED_WEIGHT_GRADS if any(needs_input_grad[6:9]) else 0))
 
 
-def _wanted(i, shared, weight_grads):
-    """Whether gradient i of (dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down) is
-    computed."""
-    if i < 2:
-        return True
-    if i < 5:
-        return bool(weight_grads & EXPERT_WEIGHT_GRADS)
-    return shared and bool(weight_grads & SHARED_WEIGHT_GRADS)
+def _computed(shared, weight_grads):
+    """Which of (dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down) a backward
+    computes (`shared`: the layer has a shared expert)."""
+    experts = bool(weight_grads & EXPERT_WEIGHT_GRADS)
+    shared = shared and bool(weight_grads & SHARED_WEIGHT_GRADS)
+    return (True, True) + (experts,) * 3 + (shared,) * 3
 
 
 def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads):
-    """Empty gradients ([0] for a shared expert's without one, and for a group left out) and their views
-    for the binding (None for those)."""
-    shared = ws_gate is not None
+    """Empty gradients ([0] for those not computed) and their views for the binding (None for those)."""
     grads = _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads)
     names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
-    views = tuple(_views.view(g, n) if _wanted(i, shared, weight_grads) else None
-                  for i, (g, n) in enumerate(zip(grads, names)))
-    return grads, views
+    computed = _computed(ws_gate is not None, weight_grads)
+    return grads, tuple(_views.view(g, n) if c else None for g, n, c in zip(grads, names, computed))
 
 
 @torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
@@ -224,20 +219,16 @@ def _(dy, context, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_
 
 
 def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads):
-    """Empty gradients, as the ops return them (a shared expert's are [0] without one, and a group left
-    out is [0]; the experts' bf16, also for e4m3 weights)."""
-    shared = ws_gate is not None
-    experts = bool(weight_grads & EXPERT_WEIGHT_GRADS)
-    shared_grads = shared and bool(weight_grads & SHARED_WEIGHT_GRADS)
+    """Empty gradients, as the ops return them ([0] for those not computed: a shared expert's without one,
+    a group left out; the experts' bf16, also for e4m3 weights)."""
+    computed = _computed(ws_gate is not None, weight_grads)
 
-    def like(w):
-        return torch.empty(w.shape, dtype=torch.bfloat16, device=w.device) if experts else x.new_empty(0)
+    def empty(i, like, dtype):
+        return torch.empty(like.shape, dtype=dtype, device=like.device) if computed[i] else x.new_empty(0)
 
     return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-            like(w_gate), like(w_up), like(w_down),
-            torch.empty_like(ws_gate) if shared_grads else x.new_empty(0),
-            torch.empty_like(ws_up) if shared_grads else x.new_empty(0),
-            torch.empty_like(ws_down) if shared_grads else x.new_empty(0))
+            *(empty(i, w, torch.bfloat16) for i, w in enumerate((w_gate, w_up, w_down), 2)),
+            *(empty(i, w, None if w is None else w.dtype) for i, w in enumerate((ws_gate, ws_up, ws_down), 5)))
 
 
 @torch.library.custom_op("lynx::moe_forward", mutates_args=())
@@ -319,12 +310,9 @@ def _(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_do
 
 def _autograd_gradients(grads, shared, wanted):
     """The gradients of (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) for
-    autograd: None for topk_ids, a group not computed and an absent shared expert."""
-    dx, dtk, dwg, dwu, dwd, dwsg, dwsu, dwsd = grads
-    experts = bool(wanted & EXPERT_WEIGHT_GRADS)
-    shared = shared and bool(wanted & SHARED_WEIGHT_GRADS)
-    return (dx, None, dtk, *((dwg, dwu, dwd) if experts else (None,) * 3),
-            *((dwsg, dwsu, dwsd) if shared else (None,) * 3))
+    autograd: None for topk_ids and for those not computed."""
+    dx, dtk, *weights = (g if c else None for g, c in zip(grads, _computed(shared, wanted)))
+    return (dx, None, dtk, *weights)
 
 
 def _setup_context(ctx, inputs, output):

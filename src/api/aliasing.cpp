@@ -25,7 +25,10 @@ std::vector<Span> spans(std::initializer_list<std::pair<const char*, const Tenso
   return out;
 }
 
-bool overlap(const Span& a, const Span& b) { return a.begin < b.end && b.begin < a.end && a.begin < a.end && b.begin < b.end; }
+// Empty spans overlap nothing.
+bool overlap(const Span& a, const Span& b) {
+  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+}
 
 void check(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -44,28 +47,24 @@ void check(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
   }
 }
 
-std::vector<Span> input_spans(const LayerInputs& in, const TensorView* dy) {
+// What the call reads (dy absent in a forward).
+std::vector<Span> input_spans(const LayerInputs& in, const TensorView& dy) {
   const ExpertWeights& w = in.weights;
-  std::vector<Span> s = spans({{"x", &in.x}, {"topk_ids", &in.topk_ids}, {"topk_weights", &in.topk_weights},
-                               {"w_gate", &w.w_gate}, {"w_up", &w.w_up}, {"w_down", &w.w_down},
-                               {"ws_gate", &w.ws_gate}, {"ws_up", &w.ws_up}, {"ws_down", &w.ws_down}});
-  if (dy && dy->present()) {
-    const std::vector<Span> d = spans({{"dy", dy}});
-    s.insert(s.end(), d.begin(), d.end());
-  }
-  return s;
+  return spans({{"x", &in.x}, {"topk_ids", &in.topk_ids}, {"topk_weights", &in.topk_weights}, {"w_gate", &w.w_gate},
+                {"w_up", &w.w_up}, {"w_down", &w.w_down}, {"ws_gate", &w.ws_gate}, {"ws_up", &w.ws_up},
+                {"ws_down", &w.ws_down}, {"dy", &dy}});
 }
 
 }  // namespace
 
 void check_forward_aliasing(const LayerInputs& in, const TensorView& y) {
-  check(spans({{"y", &y}}), input_spans(in, nullptr));
+  check(spans({{"y", &y}}), input_spans(in, TensorView{}));
 }
 
 void check_backward_aliasing(const LayerInputs& in, const TensorView& dy, const Gradients& g) {
   check(spans({{"dx", &g.dx}, {"d_topk_weights", &g.d_topk_weights}, {"dw_gate", &g.dw_gate}, {"dw_up", &g.dw_up},
                {"dw_down", &g.dw_down}, {"dws_gate", &g.dws_gate}, {"dws_up", &g.dws_up}, {"dws_down", &g.dws_down}}),
-        input_spans(in, &dy));
+        input_spans(in, dy));
 }
 
 }  // namespace lynx::api

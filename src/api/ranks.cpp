@@ -54,13 +54,6 @@ void check_group(const std::vector<Workspace*>& ranks) {
   }
 }
 
-// One pass of every rank, each on its rank's own stream forked from `stream` and joined back, so that
-// one rank's kernels fill the GPU beside another's tails and launch gaps: the ranks run at once, as
-// ranks on their own GPUs or in their own processes do.
-// NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
-// block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
-// blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
-// spinning blocks fit the GPU together.
 // A rank's arguments validated as the one-rank call does; with several ranks the error says which
 // rank's argument it is (the argument keeps its name).
 template <class Validate>
@@ -76,6 +69,13 @@ void validate_rank(Validate&& validate, Workspace::Impl& w, size_t r, size_t ran
   }
 }
 
+// One pass of every rank, each on its rank's own stream forked from `stream` and joined back, so that
+// one rank's kernels fill the GPU beside another's tails and launch gaps: the ranks run at once, as
+// ranks on their own GPUs or in their own processes do.
+// NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
+// block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
+// blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
+// spinning blocks fit the GPU together.
 template <class Validate, class Step>
 void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
                Step&& step) {

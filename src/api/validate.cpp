@@ -53,19 +53,26 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
   }
 }
 
-bool any_present(std::initializer_list<const TensorView*> views) {
-  for (const TensorView* v : views) {
-    if (v->present()) return true;
+// Whether a group of weight gradients (the routed experts' three, or the shared expert's) is given: all
+// of it, or none (those weight gradients are then not computed); one missing from a given group is an error.
+bool gradient_group_given(std::initializer_list<std::pair<const TensorView*, const char*>> group) {
+  bool any = false;
+  std::string names;
+  size_t i = 0;
+  for (const auto& [v, name] : group) {
+    any = any || v->present();
+    if (i > 0) names += i + 1 == group.size() ? " and " : ", ";
+    names += name;
+    ++i;
   }
-  return false;
-}
-
-// A weight gradient of a group that is given (all of it or none: none skips those weight gradients).
-void check_group_member(const TensorView& v, const std::string& name, const std::string& group) {
-  if (!v.present()) {
-    throw Error(name, "is absent while others of " + group + " are given: give all three, or none (then those "
-                      "weight gradients are not computed)");
+  if (!any) return false;
+  for (const auto& [v, name] : group) {
+    if (!v->present()) {
+      throw Error(name, "is absent while others of " + names + " are given: give all three, or none (then those "
+                        "weight gradients are not computed)");
+    }
   }
+  return true;
 }
 
 void check_absent(const TensorView& v, const std::string& name) {
@@ -129,20 +136,14 @@ void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradien
   check_tensor(dy, "dy", {DType::kBF16}, {T, H});
   check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});
   check_tensor(g.d_topk_weights, "d_topk_weights", {DType::kF32}, {T, k});
-  if (any_present({&g.dw_gate, &g.dw_up, &g.dw_down})) {
-    check_group_member(g.dw_gate, "dw_gate", "dw_gate, dw_up and dw_down");
-    check_group_member(g.dw_up, "dw_up", "dw_gate, dw_up and dw_down");
-    check_group_member(g.dw_down, "dw_down", "dw_gate, dw_up and dw_down");
+  if (gradient_group_given({{&g.dw_gate, "dw_gate"}, {&g.dw_up, "dw_up"}, {&g.dw_down, "dw_down"}})) {
     check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
     check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
     check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
   }
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
-    if (any_present({&g.dws_gate, &g.dws_up, &g.dws_down})) {
-      check_group_member(g.dws_gate, "dws_gate", "dws_gate, dws_up and dws_down");
-      check_group_member(g.dws_up, "dws_up", "dws_gate, dws_up and dws_down");
-      check_group_member(g.dws_down, "dws_down", "dws_gate, dws_up and dws_down");
+    if (gradient_group_given({{&g.dws_gate, "dws_gate"}, {&g.dws_up, "dws_up"}, {&g.dws_down, "dws_down"}})) {
       check_tensor(g.dws_gate, "dws_gate", {DType::kBF16}, {Is, H});
       check_tensor(g.dws_up, "dws_up", {DType::kBF16}, {Is, H});
       check_tensor(g.dws_down, "dws_down", {DType::kBF16}, {H, Is});

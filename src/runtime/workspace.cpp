@@ -27,9 +27,19 @@ DeviceInfo query_device(int device) {
   return info;
 }
 
-}  // namespace
-
-namespace {
+// n bytes of device memory, recorded in `into`; the error says what they were for and how much the
+// workspace already holds.
+void* device_alloc(int64_t n, std::vector<void*>& into, int64_t held, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(n));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for " + what + " (" +
+                        std::to_string(held) + " bytes already held): " + cudaGetErrorString(err));
+  }
+  into.push_back(p);
+  return p;
+}
 
 // f8's weight fields: the store's.
 void point_at_fp8_store(Fp8Buffers& f8, const Fp8WeightStore& st) {
@@ -68,14 +78,7 @@ void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
 
 void* Workspace::Impl::alloc_bytes(int64_t n) {
   if (n == 0) return nullptr;
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(n));
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for the workspace (" +
-                        std::to_string(bytes) + " bytes already held): " + cudaGetErrorString(err));
-  }
-  allocations.push_back(p);
+  void* p = device_alloc(n, allocations, bytes, "the workspace");
   bytes += n;
   return p;
 }
@@ -209,17 +212,9 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       const auto own = [&](auto*& field, int64_t count) {  // into the store, counted as this workspace's
         using T = std::remove_reference_t<decltype(*field)>;
         const int64_t n = count * int64_t(sizeof(T));
-        void* p = nullptr;
-        const cudaError_t err = cudaMalloc(&p, size_t(n));
-        if (err != cudaSuccess) {
-          cudaGetLastError();
-          throw Error("", "cannot allocate " + std::to_string(n) + " bytes of device memory for the FP8 weight "
-                              "copies (" + std::to_string(bytes) + " bytes already held): " + cudaGetErrorString(err));
-        }
-        st.allocations.push_back(p);
+        field = static_cast<T*>(device_alloc(n, st.allocations, bytes, "the FP8 weight copies"));
         st.bytes += n;
         bytes += n;
-        field = static_cast<T*>(p);
       };
       Fp8Buffers& b = st.buffers;
       own(b.w_gate, E * I * H);
