@@ -224,6 +224,7 @@ PYBIND11_MODULE(_C, m) {
                           inputs.weights.ws_up.data};
     for (int i = 0; i < 7; ++i) ctx.inputs[i] = key[i];
     ctx.valid = true;
+    ctx.layout = ws.context_layout();  // filled by this workspace's forward_into (ops.py looks it up alike)
     py::gil_scoped_release release;
     lynx::backward(ws, inputs, d, g, ctx, to_stream(stream));
   });

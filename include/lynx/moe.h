@@ -80,13 +80,15 @@ struct Schedule {
 
 // One forward's context held by the caller (Config::caller_context): device memory of
 // Workspace::forward_context_bytes() bytes, 256-byte aligned, that forward or recompute_forward_context
-// fills and the backward given it reads. `inputs` and `valid` are set on the host by the call that
-// filled it: what it was computed from (pointer identity, as has_context_for compares).
+// fills and the backward given it reads. `inputs`, `valid` and `layout` are set on the host by the call
+// that filled it: what it was computed from (pointer identity, as has_context_for compares), and the
+// filling workspace's context_layout(), which backward's must equal.
 struct ForwardContext {
   void* data = nullptr;
   int64_t bytes = 0;
   const void* inputs[7] = {};
   bool valid = false;
+  uint64_t layout = 0;
 };
 
 class Workspace {
@@ -105,6 +107,9 @@ class Workspace {
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
   int64_t forward_context_bytes() const;  // the size of a ForwardContext (0 unless Config::caller_context)
+  // A fingerprint of where the context's buffers lie and what fills them (the shape, capacity, backend
+  // and precision): a backward takes a ForwardContext filled by a workspace with the same one.
+  uint64_t context_layout() const;
   int64_t context_bytes() const;  // of which: what forward keeps for backward, each buffer rounded up to
                                   // 1 KB (0 until a context exists)
   // The schedule of the last forward / recompute call. With Config::caller_context the schedule is

@@ -134,6 +134,10 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
     if (!ctx->valid) {
       throw Error("ctx", "holds no forward context: fill it with forward or recompute_forward_context first");
     }
+    if (ctx->layout != w.context_layout) {
+      throw Error("ctx", "was filled by a workspace of another layout (shape, capacity, backend or precision; "
+                         "Workspace::context_layout): a backward reads a context of its own workspace's layout");
+    }
     if (!(context_key(*ctx) == ContextKey::of(in))) {
       throw Error("ctx", "was filled from other x / topk_ids / topk_weights / gate / up tensors");
     }

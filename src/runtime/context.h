@@ -29,6 +29,7 @@ class ContextLease {
                                 w_.context.w_up,  w_.context.ws_gate,  w_.context.ws_up};
     for (int i = 0; i < 7; ++i) ctx.inputs[i] = key[i];
     ctx.valid = w_.context_valid;
+    ctx.layout = w_.context_layout;
   }
   ~ContextLease() {
     w_.context_block.unbind();

@@ -232,6 +232,7 @@ struct Workspace::Impl {
   };
   LentBlock scratch_block;  // empty without an allocator
   LentBlock context_block;  // empty unless config.caller_context
+  uint64_t context_layout = 0;  // Workspace::context_layout
   // Scratch: the buffers a call needs only while it runs; allocated with the workspace unless
   // config.scratch_allocator lends them.
   template <class T>

@@ -1,6 +1,7 @@
 // Forward contexts held by the caller (CallerContext.*, Config::caller_context): several forwards in
 // flight before their backwards give the bits of one forward and its backward at a time; a context
-// is rejected for other inputs, unfilled, too small, or on a workspace that keeps its own.
+// is rejected for other inputs, unfilled, too small, filled by a workspace of another layout, or on a
+// workspace that keeps its own.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -124,6 +125,21 @@ TEST_F(CallerContext, MisuseIsReportedByName) {
   expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr); }, "ctx");  // other inputs
   backward(ws, other.inputs(), dyv, out.grads(), ctx.ctx, nullptr);
   ws.check(nullptr);
+  // A context filled by a workspace of another layout (a larger capacity: its block is large enough
+  // for ws's too), then one of a workspace of ws's layout.
+  Config larger_config = config_of(Backend::kFused, true);
+  larger_config.schedule_capacity = ws.config().schedule_capacity + 1024;
+  Workspace larger(L.shape, larger_config), twin(L.shape, config_of(Backend::kFused, true));
+  EXPECT_NE(larger.context_layout(), ws.context_layout());
+  EXPECT_EQ(twin.context_layout(), ws.context_layout());
+  ContextBlock wide(larger);
+  forward(larger, L.inputs(), out.y_view(), wide.ctx, nullptr);
+  expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), wide.ctx, nullptr); }, "ctx");
+  forward(twin, L.inputs(), out.y_view(), ctx.ctx, nullptr);
+  backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr);
+  ws.check(nullptr);
+  twin.check(nullptr);
+  larger.check(nullptr);
 }
 
 }  // namespace
