@@ -139,9 +139,6 @@ class Workspace {
   std::unique_ptr<Impl> impl_;
 };
 
-// Every call below wants the workspace's device current and `stream` a stream of that device (the
-// default streams are the current device's), and throws lynx::Error otherwise.
-
 // y: [T, H] bf16. Builds the schedule, runs the layer, and (config.save_forward_context) keeps what
 // backward needs in the workspace.
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);

@@ -78,7 +78,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   validate_inputs(w.shape, in);
   validate_output(w.shape, y);
   api::check_forward_aliasing(in, y);
-  check_device(w, stream);
+  check_device(w);
   require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -100,7 +100,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
 void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, cudaStream_t stream) {
   Workspace::Impl& w = ws.impl();
   validate_inputs(w.shape, in);
-  check_device(w, stream);
+  check_device(w);
   require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -125,7 +125,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   validate_gradients(w.shape, dy, grads);
   api::check_backward_aliasing(in, dy, grads);
   require_quantized_weights(w, in, Fp8Copies::kBackward);  // the FP8 dgrads read the transposed copies
-  check_device(w, stream);
+  check_device(w);
   require_not_captured(w, stream);
   require_connected(w);
   require_context_form(w, ctx != nullptr);
@@ -161,7 +161,7 @@ void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t 
     throw Error("copies", "must be Fp8Copies::kBoth, kForward or kBackward, got " + std::to_string(int(copies)));
   }
   validate_weights(w.shape, weights);
-  check_device(w, stream);
+  check_device(w);
   enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, copies, stream); });
 }
 
@@ -169,7 +169,7 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
   Workspace::Impl& w = ws.impl();
   api::require_fp8(w, "set_quantized_weights");
   validate_fp8_weights(w.shape, weights);
-  check_device(w, stream);
+  check_device(w);
   enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
 }
 

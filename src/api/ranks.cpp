@@ -89,7 +89,7 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
       throw Error("ranks", "[" + str(r) + "] is rank " + str(w.shape.rank) + " of " + str(w.shape.num_ranks) +
                                ": give every rank of the group, in rank order");
     }
-    api::check_device(w, stream);
+    api::check_device(w);
     api::require_connected(w);
     if (ranks.size() > 1 && !w.rank_stream) {
       throw Error("ranks", "[" + str(r) + "] was not connected by connect_ranks on one device (virtual ranks)");
