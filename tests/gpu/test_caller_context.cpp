@@ -4,6 +4,7 @@
 // workspace that keeps its own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -125,21 +126,23 @@ TEST_F(CallerContext, MisuseIsReportedByName) {
   expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr); }, "ctx");  // other inputs
   backward(ws, other.inputs(), dyv, out.grads(), ctx.ctx, nullptr);
   ws.check(nullptr);
-  // A context filled by a workspace of another layout (a larger capacity: its block is large enough
-  // for ws's too), then one of a workspace of ws's layout.
-  Config larger_config = config_of(Backend::kFused, true);
-  larger_config.schedule_capacity = ws.config().schedule_capacity + 1024;
-  Workspace larger(L.shape, larger_config), twin(L.shape, config_of(Backend::kFused, true));
-  EXPECT_NE(larger.context_layout(), ws.context_layout());
+  // A context filled by a workspace of another layout (the unfused backend's, in a block large enough
+  // for either), then one filled by a workspace of ws's layout.
+  Workspace unfused(L.shape, config_of(Backend::kUnfused, true)), twin(L.shape, config_of(Backend::kFused, true));
+  EXPECT_NE(unfused.context_layout(), ws.context_layout());
   EXPECT_EQ(twin.context_layout(), ws.context_layout());
-  ContextBlock wide(larger);
-  forward(larger, L.inputs(), out.y_view(), wide.ctx, nullptr);
-  expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), wide.ctx, nullptr); }, "ctx");
+  const int64_t bytes = std::max(ws.forward_context_bytes(), unfused.forward_context_bytes());
+  DeviceBuffer block(static_cast<size_t>(bytes));
+  ForwardContext foreign;
+  foreign.data = block.get();
+  foreign.bytes = bytes;
+  forward(unfused, L.inputs(), out.y_view(), foreign, nullptr);
+  expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), foreign, nullptr); }, "ctx");
   forward(twin, L.inputs(), out.y_view(), ctx.ctx, nullptr);
   backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr);
   ws.check(nullptr);
   twin.check(nullptr);
-  larger.check(nullptr);
+  unfused.check(nullptr);
 }
 
 }  // namespace
