@@ -11,8 +11,9 @@
 // does; [128, 128] tiles with two temporaries (a block's group issued before the one before it is
 // promoted, in pairs); with no promotion (both halves straight into accumulators: the issue's ceiling), also
 // as one m64n256k32 a k step; and bf16's [128, 256] × 64 products for comparison. Feeds (Feed): how a stage's operands arrive: 16 bytes (the
-// loop and its barriers alone), 48 KB from an L2-resident buffer or from DRAM, or B from L2 with A's
-// 128 rows gathered by three warps (16-byte loads and shared-memory stores), as the gate/up GEMM does.
+// loop and its barriers alone), 48 KB from an L2-resident buffer or from DRAM, the L2 one in clusters of
+// two CTAs that share B (each loads its A and multicasts half of B into both: 32 KB an SM a stage), or B
+// from L2 with A's 128 rows gathered by three warps (16-byte loads and shared-memory stores).
 // NOTES: a loop that promotes keeps one accumulator (both halves promoted into it: the same
 // instructions, 64 registers fewer), where the kernel keeps one a half: with three 64-register arrays
 // ptxas spilled here, the kernel's register budget being shared with its other code.
@@ -43,7 +44,11 @@ constexpr int kScaleBlocks = 64;    // the scale arrays' K blocks (taken modulo)
 constexpr int kTurnBarrier = 3;     // named barriers 3 and 4, as in the kernel
 
 enum class Loop { kPromoteTurns, kPromote, kRegsA, kScales, kPipelined128, kNoPromote, kNoPromote256, kBf16 };
-enum class Feed { kNone, kL2, kDram, kGather };
+enum class Feed { kNone, kL2, kL2Pairs, kDram, kGather };
+// kL2Pairs: clusters of two CTAs that share B (the same source stage), each loading its own A and half
+// of B into both CTAs' shared memory (bulk copy multicast): 32 KB from L2 a stage an SM, not 48.
+template <Feed kFeed>
+constexpr bool kPairs = kFeed == Feed::kL2Pairs;
 
 struct Smem {
   alignas(1024) uint8_t a[kStages][kStageA];
@@ -95,6 +100,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// `bytes` from global memory into the same shared-memory offset of both CTAs of the pair, each CTA's
+// mbarrier at `bar`'s offset receiving them.
+__device__ __forceinline__ void bulk_load_both(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::
+          "r"(sm90::smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(sm90::smem_addr(bar)), "h"(uint16_t(0b11))
+      : "memory");
+}
+
 template <Feed kFeed>
 constexpr uint32_t kFullArrivals = kFeed == Feed::kGather ? 4 : 1;  // the producer thread (and 3 gather warps)
 
@@ -111,6 +126,15 @@ __device__ __forceinline__ void produce(Smem& s, const Args& p) {
     }
     const int64_t k = (int64_t(blockIdx.x) * 7919 + it) % p.src_stages;
     const uint8_t* stage = p.src + k * (kStageA + kStageB);
+    if constexpr (kPairs<kFeed>) {  // A from this CTA's stage, B's half `rank` of the pair's into both
+      const uint32_t rank = sm90::cluster_rank();
+      const int64_t shared_k = (int64_t(blockIdx.x / 2) * 7919 + it) % p.src_stages;
+      sm90::mbarrier_arrive_expect_tx(&s.full[st], kStageA + kStageB);
+      sm90::bulk_load(s.a[st], stage, kStageA, &s.full[st]);
+      bulk_load_both(s.b[st] + rank * (kStageB / 2), p.src + shared_k * (kStageA + kStageB) + kStageA + rank * (kStageB / 2),
+                     kStageB / 2, &s.full[st]);
+      continue;
+    }
     if (gather) {
       // A's 128 rows of 128 bytes from random rows of the source, 16-byte chunk c of row r at chunk
       // c ^ (r % 8) (the 128-byte swizzle the wgmma descriptors read).
@@ -270,6 +294,10 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
       }
     }
     sm90::mbarrier_arrive(&s.empty[st]);
+    if constexpr (kPairs<kFeed>) {  // the partner multicasts into this stage too: its empty barrier, once a warp
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive_remote(sm90::peer_addr(&s.empty[st], sm90::cluster_rank() ^ 1));
+    }
   }
   }
   if (kTurns && c == 0 && groups > 0) sm90::named_barrier_sync(kTurnBarrier, 256);
@@ -284,13 +312,14 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
 }
 
 template <Loop kLoop, Feed kFeed>
-__global__ void __launch_bounds__(kThreads, 1) mainloop_kernel(const Args p) {
+__device__ __forceinline__ void run(const Args& p) {
+  static_assert(!kPairs<kFeed> || kLoop != Loop::kPipelined128, "pairs release their stages in the general loop");
   extern __shared__ uint8_t raw[];
   Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       sm90::mbarrier_init(&s.full[i], kFullArrivals<kFeed>);
-      sm90::mbarrier_init(&s.empty[i], 256);
+      sm90::mbarrier_init(&s.empty[i], 256 + (kPairs<kFeed> ? 8 : 0));  // and the partner's 8 consumer warps
     }
     sm90::fence_barrier_init();
   }
@@ -299,15 +328,31 @@ __global__ void __launch_bounds__(kThreads, 1) mainloop_kernel(const Args p) {
     *reinterpret_cast<uint4*>(&s.a[0][0] + i) = make_uint4(0, 0, 0, 0);
   }
   sm90::fence_proxy_async_shared();
-  __syncthreads();
+  // A pair: the partner's barriers initialised before any arrive on them or multicast into them.
+  if constexpr (kPairs<kFeed>) {
+    sm90::cluster_sync();
+  } else {
+    __syncthreads();
+  }
   const long long start = clock64();
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_dec<40>();
     produce<kFeed>(s, p);
-    return;
+  } else {
+    sm90::setmaxnreg_inc<232>();
+    consume<kLoop, kFeed>(s, p, start);
   }
-  sm90::setmaxnreg_inc<232>();
-  consume<kLoop, kFeed>(s, p, start);
+  // NOTES: no CTA of a pair leaves while its partner may still multicast into it or arrive on it.
+  if constexpr (kPairs<kFeed>) sm90::cluster_sync();
+}
+
+template <Loop kLoop, Feed kFeed>
+__global__ void __launch_bounds__(kThreads, 1) mainloop_kernel(const Args p) {
+  run<kLoop, kFeed>(p);
+}
+template <Loop kLoop, Feed kFeed>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1) mainloop_pairs_kernel(const Args p) {
+  run<kLoop, kFeed>(p);
 }
 
 struct Case {
@@ -323,6 +368,7 @@ template <Loop kLoop, Feed kFeed>
 Case make_case(const char* loop, const char* feed) {
   const bool bf16 = kLoop == Loop::kBf16;
   const double flop = bf16 ? kBf16Block : kLoop == Loop::kPipelined128 ? kFp8Block / 2 : kFp8Block;
+  if constexpr (kPairs<kFeed>) return {loop, feed, mainloop_pairs_kernel<kLoop, kFeed>, flop, bf16 ? 4096.0 : 8192.0};
   return {loop, feed, mainloop_kernel<kLoop, kFeed>, flop, bf16 ? 4096.0 : 8192.0};
 }
 
@@ -403,6 +449,9 @@ int main(int argc, char** argv) {
       make_case<Loop::kPipelined128, Feed::kL2>("[128,128], two groups in flight", "L2"),
       make_case<Loop::kNoPromote, Feed::kL2>("no promotion", "L2"),
       make_case<Loop::kBf16, Feed::kL2>("bf16 m64n256k16", "L2"),
+      make_case<Loop::kPromoteTurns, Feed::kL2Pairs>("promote, turns (as built)", "L2 pairs"),
+      make_case<Loop::kNoPromote, Feed::kL2Pairs>("no promotion", "L2 pairs"),
+      make_case<Loop::kBf16, Feed::kL2Pairs>("bf16 m64n256k16", "L2 pairs"),
       make_case<Loop::kPromoteTurns, Feed::kGather>("promote, turns (as built)", "gather A"),
       make_case<Loop::kNoPromote, Feed::kGather>("no promotion", "gather A"),
       make_case<Loop::kPromoteTurns, Feed::kDram>("promote, turns (as built)", "DRAM"),
@@ -415,15 +464,28 @@ int main(int argc, char** argv) {
   std::printf("lynx-fp8-mainloop: %d CTAs (one an SM), %d K blocks each, median of %d rounds after one warm-up\n",
               sms, k_blocks, rounds);
   std::printf("%-34s %-9s %9s %10s %13s %8s\n", "loop", "feed", "ms", "TFLOP/s", "FLOP/clk/SM", "of peak");
+  bool pairs_note = true;
   for (const Case& c : cases) {
     check(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
     const bool dram = !std::strcmp(c.feed, "DRAM");
+    const bool pairs = !std::strcmp(c.feed, "L2 pairs");
+    const int grid = pairs ? sms / 2 * 2 : sms;
+    if (pairs && pairs_note) {  // how many pairs run at once (all, where every SM's pair shares a TPC)
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(grid));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = size_t(smem);
+      int clusters = 0;
+      check(cudaOccupancyMaxActiveClusters(&clusters, c.kernel, &config), "cudaOccupancyMaxActiveClusters");
+      std::printf("(L2 pairs: %d CTAs in clusters of two, %d clusters at once)\n", grid, clusters);
+      pairs_note = false;
+    }
     const Args args{src, dram ? dram_stages : l2_stages, d_rows, uint32_t(rows.size() - 1), scales_a, scales_b,
                     k_blocks, cycles, sink, status};
     std::vector<double> ms, per_clock;
     for (int r = 0; r <= rounds; ++r) {
       check(cudaEventRecord(e0), "cudaEventRecord");
-      c.kernel<<<sms, kThreads, smem>>>(args);
+      c.kernel<<<grid, kThreads, smem>>>(args);
       check(cudaEventRecord(e1), "cudaEventRecord");
       const cudaError_t e = cudaEventSynchronize(e1);
       if (e != cudaSuccess || status->code != 0) {
@@ -433,8 +495,8 @@ int main(int argc, char** argv) {
       }
       float t = 0.0f;
       check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
-      std::vector<long long> clocks(sms);
-      check(cudaMemcpy(clocks.data(), cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      std::vector<long long> clocks(grid);
+      check(cudaMemcpy(clocks.data(), cycles, grid * sizeof(long long), cudaMemcpyDeviceToHost), "cudaMemcpy");
       const long long slowest = *std::max_element(clocks.begin(), clocks.end());
       if (r == 0) continue;  // warm-up
       ms.push_back(t);
@@ -444,7 +506,7 @@ int main(int argc, char** argv) {
     std::sort(per_clock.begin(), per_clock.end());
     const double t = ms[ms.size() / 2], f = per_clock[per_clock.size() / 2];
     std::printf("%-34s %-9s %9.3f %10.1f %13.0f %7.1f%%\n", c.loop, c.feed, t,
-                c.flop_per_block * k_blocks * sms / (t * 1e9), f, 100.0 * f / c.peak);
+                c.flop_per_block * k_blocks * grid / (t * 1e9), f, 100.0 * f / c.peak);
   }
   return 0;
 }
