@@ -176,6 +176,8 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
 #pragma unroll
   for (int e = 0; e < 64; ++e) acc[0][e] = acc[1][e] = 0.0f;
   int32_t groups = 0;
+  // The partner's empty[0] in the cluster's window (pairs): its stages' barriers follow at 8 bytes each.
+  const uint32_t partner_empty = kPairs<kFeed> ? sm90::peer_addr(&s.empty[0], sm90::cluster_rank() ^ 1) : 0;
   const auto take_turn = [&] {
     if (c == 1 || groups > 0) sm90::named_barrier_sync(kTurnBarrier + c, 256);
   };
@@ -296,7 +298,7 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
     sm90::mbarrier_arrive(&s.empty[st]);
     if constexpr (kPairs<kFeed>) {  // the partner multicasts into this stage too: its empty barrier, once a warp
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive_remote(sm90::peer_addr(&s.empty[st], sm90::cluster_rank() ^ 1));
+      if (lane == 0) sm90::mbarrier_arrive_remote(partner_empty + uint32_t(st) * uint32_t(sizeof(uint64_t)));
     }
   }
   }
@@ -469,15 +471,20 @@ int main(int argc, char** argv) {
     check(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
     const bool dram = !std::strcmp(c.feed, "DRAM");
     const bool pairs = !std::strcmp(c.feed, "L2 pairs");
-    const int grid = pairs ? sms / 2 * 2 : sms;
-    if (pairs && pairs_note) {  // how many pairs run at once (all, where every SM's pair shares a TPC)
+    int grid = sms;
+    if (pairs) {  // as many pairs as run at once, so that every CTA's loop meets the others'
       cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(unsigned(grid));
+      config.gridDim = dim3(unsigned(sms / 2 * 2));
       config.blockDim = dim3(kThreads);
       config.dynamicSmemBytes = size_t(smem);
       int clusters = 0;
       check(cudaOccupancyMaxActiveClusters(&clusters, c.kernel, &config), "cudaOccupancyMaxActiveClusters");
-      std::printf("(L2 pairs: %d CTAs in clusters of two, %d clusters at once)\n", grid, clusters);
+      grid = 2 * std::min(sms / 2, clusters);
+      if (grid == 0) {
+        std::printf("%-34s %-9s no cluster of two fits: not run\n", c.loop, c.feed);
+        continue;
+      }
+      if (pairs_note) std::printf("(L2 pairs: %d CTAs, in %d clusters of two)\n", grid, grid / 2);
       pairs_note = false;
     }
     const Args args{src, dram ? dram_stages : l2_stages, d_rows, uint32_t(rows.size() - 1), scales_a, scales_b,

@@ -107,8 +107,9 @@ class Workspace {
   int64_t device_bytes() const;   // device memory this workspace owns
   int64_t scratch_bytes() const;  // device memory each call takes from Config::scratch_allocator (0 without one)
   int64_t forward_context_bytes() const;  // the size of a ForwardContext (0 unless Config::caller_context)
-  // A fingerprint of where the context's buffers lie and what fills them (the shape, capacity, backend
-  // and precision): a backward takes a ForwardContext filled by a workspace with the same one.
+  // With Config::caller_context, a fingerprint of where the context's buffers lie and what fills them
+  // (the shape with its rank, capacity, backend and precision): a backward takes a ForwardContext filled
+  // by a workspace with the same one. Without it, a value of no meaning.
   uint64_t context_layout() const;
   int64_t context_bytes() const;  // of which: what forward keeps for backward, each buffer rounded up to
                                   // 1 KB (0 until a context exists)
