@@ -56,19 +56,14 @@ void point_at_fp8_store(Fp8Buffers& f8, const Fp8WeightStore& st) {
   f8.w_gate_up_t_scales = b.w_gate_up_t_scales;
 }
 
-// Workspace::context_layout: FNV-1a over what decides where a context's buffers lie and what they hold.
-uint64_t fingerprint_context_layout(const LayerShape& s, int64_t capacity, const ResolvedConfig& c,
-                                    const Workspace::Impl::LentBlock& block) {
+// Workspace::context_layout: FNV-1a over what decides where a context's buffers lie (plan/context_layout.h:
+// the shape, capacity and backend) and what they hold (the precision).
+uint64_t fingerprint_context_layout(const LayerShape& s, int64_t capacity, const ResolvedConfig& c) {
   uint64_t h = 14695981039346656037ull;
-  const auto mix = [&](int64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
   for (const int64_t v : {s.tokens, s.hidden, s.intermediate, s.num_experts, s.top_k, s.shared_intermediate,
-                          int64_t(s.num_ranks), int64_t(s.rank), capacity, int64_t(c.backend), int64_t(c.precision),
-                          block.bytes}) {
-    mix(v);
+                          int64_t(s.num_ranks), int64_t(s.rank), capacity, int64_t(c.backend), int64_t(c.precision)}) {
+    for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((v >> (8 * i)) & 0xff)) * 1099511628211ull;
   }
-  for (const auto& slot : block.slots) mix(slot.offset);
   return h;
 }
 
@@ -261,7 +256,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
       throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");
     }
-    context_layout = fingerprint_context_layout(s, cap, config, context_block);
+    context_layout = fingerprint_context_layout(s, cap, config);
     if (config.backend == Backend::kFused) {
       scratch(fb.dgu, cap * 2 * I);
       if (!gate_up_by_slot) {
