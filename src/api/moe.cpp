@@ -9,6 +9,7 @@
 #include "api/passes.h"
 #include "baseline/passes.h"
 #include "common/cuda_check.h"
+#include "common/current_device.h"
 #include "lynx/error.h"
 #include "runtime/context.h"
 #include "runtime/scratch.h"
@@ -194,16 +195,8 @@ void share_quantized_weights(Workspace& from, Workspace& to) {
                           std::to_string(sa.intermediate) + " and " + std::to_string(sa.local_experts()) +
                           ": their weight copies differ");
   }
-  int current = -1;
-  LYNX_CUDA(cudaGetDevice(&current));
-  LYNX_CUDA(cudaSetDevice(b.device));
-  try {
-    b.use_fp8_store(a.fp8_store);
-  } catch (...) {
-    cudaSetDevice(current);
-    throw;
-  }
-  LYNX_CUDA(cudaSetDevice(current));
+  const detail::CurrentDevice on(b.device);
+  b.use_fp8_store(a.fp8_store);
 }
 
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {

@@ -10,6 +10,7 @@
 #include "api/passes.h"
 #include "comm/transport.h"
 #include "common/cuda_check.h"
+#include "common/current_device.h"
 #include "lynx/error.h"
 #include "plan/overrides.h"
 #include "runtime/scratch.h"
@@ -170,8 +171,7 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
   }
   bool one_device = true;
   for (Workspace* ws : ranks) one_device = one_device && ws->impl().device == ranks[0]->impl().device;
-  int current = 0;
-  LYNX_CUDA(cudaGetDevice(&current));
+  detail::CurrentDevice on(ranks[0]->impl().device);
   // NOTES: everything that can fail comes first, into locals; only then is any workspace changed, so
   // that a failure leaves every rank as it was (unconnected).
   struct Driver {
@@ -189,7 +189,7 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
     }
     for (size_t r = 0; r < ranks.size(); ++r) {
       Workspace::Impl& w = ranks[r]->impl();
-      LYNX_CUDA(cudaSetDevice(w.device));
+      on.set(w.device);
       w.connect(bases);
     }
   } catch (...) {
@@ -199,13 +199,11 @@ void connect_ranks(const std::vector<Workspace*>& ranks) {
       if (d.join) cudaEventDestroy(d.join);
     }
     for (Workspace* ws : ranks) ws->impl().peer_bases.clear();
-    cudaSetDevice(current);
     throw;
   }
   for (size_t r = 0; r < drivers.size(); ++r) {
     ranks[r]->impl().become_virtual_rank(drivers[r].plan, drivers[r].stream, drivers[r].fork, drivers[r].join);
   }
-  LYNX_CUDA(cudaSetDevice(current));
 }
 
 void connect_process_group(Workspace& ws, const AllGather& all_gather) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/current_device.h"
 #include "lynx/error.h"
 
 namespace lynx::comm {
@@ -49,13 +50,10 @@ void enable_peer_access(int device, int peer) {
     throw Error("ranks", "device " + std::to_string(device) + " cannot access device " + std::to_string(peer) +
                              " (no peer access between them)");
   }
-  int current = 0;
-  LYNX_CUDA(cudaGetDevice(&current));
-  LYNX_CUDA(cudaSetDevice(device));
+  const detail::CurrentDevice on(device);
   const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
   if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
   else LYNX_CUDA(err);
-  LYNX_CUDA(cudaSetDevice(current));
 }
 
 std::vector<uint8_t> export_region(void* base, int device, const LayerShape& shape, const ResolvedConfig& config) {
@@ -107,12 +105,11 @@ char* open_region(const std::vector<uint8_t>& exported, int device, int32_t expe
                                     std::to_string(f.ours) + " (every rank needs the group's shape and config)");
     }
   }
-  int current = 0;
-  LYNX_CUDA(cudaGetDevice(&current));
-  LYNX_CUDA(cudaSetDevice(device));
   void* base = nullptr;
-  const cudaError_t err = cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess);
-  cudaSetDevice(current);
+  const cudaError_t err = [&] {
+    const detail::CurrentDevice on(device);
+    return cudaIpcOpenMemHandle(&base, e.handle, cudaIpcMemLazyEnablePeerAccess);
+  }();
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw Error("all_gather", "cannot open " + who + " as CUDA IPC memory: " + cudaGetErrorString(err));

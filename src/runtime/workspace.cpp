@@ -7,6 +7,7 @@
 
 #include "comm/transport.h"
 #include "common/cuda_check.h"
+#include "common/current_device.h"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
@@ -70,11 +71,9 @@ uint64_t fingerprint_context_layout(const LayerShape& s, int64_t capacity, const
 }  // namespace
 
 Fp8WeightStore::~Fp8WeightStore() {
-  int current = -1;
-  const bool switched = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+  const detail::CurrentDevice on(device, std::nothrow);
   for (void* p : allocations) cudaFree(p);
   cudaGetLastError();
-  if (switched) cudaSetDevice(current);
 }
 
 void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
@@ -299,12 +298,10 @@ Workspace::Impl::~Impl() {
   // NOTES: kernels queued by earlier calls may still use these buffers (nothing here synchronises),
   // so destruction waits for the workspace's device, then frees everything on that device. An error
   // of the wait or the frees (say, after a trapped kernel) belongs to no later call: it is cleared.
-  int current = -1;
-  const bool switched = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
-  if (switched) cudaDeviceSynchronize();
+  const detail::CurrentDevice on(device, std::nothrow);
+  if (on.switched()) cudaDeviceSynchronize();
   release();
   cudaGetLastError();
-  if (switched) cudaSetDevice(current);
 }
 
 peer::BarrierArgs Workspace::Impl::barrier_args() const {
