@@ -449,9 +449,11 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   }
 }
 
+// kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::piece_slots), loaded at
+// the tile's start; null: loaded here.
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
-                                         int c, const float (&acc)[kHalves<kForm>][64]) {
+                                         int c, const float (&acc)[kHalves<kForm>][64], const int4* kept_slots) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   const int32_t M = p.M, N = p.N, m0 = tile.m0, n0 = tile.n0;
@@ -481,10 +483,11 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       if (p.store_h) gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N, h);
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
+        const int4 slots = kept_slots ? *kept_slots : gemm::impl::piece_slots(SlotRows{p.kept.gate, p.kept.slot, N}, row);
         gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+                                       [&](int j, int r) { return pair(0, 4 * j + 2 * r); }, slots);
         gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
+                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); }, slots);
       }
       // Last: the acc registers are dead once it has taken h's words.
       if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);
@@ -585,10 +588,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kScheduleRows<kForm>) {
       tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0);
     }
+    // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
+    // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
+    // at the tile's start instead, but where the kernel pulls rows from other ranks: there the four more
+    // registers spilled.
+    constexpr bool kPreloadSlots = kForm == Form::kSwiGLU && kGather != kGatherRemote;
+    int4 kept_slots = make_int4(-1, -1, -1, -1);
+    if (kPreloadSlots && p.kept.gate != nullptr) {
+      kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
+    }
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;
-    epilogue(smem, p, tile, c, acc);
+    epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr);
   }
   finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.
