@@ -85,13 +85,15 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 // (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored
 // (SlotRows: 16-byte chunks, so n % 8 == 0).
 // `slots`: piece_slots(map, row), which a caller may load long before (its latency behind other work).
-template <bool k3d, int kPieceBoxes, class Dst, class Value, class Slots>
+// kLaterStores: the warpgroup's stores committed since the last one that read `buf` (it staged other
+// buffers since), which may still be reading theirs.
+template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value, class Slots>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
                                             int32_t col, int32_t row, int32_t batch, int32_t n, Value value,
                                             Slots slots) {
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   // The previous piece's store must be done reading the buffer before it is overwritten.
-  if (thread == 0) sm90::bulk_wait_group_read<0>();
+  if (thread == 0) sm90::bulk_wait_group_read<kLaterStores>();
   sm90::named_barrier_sync(1 + wg, 128);
   // One stmatrix.x4 per two column groups: matrices (j, r) = (2q, 0), (2q, 1), (2q + 1, 0), (2q + 1, 1),
   // the lane's fragment values as they are. Lane t addresses row t % 8 of matrix t / 8: piece row
@@ -109,10 +111,10 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
   store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n, slots);
 }
 
-template <bool k3d, int kPieceBoxes, class Dst, class Value>
+template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
                                             int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
-  store_piece<k3d>(buf, map, wg, col, row, batch, n, value, piece_slots(map, row));
+  store_piece<k3d, kLaterStores>(buf, map, wg, col, row, batch, n, value, piece_slots(map, row));
 }
 
 // One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]

@@ -60,17 +60,21 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 
 // NOTES: as many stages as fit beside the epilogue pieces: 6 of 32 KB (all of 227 KB with the alignment
 // pad), 5 in the weight gradient, whose stages also hold their K block's scales, 4 of 48 KB in the
-// grouped forms' [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half as many products).
+// gate/up form's [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half as many products). The
+// grouped form has 3, and a second piece for each warpgroup: with one, its epilogue waited for the first
+// half's TMA store to read the piece before staging the second half (~5% of the down GEMM's warp
+// samples, ncu, H100, 2026-12-06).
 template <Form kForm>
 struct SharedStorage {
   static constexpr bool kStageScales = kForm == Form::kWeightGrad;
-  static constexpr int kStages = kStageScales ? 5 : kHalves<kForm> == 2 ? 4 : 6;
+  static constexpr int kPieces = kForm == Form::kGrouped ? 2 : 1;  // a warpgroup's [64, 128] epilogue pieces
+  static constexpr int kStages = kStageScales ? 5 : kForm == Form::kGrouped ? 3 : kHalves<kForm> == 2 ? 4 : 6;
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
   // [128 columns per half, 128 K] E4M3, 128B swizzle (gate/up: the gate's 128 rows, then the up's)
   alignas(1024) uint8_t b[kStages][kHalves<kForm> * kTileN * kBlock];
-  // Each consumer warpgroup's epilogue piece: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
-  // swizzle (a wide tile's two halves, or a SwiGLU tile's h, g and u, one after another).
-  alignas(1024) __nv_bfloat16 piece[2][2][64 * 64];
+  // Each consumer warpgroup's epilogue pieces: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
+  // swizzle (a grouped tile's two halves, one each; a SwiGLU tile's h, g and u, one after another).
+  alignas(1024) __nv_bfloat16 piece[kPieces][2][2][64 * 64];
   // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 128 columns of B.
   alignas(16) float scale_a[kStageScales ? kStages : 1][kStageScales ? kTileM : 4];
   alignas(16) float scale_b[kStageScales ? kStages : 1][kStageScales ? kTileN : 4];
@@ -421,7 +425,7 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
   // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (code_offset, tiles.h), once the
   // box's last store has read it and every thread is done with it.
-  const uint32_t box = sm90::smem_addr(smem.piece[c][0]);
+  const uint32_t box = sm90::smem_addr(smem.piece[0][c][0]);
   if (thread == 0) sm90::bulk_wait_group_read<0>();
   sm90::named_barrier_sync(1 + c, 128);
 #pragma unroll
@@ -436,7 +440,7 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   sm90::fence_proxy_async_shared();
   sm90::named_barrier_sync(1 + c, 128);
   if (thread == 0) {
-    sm90::tma_store_2d(p.tma_out2, smem.piece[c][0], n0, row);
+    sm90::tma_store_2d(p.tma_out2, smem.piece[0][c][0], n0, row);
     sm90::bulk_commit_group();
   }
   if (lane % 4 == 0) {
@@ -450,10 +454,12 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
 }
 
 // kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::piece_slots), loaded at
-// the tile's start; null: loaded here.
+// the tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
+// second half (the grouped form's pieces).
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
-                                         int c, const float (&acc)[kHalves<kForm>][64], const int4* kept_slots) {
+                                         int c, const float (&acc)[kHalves<kForm>][64], const int4* kept_slots,
+                                         bool previous_second) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   const int32_t M = p.M, N = p.N, m0 = tile.m0, n0 = tile.n0;
@@ -480,13 +486,13 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
         const int i = 4 * j + 2 * r;
         return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
       };
-      if (p.store_h) gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N, h);
+      if (p.store_h) gemm::impl::store_piece<false>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N, h);
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
         const int4 slots = kept_slots ? *kept_slots : gemm::impl::piece_slots(SlotRows{p.kept.gate, p.kept.slot, N}, row);
-        gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
+        gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
                                        [&](int j, int r) { return pair(0, 4 * j + 2 * r); }, slots);
-        gemm::impl::store_piece<false>(smem.piece[c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
+        gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
                                        [&](int j, int r) { return pair(1, 4 * j + 2 * r); }, slots);
       }
       // Last: the acc registers are dead once it has taken h's words.
@@ -494,16 +500,20 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
       if (row < M) {
         const bool second = row >= p.split;
-        gemm::impl::store_piece<true>(smem.piece[c], second ? p.tma_out2 : p.tma_out, c, n0,
+        gemm::impl::store_piece<true>(smem.piece[0][c], second ? p.tma_out2 : p.tma_out, c, n0,
                                       second ? row - p.split : row, tile.expert, N,
                                       [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
       }
-    } else {  // grouped: the first half's columns, then the second's where it has any
-      gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0, row, 0, N,
-                                     [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+    } else {  // grouped: the first half's columns, then the second's where it has any, each in its piece
+      // NOTES: one store group since each piece's last (the other piece's): the previous tile's second
+      // half before the first piece, this tile's first half before the second. Where the previous tile
+      // had no second half, its first half's store, the last, read the first piece: waited for here.
+      if (!previous_second && threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
+      gemm::impl::store_piece<false, 1>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N,
+                                        [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
       if (second_half<kForm>(tile, N)) {
-        gemm::impl::store_piece<false>(smem.piece[c], p.tma_out, c, n0 + kTileN, row, 0, N,
-                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
+        gemm::impl::store_piece<false, 1>(smem.piece[1][c], p.tma_out, c, n0 + kTileN, row, 0, N,
+                                          [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
       }
     }
   }
@@ -580,6 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = warpgroup - 1;
   int32_t it = 0;      // K blocks consumed before this tile
   int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
+  bool previous_second = false;  // the previous tile's second half stored (grouped)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
     // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
@@ -600,7 +611,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;
-    epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr);
+    epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
+    previous_second = second_half<kForm>(tile, p.N);
   }
   finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.
