@@ -433,8 +433,7 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float2 v = bf16_pair(words[2 * j + r]);
-      const uint32_t codes = uint32_t(e4m3::to_e4m3(v.x * inv[r])) | (uint32_t(e4m3::to_e4m3(v.y * inv[r])) << 8);
-      sm90::st_shared_u16(box + code_offset(warp, lane, j, r), uint16_t(codes));
+      sm90::st_shared_u16(box + code_offset(warp, lane, j, r), e4m3::to_e4m3x2(v.x * inv[r], v.y * inv[r]));
     }
   }
   sm90::fence_proxy_async_shared();
