@@ -78,6 +78,32 @@ LYNX_HD void narrow_expert_range(int32_t& lo, int32_t& span, int32_t step, int32
   span = span - skipped < step ? span - skipped : step;
 }
 #ifdef __CUDACC__
+// The offset a lane reads in the search's first round, the same for every row (lo = 0, span = experts):
+// expert_offset[step · lane], or INT32_MAX for a lane past the experts. A kernel may read it once.
+__device__ __forceinline__ int32_t expert_search_first_round(const int32_t* expert_offset, int32_t experts) {
+  const int32_t lane = int32_t(threadIdx.x % 32), step = expert_search_step(experts);
+  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
+}
+
+// expert_of_row by every lane of a warp, with the same row; `first_round`: the lane's
+// expert_search_first_round, so that the search loads log32(E) - 1 times (none for E <= 32).
+__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row,
+                                                      int32_t first_round) {
+  const int32_t lane = int32_t(threadIdx.x % 32);
+  int32_t lo = 0, span = experts;
+  if (span > 1) {
+    const int32_t step = expert_search_step(span);
+    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, first_round <= row)));
+  }
+  while (span > 1) {
+    const int32_t step = expert_search_step(span);
+    const int32_t candidate = lo + step * lane;
+    const bool at_or_below = step * lane < span && expert_offset[candidate] <= row;
+    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, at_or_below)));
+  }
+  return lo;
+}
+
 // expert_of_row by every lane of a warp, with the same row.
 __device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row) {
   const int32_t lane = int32_t(threadIdx.x % 32);

@@ -590,13 +590,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t it = 0;      // K blocks consumed before this tile
   int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   bool previous_second = false;  // the previous tile's second half stored (grouped)
+  // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
+  // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
+  // counters, H100, 2026-12-05). A warp's search is two loads in turn, and its first round reads the
+  // same offsets for every tile: read once here, a tile's search is one load (up to 1024 experts).
+  // Before that, ~11% of the down GEMM's samples still waited there (H100, 2026-12-06).
+  const int32_t first_round =
+      kScheduleRows<kForm> ? gemm::expert_search_first_round(tiles.expert_offset, tiles.experts) : 0;
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
-    // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
-    // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
-    // counters, H100, 2026-12-05). A warp's search is two loads in turn.
     Tile tile = tiles.without_expert(t);
     if constexpr (kScheduleRows<kForm>) {
-      tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0);
+      tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0, first_round);
     }
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
