@@ -488,7 +488,8 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       if (p.store_h) gemm::impl::store_piece<false>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N, h);
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
-        const int4 slots = kept_slots ? *kept_slots : gemm::impl::piece_slots(SlotRows{p.kept.gate, p.kept.slot, N}, row);
+        const int4 slots =
+            kept_slots ? *kept_slots : gemm::impl::piece_slots(SlotRows{p.kept.gate, p.kept.slot, N}, row);
         gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
                                        [&](int j, int r) { return pair(0, 4 * j + 2 * r); }, slots);
         gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
