@@ -85,8 +85,9 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 // (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored
 // (SlotRows: 16-byte chunks, so n % 8 == 0).
 // `slots`: piece_slots(map, row), which a caller may load long before (its latency behind other work).
-// kLaterStores: the warpgroup's stores committed since the last one that read `buf` (it staged other
-// buffers since), which may still be reading theirs.
+// kLaterStores: how many of the warpgroup's newest store groups may still be reading when `buf` is
+// overwritten: at most the number committed since the last one that read `buf` (which staged other
+// buffers).
 template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value, class Slots>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
                                             int32_t col, int32_t row, int32_t batch, int32_t n, Value value,
