@@ -78,23 +78,10 @@ LYNX_HD void narrow_expert_range(int32_t& lo, int32_t& span, int32_t step, int32
   span = span - skipped < step ? span - skipped : step;
 }
 #ifdef __CUDACC__
-// The offset a lane reads in the search's first round, the same for every row (lo = 0, span = experts):
-// expert_offset[step · lane], or INT32_MAX for a lane past the experts. A kernel may read it once.
-__device__ __forceinline__ int32_t expert_search_first_round(const int32_t* expert_offset, int32_t experts) {
-  const int32_t lane = int32_t(threadIdx.x % 32), step = expert_search_step(experts);
-  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
-}
-
-// expert_of_row by every lane of a warp, with the same row; `first_round`: the lane's
-// expert_search_first_round, so that the search loads log32(E) - 1 times (none for E <= 32).
-__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row,
-                                                      int32_t first_round) {
+// expert_of_row_warp's rounds from [lo, lo + span), which holds the expert.
+__device__ __forceinline__ int32_t expert_search_rounds_warp(const int32_t* expert_offset, int32_t lo, int32_t span,
+                                                             int32_t row) {
   const int32_t lane = int32_t(threadIdx.x % 32);
-  int32_t lo = 0, span = experts;
-  if (span > 1) {
-    const int32_t step = expert_search_step(span);
-    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, first_round <= row)));
-  }
   while (span > 1) {
     const int32_t step = expert_search_step(span);
     const int32_t candidate = lo + step * lane;
@@ -106,15 +93,25 @@ __device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offs
 
 // expert_of_row by every lane of a warp, with the same row.
 __device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row) {
-  const int32_t lane = int32_t(threadIdx.x % 32);
+  return expert_search_rounds_warp(expert_offset, 0, experts, row);
+}
+
+// The offset a lane reads in the search's first round, the same for every row (lo = 0, span = experts):
+// expert_offset[step · lane], or INT32_MAX for a lane past the experts. A kernel may read it once.
+__device__ __forceinline__ int32_t expert_search_first_round(const int32_t* expert_offset, int32_t experts) {
+  const int32_t lane = int32_t(threadIdx.x % 32), step = expert_search_step(experts);
+  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
+}
+
+// expert_of_row_warp with the lane's expert_search_first_round given, so that the search loads
+// log32(E) - 1 times (none for E <= 32).
+__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row,
+                                                      int32_t first_round) {
   int32_t lo = 0, span = experts;
-  while (span > 1) {
-    const int32_t step = expert_search_step(span);
-    const int32_t candidate = lo + step * lane;
-    const bool at_or_below = step * lane < span && expert_offset[candidate] <= row;
-    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, at_or_below)));
+  if (span > 1) {
+    narrow_expert_range(lo, span, expert_search_step(span), __popc(__ballot_sync(0xffffffffu, first_round <= row)));
   }
-  return lo;
+  return expert_search_rounds_warp(expert_offset, lo, span, row);
 }
 #endif
 
