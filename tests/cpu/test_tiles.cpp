@@ -444,9 +444,8 @@ TEST(TileSchedule, ExpertOfRowSkipsEmptyExperts) {
   EXPECT_EQ(expert_of_row(offsets.data(), 5, 383), 4);
 }
 
-// expert_of_row_warp's rounds with its 32 lanes played in turn.
-int32_t expert_of_row_by_rounds(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& rounds) {
-  int32_t lo = 0, span = experts;
+// expert_of_row_warp's rounds with its 32 lanes played in turn, from [lo, lo + span); `rounds`: how many.
+int32_t search_rounds(const std::vector<int32_t>& offsets, int32_t lo, int32_t span, int32_t row, int& rounds) {
   rounds = 0;
   while (span > 1) {
     const int32_t step = expert_search_step(span);
@@ -458,6 +457,24 @@ int32_t expert_of_row_by_rounds(const std::vector<int32_t>& offsets, int32_t exp
     ++rounds;
   }
   return lo;
+}
+
+int32_t expert_of_row_by_rounds(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& rounds) {
+  return search_rounds(offsets, 0, experts, row, rounds);
+}
+
+// The same with the first round's offsets read beforehand (expert_search_first_offset, as the FP8
+// kernels read them once); `loads`: the rounds that still read offsets.
+int32_t expert_of_row_first_round_given(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& loads) {
+  int32_t lo = 0, span = experts;
+  if (span > 1) {
+    int32_t count = 0;
+    for (int32_t lane = 0; lane < 32; ++lane) {
+      count += expert_search_first_offset(offsets.data(), experts, lane) <= row ? 1 : 0;
+    }
+    narrow_expert_range(lo, span, expert_search_step(span), count);
+  }
+  return search_rounds(offsets, lo, span, row, loads);
 }
 
 TEST(TileSchedule, WarpSearchFindsTheBinarySearchsExpert) {
@@ -475,6 +492,11 @@ TEST(TileSchedule, WarpSearchFindsTheBinarySearchsExpert) {
       ASSERT_EQ(expert_of_row_by_rounds(offsets, experts, row, rounds), expert_of_row(offsets.data(), experts, row))
           << "experts " << experts << " row " << row;
       EXPECT_LE(rounds, experts <= 32 ? 1 : experts <= 1024 ? 2 : 3);
+      int loads = 0;
+      ASSERT_EQ(expert_of_row_first_round_given(offsets, experts, row, loads),
+                expert_of_row(offsets.data(), experts, row))
+          << "experts " << experts << " row " << row << ", first round given";
+      EXPECT_LE(loads, experts <= 32 ? 0 : experts <= 1024 ? 1 : 2);
     }
   }
 }

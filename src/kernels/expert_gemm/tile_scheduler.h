@@ -77,6 +77,13 @@ LYNX_HD void narrow_expert_range(int32_t& lo, int32_t& span, int32_t step, int32
   lo += skipped;
   span = span - skipped < step ? span - skipped : step;
 }
+// The offset lane `lane` reads in the warp search's first round, the same for every row (lo = 0, span =
+// experts): expert_offset[step · lane], or INT32_MAX for a lane past the experts (at or below no row).
+LYNX_HD int32_t expert_search_first_offset(const int32_t* expert_offset, int32_t experts, int32_t lane) {
+  const int32_t step = expert_search_step(experts);
+  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
+}
+
 #ifdef __CUDACC__
 // expert_of_row_warp's rounds from [lo, lo + span), which holds the expert.
 __device__ __forceinline__ int32_t expert_search_rounds_warp(const int32_t* expert_offset, int32_t lo, int32_t span,
@@ -96,11 +103,9 @@ __device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offs
   return expert_search_rounds_warp(expert_offset, 0, experts, row);
 }
 
-// The offset a lane reads in the search's first round, the same for every row (lo = 0, span = experts):
-// expert_offset[step · lane], or INT32_MAX for a lane past the experts. A kernel may read it once.
+// This lane's expert_search_first_offset, which a kernel may read once for all its searches.
 __device__ __forceinline__ int32_t expert_search_first_round(const int32_t* expert_offset, int32_t experts) {
-  const int32_t lane = int32_t(threadIdx.x % 32), step = expert_search_step(experts);
-  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
+  return expert_search_first_offset(expert_offset, experts, int32_t(threadIdx.x % 32));
 }
 
 // expert_of_row_warp with the lane's expert_search_first_round given, so that the search loads
