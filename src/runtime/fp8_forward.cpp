@@ -137,18 +137,13 @@ void dequantized_rows(const Workspace::Impl& w, bf16_t* out, cudaStream_t s) {
   fp8::dequantize_tiles(w.f8.xg, w.f8.xg_scales, w.problem.capacity, w.shape.hidden, w.device_total_rows(), out, s);
 }
 
-// One rank's x̂ or dŷ rows in schedule order into `out` from its tokens' tiles in f8.x (quantize_tokens):
-// the tokens dequantised into `tokens` ([T, H] bf16), then gathered by the bf16 passes' row gather
-// (zeros in padding rows). The bits of dequantized_rows on the gathered tiles.
-// NOTES: T rows dequantised and a bf16 gather instead of the tiles' gather and capacity (T · k) rows
-// dequantised (160 µs of dequantisation at qwen3-30b-a3b, H200, 2026-12-05), a k-th of the rows.
-// `tokens` holds capacity rows: only where they hold T (tokens_fit; else dequantized_rows).
-bool tokens_fit(const Workspace::Impl& w) { return w.shape.tokens <= w.problem.capacity; }
-void dequantized_token_rows(const Workspace::Impl& w, bf16_t* tokens, bf16_t* out, cudaStream_t s) {
+// One rank's x̂ or dŷ rows in schedule order into `out` from its tokens' tiles in f8.x (quantize_tokens),
+// gathered and dequantised in one pass (zeros in padding rows): the bits of dequantized_rows on the
+// gathered tiles.
+void dequantized_token_rows(const Workspace::Impl& w, bf16_t* out, cudaStream_t s) {
   const LayerShape& sh = w.shape;
-  fp8::dequantize_tiles(w.f8.x, w.f8.x_scales, sh.tokens, sh.hidden, nullptr, tokens, s);
-  glue::gather_rows(out, tokens, w.schedule.row_token_slot, w.device_total_rows(), w.problem.capacity, sh.top_k,
-                    sh.hidden, s);
+  fp8::gather_dequantized_tiles(w.f8.x, w.f8.x_scales, w.schedule.row_token_slot, w.device_total_rows(),
+                                w.problem.capacity, sh.top_k, sh.hidden, out, s);
 }
 
 // The open step of a forward or recompute at R > 1: the routing and x's tiles staged; arrive.
@@ -239,9 +234,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   enqueue_shared_backward(w, in, dy, grads, s);
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
-    // One rank's dŷ tokens from f8.x, through un.xg (x̂'s rows, which it fills only after dx_combine).
-    if (dy_rows && w.ranks() == 1 && tokens_fit(w)) {
-      dequantized_token_rows(w, w.un.xg, dyg, s);
+    // One rank's dŷ rows straight from its tokens' tiles in f8.x.
+    if (dy_rows && w.ranks() == 1) {
+      dequantized_token_rows(w, dyg, s);
     } else if (dy_rows) {
       dequantized_rows(w, dyg, s);
     }
@@ -254,12 +249,18 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
   // quantisations below read whole 128-row blocks.
+  // NOTES: where I % 128 == 0 (a tile of dg | du is then dg's or du's alone), dg | du are quantised for
+  // the dgrad of gate/up as they are written, rather than read back by quantize_tiles: the same bits.
+  const bool dgu_with_swiglu = I % fp8::kBlock == 0 && !omitted(Stage::kSwigluBackward, w.backward_calls) &&
+                               !omitted(Stage::kDgradGateUp, w.backward_calls);
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
     float* d_topk = data_of<float>(grads.d_topk_weights);
     if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
+    glue::QuantizedDgu codes;
+    if (dgu_with_swiglu) codes = {f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu)};
     glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
                           data_of<const float>(in.topk_weights), slots, total, cap, I, s,
-                          w.row_sources(comm::kWeights), w.gate_up_by_slot, true);
+                          w.row_sources(comm::kWeights), w.gate_up_by_slot, true, codes);
   }
   // dw_down, the dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
   if (bf16_wgrads) {
@@ -279,7 +280,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   }
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: tiles over K = 2I times [w_gate; w_up]ᵀ [H, 2I] blocks.
   if (!omitted(Stage::kDgradGateUp, w.backward_calls)) {
-    fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
+    if (!dgu_with_swiglu) {
+      fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
+    }
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s);
   }
@@ -287,16 +290,10 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     fused::dx_combine(w, grads, s);
     // x̂ for dw_gate and dw_up: one rank keeps no x rows from its forward, and quantises x again: into
     // f8.x (dw_down is done with dy's tiles there), whose tiles the FP8 weight gradient transposes
-    // itself; for bf16 ones, dequantised and gathered into un.xg.
+    // itself; for bf16 ones, gathered and dequantised into un.xg.
     if (wgrads && !omitted(Stage::kXGather, w.backward_calls)) {
-      if (bf16_wgrads && !tokens_fit(w)) {
-        tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
-        dequantized_rows(w, w.un.xg, s);
-      } else {
-        quantize_tokens(w, in.x, Fp8Tensor::kX, s);
-        // x̂'s tokens through rows_b, which dx_combine is done with.
-        if (bf16_wgrads) dequantized_token_rows(w, w.un.rows_b, w.un.xg, s);
-      }
+      quantize_tokens(w, in.x, Fp8Tensor::kX, s);
+      if (bf16_wgrads) dequantized_token_rows(w, w.un.xg, s);
     }
   }
   if (bf16_wgrads) return fused::weight_grad_gate_up(w, grads, s);

@@ -17,6 +17,7 @@
 #include "gpu/gpu_test.h"
 #include "gpu/layer_check.h"
 #include "kernels/fp8/api.h"
+#include "kernels/glue/api.h"
 #include "reference/fp8.h"
 
 namespace lynx::test {
@@ -429,6 +430,135 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
   DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)});
   expect_dequantized(cap, d_limit.as<int32_t>(), limit);
   expect_dequantized(total, nullptr, total);
+}
+
+// One rank's token tiles gathered into schedule order and dequantised in one pass
+// (gather_dequantized_tiles): the bits of dequantize_tiles on the tokens then glue::gather_rows, each
+// value exact; zeros in padding rows, nothing written from the schedule's total on, nor anywhere for a
+// schedule over capacity. cols a multiple of 128 and not (a last tile of 8 columns).
+void expect_gathered_dequantised_tiles_match(int64_t cols, uint64_t seed) {
+  SCOPED_TRACE("cols " + std::to_string(cols) + " seed " + std::to_string(seed));
+  const int64_t T = 150, k = 2, cap = 384, total = 301;
+  // Schedule row r: slot (7r) mod (T·k), every fifth a padding row (one_rank_slots: both ranks' tokens).
+  const TwoRankTiles two = two_rank_tiles(T, cols, k, cap, 7, 5, seed);
+  const int64_t tokens = 2 * T;
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)});
+  DeviceBuffer d_tokens(size_t(tokens * cols) * 2), d_want(size_t(cap * cols) * 2), d_got(size_t(cap * cols) * 2);
+  for (DeviceBuffer* d : {&d_tokens, &d_want, &d_got}) d->fill_bytes(0xFF);
+  fp8::dequantize_tiles(two.d_all.as<uint8_t>(), two.d_all_s.as<float>(), tokens, cols, nullptr,
+                        d_tokens.as<bf16_t>(), nullptr);
+  glue::gather_rows(d_want.as<bf16_t>(), d_tokens.as<bf16_t>(), two.d_one_slots.as<int32_t>(), d_total.as<int32_t>(),
+                    cap, k, cols, nullptr);
+  fp8::gather_dequantized_tiles(two.d_all.as<uint8_t>(), two.d_all_s.as<float>(), two.d_one_slots.as<int32_t>(),
+                                d_total.as<int32_t>(), cap, k, cols, d_got.as<bf16_t>(), nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<HostBf16> want = to_host<HostBf16>(d_want, size_t(cap * cols));
+  const std::vector<HostBf16> got = to_host<HostBf16>(d_got, size_t(cap * cols));
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t slot = two.one_rank_slots[size_t(r)];
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      ASSERT_EQ(got[i].bits, want[i].bits) << "row " << r << " column " << c << " against the two kernels";
+      if (r >= total) {
+        ASSERT_EQ(got[i].bits, 0xFFFF) << "row " << r << " past the schedule written";
+        continue;
+      }
+      const float value = slot < 0 ? 0.0f : two.tiles.dequant(slot / k, c, false);
+      ASSERT_EQ(got[i].bits, float_to_bf16(value).bits) << "row " << r << " column " << c;
+      ASSERT_EQ(double(value), to_double(got[i])) << "not exact: row " << r << " column " << c;
+    }
+  }
+  // A schedule over capacity placed no rows: nothing is read or written.
+  DeviceBuffer d_over = to_device(std::vector<int32_t>{int32_t(cap + 1)});
+  d_got.fill_bytes(0xFF);
+  fp8::gather_dequantized_tiles(two.d_all.as<uint8_t>(), two.d_all_s.as<float>(), two.d_one_slots.as<int32_t>(),
+                                d_over.as<int32_t>(), cap, k, cols, d_got.as<bf16_t>(), nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  for (const HostBf16 v : to_host<HostBf16>(d_got, size_t(cap * cols))) ASSERT_EQ(v.bits, 0xFFFF) << "written";
+}
+
+TEST_F(Fp8Quantize, GatheredDequantisedTilesEqualTheTwoKernels) {
+  const auto seed = fresh_seed();
+  expect_gathered_dequantised_tiles_match(2048, seed);
+  expect_gathered_dequantised_tiles_match(136, seed ^ 1);
+}
+
+// The SwiGLU backward quantising dg | du as it writes them (the FP8 backward where I % 128 == 0): the
+// bits quantize_tiles gives from its bf16 dg | du, in every row below the schedule's total (padding rows
+// among them: zero codes, scales of 1), nothing past it; g and u at the rows and at their slots; I = 640
+// leaves the warps' last step half full. A g that is not finite is reported as dg | du.
+void expect_swiglu_codes_match(int64_t I, bool by_slot, uint64_t seed) {
+  SCOPED_TRACE("I " + std::to_string(I) + (by_slot ? ", g and u by slot" : ", g and u by row") + ", seed " +
+               std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t T = 96, k = 2, cap = 320, total = 256, kb = 2 * I / fp8::kBlock;
+  // Row r: slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows.
+  std::vector<int32_t> slots(size_t(cap), -1);
+  for (int64_t r = 0; r < total; ++r) slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
+  const int64_t gu_rows = by_slot ? T * k : cap;
+  std::vector<HostBf16> da = random_bf16(rng, cap * I, 1.0), g = random_bf16(rng, gu_rows * I, 2.0),
+                        u = random_bf16(rng, gu_rows * I, 1.0);
+  std::vector<float> weights(size_t(T * k));
+  for (float& w : weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)}),
+               d_w = to_device(weights), d_g = to_device(g), d_u = to_device(u);
+  struct Run {
+    std::vector<HostBf16> dgu;
+    std::vector<uint8_t> q;
+    std::vector<float> s;
+    DeviceStatus status;
+  };
+  const auto run = [&](bool fused) {
+    DeviceBuffer d_da = to_device(da), d_dgu(size_t(cap * 2 * I) * 2), d_q(size_t(cap * 2 * I)),
+                 d_s(size_t(cap * kb) * 4), d_dtopk(size_t(T * k) * 4);
+    DeviceBuffer d_status = to_device(std::vector<DeviceStatus>{DeviceStatus{}});
+    d_dgu.fill_bytes(0xFF);
+    d_q.fill_bytes(0x7F);
+    d_s.fill_bytes(0xFF);
+    const fp8::NonfiniteReport report{nullptr, d_status.as<DeviceStatus>(), int64_t(Fp8Tensor::kDgu)};
+    glue::QuantizedDgu codes;
+    if (fused) codes = {d_q.as<uint8_t>(), d_s.as<float>(), report};
+    bf16_t* dgu = d_dgu.as<bf16_t>();
+    glue::swiglu_backward(dgu, dgu + I, 2 * I, nullptr, d_dtopk.as<float>(), d_da.as<bf16_t>(), d_g.as<bf16_t>(),
+                          d_u.as<bf16_t>(), d_w.as<float>(), d_slots.as<int32_t>(), d_total.as<int32_t>(), cap, I,
+                          nullptr, {}, by_slot, true, codes);
+    if (!fused) {
+      fp8::quantize_tiles(dgu, cap, 2 * I, d_total.as<int32_t>(), d_q.as<uint8_t>(), d_s.as<float>(), report, nullptr);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return Run{to_host<HostBf16>(d_dgu, size_t(cap * 2 * I)), to_host<uint8_t>(d_q, size_t(cap * 2 * I)),
+               to_host<float>(d_s, size_t(cap * kb)), to_host<DeviceStatus>(d_status, 1)[0]};
+  };
+  const Run want = run(false), got = run(true);
+  EXPECT_EQ(got.status.code, int32_t(StatusCode::kOk));
+  for (int64_t r = 0; r < cap; ++r) {
+    for (int64_t c = 0; c < 2 * I; ++c) {
+      const size_t i = size_t(r * 2 * I + c);
+      ASSERT_EQ(got.dgu[i].bits, want.dgu[i].bits) << "dg | du[" << r << ", " << c << "]";
+      ASSERT_EQ(got.q[i], want.q[i]) << "code [" << r << ", " << c << "]";
+      if (r >= total) ASSERT_EQ(got.q[i], 0x7F) << "code [" << r << ", " << c << "] past the total written";
+      if (r < total && slots[size_t(r)] < 0) ASSERT_EQ(got.q[i], 0) << "padding row " << r;
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const size_t i = size_t(r * kb + b);
+      ASSERT_EQ(bits(got.s[i]), bits(want.s[i])) << "scale [" << r << ", " << b << "]";
+      if (r >= total) ASSERT_EQ(bits(got.s[i]), 0xFFFFFFFFu) << "scale of row " << r << " past the total written";
+      if (r < total && slots[size_t(r)] < 0) ASSERT_EQ(got.s[i], 1.0f) << "padding row " << r;
+    }
+  }
+  // An infinity in g of a row's vector: reported, naming dg | du.
+  const int64_t bad_row = 3;
+  g[size_t((by_slot ? slots[bad_row] : bad_row) * I + 17)] = float_to_bf16(std::numeric_limits<float>::infinity());
+  LYNX_TEST_CUDA(cudaMemcpy(d_g.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
+  const Run bad = run(true);
+  EXPECT_EQ(bad.status.code, int32_t(StatusCode::kNonFiniteInput));
+  EXPECT_EQ(bad.status.a, int64_t(Fp8Tensor::kDgu));
+}
+
+TEST_F(Fp8Quantize, SwigluBackwardCodesEqualQuantizeTiles) {
+  const auto seed = fresh_seed();
+  expect_swiglu_codes_match(256, true, seed);
+  expect_swiglu_codes_match(640, false, seed ^ 1);
 }
 
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the

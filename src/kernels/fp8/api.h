@@ -138,6 +138,16 @@ void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_
 void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, int64_t cols, const int32_t* row_limit,
                       bf16_t* out, cudaStream_t stream);
 
+// dequantize_tiles from one rank's token rows in 1×128 tiles (src [T, cols] bytes, scales [T,
+// blocks_of(cols)]: gather_tiles' local source), gathered into schedule order on the way: for each
+// schedule row r below *total_rows, out row r = token row_token_slot[r] / top_k dequantised, zeros for a
+// padding row (row_token_slot < 0); rows from *total_rows on are not written, and nothing is where
+// *total_rows is above the capacity. The bits of dequantize_tiles on the tokens then glue::gather_rows,
+// in one pass and without the tokens' bf16 rows. cols % 8 == 0; src 8-byte and out 16-byte aligned.
+void gather_dequantized_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, bf16_t* out,
+                              cudaStream_t stream);
+
 // x[r, c] = value(q[r, c]) · scale of its tile (`blocks`: of its 128×128 block), in fp32 (exact).
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
                 cudaStream_t stream);

@@ -61,6 +61,55 @@ __device__ __forceinline__ float2 from_e4m3x2(uint16_t q) {
   return static_cast<float2>(f);
 }
 
+// A bf16 value's magnitude bits: b & kMagnitudeBits orders as |value| does, as an unsigned integer,
+// with infinity 0x7F80 and the NaNs above it.
+constexpr uint32_t kMagnitudeBits = 0x7FFFu;
+
+// A magnitude as its fp32 bits: |v|'s bits order as |v| does, as unsigned integers, with infinity
+// kInfFloatBits and the NaNs above it.
+constexpr uint32_t kInfFloatBits = 0x7F800000u;
+
+// E4M3(v · inv) of a word's two bf16 values (bits), the first (low half) in the low byte.
+__device__ __forceinline__ uint32_t pack2_bits(uint32_t word, float inv) {
+  return to_e4m3x2(__uint_as_float(word << 16) * inv, __uint_as_float(word & 0xFFFF0000u) * inv);
+}
+
+// Eight adjacent bf16 values of a row as their bits, the first in the low half of .x.
+struct Bf16x8 {
+  uint4 bits;
+
+  // The largest magnitude's fp32 bits (kInfFloatBits or above where a value is not finite).
+  __device__ __forceinline__ uint32_t magnitude() const {
+    constexpr uint32_t kPair = kMagnitudeBits << 16 | kMagnitudeBits;
+    const uint32_t m2 = __vmaxu2(__vmaxu2(bits.x & kPair, bits.y & kPair), __vmaxu2(bits.z & kPair, bits.w & kPair));
+    return max(m2 & 0xFFFFu, m2 >> 16) << 16;
+  }
+
+  // E4M3(v · inv) of the eight, the first in the lowest byte.
+  __device__ __forceinline__ uint2 codes(float inv) const {
+    return make_uint2(pack2_bits(bits.x, inv) | pack2_bits(bits.y, inv) << 16,
+                      pack2_bits(bits.z, inv) | pack2_bits(bits.w, inv) << 16);
+  }
+};
+
+// A lane's part of a 1×128 tile that a half-warp holds, eight values a lane (lane 16h + j: columns 8j
+// .. 8j + 7; zeros past the row's end), quantised: the tile's largest magnitude taken on the bf16 bits
+// over the half-warp, its scale's exponent (0 where it is not finite) and the lane's eight codes.
+// `mask`: the lanes that call, whole half-warps (the shuffles stay within a half).
+struct TileLane {
+  uint2 codes;
+  int e;
+  bool finite;
+};
+__device__ __forceinline__ TileLane quantize_tile_lane(const Bf16x8& v, uint32_t mask) {
+  uint32_t m = v.magnitude();
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(mask, m, o));
+  const bool finite = m < kInfFloatBits;
+  const int e = finite ? scale_exponent(__uint_as_float(m)) : 0;
+  return {v.codes(pow2(-e)), e, finite};  // x · 2^-e is exact: a code rounds only in the conversion
+}
+
 // NOTES: the first error wins the status word (common/status.h); the flag is the kernels' own report.
 __device__ __forceinline__ void report_nonfinite(const NonfiniteReport& r) {
   if (r.flag != nullptr) atomicOr(r.flag, 1);

@@ -25,7 +25,7 @@ using namespace e4m3;
 // unsigned integer, with infinity kInfBits and the NaNs above it, so the largest of a tile's is amax's
 // bits where the tile is finite (amax_of_bits: the value fmaxf over the values gives), and at least
 // kInfBits where it holds a NaN or an infinity.
-constexpr uint32_t kMagnitudeBits = 0x7FFFu, kInfBits = 0x7F80u;
+constexpr uint32_t kInfBits = 0x7F80u;
 __device__ __forceinline__ float amax_of_bits(uint32_t bits) { return __uint_as_float(bits << 16); }
 
 // E4M3(v · inv) of four values, packed with the first in the lowest byte.
@@ -45,33 +45,6 @@ __device__ __forceinline__ uint4 load8_bits(const __nv_bfloat16* row, int64_t c,
   for (int i = 0; i < 8; ++i) part[i] = c + i < n ? __bfloat16_as_ushort(row[c + i]) : 0u;
   return make_uint4(part[0] | part[1] << 16, part[2] | part[3] << 16, part[4] | part[5] << 16, part[6] | part[7] << 16);
 }
-
-// E4M3(v · inv) of a word's two bf16 values (bits), the first (low half) in the low byte.
-__device__ __forceinline__ uint32_t pack2_bits(uint32_t word, float inv) {
-  return to_e4m3x2(__uint_as_float(word << 16) * inv, __uint_as_float(word & 0xFFFF0000u) * inv);
-}
-
-// A magnitude as its fp32 bits: |v|'s bits order as |v| does, as unsigned integers, with infinity
-// kInfFloatBits and the NaNs above it (as kMagnitudeBits for bf16 bits).
-constexpr uint32_t kInfFloatBits = 0x7F800000u;
-
-// Eight adjacent bf16 values of a row, as load8_bits gives them.
-struct Bf16x8 {
-  uint4 bits;
-
-  // The largest magnitude's fp32 bits (kInfFloatBits or above where a value is not finite).
-  __device__ __forceinline__ uint32_t magnitude() const {
-    constexpr uint32_t kPair = kMagnitudeBits << 16 | kMagnitudeBits;
-    const uint32_t m2 = __vmaxu2(__vmaxu2(bits.x & kPair, bits.y & kPair), __vmaxu2(bits.z & kPair, bits.w & kPair));
-    return max(m2 & 0xFFFFu, m2 >> 16) << 16;
-  }
-
-  // E4M3(v · inv) of the eight, the first in the lowest byte.
-  __device__ __forceinline__ uint2 codes(float inv) const {
-    return make_uint2(pack2_bits(bits.x, inv) | pack2_bits(bits.y, inv) << 16,
-                      pack2_bits(bits.z, inv) | pack2_bits(bits.w, inv) << 16);
-  }
-};
 
 // Stores the codes of `packed` (uint2: 8, uint4: 16; the first in the lowest byte) at columns c .. of a
 // row of n: one store where `vector` (n a multiple of their count and the row aligned to their bytes),
@@ -117,16 +90,10 @@ __global__ void __launch_bounds__(kTileWarps * 32)
 #pragma unroll
     for (int p = 0; p < kTilePairs; ++p) {
       const int64_t c0 = at + (2 * p + half) * kBlock, c = c0 + 8 * j;  // past cols: zeros, nothing stored
-      const Bf16x8 v{w[p]};
-      uint32_t m = v.magnitude();
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-      const bool finite = m < kInfFloatBits;
-      if (!finite && j == 0) report_nonfinite(report);
-      const int e = finite ? scale_exponent(__uint_as_float(m)) : 0;
-      const float inv = pow2(-e);  // x · 2^-e is exact: q rounds only in the conversion
-      store_codes(qr, c, cols, vector, v.codes(inv));
-      if (j == 0 && c0 < cols) sr[c0 / kBlock] = scale_or_nan(e, finite);
+      const TileLane tile = quantize_tile_lane(Bf16x8{w[p]}, 0xffffffffu);
+      if (!tile.finite && j == 0) report_nonfinite(report);
+      store_codes(qr, c, cols, vector, tile.codes);
+      if (j == 0 && c0 < cols) sr[c0 / kBlock] = scale_or_nan(tile.e, tile.finite);
     }
   }
 }
@@ -596,9 +563,20 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
 
 constexpr int kDequantWarps = 8;  // rows per CTA of dequantize_tiles at a time
 
-// One warp per row below *row_limit (every row where null; grid-stride), a lane 8 values at a time:
-// value(q) · its tile's scale, exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale
-// none).
+// Eight codes of one tile (`bytes`, the first in its lowest byte) times its scale, as eight bf16 values:
+// exact in bf16 (an E4M3 value has 4 significant bits, a power-of-two scale none).
+__device__ __forceinline__ uint4 dequantize8(uint2 bytes, float s) {
+  __nv_bfloat162 v[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t word = p < 2 ? bytes.x : bytes.y;
+    const int shift = 16 * (p % 2);
+    v[p] = __floats2bfloat162_rn(from_e4m3(uint8_t(word >> shift)) * s, from_e4m3(uint8_t(word >> (shift + 8))) * s);
+  }
+  return *reinterpret_cast<const uint4*>(v);
+}
+
+// One warp per row below *row_limit (every row where null; grid-stride), a lane 8 values at a time.
 __global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
                                         int64_t capacity, int64_t cols, const int32_t* __restrict__ row_limit,
                                         __nv_bfloat16* __restrict__ out) {
@@ -609,17 +587,54 @@ __global__ void dequantize_tiles_kernel(const uint8_t* __restrict__ q, const flo
   for (int64_t r = int64_t(blockIdx.x) * kDequantWarps + threadIdx.x / 32; r < limit;
        r += int64_t(gridDim.x) * kDequantWarps) {
     for (int64_t c = 8 * lane; c < cols; c += 8 * 32) {
-      const float s = scales[r * kb + c / kBlock];
       const uint2 bytes = *reinterpret_cast<const uint2*>(q + r * cols + c);
-      __nv_bfloat162 v[4];
+      *reinterpret_cast<uint4*>(out + r * cols + c) = dequantize8(bytes, scales[r * kb + c / kBlock]);
+    }
+  }
+}
+
+// gather_dequantized_tiles: one warp per schedule row (grid-stride), a lane 8 values a step, a row's
+// codes and scales for kGatherDequantSteps steps loaded before any is converted. A token's codes are
+// read once per slot, mostly from L2 (T · cols bytes, against the 2 · T · k · cols bytes of bf16 rows
+// written), and no bf16 copy of the tokens is written and read back.
+constexpr int kGatherDequantSteps = 4;
+
+__global__ void gather_dequantized_tiles_kernel(const uint8_t* __restrict__ src, const float* __restrict__ src_scales,
+                                                const int32_t* __restrict__ row_token_slot,
+                                                const int32_t* __restrict__ total_rows, int64_t capacity,
+                                                uint32_t top_k, int64_t cols, __nv_bfloat16* __restrict__ out) {
+  const int32_t total = *total_rows;
+  if (total > capacity) return;  // a schedule over capacity placed no rows: its row arrays hold nothing
+  const int64_t kb = blocks_of(cols);
+  const int lane = threadIdx.x % 32;
+  constexpr int64_t kStride = 8 * 32;  // columns a warp covers in one step
+  for (int64_t r = int64_t(blockIdx.x) * kDequantWarps + threadIdx.x / 32; r < total;
+       r += int64_t(gridDim.x) * kDequantWarps) {
+    const int32_t slot = row_token_slot[r];
+    __nv_bfloat16* row = out + r * cols;
+    if (slot < 0) {
+      for (int64_t c = 8 * lane; c < cols; c += kStride) *reinterpret_cast<uint4*>(row + c) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const int64_t token = uint32_t(slot) / top_k;  // 32-bit: a slot is an int32
+    const uint8_t* codes = src + token * cols;
+    const float* scales = src_scales + token * kb;
+    for (int64_t c0 = 8 * lane; c0 < cols; c0 += kStride * kGatherDequantSteps) {
+      uint2 bytes[kGatherDequantSteps];
+      float s[kGatherDequantSteps];
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const uint32_t word = p < 2 ? bytes.x : bytes.y;
-        const int shift = 16 * (p % 2);
-        v[p] = __floats2bfloat162_rn(from_e4m3(uint8_t(word >> shift)) * s,
-                                     from_e4m3(uint8_t(word >> (shift + 8))) * s);
+      for (int i = 0; i < kGatherDequantSteps; ++i) {
+        const int64_t c = c0 + kStride * i;
+        if (c < cols) {
+          bytes[i] = __ldg(reinterpret_cast<const uint2*>(codes + c));
+          s[i] = __ldg(scales + c / kBlock);
+        }
       }
-      *reinterpret_cast<uint4*>(out + r * cols + c) = *reinterpret_cast<const uint4*>(v);
+#pragma unroll
+      for (int i = 0; i < kGatherDequantSteps; ++i) {
+        const int64_t c = c0 + kStride * i;
+        if (c < cols) *reinterpret_cast<uint4*>(row + c) = dequantize8(bytes[i], s[i]);
+      }
     }
   }
 }
@@ -783,6 +798,19 @@ void dequantize_tiles(const uint8_t* q, const float* scales, int64_t capacity, i
   const int64_t grid = std::min<int64_t>((capacity + kDequantWarps - 1) / kDequantWarps, 65536);
   dequantize_tiles_kernel<<<grid_of(grid), kDequantWarps * 32, 0, stream>>>(q, scales, capacity, cols, row_limit,
                                                                            reinterpret_cast<__nv_bfloat16*>(out));
+  LYNX_CHECK_LAUNCH();
+}
+
+void gather_dequantized_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
+                              const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, bf16_t* out,
+                              cudaStream_t stream) {
+  if (cols % 8 != 0) throw Error("cols", "must be a multiple of 8, got " + std::to_string(cols));
+  if (!aligned(src, 8) || !aligned(out, 16)) throw Error("src", "internal: tiles 8-byte and rows 16-byte aligned");
+  if (capacity == 0 || cols == 0) return;
+  const int64_t grid = std::min<int64_t>((capacity + kDequantWarps - 1) / kDequantWarps, 65536);
+  gather_dequantized_tiles_kernel<<<grid_of(grid), kDequantWarps * 32, 0, stream>>>(
+      src, src_scales, row_token_slot, total_rows, capacity, uint32_t(top_k), cols,
+      reinterpret_cast<__nv_bfloat16*>(out));
   LYNX_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include "common/bf16.h"
 #include "common/peers.h"
 #include "common/status.h"
+#include "kernels/fp8/api.h"
 
 namespace lynx::glue {
 
@@ -50,11 +51,21 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 // weights (topk_weights is ignored), and d_topk_weights is per row: d_topk_weights[row] (the source
 // pulls it in its combine). With `gate_up_by_slot` (one rank) g and u are [T·k, width], a row's at its
 // slot (the fused forward's context: no padding rows), not at the row.
+// With `codes` on (the FP8 backward; dg and du the halves of one [rows, 2·width] array, width % 128 ==
+// 0, every_padding_row): dg | du also quantised in 1×128 tiles, the bits fp8::quantize_tiles gives from
+// the bf16 dg | du below *total_rows, a tile that is not finite reported through codes.report.
+struct QuantizedDgu {
+  uint8_t* q = nullptr;      // [rows, 2·width] E4M3
+  float* scales = nullptr;  // [rows, 2·width / 128]
+  fp8::NonfiniteReport report;
+
+  bool on() const { return q != nullptr; }
+};
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
                      const RowSources& weight_sources = {}, bool gate_up_by_slot = false,
-                     bool every_padding_row = false);
+                     bool every_padding_row = false, const QuantizedDgu& codes = {});
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.

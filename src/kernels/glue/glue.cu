@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "device/activation.cuh"
 #include "device/remote.cuh"
 #include "common/cuda_check.h"
 #include "common/kernel_loading.h"
 #include "common/per_device.h"
+#include "kernels/fp8/e4m3.cuh"
 #include "kernels/schedule/core.h"
 #include "kernels/glue/api.h"
 
@@ -197,15 +199,32 @@ constexpr int kSwigluBlocksPerSm = 5;
 
 // hw may be da (in place): a lane reads its vectors of da before it writes the same vectors of hw,
 // and no lane touches another's (so neither pointer is __restrict__).
+// The 1×128 tile of dg | du that a half-warp holds, one Vec8 a lane (vector v of the row's 2·width / 8,
+// v % 16 == j for lane 16h + j), quantised into codes' row `row` (QuantizedDgu, every lane of the
+// half-warp calling).
+__device__ __forceinline__ void store_dgu_codes(const QuantizedDgu& codes, int64_t vecs_per_row, int64_t row,
+                                                int64_t v, const Vec8& value, int lane) {
+  const fp8::e4m3::TileLane tile = fp8::e4m3::quantize_tile_lane({value.bits}, 0xFFFFu << (lane & 16));
+  const bool first = v % 16 == 0;  // the tile's first lane
+  if (!tile.finite && first) fp8::e4m3::report_nonfinite(codes.report);
+  *reinterpret_cast<uint2*>(codes.q + (row * vecs_per_row + v) * 8) = tile.codes;
+  if (first) codes.scales[row * (vecs_per_row / 16) + v / 16] = fp8::e4m3::scale_or_nan(tile.e, tile.finite);
+}
+
 // kRemote (R > 1): each row's weight from its source rank's copy, d_topk_weights per row (at 5
 // blocks per SM its table lookups spilled). kBySlot: g and u at the row's slot (its second row
 // address spilled at 5 blocks too; at 4, 16 rows in flight per SM still keep ~70 KB of loads in flight).
-template <bool kRemote, bool kBySlot>
-__global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kSwigluBlocksPerSm) swiglu_backward_kernel(
+// kQuantize: dg | du also into `codes` (QuantizedDgu; at 5 blocks per SM it spilled). A row's vectors go
+// to lanes 32 apart, so a tile's 16 vectors are half a warp's, and with width % 128 == 0 every half-warp
+// either has all of a tile's or none of it (the loops' bounds are alike within a half).
+template <bool kRemote, bool kBySlot, bool kQuantize>
+__global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot || kQuantize ? 4 : kSwigluBlocksPerSm)
+    swiglu_backward_kernel(
     Vec8* __restrict__ dg, Vec8* __restrict__ du, int64_t out_vecs_per_row, Vec8* hw,
     float* __restrict__ d_topk_weights, const Vec8* da, const Vec8* __restrict__ g,
     const Vec8* __restrict__ u, const float* __restrict__ topk_weights, const int32_t* __restrict__ row_token_slot,
-    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources, bool every_padding_row) {
+    const int32_t* total_rows, int64_t rows, int64_t vecs_per_row, RowSources weight_sources, bool every_padding_row,
+    QuantizedDgu codes) {
   static_assert(!(kRemote && kBySlot), "by slot: one rank");
   // A schedule over capacity placed no rows: row_token_slot holds nothing to follow.
   if (total_rows && *total_rows > rows) return;
@@ -221,6 +240,10 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kS
         dg[row * out_vecs_per_row + v] = Vec8{};
         du[row * out_vecs_per_row + v] = Vec8{};
         if (hw) hw[row * vecs_per_row + v] = Vec8{};
+        if constexpr (kQuantize) {
+          store_dgu_codes(codes, out_vecs_per_row, row, v, Vec8{}, lane);
+          store_dgu_codes(codes, out_vecs_per_row, row, vecs_per_row + v, Vec8{}, lane);
+        }
       }
       continue;
     }
@@ -260,6 +283,10 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot ? 4 : kS
         dg[row * out_vecs_per_row + v] = dgv;
         du[row * out_vecs_per_row + v] = duv;
         if (hw) hw[row * vecs_per_row + v] = hwv;
+        if constexpr (kQuantize) {
+          store_dgu_codes(codes, out_vecs_per_row, row, v, dgv, lane);
+          store_dgu_codes(codes, out_vecs_per_row, row, vecs_per_row + v, duv, lane);
+        }
       }
     }
     if (d_topk_weights) {
@@ -394,23 +421,35 @@ void swiglu_forward(bf16_t* h, const bf16_t* g, const bf16_t* u, const int32_t* 
 void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, float* d_topk_weights, const bf16_t* da,
                      const bf16_t* g, const bf16_t* u, const float* topk_weights, const int32_t* row_token_slot,
                      const int32_t* total_rows, int64_t rows, int64_t width, cudaStream_t stream,
-                     const RowSources& weight_sources, bool gate_up_by_slot, bool every_padding_row) {
+                     const RowSources& weight_sources, bool gate_up_by_slot, bool every_padding_row,
+                     const QuantizedDgu& codes) {
   if (gate_up_by_slot && (!row_token_slot || weight_sources.remote())) {
     throw Error("", "internal: swiglu_backward: g and u by slot need one rank's row slots");
   }
-  static detail::PerDeviceCache resident, resident_by_slot;
-  const int fits = gate_up_by_slot ? resident_blocks(swiglu_backward_kernel<false, true>, kSwigluWarps * 32, resident_by_slot)
-                                   : resident_blocks(swiglu_backward_kernel<false, false>, kSwigluWarps * 32, resident);
+  if (codes.on() && (width % 128 != 0 || du != dg + width || out_pitch != 2 * width || !every_padding_row)) {
+    throw Error("", "internal: swiglu_backward: quantised dg | du need one [rows, 2·width] array, width % 128 == 0");
+  }
+  const auto pick = [&](auto quantize) {
+    constexpr bool kQ = decltype(quantize)::value;
+    return weight_sources.remote() ? swiglu_backward_kernel<true, false, kQ>
+           : gate_up_by_slot       ? swiglu_backward_kernel<false, true, kQ>
+                                   : swiglu_backward_kernel<false, false, kQ>;
+  };
+  const auto kernel = codes.on() ? pick(std::true_type{}) : pick(std::false_type{});
+  // The grid: what the one-rank kernel holds at once (the remote one holds fewer blocks per SM and
+  // strides over the rest).
+  static detail::PerDeviceCache resident[2][2];
+  const auto local = gate_up_by_slot ? (codes.on() ? swiglu_backward_kernel<false, true, true>
+                                                   : swiglu_backward_kernel<false, true, false>)
+                                     : (codes.on() ? swiglu_backward_kernel<false, false, true>
+                                                   : swiglu_backward_kernel<false, false, false>);
+  const int fits = resident_blocks(local, kSwigluWarps * 32, resident[codes.on()][gate_up_by_slot]);
   const int grid =
       static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps), fits));
-  // (the remote variant holds fewer blocks per SM: its grid strides over the rest)
-  const auto kernel = weight_sources.remote() ? swiglu_backward_kernel<true, false>
-                      : gate_up_by_slot       ? swiglu_backward_kernel<false, true>
-                                              : swiglu_backward_kernel<false, false>;
   kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
       reinterpret_cast<Vec8*>(dg), reinterpret_cast<Vec8*>(du), out_pitch / 8, reinterpret_cast<Vec8*>(hw), d_topk_weights,
       reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g), reinterpret_cast<const Vec8*>(u),
-      topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources, every_padding_row);
+      topk_weights, row_token_slot, total_rows, rows, width / 8, weight_sources, every_padding_row, codes);
   LYNX_CHECK_LAUNCH();
 }
 
