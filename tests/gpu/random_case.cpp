@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -600,6 +601,11 @@ RandomCase draw_fp8_case(uint64_t seed) {
 CaseOutcome run_random_case(uint64_t seed, bool fp8) {
   CaseOutcome out;
   out.rc = fp8 ? draw_fp8_case(seed) : draw_case(seed);
+  // LYNX_RANDOM_RANKS=R replays a case at R ranks (a divisor of its T and E), to tell a failure's
+  // dependence on the ranks.
+  if (const char* ranks = std::getenv("LYNX_RANDOM_RANKS"); ranks != nullptr && *ranks != '\0') {
+    out.rc.R = std::atoi(ranks);
+  }
   const RandomCase& rc = out.rc;
   using Clock = std::chrono::steady_clock;
   const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };

@@ -9,6 +9,7 @@
 //                              each case the same as in one run
 //   LYNX_RANDOM_SEED=S         replays the one case of seed S (printed on every case's line; in FP8 by the
 //                              FP8 test)
+//   LYNX_RANDOM_RANKS=R        runs the cases at R ranks (a divisor of their T and E) instead of their own
 #include <gtest/gtest.h>
 
 #include <cerrno>
