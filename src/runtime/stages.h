@@ -46,12 +46,10 @@ const char* stage_name(Stage s);
 // full, so a stage left out later leaves its output buffer holding the values it computed then, which
 // for the benchmark's repeated inputs are the values it would compute now, except in the buffers two
 // stages write (rows a: the dy rows, then the per-row dx; da, then w·silu(g)⊙u; FP8 at one rank, f8.x:
-// dy's tiles, then x's, and with bf16 weight gradients un.xg: dy's dequantised tokens, then x̂'s rows),
-// which then hold the other stage's values: finite, of the same magnitudes, not the same data. Left out
-// from the first
-// call, the downstream kernels computed on never-written (zero) memory, and under the power cap zero
-// operands ran faster: at deepseek-v3 leaving out the 0.31 ms gather saved 0.68 ms (measured
-// 2026-11-29, commit 27164ab).
+// dy's tiles, then x's), which then hold the other stage's values: finite, of the same magnitudes, not
+// the same data. Left out from the first call, the downstream kernels computed on never-written (zero)
+// memory, and under the power cap zero operands ran faster: at deepseek-v3 leaving out the 0.31 ms
+// gather saved 0.68 ms (measured 2026-11-29, commit 27164ab).
 bool omitted(Stage s, int64_t calls_before);
 #else
 constexpr bool omitted(Stage, int64_t) { return false; }

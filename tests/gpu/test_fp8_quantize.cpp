@@ -536,23 +536,42 @@ void expect_swiglu_codes_match(int64_t I, bool by_slot, uint64_t seed) {
       const size_t i = size_t(r * 2 * I + c);
       ASSERT_EQ(got.dgu[i].bits, want.dgu[i].bits) << "dg | du[" << r << ", " << c << "]";
       ASSERT_EQ(got.q[i], want.q[i]) << "code [" << r << ", " << c << "]";
-      if (r >= total) ASSERT_EQ(got.q[i], 0x7F) << "code [" << r << ", " << c << "] past the total written";
-      if (r < total && slots[size_t(r)] < 0) ASSERT_EQ(got.q[i], 0) << "padding row " << r;
+      if (r >= total) {
+        ASSERT_EQ(got.q[i], 0x7F) << "code [" << r << ", " << c << "] past the total written";
+      } else if (slots[size_t(r)] < 0) {
+        ASSERT_EQ(got.q[i], 0) << "padding row " << r;
+      }
     }
     for (int64_t b = 0; b < kb; ++b) {
       const size_t i = size_t(r * kb + b);
       ASSERT_EQ(bits(got.s[i]), bits(want.s[i])) << "scale [" << r << ", " << b << "]";
-      if (r >= total) ASSERT_EQ(bits(got.s[i]), 0xFFFFFFFFu) << "scale of row " << r << " past the total written";
-      if (r < total && slots[size_t(r)] < 0) ASSERT_EQ(got.s[i], 1.0f) << "padding row " << r;
+      if (r >= total) {
+        ASSERT_EQ(bits(got.s[i]), 0xFFFFFFFFu) << "scale of row " << r << " past the total written";
+      } else if (slots[size_t(r)] < 0) {
+        ASSERT_EQ(got.s[i], 1.0f) << "padding row " << r;
+      }
     }
   }
-  // An infinity in g of a row's vector: reported, naming dg | du.
+  // An infinity in g of a row's vector: reported, naming dg | du, every scale as quantize_tiles gives it
+  // (a NaN for the tiles that are not finite) and the codes of every finite tile.
   const int64_t bad_row = 3;
   g[size_t((by_slot ? slots[bad_row] : bad_row) * I + 17)] = float_to_bf16(std::numeric_limits<float>::infinity());
   LYNX_TEST_CUDA(cudaMemcpy(d_g.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
-  const Run bad = run(true);
+  const Run bad_want = run(false), bad = run(true);
   EXPECT_EQ(bad.status.code, int32_t(StatusCode::kNonFiniteInput));
   EXPECT_EQ(bad.status.a, int64_t(Fp8Tensor::kDgu));
+  int64_t nan_scales = 0;
+  for (int64_t i = 0; i < cap * kb; ++i) {
+    ASSERT_EQ(bits(bad.s[size_t(i)]), bits(bad_want.s[size_t(i)])) << "scale " << i << " with an infinity in g";
+    if (std::isnan(bad.s[size_t(i)]) && i / kb < total) ++nan_scales;
+  }
+  EXPECT_GT(nan_scales, 0) << "no tile's scale marks the infinity";
+  for (int64_t r = 0; r < total; ++r) {
+    for (int64_t c = 0; c < 2 * I; ++c) {
+      if (std::isnan(bad.s[size_t(r * kb + c / fp8::kBlock)])) continue;  // that tile's codes are unspecified
+      ASSERT_EQ(bad.q[size_t(r * 2 * I + c)], bad_want.q[size_t(r * 2 * I + c)]) << "code [" << r << ", " << c << "]";
+    }
+  }
 }
 
 TEST_F(Fp8Quantize, SwigluBackwardCodesEqualQuantizeTiles) {
