@@ -66,8 +66,11 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   const LayerInputs in = p.inputs();
   const Gradients grads = p.gradients();
   const TensorView y = p.y(), dy = p.dy();
+  // NOTES: the two FP8 workspaces read one set of E4M3 weight copies, as one layer's would (6·E·I·H
+  // bytes less: 21 GiB at deepseek-v3, whose three workspaces beside the bf16 weights and their
+  // gradients did not fit 80 GB).
+  share_quantized_weights(fp8, fp8_bf16_wgrad);
   quantize_weights(fp8, in.weights, nullptr);
-  quantize_weights(fp8_bf16_wgrad, in.weights, nullptr);
   // Each precision's y and dx, from outputs poisoned with NaN.
   auto outputs = [&](Workspace& ws) {
     LYNX_CUDA(cudaMemset(y.data, 0xFF, size_t(y.numel()) * 2));
