@@ -429,21 +429,20 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, floa
   if (codes.on() && (width % 128 != 0 || du != dg + width || out_pitch != 2 * width || !every_padding_row)) {
     throw Error("", "internal: swiglu_backward: quantised dg | du need one [rows, 2·width] array, width % 128 == 0");
   }
-  const auto pick = [&](auto quantize) {
+  const auto pick = [&](bool remote, auto quantize) {
     constexpr bool kQ = decltype(quantize)::value;
-    return weight_sources.remote() ? swiglu_backward_kernel<true, false, kQ>
-           : gate_up_by_slot       ? swiglu_backward_kernel<false, true, kQ>
-                                   : swiglu_backward_kernel<false, false, kQ>;
+    return remote ? swiglu_backward_kernel<true, false, kQ>
+           : gate_up_by_slot ? swiglu_backward_kernel<false, true, kQ>
+                             : swiglu_backward_kernel<false, false, kQ>;
   };
-  const auto kernel = codes.on() ? pick(std::true_type{}) : pick(std::false_type{});
+  const auto variant = [&](bool remote) {
+    return codes.on() ? pick(remote, std::true_type{}) : pick(remote, std::false_type{});
+  };
+  const auto kernel = variant(weight_sources.remote());
   // The grid: what the one-rank kernel holds at once (the remote one holds fewer blocks per SM and
   // strides over the rest).
   static detail::PerDeviceCache resident[2][2];
-  const auto local = gate_up_by_slot ? (codes.on() ? swiglu_backward_kernel<false, true, true>
-                                                   : swiglu_backward_kernel<false, true, false>)
-                                     : (codes.on() ? swiglu_backward_kernel<false, false, true>
-                                                   : swiglu_backward_kernel<false, false, false>);
-  const int fits = resident_blocks(local, kSwigluWarps * 32, resident[codes.on()][gate_up_by_slot]);
+  const int fits = resident_blocks(variant(false), kSwigluWarps * 32, resident[codes.on()][gate_up_by_slot]);
   const int grid =
       static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (rows + kSwigluWarps - 1) / kSwigluWarps), fits));
   kernel<<<grid, kSwigluWarps * 32, 0, stream>>>(
