@@ -280,9 +280,10 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
       fp8::load_gemm_kernels();
     }
     LYNX_CUBLAS(cublasCreate(&cublas));
-    // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc; room for both passes
-    // means a forward+backward step never waits for the pool (GroupedGemm syncs only when full).
-    grouped = std::make_unique<blas::GroupedGemm>(9 * E_loc);
+    // NOTES: forward issues 3·E_loc grouped products and backward 6·E_loc, each with at most one
+    // K tail of its own (kernels/cublas/products.h); room for both passes means a forward+backward step
+    // never waits for the pool (GroupedGemm syncs only when full).
+    grouped = std::make_unique<blas::GroupedGemm>(2 * 9 * E_loc);
     load_shared_expert_kernels(*this);
     // NOTES: cudaMemset runs on the default stream, which a caller's non-blocking stream does not
     // wait for: the status word, the tickets and the gather's counters must be set before the

@@ -8,24 +8,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cublas/products.h"
 
 namespace lynx::blas {
 
-// Row-major C[m, n] = alpha · op(A) · op(B) + beta · C, with op(X) = X or Xᵀ as stored; A and B bf16,
-// C bf16 or fp32 (c_fp32). `lda`, `ldb`, `ldc` are the row lengths of the stored matrices. beta is
-// 0 or 1; k == 0 is allowed (C = beta · C).
-struct Gemm {
-  bool trans_a = false, trans_b = false;
-  int m = 0, n = 0, k = 0;
-  const void* a = nullptr;
-  int lda = 0;
-  const void* b = nullptr;
-  int ldb = 0;
-  void* c = nullptr;
-  int ldc = 0;
-  float beta = 0.0f;
-};
-
+// One product, issued as split_k_tail cuts it (products.h).
 void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream);
 
 // The products of a batch that run() issues (m, n and k non-zero), and their mean FLOPs.
@@ -50,10 +37,13 @@ class GroupedGemm {
   void begin_pass() { cursor_ = 0; }
   // Products with m or n == 0 are skipped; a product with k == 0 sets C to zero (beta must be 0 or 1,
   // and with beta == 1 it leaves C as it is).
+  // Each product is cut as split_k_tail says: grouped, the bodies go in one call and the tails in a second.
   void run(cublasHandle_t handle, const std::vector<Gemm>& products, bool c_fp32, bool grouped,
            cudaStream_t stream);
 
  private:
+  void issue_grouped(cublasHandle_t handle, const std::vector<Gemm>& products, bool c_fp32, cudaStream_t stream);
+
   int64_t capacity_;      // pointers per operand
   int64_t cursor_ = 0;    // products used since begin_pass
   const void** host_ = nullptr;    // pinned, [3 * capacity_]

@@ -22,6 +22,14 @@ void empty_k(const Gemm& g, bool c_fp32, cudaStream_t stream) {
   LYNX_CUDA(cudaMemset2DAsync(g.c, size_t(g.ldc) * elem, 0, size_t(g.n) * elem, size_t(g.m), stream));
 }
 
+// One product as cuBLAS is given it (k > 0).
+void issue(cublasHandle_t handle, const Gemm& g, bool c_fp32) {
+  const float alpha = 1.0f;
+  LYNX_CUBLAS(cublasGemmEx(handle, op(g.trans_b), op(g.trans_a), g.n, g.m, g.k, &alpha, g.b, CUDA_R_16BF, g.ldb, g.a,
+                           CUDA_R_16BF, g.lda, &g.beta, g.c, c_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.ldc,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream) {
@@ -29,10 +37,9 @@ void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return empty_k(g, c_fp32, stream);
   LYNX_CUBLAS(cublasSetStream(handle, stream));
-  const float alpha = 1.0f;
-  LYNX_CUBLAS(cublasGemmEx(handle, op(g.trans_b), op(g.trans_a), g.n, g.m, g.k, &alpha, g.b, CUDA_R_16BF, g.ldb, g.a,
-                           CUDA_R_16BF, g.lda, &g.beta, g.c, c_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.ldc,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const KParts parts = split_k_tail(g);
+  if (parts.body.k > 0) issue(handle, parts.body, c_fp32);
+  if (parts.tail.k > 0) issue(handle, parts.tail, c_fp32);
 }
 
 GroupedGemm::GroupedGemm(int64_t max_products_per_pass) : capacity_(max_products_per_pass) {
@@ -69,12 +76,25 @@ void GroupedGemm::run(cublasHandle_t handle, const std::vector<Gemm>& products, 
     }
     live.push_back(&g);
   }
-  const int64_t count = static_cast<int64_t>(live.size());
-  if (count == 0) return;
+  if (live.empty()) return;
   if (!grouped) {
     for (const Gemm* g : live) gemm(handle, *g, c_fp32, stream);
     return;
   }
+  std::vector<Gemm> bodies, tails;
+  for (const Gemm* g : live) {
+    const KParts parts = split_k_tail(*g);
+    if (parts.body.k > 0) bodies.push_back(parts.body);
+    if (parts.tail.k > 0) tails.push_back(parts.tail);
+  }
+  issue_grouped(handle, bodies, c_fp32, stream);
+  issue_grouped(handle, tails, c_fp32, stream);
+}
+
+void GroupedGemm::issue_grouped(cublasHandle_t handle, const std::vector<Gemm>& products, bool c_fp32,
+                                cudaStream_t stream) {
+  const int64_t count = static_cast<int64_t>(products.size());
+  if (count == 0) return;
   if (count > capacity_) {
     throw Error("", "internal: " + std::to_string(count) + " grouped products exceed the pool of " +
                         std::to_string(capacity_));
@@ -88,21 +108,21 @@ void GroupedGemm::run(cublasHandle_t handle, const std::vector<Gemm>& products, 
   std::vector<int> m, n, k, lda, ldb, ldc, group_size(count, 1);
   std::vector<float> alpha(count, 1.0f), beta;
   const int64_t first = cursor_;
-  for (const Gemm* g : live) {
-    // Swapped operands, as in gemm(): cuBLAS's A is our B.
-    host_[cursor_] = g->b;
-    host_[capacity_ + cursor_] = g->a;
-    host_[2 * capacity_ + cursor_] = g->c;
+  for (const Gemm& g : products) {
+    // Swapped operands, as in issue(): cuBLAS's A is our B.
+    host_[cursor_] = g.b;
+    host_[capacity_ + cursor_] = g.a;
+    host_[2 * capacity_ + cursor_] = g.c;
     ++cursor_;
-    ta.push_back(op(g->trans_b));
-    tb.push_back(op(g->trans_a));
-    m.push_back(g->n);
-    n.push_back(g->m);
-    k.push_back(g->k);
-    lda.push_back(g->ldb);
-    ldb.push_back(g->lda);
-    ldc.push_back(g->ldc);
-    beta.push_back(g->beta);
+    ta.push_back(op(g.trans_b));
+    tb.push_back(op(g.trans_a));
+    m.push_back(g.n);
+    n.push_back(g.m);
+    k.push_back(g.k);
+    lda.push_back(g.ldb);
+    ldb.push_back(g.lda);
+    ldc.push_back(g.ldc);
+    beta.push_back(g.beta);
   }
   for (int operand = 0; operand < 3; ++operand) {
     const int64_t at = operand * capacity_ + first;

@@ -1,0 +1,131 @@
+// lynx's cuBLAS products (src/kernels/cublas) against an fp64 reference where K % 8 != 0: the weight
+// gradients' form (K = tokens or an expert's rows), one product and grouped, C poisoned or accumulated.
+#include <cublas_v2.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iterator>
+#include <memory>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "gpu/gpu_test.h"
+#include "kernels/cublas/api.h"
+
+namespace lynx::test {
+namespace {
+
+// NOTES: C's bf16 rounding (at most 2⁻⁹ relative, ~2⁻⁹/√3 rms) twice where the product is cut at
+// K − K % 8 (products.h) leaves ~1.6e-3 of ‖C‖; fp32 accumulation adds far less. A's last 8 rows are
+// scaled by 16, so that the K tail carries about a quarter of C's square norm at K ≈ 5600 and one of
+// its rows left out costs ~0.2. 5e-3 is 3× the rounding and far below that.
+constexpr double kBound = 5e-3;
+
+struct Product {
+  int m, n, k;
+  float beta;
+  std::vector<HostBf16> a, b, c0;  // a [k, m], b [k, n], c0 [m, n] (the C that beta 1 adds onto)
+  DeviceBuffer da, db, dc;
+
+  Product(int m_, int n_, int k_, float beta_, std::mt19937_64& rng) : m(m_), n(n_), k(k_), beta(beta_) {
+    std::normal_distribution<float> nd;
+    a.resize(size_t(k) * m), b.resize(size_t(k) * n), c0.resize(size_t(m) * n);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bf16((int64_t(i / m) >= k - 8 ? 16.0f : 1.0f) * nd(rng));
+    for (auto& v : b) v = float_to_bf16(nd(rng));
+    for (auto& v : c0) v = float_to_bf16(8.0f * nd(rng));
+    da = to_device(a), db = to_device(b), dc = DeviceBuffer(4 * c0.size());
+  }
+  // C (bf16 or fp32) as beta asks: c0 under it for beta 1, NaN everywhere for beta 0.
+  void prepare(bool c_fp32) {
+    if (beta == 0.0f) return dc.fill_bytes(0xFF);
+    if (!c_fp32) {
+      LYNX_TEST_CUDA(cudaMemcpy(dc.get(), c0.data(), 2 * c0.size(), cudaMemcpyHostToDevice));
+      return;
+    }
+    std::vector<float> f(c0.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = float(to_double(c0[i]));
+    LYNX_TEST_CUDA(cudaMemcpy(dc.get(), f.data(), 4 * f.size(), cudaMemcpyHostToDevice));
+  }
+  blas::Gemm gemm() const { return {true, false, m, n, k, da.get(), m, db.get(), n, dc.get(), n, beta}; }
+  // ‖C − reference‖ / ‖reference‖, or infinity at a non-finite element.
+  double error(bool c_fp32) const {
+    std::vector<double> want(size_t(m) * n, 0.0);
+    for (int t = 0; t < k; ++t)
+      for (int i = 0; i < m; ++i) {
+        const double ai = to_double(a[size_t(t) * m + i]);
+        for (int j = 0; j < n; ++j) want[size_t(i) * n + j] += ai * to_double(b[size_t(t) * n + j]);
+      }
+    if (beta == 1.0f)
+      for (size_t q = 0; q < want.size(); ++q) want[q] += to_double(c0[q]);
+    double num = 0, den = 0;
+    const std::vector<HostBf16> got16 = c_fp32 ? std::vector<HostBf16>() : to_host<HostBf16>(dc, want.size());
+    const std::vector<float> got32 = c_fp32 ? to_host<float>(dc, want.size()) : std::vector<float>();
+    for (size_t q = 0; q < want.size(); ++q) {
+      const double g = c_fp32 ? double(got32[q]) : to_double(got16[q]);
+      if (!std::isfinite(g)) return INFINITY;
+      num += (g - want[q]) * (g - want[q]), den += want[q] * want[q];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  }
+  std::string name() const {
+    return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " K=" + std::to_string(k) +
+           " beta=" + std::to_string(int(beta));
+  }
+};
+
+class CublasGemm : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+  }
+  void TearDown() override {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+  cublasHandle_t handle_ = nullptr;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+// The shared expert's weight-gradient shapes where cuBLAS 13.1 alone left out the K tail.
+TEST_F(CublasGemm, WeightGradientKTails) {
+  struct Shape { int m, n, k; float beta; bool c_fp32; };
+  const Shape shapes[] = {{64, 320, 5632, 0, false}, {64, 320, 5633, 0, false}, {64, 320, 5634, 0, false},
+                          {64, 320, 5635, 0, false}, {64, 320, 5639, 0, false}, {64, 320, 5634, 1, false},
+                          {64, 320, 5634, 0, true},  {64, 320, 5633, 1, true},  {320, 64, 2817, 0, false},
+                          {128, 512, 8193, 0, false}, {128, 512, 8195, 1, false}, {64, 320, 3, 0, false},
+                          {64, 320, 7, 1, false},    {64, 320, 9, 0, false}};
+  for (const Shape& s : shapes) {
+    Product p(s.m, s.n, s.k, s.beta, rng_);
+    p.prepare(s.c_fp32);
+    blas::gemm(handle_, p.gemm(), s.c_fp32, nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    const double e = p.error(s.c_fp32);
+    EXPECT_LT(e, kBound) << p.name() << (s.c_fp32 ? " fp32 C" : " bf16 C");
+  }
+}
+
+// The same cut through GroupedGemm, products issued one by one and as one grouped call; an empty K
+// sets C to zero.
+TEST_F(CublasGemm, GroupedKTails) {
+  const int ks[] = {5634, 2817, 5, 16, 0, 4101};
+  for (const bool grouped : {false, true}) {
+    std::vector<std::unique_ptr<Product>> ps;
+    std::vector<blas::Gemm> gemms;
+    for (size_t i = 0; i < std::size(ks); ++i) {
+      ps.push_back(std::make_unique<Product>(64, 320, ks[i], i % 2 == 1 ? 1.0f : 0.0f, rng_));
+      ps.back()->prepare(false);
+      gemms.push_back(ps.back()->gemm());
+    }
+    blas::GroupedGemm pool(int64_t(2 * gemms.size()));
+    pool.run(handle_, gemms, false, grouped, nullptr);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    for (const auto& p : ps) EXPECT_LT(p->error(false), kBound) << p->name() << (grouped ? " grouped" : " one by one");
+  }
+}
+
+}  // namespace
+}  // namespace lynx::test
