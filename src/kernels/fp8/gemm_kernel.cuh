@@ -7,8 +7,8 @@
 // into the running one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). The
 // grouped forms' tiles are two such 128-column halves wide ([128, 256]; gate/up: the gate's 128 and the
 // up's same 128), one temporary taking each half in turn, while the other warpgroup's products keep
-// the tensor cores busy; the dense form alternates two temporaries over [128, 128] tiles, and the
-// weight gradient (B scales per column) takes its [128, 128] tiles one block at a time. The bf16
+// the tensor cores busy, as does the weight gradient (its B scales per column); the dense form
+// alternates two temporaries over [128, 128] tiles. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
 // tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
