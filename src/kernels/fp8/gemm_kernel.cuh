@@ -301,20 +301,16 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
       wait_full(i);
       const int stage = (it + i) % kStages;
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
-      take_turn(groups);
-      issue_half(pa, i, 0);
-      pass_turn(groups);
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(pa);
-      promote_columns(acc[0], stage, 0, a0, a1);
-      if (second) {
+      const auto half = [&](float(&to)[64], int h) {
         take_turn(groups);
-        issue_half(pa, i, 1);
+        issue_half(pa, i, h);
         pass_turn(groups);
         sm90::wgmma_wait<0>();
         sm90::fence_registers(pa);
-        promote_columns(acc[1], stage, 1, a0, a1);
-      }
+        promote_columns(to, stage, h, a0, a1);
+      };
+      half(acc[0], 0);
+      if (second) half(acc[1], 1);
       release(i);  // once its scales are read
     }
   } else if constexpr (kH == 2) {
