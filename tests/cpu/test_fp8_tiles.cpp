@@ -99,9 +99,10 @@ TEST(Fp8Tiles, GateUpCoverEveryOutputOnce) {
   for (int trial = 0; trial < 200; ++trial) expect_grouped_tiles<Form::kSwiGLU>(rng, trial);
 }
 
-// The [128, 128] forms: the dense form's tiles cover [M, N] once; the weight gradient's cover every
-// expert's [M, N] once, with K the expert's row blocks (none over capacity).
-TEST(Fp8Tiles, NarrowFormsCoverEveryOutputOnce) {
+// The dense form's [128, 128] tiles cover [M, N] once; the weight gradient's [128, 256] ones (a second
+// half where columns n0 + 128 .. lie below N) cover every expert's [M, N] once, with K the expert's row
+// blocks (none over capacity).
+TEST(Fp8Tiles, DenseAndWeightGradientFormsCoverEveryOutputOnce) {
   std::mt19937 rng(13);
   for (int trial = 0; trial < 100; ++trial) {
     const int32_t M = 1 + int32_t(rng() % 700), N = 8 * (1 + int32_t(rng() % 100)), K = 16 * (1 + int32_t(rng() % 80));
@@ -126,12 +127,14 @@ TEST(Fp8Tiles, NarrowFormsCoverEveryOutputOnce) {
     std::vector<int> per_expert(size_t(experts) * size_t(M) * size_t(N), 0);
     for (int32_t t = 0; t < wgrad.count; ++t) {
       const Tile tile = wgrad[t];
-      ASSERT_FALSE(second_half<Form::kWeightGrad>(tile, N));
+      const bool second = second_half<Form::kWeightGrad>(tile, N);
+      ASSERT_EQ(second, tile.n0 + kTileN < N);
+      ASSERT_EQ(stage_bytes<Form::kWeightGrad>(tile, N), uint32_t((second ? 3 : 2) * kTileN * kBlock));
       const bool placed = total <= capacity;
       ASSERT_EQ(tile.kb_begin, placed ? offsets[size_t(tile.expert)] / kTileM : 0);
       ASSERT_EQ(tile.kb_end, placed ? offsets[size_t(tile.expert + 1)] / kTileM : 0);
       for (int32_t r = tile.m0; r < std::min(M, tile.m0 + kTileM); ++r) {
-        for (int32_t c = tile.n0; c < std::min(N, tile.n0 + kTileN); ++c) {
+        for (int32_t c = tile.n0; c < std::min(N, tile.n0 + (second ? 2 : 1) * kTileN); ++c) {
           ++per_expert[(size_t(tile.expert) * size_t(M) + size_t(r)) * size_t(N) + size_t(c)];
         }
       }

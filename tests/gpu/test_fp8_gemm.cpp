@@ -568,6 +568,14 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
 TEST_F(Fp8Gemm, GroupedWeightGradLongExperts) {
   expect_weight_grad_matches_reference({130, 1100, 0, 640}, 128, 256, 128);
 }
+// More tiles than SMs (3 × 3 × 24), so that CTAs take several: tiles with and without a second half in
+// turn (N = 640: 256 + 256 + 128 columns), the second warpgroup's rows past M = 320 in the last row block,
+// out and out2 split at 192, experts with 0 to 3 row blocks.
+TEST_F(Fp8Gemm, GroupedWeightGradManyTiles) {
+  std::vector<int64_t> rows;
+  for (int64_t e = 0; e < 24; ++e) rows.push_back((e * 97) % 350);
+  expect_weight_grad_matches_reference(rows, 320, 640, 192);
+}
 
 }  // namespace
 }  // namespace lynx::test

@@ -7,8 +7,8 @@
 // into the running one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). The
 // grouped forms' tiles are two such 128-column halves wide ([128, 256]; gate/up: the gate's 128 and the
 // up's same 128), one temporary taking each half in turn, while the other warpgroup's products keep
-// the tensor cores busy; the dense form alternates two temporaries over [128, 128] tiles, and the
-// weight gradient (B scales per column) takes its [128, 128] tiles one block at a time. The bf16
+// the tensor cores busy, as does the weight gradient (its B scales per column); the dense form
+// alternates two temporaries over [128, 128] tiles. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
 // tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
@@ -59,25 +59,26 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 }
 
 // NOTES: as many stages as fit beside the epilogue pieces: 6 of 32 KB (all of 227 KB with the alignment
-// pad), 5 in the weight gradient, whose stages also hold their K block's scales, 4 of 48 KB in the
-// gate/up form's [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half as many products). The
-// grouped form has 3, and a second piece for each warpgroup: with one, its epilogue waited for the first
-// half's TMA store to read the piece before staging the second half (~5% of the down GEMM's warp
-// samples, ncu, H100, 2026-12-06).
+// pad), 4 of 48 KB in the gate/up form's [128, 256] tiles (192 KB in flight, where 6 × 32 KB held half
+// as many products). The grouped form has 3, and a second piece for each warpgroup: with one, its
+// epilogue waited for the first half's TMA store to read the piece before staging the second half (~5%
+// of the down GEMM's warp samples, ncu, H100, 2026-12-06). The weight gradient likewise (3 stages and
+// two pieces), its stages also holding their K block's scales.
 template <Form kForm>
 struct SharedStorage {
   static constexpr bool kStageScales = kForm == Form::kWeightGrad;
-  static constexpr int kPieces = kForm == Form::kGrouped ? 2 : 1;  // a warpgroup's [64, 128] epilogue pieces
-  static constexpr int kStages = kStageScales ? 5 : kForm == Form::kGrouped ? 3 : kHalves<kForm> == 2 ? 4 : 6;
+  // A warpgroup's [64, 128] epilogue pieces: one per half where the halves are stored apart.
+  static constexpr int kPieces = kForm == Form::kGrouped || kForm == Form::kWeightGrad ? 2 : 1;
+  static constexpr int kStages = kPieces == 2 ? 3 : kHalves<kForm> == 2 ? 4 : 6;
   alignas(1024) uint8_t a[kStages][kTileM * kBlock];  // [128 rows, 128 K] E4M3, 128B swizzle
   // [128 columns per half, 128 K] E4M3, 128B swizzle (gate/up: the gate's 128 rows, then the up's)
   alignas(1024) uint8_t b[kStages][kHalves<kForm> * kTileN * kBlock];
   // Each consumer warpgroup's epilogue pieces: [64 rows, 128 columns] bf16 as two [64, 64] boxes, 128B
   // swizzle (a grouped tile's two halves, one each; a SwiGLU tile's h, g and u, one after another).
   alignas(1024) __nv_bfloat16 piece[kPieces][2][2][64 * 64];
-  // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 128 columns of B.
+  // The weight gradient's: each stage's K block scales of the tile's 128 rows of A and 256 columns of B.
   alignas(16) float scale_a[kStageScales ? kStages : 1][kStageScales ? kTileM : 4];
-  alignas(16) float scale_b[kStageScales ? kStages : 1][kStageScales ? kTileN : 4];
+  alignas(16) float scale_b[kStageScales ? kStages : 1][kStageScales ? kHalves<kForm> * kTileN : 4];
   uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
 };
@@ -149,7 +150,7 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
     // never stored: their products are zeros and their outputs not stored).
     const int32_t lda = int32_t(scale_pitch(M)), ldb = int32_t(scale_pitch(N));
     const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
-    const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileN, ldb - tile.n0)) : 0;
+    const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kOutN<kForm>, ldb - tile.n0)) : 0;
     const bool second = second_half<kForm>(tile, N);
     const uint32_t bytes = stage_bytes<kForm>(tile, N);
     for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
@@ -175,8 +176,12 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
           sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),
                             tile.n0 + kTileN, tile.expert);
         }
-      } else {  // dense, and the weight gradients' transposed rows
+      } else {  // dense, and the weight gradients' transposed rows (theirs in two halves, as the grouped form's)
         sm90::tma_load_2d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
+        if (kWeightGrad && second) {
+          sm90::tma_load_2d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),
+                            tile.n0 + kTileN);
+        }
       }
     }
   }
@@ -277,26 +282,35 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   };
   float pa[64];
   if constexpr (kWeightGrad) {
-    // NOTES: one block at a time, leaving the overlap to the other warpgroup: with two temporaries it
-    // spilled (120 bytes, its scales read from the stage by ld.shared), and ptxas serialised its wgmma.
+    // NOTES: one half's products at a time through one temporary, leaving the overlap to the other
+    // warpgroup: with two temporaries it spilled (120 bytes, its scales read from the stage by ld.shared),
+    // and ptxas serialised its wgmma.
     const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
+    // pa, its group completed, into half h's running sums times the rows' and the columns' scales.
+    const auto promote_columns = [&](float(&to)[64], int stage, int h, float a0, float a1) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {  // columns 128h + 8j + 2(l%4) + {0, 1}
+        const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][kTileN * h + 8 * j + 2 * (lane % 4)]);
+        to[4 * j] = fmaf(pa[4 * j], a0 * b.x, to[4 * j]);
+        to[4 * j + 1] = fmaf(pa[4 * j + 1], a0 * b.y, to[4 * j + 1]);
+        to[4 * j + 2] = fmaf(pa[4 * j + 2], a1 * b.x, to[4 * j + 2]);
+        to[4 * j + 3] = fmaf(pa[4 * j + 3], a1 * b.y, to[4 * j + 3]);
+      }
+    };
     for (int32_t i = 0; i < n; ++i) {
       wait_full(i);
-      take_turn(groups);
-      issue_half(pa, i, 0);
-      pass_turn(groups);
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(pa);
       const int stage = (it + i) % kStages;
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {  // columns 8j + 2(l%4) + {0, 1}
-        const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][8 * j + 2 * (lane % 4)]);
-        acc[0][4 * j] = fmaf(pa[4 * j], a0 * b.x, acc[0][4 * j]);
-        acc[0][4 * j + 1] = fmaf(pa[4 * j + 1], a0 * b.y, acc[0][4 * j + 1]);
-        acc[0][4 * j + 2] = fmaf(pa[4 * j + 2], a1 * b.x, acc[0][4 * j + 2]);
-        acc[0][4 * j + 3] = fmaf(pa[4 * j + 3], a1 * b.y, acc[0][4 * j + 3]);
-      }
+      const auto half = [&](float(&to)[64], int h) {
+        take_turn(groups);
+        issue_half(pa, i, h);
+        pass_turn(groups);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(pa);
+        promote_columns(to, stage, h, a0, a1);
+      };
+      half(acc[0], 0);
+      if (second) half(acc[1], 1);
       release(i);  // once its scales are read
     }
   } else if constexpr (kH == 2) {
@@ -498,11 +512,19 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       // Last: the acc registers are dead once it has taken h's words.
       if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
+      // Each half in its piece, as the grouped form's below (previous_second: the warpgroup's last stored
+      // tile's).
       if (row < M) {
-        const bool second = row >= p.split;
-        gemm::impl::store_piece<true>(smem.piece[0][c], second ? p.tma_out2 : p.tma_out, c, n0,
-                                      second ? row - p.split : row, tile.expert, N,
-                                      [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+        const bool lower = row >= p.split;
+        const CUtensorMap* map = lower ? p.tma_out2 : p.tma_out;
+        const int32_t out_row = lower ? row - p.split : row;
+        if (!previous_second && threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
+        gemm::impl::store_piece<true, 1>(smem.piece[0][c], map, c, n0, out_row, tile.expert, N,
+                                         [&](int j, int r) { return pair(0, 4 * j + 2 * r); });
+        if (second_half<kForm>(tile, N)) {
+          gemm::impl::store_piece<true, 1>(smem.piece[1][c], map, c, n0 + kTileN, out_row, tile.expert, N,
+                                           [&](int j, int r) { return pair(1, 4 * j + 2 * r); });
+        }
       }
     } else {  // grouped: the first half's columns, then the second's where it has any, each in its piece
       // NOTES: one store group since each piece's last (the other piece's): the previous tile's second
@@ -590,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = warpgroup - 1;
   int32_t it = 0;      // K blocks consumed before this tile
   int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
-  bool previous_second = false;  // the previous tile's second half stored (grouped)
+  bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
   // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
   // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
   // counters, H100, 2026-12-05). A warp's search is two loads in turn, and its first round reads the
@@ -616,7 +638,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;
     epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
-    previous_second = second_half<kForm>(tile, p.N);
+    // (the weight gradient's warpgroup stores nothing where its rows lie past M)
+    if (kForm != Form::kWeightGrad || tile.m0 + 64 * c < p.M) previous_second = second_half<kForm>(tile, p.N);
   }
   finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.

@@ -19,7 +19,7 @@ constexpr int kTileN = 128;  // columns of one wgmma half of a tile: one B scale
 // blocks, K blocks]; kSwiGLU, grouped, a [128, 128] tile of h = silu(A·Gᵀ) ⊙ (A·Uᵀ): its two halves are
 // the gate's 128 columns and the same 128 of the up's (B's stage holds both, tma_b and tma_b2), each
 // promoted with its own block scale. A grouped row block past the schedule's rows has nothing to do.
-// kWeightGrad, per expert a [128, 128] tile of Σ over its rows of A·Bᵀ, K being the
+// kWeightGrad, per expert a [128, 256] tile of Σ over its rows of A·Bᵀ, K being the
 // schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
 // along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop
 // runs over the expert's row blocks only (none: a zero tile).
@@ -32,11 +32,14 @@ enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 // beside a 256-column accumulator would be 256 registers a thread: one temporary takes each half in
 // turn, and the other warpgroup's wgmma run while one promotes (as DeepGEMM's and CUTLASS's block-scaled
 // kernels do).
+// The weight gradient likewise: its K blocks are an expert's few row blocks (~4 at qwen3-30b-a3b), so
+// a tile's operands stream from L2 with little reuse; at [128, 128] its GEMMs took as long as bf16's
+// (H100, 2026-12-06, bench/results/2026-12-06-h100-63a71b0-kernels-log.txt).
 // The forms over the experts' rows in schedule order (a tile's rows are one expert's).
 template <Form kForm>
 constexpr bool kScheduleRows = kForm == Form::kGrouped || kForm == Form::kSwiGLU;
 template <Form kForm>
-constexpr int kHalves = kScheduleRows<kForm> ? 2 : 1;  // 128-column halves a tile
+constexpr int kHalves = kScheduleRows<kForm> || kForm == Form::kWeightGrad ? 2 : 1;  // 128-column halves a tile
 // Output columns per tile (kSwiGLU: h's, each from a gate and an up column).
 template <Form kForm>
 constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTileN;
@@ -50,8 +53,8 @@ struct Tile {
 };
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
-// grouped form where columns n0 + 128 .. lie below N (the producer loads, and the consumers compute,
-// only those that do).
+// grouped form and the weight gradient where columns n0 + 128 .. lie below N (the producer loads, and
+// the consumers compute, only those that do).
 template <Form kForm>
 LYNX_HD bool second_half(const Tile& tile, int32_t N) {
   if constexpr (kHalves<kForm> == 1) return false;
