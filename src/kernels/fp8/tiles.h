@@ -34,7 +34,8 @@ enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 // kernels do).
 // The weight gradient likewise: its K blocks are an expert's few row blocks (~4 at qwen3-30b-a3b), so
 // a tile's operands stream from L2 with little reuse; at [128, 128] its GEMMs took as long as bf16's
-// (H100, 2026-12-06, bench/results/2026-12-06-h100-63a71b0-kernels-log.txt).
+// (H100, 2026-12-06, bench/results/2026-12-06-h100-63a71b0-kernels-log.txt), at [128, 256] 9% less
+// (bench/results/2026-12-06-h100-3a8cd4b-fp8-wgrad-256-log.txt).
 // The forms over the experts' rows in schedule order (a tile's rows are one expert's).
 template <Form kForm>
 constexpr bool kScheduleRows = kForm == Form::kGrouped || kForm == Form::kSwiGLU;
