@@ -26,10 +26,11 @@ Batch batch_of(const std::vector<Gemm>& products);
 // cublasGemmGroupedBatchedEx call (plan/gemm_strategy.h chooses). The device array of operand pointers
 // comes from a pool recycled by begin_pass(), to be called only where every grouped call issued before
 // has finished (the unfused path calls it right after its stream synchronisation); when the pool runs
-// out between two such points, run() synchronises the stream itself and starts over.
+// out between two such points, run() synchronises the stream itself and starts over. The pool holds
+// `parts` products as cuBLAS is given them: a product with K % 8 != 0 takes two (products.h).
 class GroupedGemm {
  public:
-  explicit GroupedGemm(int64_t max_products_per_pass);
+  explicit GroupedGemm(int64_t parts);
   ~GroupedGemm();
   GroupedGemm(const GroupedGemm&) = delete;
   GroupedGemm& operator=(const GroupedGemm&) = delete;
@@ -45,7 +46,7 @@ class GroupedGemm {
   void issue_grouped(cublasHandle_t handle, const std::vector<Gemm>& products, bool c_fp32, cudaStream_t stream);
 
   int64_t capacity_;      // pointers per operand
-  int64_t cursor_ = 0;    // products used since begin_pass
+  int64_t cursor_ = 0;    // parts used since begin_pass
   const void** host_ = nullptr;    // pinned, [3 * capacity_]
   const void** device_ = nullptr;  // [3 * capacity_]
 };

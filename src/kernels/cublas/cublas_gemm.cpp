@@ -42,7 +42,7 @@ void gemm(cublasHandle_t handle, const Gemm& g, bool c_fp32, cudaStream_t stream
   if (parts.tail.k > 0) issue(handle, parts.tail, c_fp32);
 }
 
-GroupedGemm::GroupedGemm(int64_t max_products_per_pass) : capacity_(max_products_per_pass) {
+GroupedGemm::GroupedGemm(int64_t parts) : capacity_(parts) {
   LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&host_), sizeof(void*) * 3 * capacity_));
   LYNX_CUDA(cudaMalloc(reinterpret_cast<void**>(&device_), sizeof(void*) * 3 * capacity_));
 }
