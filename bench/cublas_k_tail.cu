@@ -2,7 +2,8 @@
 // A [K, m], B [K, n], fp32 accumulation, bf16 C) against an fp64 reference at K = base + 0..7, as
 // cuBLAS is called alone (fix=0), cut at K − K % 8 with the tail added by a second product (fix=1,
 // what src/kernels/cublas does), and with no workspace (fix=2); layout=1 is C = A·B with A [m, K].
-// A row marked WRONG is off by more than the bf16 rounding (5e-3). docs/testing.md has its output.
+// A row marked WRONG is off by more than the bf16 rounding (5e-3). Its output:
+// bench/results/2026-12-06-h100-205e984-cublas-k-tail-log.txt, section 3.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <library_types.h>

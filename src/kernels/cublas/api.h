@@ -22,12 +22,13 @@ struct Batch {
 };
 Batch batch_of(const std::vector<Gemm>& products);
 
-// Runs many products of the same C dtype: one cublasGemmEx each, or (`grouped`) one
-// cublasGemmGroupedBatchedEx call (plan/gemm_strategy.h chooses). The device array of operand pointers
-// comes from a pool recycled by begin_pass(), to be called only where every grouped call issued before
-// has finished (the unfused path calls it right after its stream synchronisation); when the pool runs
-// out between two such points, run() synchronises the stream itself and starts over. The pool holds
-// `parts` products as cuBLAS is given them: a product with K % 8 != 0 takes two (products.h).
+// Runs many products of the same C dtype: one or two cublasGemmEx each (body, tail), or (`grouped`)
+// one cublasGemmGroupedBatchedEx call for the bodies and one for the tails (plan/gemm_strategy.h
+// chooses). The device array of operand pointers comes from a pool recycled by begin_pass(), to be
+// called only where every grouped call issued before has finished (the unfused path calls it right
+// after its stream synchronisation); when the pool runs out between two such points, run()
+// synchronises the stream itself and starts over. The pool holds `parts` products as cuBLAS is given
+// them: a product with K % 8 != 0 takes two (products.h).
 class GroupedGemm {
  public:
   explicit GroupedGemm(int64_t parts);
