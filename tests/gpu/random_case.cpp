@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "experiments/test_hooks.h"
+#include "gpu/case_dump.h"
 #include "gpu/ranks_check.h"
 
 namespace lynx::test {
@@ -634,7 +635,13 @@ CaseOutcome run_random_case(uint64_t seed, bool fp8) {
     out.gpu_ms = ms_since(t);
     t = Clock::now();
     const std::vector<double> w = L.weights_double();
-    out.report = check_outputs(o, parallel_reference(L.reference(w), to_double_vec(dy)), L, rc.fp8 ? kFp8Bounds : Bounds{});
+    const Reference want = parallel_reference(L.reference(w), to_double_vec(dy));
+    // LYNX_RANDOM_DUMP=DIR writes the case into DIR/<seed>/ (tests/gpu/case_dump.h), to study a failure
+    // away from the GPU.
+    if (const char* dir = std::getenv("LYNX_RANDOM_DUMP"); dir != nullptr && *dir != '\0') {
+      dump_case(dir, seed, describe(rc), L, dy, o, want);
+    }
+    out.report = check_outputs(o, want, L, rc.fp8 ? kFp8Bounds : Bounds{});
     out.reference_ms = ms_since(t);
   } catch (const std::exception& e) {
     out.error = e.what();
