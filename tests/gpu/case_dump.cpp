@@ -59,25 +59,28 @@ void dump_case(const std::string& dir, uint64_t seed, const std::string& what, c
   w.write("ws_down", "bf16", {H, Is}, L.ws_down);
   w.write("topk_ids", "int32", {T, k}, L.ids);
   w.write("topk_weights", "float32", {T, k}, L.weights);
-  w.write("y", "bf16", {T, H}, got.y);
-  w.write("dx", "bf16", {T, H}, got.dx);
-  w.write("d_topk_weights", "float32", {T, k}, got.d_topk);
-  w.write("dw_gate", "bf16", {E, I, H}, got.dw_gate);
-  w.write("dw_up", "bf16", {E, I, H}, got.dw_up);
-  w.write("dw_down", "bf16", {E, H, I}, got.dw_down);
-  w.write("dws_gate", "bf16", {Is, H}, got.dws_gate);
-  w.write("dws_up", "bf16", {Is, H}, got.dws_up);
-  w.write("dws_down", "bf16", {H, Is}, got.dws_down);
+  // Each output beside its reference ("ref_" + name).
   const ref::Gradients& g = want.g;
-  w.write("ref_y", "float64", {T, H}, want.y);
-  w.write("ref_dx", "float64", {T, H}, g.dx);
+  struct Output {
+    const char* name;
+    std::vector<int64_t> shape;
+    const std::vector<HostBf16>& got;
+    const std::vector<double>& want;
+  };
+  const Output outputs[] = {{"y", {T, H}, got.y, want.y},
+                            {"dx", {T, H}, got.dx, g.dx},
+                            {"dw_gate", {E, I, H}, got.dw_gate, g.dw_gate},
+                            {"dw_up", {E, I, H}, got.dw_up, g.dw_up},
+                            {"dw_down", {E, H, I}, got.dw_down, g.dw_down},
+                            {"dws_gate", {Is, H}, got.dws_gate, g.dws_gate},
+                            {"dws_up", {Is, H}, got.dws_up, g.dws_up},
+                            {"dws_down", {H, Is}, got.dws_down, g.dws_down}};
+  for (const Output& out : outputs) {
+    w.write(out.name, "bf16", out.shape, out.got);
+    w.write(std::string("ref_") + out.name, "float64", out.shape, out.want);
+  }
+  w.write("d_topk_weights", "float32", {T, k}, got.d_topk);
   w.write("ref_d_topk_weights", "float64", {T, k}, g.d_topk_weights);
-  w.write("ref_dw_gate", "float64", {E, I, H}, g.dw_gate);
-  w.write("ref_dw_up", "float64", {E, I, H}, g.dw_up);
-  w.write("ref_dw_down", "float64", {E, H, I}, g.dw_down);
-  w.write("ref_dws_gate", "float64", {Is, H}, g.dws_gate);
-  w.write("ref_dws_up", "float64", {Is, H}, g.dws_up);
-  w.write("ref_dws_down", "float64", {H, Is}, g.dws_down);
   const std::string path = w.dir + "/manifest.json";
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) throw std::runtime_error("cannot write " + path);
