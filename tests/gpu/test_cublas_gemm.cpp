@@ -3,16 +3,16 @@
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <cstdint>
 #include <iterator>
 #include <memory>
-#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/bf16.h"
 #include "gpu/gpu_test.h"
+#include "gpu/layer_check.h"
 #include "kernels/cublas/api.h"
 
 namespace lynx::test {
@@ -52,7 +52,7 @@ struct Product {
     LYNX_TEST_CUDA(cudaMemcpy(dc.get(), f.data(), 4 * f.size(), cudaMemcpyHostToDevice));
   }
   blas::Gemm gemm() const { return {true, false, m, n, k, da.get(), m, db.get(), n, dc.get(), n, beta}; }
-  // ‖C − reference‖ / ‖reference‖, or infinity at a non-finite element.
+  // ‖C − reference‖ / ‖reference‖ (rel_error: a non-finite element fails the test).
   double error(bool c_fp32) const {
     std::vector<double> want(size_t(m) * n, 0.0);
     for (int t = 0; t < k; ++t)
@@ -62,15 +62,9 @@ struct Product {
       }
     if (beta == 1.0f)
       for (size_t q = 0; q < want.size(); ++q) want[q] += to_double(c0[q]);
-    double num = 0, den = 0;
-    const std::vector<HostBf16> got16 = c_fp32 ? std::vector<HostBf16>() : to_host<HostBf16>(dc, want.size());
-    const std::vector<float> got32 = c_fp32 ? to_host<float>(dc, want.size()) : std::vector<float>();
-    for (size_t q = 0; q < want.size(); ++q) {
-      const double g = c_fp32 ? double(got32[q]) : to_double(got16[q]);
-      if (!std::isfinite(g)) return INFINITY;
-      num += (g - want[q]) * (g - want[q]), den += want[q] * want[q];
-    }
-    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const std::string what = name();
+    if (c_fp32) return rel_error(to_host<float>(dc, want.size()), want, what.c_str());
+    return rel_error(to_host<HostBf16>(dc, want.size()), want, what.c_str());
   }
   std::string name() const {
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " K=" + std::to_string(k) +

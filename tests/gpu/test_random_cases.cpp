@@ -10,6 +10,8 @@
 //   LYNX_RANDOM_SEED=S         replays the one case of seed S (printed on every case's line; in FP8 by the
 //                              FP8 test)
 //   LYNX_RANDOM_RANKS=R        runs the cases at R ranks (a divisor of their T and E) instead of their own
+//   LYNX_RANDOM_DUMP=DIR       writes each case's inputs, outputs and reference into DIR/<seed>/
+//                              (tests/gpu/case_dump.h; tools/random_case_dump.py reads them)
 #include <gtest/gtest.h>
 
 #include <cerrno>

@@ -22,14 +22,13 @@ struct Gemm {
 // NOTES: cuBLAS 13.1 (130100) leaves out the last K % 8 rows of the K dimension for some bf16
 // products with K of a few thousand and K % 8 in {1, 2, 3}, the weight gradients' form (op(A) = Aᵀ,
 // A and B stored [K, ·]; measured at m = 64, n = 320, K = 5633-5635; m = 128, n = 512, K = 5633 and
-// 8193-8195),
-// with or without pedantic math and with a 32 MiB workspace of the handle's own; K a multiple of 8,
-// the same products split at K − K % 8, and the same with no workspace at all came out right
-// (bench/cublas_k_tail.cu; bench/results/2026-12-06-h100-205e984-cublas-k-tail-log.txt). No workspace
-// would take split-K from every product (its cost not measured); the cut touches only K % 8 != 0. So every product reaches cuBLAS as its
-// first K − K % 8 rows (`body`) and, when K % 8 != 0, its last K % 8 rows added onto C (`tail`,
-// beta 1; the caller's beta when the body is empty). A part with k == 0 is not issued. With a bf16 C,
-// such a product is rounded twice.
+// 8193-8195), with or without pedantic math and with a 32 MiB workspace of the handle's own; K a
+// multiple of 8, the same products split at K − K % 8, and the same with no workspace at all came out
+// right (bench/cublas_k_tail.cu; bench/results/2026-12-06-h100-205e984-cublas-k-tail-log.txt). No
+// workspace would take split-K from every product (its cost not measured); the cut touches only
+// K % 8 != 0. So every product reaches cuBLAS as its first K − K % 8 rows (`body`) and, when
+// K % 8 != 0, its last K % 8 rows added onto C (`tail`, beta 1; the caller's beta when the body is
+// empty). A part with k == 0 is not issued. With a bf16 C, such a product is rounded twice.
 struct KParts {
   Gemm body, tail;
 };
