@@ -209,6 +209,8 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
 // streams ordered), as a new quantisation rewrites copies another's queued pass may read. Waits for
 // the device. `to`'s device_bytes() no longer counts the copies (`from`'s does). A workspace made to
 // share from the start (the Workspace constructor with `fp8_weights_of`) never holds copies of its own.
+// The copies live until the last workspace that reads them goes; device_bytes() counts them only in
+// the workspace that made them, while it reads them.
 void share_quantized_weights(Workspace& from, Workspace& to);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

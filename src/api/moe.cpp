@@ -219,6 +219,10 @@ Workspace::Workspace(const LayerShape& shape, const Config& config, Workspace& f
   }
   int device = 0;
   LYNX_CUDA(cudaGetDevice(&device));
+  if (a.device != device) {
+    throw Error("fp8_weights_of", "is on device " + std::to_string(a.device) + ", the current device is " +
+                                      std::to_string(device) + ": weight copies are shared on one device");
+  }
   check_copies_fit(a, shape, device, "fp8_weights_of", "shape");
   impl_ = std::make_unique<Impl>(shape, config, a.fp8_store);
 }
