@@ -62,14 +62,14 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   fp8_config.precision = Precision::kFp8Block;
   Config fp8_bf16_wgrad_config = fp8_config;
   fp8_bf16_wgrad_config.bf16_weight_grads = true;
-  Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config), fp8_bf16_wgrad(p.shape(), fp8_bf16_wgrad_config);
+  // NOTES: the two FP8 workspaces read one set of E4M3 weight copies, as one layer's would, the second
+  // made on the first's (6·E·I·H bytes less: 21 GiB at deepseek-v3, whose three workspaces beside the
+  // bf16 weights and their gradients did not fit 80 GB, neither with the copies shared after the fact).
+  Workspace bf16(p.shape(), bf16_config), fp8(p.shape(), fp8_config);
+  Workspace fp8_bf16_wgrad(p.shape(), fp8_bf16_wgrad_config, fp8);
   const LayerInputs in = p.inputs();
   const Gradients grads = p.gradients();
   const TensorView y = p.y(), dy = p.dy();
-  // NOTES: the two FP8 workspaces read one set of E4M3 weight copies, as one layer's would (6·E·I·H
-  // bytes less: 21 GiB at deepseek-v3, whose three workspaces beside the bf16 weights and their
-  // gradients did not fit 80 GB).
-  share_quantized_weights(fp8, fp8_bf16_wgrad);
   quantize_weights(fp8, in.weights, nullptr);
   // Each precision's y and dx, from outputs poisoned with NaN.
   auto outputs = [&](Workspace& ws) {

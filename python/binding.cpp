@@ -122,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t top_k,
                        int64_t shared_intermediate, int backend, int64_t schedule_capacity, bool save_forward_context,
                        bool scratch_from_allocator, bool caller_context, int num_ranks, int rank,
-                       int64_t peer_timeout_ms, int precision) {
+                       int64_t peer_timeout_ms, int precision, lynx::Workspace* fp8_weights_of) {
              const lynx::LayerShape s =
                  layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, rank);
              lynx::Config c;
@@ -138,13 +138,15 @@ PYBIND11_MODULE(_C, m) {
                if (scratch_allocator == nullptr) throw lynx::Error("scratch_allocator", "internal: not set");
                c.scratch_allocator = scratch_allocator;
              }
+             if (fp8_weights_of != nullptr) return new lynx::Workspace(s, c, *fp8_weights_of);
              return new lynx::Workspace(s, c);
            }),
            py::arg("tokens"), py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("top_k"),
            py::arg("shared_intermediate"), py::arg("backend"), py::arg("schedule_capacity"),
            py::arg("save_forward_context"), py::arg("scratch_from_allocator") = false,
            py::arg("caller_context") = false, py::arg("num_ranks") = 1, py::arg("rank") = 0,
-           py::arg("peer_timeout_ms") = 0, py::arg("precision") = 0)
+           py::arg("peer_timeout_ms") = 0, py::arg("precision") = 0,
+           py::arg("fp8_weights_of") = static_cast<lynx::Workspace*>(nullptr))
       .def("device_bytes", &lynx::Workspace::device_bytes)
       .def("scratch_bytes", &lynx::Workspace::scratch_bytes)
       .def("context_bytes", &lynx::Workspace::context_bytes)

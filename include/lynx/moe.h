@@ -96,6 +96,10 @@ class Workspace {
   // Allocates every buffer the layer needs for `shape` on the current CUDA device; with
   // config.scratch_allocator, only those that live from call to call (lynx/allocator.h).
   Workspace(const LayerShape& shape, const Config& config = {});
+  // An FP8 workspace (config.precision == kFp8Block) that reads `fp8_weights_of`'s E4M3 weight copies
+  // from the start, as share_quantized_weights(fp8_weights_of, *this) makes it, without first
+  // allocating copies of its own (6·E_loc·I·H bytes: 21 GiB at deepseek-v3); the same requirements.
+  Workspace(const LayerShape& shape, const Config& config, Workspace& fp8_weights_of);
   // Waits for the workspace's device to finish all queued work (earlier calls may still use the
   // buffers), then frees everything.
   ~Workspace();
@@ -203,7 +207,10 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
 // the copies, and what they were made from, for all of them. Both must be one-rank FP8 workspaces of
 // one device with the same hidden, intermediate and experts; use them on one stream (or with the
 // streams ordered), as a new quantisation rewrites copies another's queued pass may read. Waits for
-// the device. `to`'s device_bytes() no longer counts the copies (`from`'s does).
+// the device. `to`'s device_bytes() no longer counts the copies (`from`'s does). A workspace made to
+// share from the start (the Workspace constructor with `fp8_weights_of`) never holds copies of its own.
+// The copies live until the last workspace that reads them goes; device_bytes() counts them only in
+// the workspace that made them, while it reads them.
 void share_quantized_weights(Workspace& from, Workspace& to);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

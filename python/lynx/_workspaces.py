@@ -118,6 +118,8 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
             # would come.
             raise ValueError("lynx: a new shape for an expert-parallel layer (or workspace tag) that has been "
                              "released; keep the layer alive while it is called")
+        copies_of = (_fp8_copies_owner(spec) if R == 1 and config.precision != _PRECISIONS["bf16"] and config.tag < 0
+                     and config.tag not in _RELEASED else None)
         with torch.cuda.device(index):
             ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
                               top_k=top_k, shared_intermediate=shared_intermediate, backend=config.backend,
@@ -125,12 +127,12 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                               save_forward_context=config.save_forward_context,
                               scratch_from_allocator=True, caller_context=config.caller_context, num_ranks=R, rank=rank,
                               peer_timeout_ms=_groups.peer_timeout_ms(config.ep_group),
-                              precision=config.precision)
+                              precision=config.precision, fp8_weights_of=copies_of)
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config.ep_group))
                 _groups.connected(config.ep_group)
-            elif config.precision != _PRECISIONS["bf16"] and config.tag < 0 and config.tag not in _RELEASED:
-                _share_fp8_copies(ws, spec)
+            elif copies_of is not None:
+                ws._fp8 = fp8_state(copies_of)
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
         else:
@@ -140,7 +142,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
 
 class Fp8State:
     """What Python knows of a workspace's FP8 weight copies (ops._fp8_weights): shared by the workspaces
-    that share the copies (lynx::share_quantized_weights)."""
+    made on the same copies (_fp8_copies_owner)."""
 
     def __init__(self):
         self.weights = None        # copies (ops.FORWARD_COPIES / BACKWARD_COPIES) -> the weights they were made from
@@ -155,22 +157,22 @@ def fp8_state(ws) -> Fp8State:
     return state
 
 
-def _share_fp8_copies(ws, spec):
-    """A new FP8 workspace of one rank takes the weight copies of a cached one with the same tag, device
-    and experts (one layer at another token count), so that a layer keeps one set of copies (6·E·I·H
-    bytes) however many token counts it is called at. NOTES: only for a layer's own tags (negative:
-    lynx.nn.MoE, the HF experts), whose calls run one after another; calls with a caller's tag (lynx.moe's
-    default 0) may run on several streams at once, where one's quantisation would rewrite copies
-    another's queued pass reads."""
+def _fp8_copies_owner(spec):
+    """The cached FP8 workspace of one rank with the same tag, device and experts (one layer at another
+    token count) whose weight copies a new workspace for `spec` is made on (lynx::Workspace with
+    fp8_weights_of: it allocates none of its own), so that a layer keeps one set of copies (6·E·I·H
+    bytes) however many token counts it is called at; None if there is none. NOTES: only for a layer's
+    own tags (negative: lynx.nn.MoE, the HF experts), whose calls run one after another; calls with a
+    caller's tag (lynx.moe's default 0) may run on several streams at once, where one's quantisation
+    would rewrite copies another's queued pass reads."""
     tokens, hidden, intermediate, num_experts, _, _, config, index = spec
     for other_spec, other in _BY_SPEC.items():
         o_tokens, o_hidden, o_intermediate, o_experts, _, _, o_config, o_index = other_spec
         if (o_config.tag == config.tag and o_index == index and o_config.ep_group == 0 and
                 o_config.precision != _PRECISIONS["bf16"] and (o_hidden, o_intermediate, o_experts) ==
                 (hidden, intermediate, num_experts)):
-            _C.share_quantized_weights(other, ws)
-            ws._fp8 = fp8_state(other)
-            return
+            return other
+    return None
 
 
 def check_if_temporary(ws, stream: int) -> None:

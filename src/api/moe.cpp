@@ -174,29 +174,57 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
   enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
 }
 
+namespace {
+
+// Whether a workspace of shape `sb` on `to_device` may read `a`'s FP8 weight copies (`a` is FP8); the
+// errors name the arguments `from` and `to` as the caller calls them.
+void check_copies_fit(const Workspace::Impl& a, const LayerShape& sb, int to_device, const std::string& from,
+                      const std::string& to) {
+  if (a.device != to_device) {
+    throw Error(to, "is on device " + std::to_string(to_device) + ", `" + from + "` on device " +
+                        std::to_string(a.device) + ": weight copies are shared on one device");
+  }
+  const LayerShape& sa = a.shape;
+  if (sa.num_ranks != 1 || sb.num_ranks != 1) {
+    throw Error(sa.num_ranks != 1 ? from : to,
+                "is a rank of an expert-parallel group: each rank keeps its own experts' copies");
+  }
+  if (sa.hidden != sb.hidden || sa.intermediate != sb.intermediate || sa.local_experts() != sb.local_experts()) {
+    throw Error(to, "holds experts of hidden " + std::to_string(sb.hidden) + ", intermediate " +
+                        std::to_string(sb.intermediate) + " and " + std::to_string(sb.local_experts()) +
+                        " local experts, `" + from + "` of " + std::to_string(sa.hidden) + ", " +
+                        std::to_string(sa.intermediate) + " and " + std::to_string(sa.local_experts()) +
+                        ": their weight copies differ");
+  }
+}
+
+}  // namespace
+
 void share_quantized_weights(Workspace& from, Workspace& to) {
   Workspace::Impl& a = from.impl();
   Workspace::Impl& b = to.impl();
   api::require_fp8(a, "share_quantized_weights");
   api::require_fp8(b, "share_quantized_weights");
-  if (a.device != b.device) {
-    throw Error("to", "is on device " + std::to_string(b.device) + ", `from` on device " + std::to_string(a.device) +
-                          ": weight copies are shared on one device");
-  }
-  const LayerShape &sa = a.shape, &sb = b.shape;
-  if (sa.num_ranks != 1 || sb.num_ranks != 1) {
-    throw Error(sa.num_ranks != 1 ? "from" : "to",
-                "is a rank of an expert-parallel group: each rank keeps its own experts' copies");
-  }
-  if (sa.hidden != sb.hidden || sa.intermediate != sb.intermediate || sa.local_experts() != sb.local_experts()) {
-    throw Error("to", "holds experts of hidden " + std::to_string(sb.hidden) + ", intermediate " +
-                          std::to_string(sb.intermediate) + " and " + std::to_string(sb.local_experts()) +
-                          " local experts, `from` of " + std::to_string(sa.hidden) + ", " +
-                          std::to_string(sa.intermediate) + " and " + std::to_string(sa.local_experts()) +
-                          ": their weight copies differ");
-  }
+  check_copies_fit(a, b.shape, b.device, "from", "to");
   const detail::CurrentDevice on(b.device);
   b.use_fp8_store(a.fp8_store);
+}
+
+Workspace::Workspace(const LayerShape& shape, const Config& config, Workspace& fp8_weights_of) {
+  validate_shape(shape);
+  Workspace::Impl& a = fp8_weights_of.impl();
+  if (!a.fp8_store) throw Error("fp8_weights_of", "is a bf16 workspace: it holds no FP8 weight copies");
+  if (config.precision != Precision::kFp8Block) {
+    throw Error("config.precision", "must be kFp8Block to read the FP8 weight copies of `fp8_weights_of`");
+  }
+  int device = 0;
+  LYNX_CUDA(cudaGetDevice(&device));
+  if (a.device != device) {
+    throw Error("fp8_weights_of", "is on device " + std::to_string(a.device) + ", the current device is " +
+                                      std::to_string(device) + ": weight copies are shared on one device");
+  }
+  check_copies_fit(a, shape, device, "fp8_weights_of", "shape");
+  impl_ = std::make_unique<Impl>(shape, config, a.fp8_store);
 }
 
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream) {

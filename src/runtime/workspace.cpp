@@ -93,7 +93,7 @@ void* Workspace::Impl::alloc_bytes(int64_t n) {
   return p;
 }
 
-Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
+Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8WeightStore> shared_store) : shape(s) {
   validate_shape(s);
   LYNX_CUDA(cudaGetDevice(&device));
   int major = 0;
@@ -215,29 +215,34 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c) : shape(s) {
     if (config.precision == Precision::kFp8Block) {
       const int64_t E = E_loc, kbH = fp8::blocks_of(H), kbI = fp8::blocks_of(I);
       const int64_t kb2I = fp8::blocks_of(2 * I);
-      fp8_store = std::make_shared<Fp8WeightStore>();
-      fp8_store->device = device;
-      counts_fp8_store = true;
-      Fp8WeightStore& st = *fp8_store;
-      const auto own = [&](auto*& field, int64_t count) {  // into the store, counted as this workspace's
-        using T = std::remove_reference_t<decltype(*field)>;
-        const int64_t n = count * int64_t(sizeof(T));
-        field = static_cast<T*>(device_alloc(n, st.allocations, bytes, "the FP8 weight copies"));
-        st.bytes += n;
-        bytes += n;
-      };
-      Fp8Buffers& b = st.buffers;
-      own(b.w_gate, E * I * H);
-      own(b.w_gate_scales, E * kbI * kbH);
-      own(b.w_up, E * I * H);
-      own(b.w_up_scales, E * kbI * kbH);
-      own(b.w_down, E * H * I);
-      own(b.w_down_scales, E * kbH * kbI);
-      own(b.w_down_t, E * I * H);
-      own(b.w_down_t_scales, E * kbI * kbH);
-      own(b.w_gate_up_t, E * H * 2 * I);
-      own(b.w_gate_up_t_scales, E * kbH * kb2I);
-      point_at_fp8_store(f8, st);
+      if (shared_store) {
+        fp8_store = std::move(shared_store);
+        counts_fp8_store = false;
+      } else {
+        fp8_store = std::make_shared<Fp8WeightStore>();
+        fp8_store->device = device;
+        counts_fp8_store = true;
+        Fp8WeightStore& st = *fp8_store;
+        const auto own = [&](auto*& field, int64_t count) {  // into the store, counted as this workspace's
+          using T = std::remove_reference_t<decltype(*field)>;
+          const int64_t n = count * int64_t(sizeof(T));
+          field = static_cast<T*>(device_alloc(n, st.allocations, bytes, "the FP8 weight copies"));
+          st.bytes += n;
+          bytes += n;
+        };
+        Fp8Buffers& b = st.buffers;
+        own(b.w_gate, E * I * H);
+        own(b.w_gate_scales, E * kbI * kbH);
+        own(b.w_up, E * I * H);
+        own(b.w_up_scales, E * kbI * kbH);
+        own(b.w_down, E * H * I);
+        own(b.w_down_scales, E * kbH * kbI);
+        own(b.w_down_t, E * I * H);
+        own(b.w_down_t_scales, E * kbI * kbH);
+        own(b.w_gate_up_t, E * H * 2 * I);
+        own(b.w_gate_up_t_scales, E * kbH * kb2I);
+      }
+      point_at_fp8_store(f8, *fp8_store);
       // At R > 1 each rank's tiles are staged in its shared region's token rows (fp8_forward.cpp): H bytes
       // and 4 per 128 columns a token, within the 2·H of a bf16 row.
       if (s.num_ranks > 1 && H + 4 * kbH > 2 * H) throw Error("shape.hidden", "internal: FP8 tiles exceed a token row");

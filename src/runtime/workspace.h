@@ -183,7 +183,9 @@ struct Workspace::Impl {
   // found on one GPU; a test hook).
   void replan();
 
-  Impl(const LayerShape& shape, const Config& config);
+  // With `fp8_store`, an FP8 workspace reads that store's weight copies and allocates none (the caller
+  // checked that they fit the shape and the device).
+  Impl(const LayerShape& shape, const Config& config, std::shared_ptr<Fp8WeightStore> fp8_store = nullptr);
   ~Impl();
   void release();  // frees everything; safe to call twice
   // FP8: reads `store`'s weight copies from now on (its own are freed once no other workspace uses

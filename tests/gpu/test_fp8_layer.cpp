@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -447,7 +448,8 @@ TEST_F(Fp8Layer, PreQuantizedWeights) {
 
 // One layer's workspaces at two token counts sharing one set of weight copies: quantised through either,
 // both read them, with the bits of workspaces that keep copies of their own; the workspace that gave up
-// its copies holds less; sharing with a bf16 workspace or another layer's shape is an error.
+// its copies holds less, and one made on another's copies holds as little; sharing with a bf16
+// workspace or another layer's shape is an error, as is making a workspace on such copies.
 TEST_F(Fp8Layer, SharedWeightCopies) {
   const Case big{200, 256, 192, 8, 2, 64}, small{72, 256, 192, 8, 2, 64};
   const HostLayer L(big, fresh_seed()), S(small, fresh_seed());
@@ -470,8 +472,24 @@ TEST_F(Fp8Layer, SharedWeightCopies) {
   a.check(nullptr);
   b.check(nullptr);
 
+  // A workspace made to read a's copies from the start: none of its own, the same bits.
+  Workspace d(S.shape, fp8_config(), a);
+  EXPECT_EQ(d.device_bytes(), b.device_bytes());
+  EXPECT_EQ(first_difference(run_layer(d, S, s_in, dy_small), want_small), "");
+  d.check(nullptr);
+
   Workspace bf16(L.shape);
   EXPECT_THROW(share_quantized_weights(a, bf16), Error);
+  const auto expect_refused = [](const std::function<void()>& make, const std::string& argument) {
+    try {
+      make();
+      ADD_FAILURE() << "made a workspace on weight copies it cannot read (" << argument << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  expect_refused([&] { Workspace w(S.shape, Config{}, a); }, "config.precision");
+  expect_refused([&] { Workspace w(S.shape, fp8_config(), bf16); }, "fp8_weights_of");
   const HostLayer other(Case{72, 256, 128, 8, 2, 64}, fresh_seed());
   Workspace c(other.shape, fp8_config());
   try {
@@ -480,6 +498,7 @@ TEST_F(Fp8Layer, SharedWeightCopies) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "to") << e.what();
   }
+  expect_refused([&] { Workspace w(other.shape, fp8_config(), a); }, "shape");
 }
 
 // Frozen experts in FP8, with FP8 and with bf16 weight gradients: the other gradients keep the bits of
