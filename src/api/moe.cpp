@@ -176,14 +176,9 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
 
 namespace {
 
-// Whether a workspace of shape `sb` on `to_device` may read `a`'s FP8 weight copies (`a` is FP8); the
-// errors name the arguments `from` and `to` as the caller calls them.
-void check_copies_fit(const Workspace::Impl& a, const LayerShape& sb, int to_device, const std::string& from,
-                      const std::string& to) {
-  if (a.device != to_device) {
-    throw Error(to, "is on device " + std::to_string(to_device) + ", `" + from + "` on device " +
-                        std::to_string(a.device) + ": weight copies are shared on one device");
-  }
+// Whether a workspace of shape `sb` (on `a`'s device: each caller checks that) may read `a`'s FP8
+// weight copies (`a` is FP8); the errors name the arguments `from` and `to` as the caller calls them.
+void check_copies_fit(const Workspace::Impl& a, const LayerShape& sb, const std::string& from, const std::string& to) {
   const LayerShape& sa = a.shape;
   if (sa.num_ranks != 1 || sb.num_ranks != 1) {
     throw Error(sa.num_ranks != 1 ? from : to,
@@ -205,7 +200,11 @@ void share_quantized_weights(Workspace& from, Workspace& to) {
   Workspace::Impl& b = to.impl();
   api::require_fp8(a, "share_quantized_weights");
   api::require_fp8(b, "share_quantized_weights");
-  check_copies_fit(a, b.shape, b.device, "from", "to");
+  if (a.device != b.device) {
+    throw Error("to", "is on device " + std::to_string(b.device) + ", `from` on device " + std::to_string(a.device) +
+                          ": weight copies are shared on one device");
+  }
+  check_copies_fit(a, b.shape, "from", "to");
   const detail::CurrentDevice on(b.device);
   b.use_fp8_store(a.fp8_store);
 }
@@ -223,7 +222,7 @@ Workspace::Workspace(const LayerShape& shape, const Config& config, Workspace& f
     throw Error("fp8_weights_of", "is on device " + std::to_string(a.device) + ", the current device is " +
                                       std::to_string(device) + ": weight copies are shared on one device");
   }
-  check_copies_fit(a, shape, device, "fp8_weights_of", "shape");
+  check_copies_fit(a, shape, "fp8_weights_of", "shape");
   impl_ = std::make_unique<Impl>(shape, config, a.fp8_store);
 }
 
