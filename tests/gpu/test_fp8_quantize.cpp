@@ -590,7 +590,9 @@ void expect_swiglu_transposed_match(int64_t I, bool by_slot, uint64_t seed) {
   SCOPED_TRACE("I " + std::to_string(I) + (by_slot ? ", g and u by slot" : ", g and u by row") + ", seed " +
                std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const int64_t T = 96, k = 2, cap = 384, total = 256, kb = 2 * I / fp8::kBlock;
+  // T·k = 256 slots, so that (5r) mod 256 gives each row below the total a slot of its own (two rows on
+  // one slot would each write its d_topk_weights there, in either order).
+  const int64_t T = 128, k = 2, cap = 384, total = 256, kb = 2 * I / fp8::kBlock;
   const int64_t pitch2 = fp8::scale_pitch(2 * I), pitch1 = fp8::scale_pitch(I), blocks = cap / fp8::kBlock;
   // Row r: slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows.
   std::vector<int32_t> slots(size_t(cap), -1);

@@ -342,7 +342,10 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 
 }  // namespace
 
-void load_kernels() { load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>)); }
+void load_kernels() {
+  load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>));
+  load_swiglu_backward_fp8_kernels();  // its own translation unit's module
+}
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream, const RowSources& sources) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/kernel_loading.h"
 #include "lynx/error.h"
 #include "common/per_device.h"
 #include "kernels/fp8/api.h"
@@ -181,6 +182,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The kernel of each variant, its shared-memory limit raised once per device.
+template <bool kBySlot>
+auto prepared_kernel() {
+  static detail::PerDeviceCache configured;
+  detail::per_device(configured, [](int) {
+    LYNX_CUDA(cudaFuncSetAttribute(swiglu_backward_fp8_kernel<kBySlot>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kSmem));
+    return 1;
+  });
+  return swiglu_backward_fp8_kernel<kBySlot>;
+}
+
 }  // namespace
 
 void swiglu_backward_fp8(float* d_topk_weights, const bf16_t* da, const bf16_t* g, const bf16_t* u,
@@ -200,17 +213,18 @@ void swiglu_backward_fp8(float* d_topk_weights, const bf16_t* da, const bf16_t* 
     throw Error("dgu_cols", "the transposed codes and scales must be 16-byte aligned");
   }
   if (capacity == 0) return;
-  const auto kernel = gate_up_by_slot ? swiglu_backward_fp8_kernel<true> : swiglu_backward_fp8_kernel<false>;
-  static detail::PerDeviceCache configured[2];
-  detail::per_device(configured[gate_up_by_slot], [&](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return 1;
-  });
+  const auto kernel = gate_up_by_slot ? prepared_kernel<true>() : prepared_kernel<false>();
   kernel<<<unsigned(capacity / kRows), kThreads, kSmem, stream>>>(
       d_topk_weights, reinterpret_cast<const Vec8*>(da), reinterpret_cast<const Vec8*>(g),
       reinterpret_cast<const Vec8*>(u), topk_weights, row_token_slot, total_rows, capacity, width, rows, dgu_cols,
       hw_cols);
   LYNX_CHECK_LAUNCH();
+}
+
+void load_swiglu_backward_fp8_kernels() {
+  load_module_of(reinterpret_cast<const void*>(&swiglu_backward_fp8_kernel<true>));
+  prepared_kernel<true>();
+  prepared_kernel<false>();
 }
 
 }  // namespace lynx::glue
