@@ -483,6 +483,28 @@ TEST_F(Fp8Quantize, GatheredDequantisedTilesEqualTheTwoKernels) {
   expect_gathered_dequantised_tiles_match(136, seed ^ 1);
 }
 
+// The SwiGLU backward tests' inputs: T·k slots, rows [0, cap) of which those below `total` are placed,
+// row r on slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows; da by
+// row, g and u by row or (by_slot) by slot; router weights in [0.1, 1).
+struct SwigluInputs {
+  std::vector<int32_t> slots;
+  std::vector<HostBf16> da, g, u;
+  std::vector<float> weights;
+};
+SwigluInputs swiglu_inputs(std::mt19937_64& rng, int64_t I, int64_t T, int64_t k, int64_t cap, int64_t total,
+                           bool by_slot) {
+  SwigluInputs in;
+  in.slots.assign(size_t(cap), -1);
+  for (int64_t r = 0; r < total; ++r) in.slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
+  const int64_t gu_rows = by_slot ? T * k : cap;
+  in.da = random_bf16(rng, cap * I, 1.0);
+  in.g = random_bf16(rng, gu_rows * I, 2.0);
+  in.u = random_bf16(rng, gu_rows * I, 1.0);
+  in.weights.resize(size_t(T * k));
+  for (float& w : in.weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  return in;
+}
+
 // The SwiGLU backward quantising dg | du as it writes them (the FP8 backward where I % 128 == 0): the
 // bits quantize_tiles gives from its bf16 dg | du, in every row below the schedule's total (padding rows
 // among them: zero codes, scales of 1), nothing past it; g and u at the rows and at their slots; I = 640
@@ -492,14 +514,12 @@ void expect_swiglu_codes_match(int64_t I, bool by_slot, uint64_t seed) {
                std::to_string(seed));
   std::mt19937_64 rng(seed);
   const int64_t T = 96, k = 2, cap = 320, total = 256, kb = 2 * I / fp8::kBlock;
-  // Row r: slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows.
-  std::vector<int32_t> slots(size_t(cap), -1);
-  for (int64_t r = 0; r < total; ++r) slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
-  const int64_t gu_rows = by_slot ? T * k : cap;
-  std::vector<HostBf16> da = random_bf16(rng, cap * I, 1.0), g = random_bf16(rng, gu_rows * I, 2.0),
-                        u = random_bf16(rng, gu_rows * I, 1.0);
-  std::vector<float> weights(size_t(T * k));
-  for (float& w : weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  SwigluInputs in = swiglu_inputs(rng, I, T, k, cap, total, by_slot);
+  const std::vector<int32_t>& slots = in.slots;
+  const std::vector<HostBf16>& da = in.da;
+  std::vector<HostBf16>& g = in.g;
+  const std::vector<HostBf16>& u = in.u;
+  const std::vector<float>& weights = in.weights;
   DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)}),
                d_w = to_device(weights), d_g = to_device(g), d_u = to_device(u);
   struct Run {
@@ -594,16 +614,11 @@ void expect_swiglu_transposed_match(int64_t I, bool by_slot, uint64_t seed) {
   // one slot would each write its d_topk_weights there, in either order).
   const int64_t T = 128, k = 2, cap = 384, total = 256, kb = 2 * I / fp8::kBlock;
   const int64_t pitch2 = fp8::scale_pitch(2 * I), pitch1 = fp8::scale_pitch(I), blocks = cap / fp8::kBlock;
-  // Row r: slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows.
-  std::vector<int32_t> slots(size_t(cap), -1);
-  for (int64_t r = 0; r < total; ++r) slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
-  const int64_t gu_rows = by_slot ? T * k : cap;
-  std::vector<HostBf16> da = random_bf16(rng, cap * I, 1.0), g = random_bf16(rng, gu_rows * I, 2.0),
-                        u = random_bf16(rng, gu_rows * I, 1.0);
-  std::vector<float> weights(size_t(T * k));
-  for (float& w : weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  SwigluInputs in = swiglu_inputs(rng, I, T, k, cap, total, by_slot);
+  const std::vector<int32_t>& slots = in.slots;
+  std::vector<HostBf16>& g = in.g;
   DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)}),
-               d_w = to_device(weights), d_da = to_device(da), d_u = to_device(u);
+               d_w = to_device(in.weights), d_da = to_device(in.da), d_u = to_device(in.u);
   struct Run {
     std::vector<uint8_t> q, dgu_t, hw_t;
     std::vector<float> s, dgu_t_s, hw_t_s, d_topk;
