@@ -253,14 +253,30 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // the dgrad of gate/up as they are written, rather than read back by quantize_tiles: the same bits.
   const bool dgu_with_swiglu = I % fp8::kBlock == 0 && !omitted(Stage::kSwigluBackward, w.backward_calls) &&
                                !omitted(Stage::kDgradGateUp, w.backward_calls);
+  // NOTES: one rank with FP8 weight gradients: the SwiGLU backward also writes the weight gradients'
+  // transposed operands (glue::swiglu_backward_fp8, 128-row blocks), dg | du's into fb.dgu's memory,
+  // and no bf16 rows of dg | du or of w·silu(g)⊙u: some 0.6 GB less memory traffic a backward at
+  // qwen3-30b-a3b, by count, for the same bits.
+  const bool transposed_with_swiglu = dgu_with_swiglu && w.ranks() == 1 && wgrads && !bf16_wgrads &&
+                                      !omitted(Stage::kWgradDown, w.backward_calls) &&
+                                      !omitted(Stage::kWgradGateUp, w.backward_calls);
+  uint8_t* dgu_t = reinterpret_cast<uint8_t*>(dgu);                 // [2I, cap] codes
+  float* dgu_t_scales = reinterpret_cast<float*>(dgu_t + 2 * I * cap);  // [cap / 128, pitch(2I)]
   if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
     float* d_topk = data_of<float>(grads.d_topk_weights);
     if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
     glue::QuantizedDgu codes;
     if (dgu_with_swiglu) codes = {f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu)};
-    glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
-                          data_of<const float>(in.topk_weights), slots, total, cap, I, s,
-                          w.row_sources(comm::kWeights), w.gate_up_by_slot, true, codes);
+    if (transposed_with_swiglu) {
+      glue::swiglu_backward_fp8(d_topk, w.un.da, w.un.g, w.un.u, data_of<const float>(in.topk_weights), slots, total,
+                                cap, I, w.gate_up_by_slot, codes,
+                                {dgu_t, dgu_t_scales, report(w, Fp8Tensor::kDgu)},
+                                {f.h, f.h_scales, report(w, Fp8Tensor::kH)}, s);
+    } else {
+      glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
+                            data_of<const float>(in.topk_weights), slots, total, cap, I, s,
+                            w.row_sources(comm::kWeights), w.gate_up_by_slot, true, codes);
+    }
   }
   // dw_down, the dy rows' last use: rows_b, which dx_row fills next, is their memory (runtime/workspace.cpp).
   if (bf16_wgrads) {
@@ -274,7 +290,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     } else {
       transposed_token_tiles(w, Fp8Tensor::kDy, f.xg, f.xg_scales, s);
     }
-    fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    if (!transposed_with_swiglu) {
+      fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
+    }
     fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
   }
@@ -298,14 +316,19 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   }
   if (bf16_wgrads) return fused::weight_grad_gate_up(w, grads, s);
   if (wgrads && !omitted(Stage::kWgradGateUp, w.backward_calls)) {  // dw_gate | dw_up = [dg | du]ᵀ · x̂ rows
-    fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
+    // dg | du transposed: by the SwiGLU backward into fb.dgu's memory, or here over its row codes.
+    uint8_t* dgu_q = transposed_with_swiglu ? dgu_t : f.dgu;
+    float* dgu_scales = transposed_with_swiglu ? dgu_t_scales : f.dgu_scales;
+    if (!transposed_with_swiglu) {
+      fp8::transpose_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
+    }
     // x̂: one rank's from x's tiles; at R > 1 the context's rows (the region's token rows hold dy now).
     if (w.ranks() == 1) {
       transposed_token_tiles(w, Fp8Tensor::kX, f.xg, f.xg_scales, s);
     } else {
       fp8::transpose_tiles(w.un.xg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kX), s);
     }
-    fp8::grouped_weight_grad_block_scaled(f.dgu, f.dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
+    fp8::grouped_weight_grad_block_scaled(dgu_q, dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
                                           data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
   }

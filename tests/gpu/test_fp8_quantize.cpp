@@ -483,6 +483,28 @@ TEST_F(Fp8Quantize, GatheredDequantisedTilesEqualTheTwoKernels) {
   expect_gathered_dequantised_tiles_match(136, seed ^ 1);
 }
 
+// The SwiGLU backward tests' inputs: T·k slots, rows [0, cap) of which those below `total` are placed,
+// row r on slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows; da by
+// row, g and u by row or (by_slot) by slot; router weights in [0.1, 1).
+struct SwigluInputs {
+  std::vector<int32_t> slots;
+  std::vector<HostBf16> da, g, u;
+  std::vector<float> weights;
+};
+SwigluInputs swiglu_inputs(std::mt19937_64& rng, int64_t I, int64_t T, int64_t k, int64_t cap, int64_t total,
+                           bool by_slot) {
+  SwigluInputs in;
+  in.slots.assign(size_t(cap), -1);
+  for (int64_t r = 0; r < total; ++r) in.slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
+  const int64_t gu_rows = by_slot ? T * k : cap;
+  in.da = random_bf16(rng, cap * I, 1.0);
+  in.g = random_bf16(rng, gu_rows * I, 2.0);
+  in.u = random_bf16(rng, gu_rows * I, 1.0);
+  in.weights.resize(size_t(T * k));
+  for (float& w : in.weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  return in;
+}
+
 // The SwiGLU backward quantising dg | du as it writes them (the FP8 backward where I % 128 == 0): the
 // bits quantize_tiles gives from its bf16 dg | du, in every row below the schedule's total (padding rows
 // among them: zero codes, scales of 1), nothing past it; g and u at the rows and at their slots; I = 640
@@ -492,14 +514,12 @@ void expect_swiglu_codes_match(int64_t I, bool by_slot, uint64_t seed) {
                std::to_string(seed));
   std::mt19937_64 rng(seed);
   const int64_t T = 96, k = 2, cap = 320, total = 256, kb = 2 * I / fp8::kBlock;
-  // Row r: slot (5r) mod (T·k), every seventh row and the last 40 below the total padding rows.
-  std::vector<int32_t> slots(size_t(cap), -1);
-  for (int64_t r = 0; r < total; ++r) slots[size_t(r)] = r % 7 == 6 || r >= total - 40 ? -1 : int32_t((5 * r) % (T * k));
-  const int64_t gu_rows = by_slot ? T * k : cap;
-  std::vector<HostBf16> da = random_bf16(rng, cap * I, 1.0), g = random_bf16(rng, gu_rows * I, 2.0),
-                        u = random_bf16(rng, gu_rows * I, 1.0);
-  std::vector<float> weights(size_t(T * k));
-  for (float& w : weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  SwigluInputs in = swiglu_inputs(rng, I, T, k, cap, total, by_slot);
+  const std::vector<int32_t>& slots = in.slots;
+  const std::vector<HostBf16>& da = in.da;
+  std::vector<HostBf16>& g = in.g;
+  const std::vector<HostBf16>& u = in.u;
+  const std::vector<float>& weights = in.weights;
   DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)}),
                d_w = to_device(weights), d_g = to_device(g), d_u = to_device(u);
   struct Run {
@@ -578,6 +598,104 @@ TEST_F(Fp8Quantize, SwigluBackwardCodesEqualQuantizeTiles) {
   const auto seed = fresh_seed();
   expect_swiglu_codes_match(256, true, seed);
   expect_swiglu_codes_match(640, false, seed ^ 1);
+}
+
+// One rank's SwiGLU backward for FP8 weight gradients in one pass (glue::swiglu_backward_fp8): the bits of
+// swiglu_backward with row codes, then transpose_tiles of its bf16 dg | du and hw: row codes and scales,
+// transposed codes and scales, d_topk_weights; every byte of every output compared, the 128-row block
+// past the schedule's total left as it was by both; g and u at the rows and at their slots; I = 128
+// (one step), 384 (three: d_topk_weights' running sums over steps of both parities) and 640. An
+// infinity in g: reported first as dg | du's, as the two kernels report it, the scales alike.
+void expect_swiglu_transposed_match(int64_t I, bool by_slot, uint64_t seed) {
+  SCOPED_TRACE("I " + std::to_string(I) + (by_slot ? ", g and u by slot" : ", g and u by row") + ", seed " +
+               std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  // T·k = 256 slots, so that (5r) mod 256 gives each row below the total a slot of its own (two rows on
+  // one slot would each write its d_topk_weights there, in either order).
+  const int64_t T = 128, k = 2, cap = 384, total = 256, kb = 2 * I / fp8::kBlock;
+  const int64_t pitch2 = fp8::scale_pitch(2 * I), pitch1 = fp8::scale_pitch(I), blocks = cap / fp8::kBlock;
+  SwigluInputs in = swiglu_inputs(rng, I, T, k, cap, total, by_slot);
+  const std::vector<int32_t>& slots = in.slots;
+  std::vector<HostBf16>& g = in.g;
+  DeviceBuffer d_slots = to_device(slots), d_total = to_device(std::vector<int32_t>{int32_t(total)}),
+               d_w = to_device(in.weights), d_da = to_device(in.da), d_u = to_device(in.u);
+  struct Run {
+    std::vector<uint8_t> q, dgu_t, hw_t;
+    std::vector<float> s, dgu_t_s, hw_t_s, d_topk;
+    DeviceStatus status;
+  };
+  const auto run = [&](bool one_pass) {
+    DeviceBuffer d_g = to_device(g), d_dgu(size_t(cap * 2 * I) * 2), d_hw(size_t(cap * I) * 2),
+                 d_q(size_t(cap * 2 * I)), d_s(size_t(cap * kb) * 4), d_dgu_t(size_t(2 * I * cap)),
+                 d_dgu_t_s(size_t(blocks * pitch2) * 4), d_hw_t(size_t(I * cap)), d_hw_t_s(size_t(blocks * pitch1) * 4),
+                 d_dtopk(size_t(T * k) * 4);
+    DeviceBuffer d_status = to_device(std::vector<DeviceStatus>{DeviceStatus{}});
+    for (DeviceBuffer* b : {&d_q, &d_dgu_t, &d_hw_t}) b->fill_bytes(0x7F);
+    for (DeviceBuffer* b : {&d_s, &d_dgu_t_s, &d_hw_t_s, &d_dtopk}) b->fill_bytes(0xFF);
+    const auto report = [&](Fp8Tensor what) {
+      return fp8::NonfiniteReport{nullptr, d_status.as<DeviceStatus>(), int64_t(what)};
+    };
+    const glue::QuantizedDgu codes{d_q.as<uint8_t>(), d_s.as<float>(), report(Fp8Tensor::kDgu)};
+    const glue::TransposedCodes dgu_t{d_dgu_t.as<uint8_t>(), d_dgu_t_s.as<float>(), report(Fp8Tensor::kDgu)};
+    const glue::TransposedCodes hw_t{d_hw_t.as<uint8_t>(), d_hw_t_s.as<float>(), report(Fp8Tensor::kH)};
+    if (one_pass) {
+      glue::swiglu_backward_fp8(d_dtopk.as<float>(), d_da.as<bf16_t>(), d_g.as<bf16_t>(), d_u.as<bf16_t>(),
+                                d_w.as<float>(), d_slots.as<int32_t>(), d_total.as<int32_t>(), cap, I, by_slot, codes,
+                                dgu_t, hw_t, nullptr);
+    } else {
+      bf16_t* dgu = d_dgu.as<bf16_t>();
+      glue::swiglu_backward(dgu, dgu + I, 2 * I, d_hw.as<bf16_t>(), d_dtopk.as<float>(), d_da.as<bf16_t>(),
+                            d_g.as<bf16_t>(), d_u.as<bf16_t>(), d_w.as<float>(), d_slots.as<int32_t>(),
+                            d_total.as<int32_t>(), cap, I, nullptr, {}, by_slot, true, codes);
+      fp8::transpose_tiles(dgu, cap, 2 * I, d_total.as<int32_t>(), dgu_t.q, dgu_t.scales, dgu_t.report, nullptr);
+      fp8::transpose_tiles(d_hw.as<bf16_t>(), cap, I, d_total.as<int32_t>(), hw_t.q, hw_t.scales, hw_t.report,
+                           nullptr);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return Run{to_host<uint8_t>(d_q, size_t(cap * 2 * I)),         to_host<uint8_t>(d_dgu_t, size_t(2 * I * cap)),
+               to_host<uint8_t>(d_hw_t, size_t(I * cap)),           to_host<float>(d_s, size_t(cap * kb)),
+               to_host<float>(d_dgu_t_s, size_t(blocks * pitch2)), to_host<float>(d_hw_t_s, size_t(blocks * pitch1)),
+               to_host<float>(d_dtopk, size_t(T * k)),              to_host<DeviceStatus>(d_status, 1)[0]};
+  };
+  const auto expect_bytes = [](const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " byte " << i;
+  };
+  const auto expect_floats = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " " << i;
+  };
+  const Run want = run(false), got = run(true);
+  EXPECT_EQ(want.status.code, int32_t(StatusCode::kOk));
+  EXPECT_EQ(got.status.code, int32_t(StatusCode::kOk));
+  expect_bytes(got.q, want.q, "row code");
+  expect_floats(got.s, want.s, "row scale");
+  expect_bytes(got.dgu_t, want.dgu_t, "dg | du transposed code");
+  expect_floats(got.dgu_t_s, want.dgu_t_s, "dg | du transposed scale");
+  expect_bytes(got.hw_t, want.hw_t, "hw transposed code");
+  expect_floats(got.hw_t_s, want.hw_t_s, "hw transposed scale");
+  expect_floats(got.d_topk, want.d_topk, "d_topk_weights");
+  // Something was written, and the block past the total was not.
+  EXPECT_NE(got.dgu_t[0], 0x7F);
+  EXPECT_EQ(got.dgu_t[size_t(total)], 0x7F) << "column past the total written";
+  EXPECT_EQ(bits(got.hw_t_s[size_t(2 * pitch1)]), 0xFFFFFFFFu) << "the third row block's scale written";
+  EXPECT_NE(bits(got.d_topk[5]), 0xFFFFFFFFu) << "row 1's slot 5: no d_topk_weights";
+
+  const int64_t bad_row = 3;
+  g[size_t((by_slot ? slots[bad_row] : bad_row) * I + 17)] = float_to_bf16(std::numeric_limits<float>::infinity());
+  const Run bad_want = run(false), bad = run(true);
+  EXPECT_EQ(bad_want.status.code, int32_t(StatusCode::kNonFiniteInput));
+  EXPECT_EQ(bad.status.code, int32_t(StatusCode::kNonFiniteInput));
+  EXPECT_EQ(bad.status.a, int64_t(Fp8Tensor::kDgu));
+  expect_floats(bad.s, bad_want.s, "row scale with an infinity in g");
+  expect_floats(bad.dgu_t_s, bad_want.dgu_t_s, "dg | du transposed scale with an infinity in g");
+  expect_floats(bad.hw_t_s, bad_want.hw_t_s, "hw transposed scale with an infinity in g");
+  EXPECT_TRUE(std::isnan(bad.hw_t_s[size_t(17)])) << "hw's column 17 over rows 0-127 holds the infinity";
+}
+
+TEST_F(Fp8Quantize, SwigluBackwardInOnePassEqualsTheKernelsApart) {
+  const auto seed = fresh_seed();
+  expect_swiglu_transposed_match(128, true, seed);
+  expect_swiglu_transposed_match(384, false, seed ^ 1);
+  expect_swiglu_transposed_match(640, true, seed ^ 2);
 }
 
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the

@@ -74,6 +74,18 @@ __device__ __forceinline__ uint32_t pack2_bits(uint32_t word, float inv) {
   return to_e4m3x2(__uint_as_float(word << 16) * inv, __uint_as_float(word & 0xFFFF0000u) * inv);
 }
 
+// A tile's largest magnitude from its values' bf16 bits b: b & kMagnitudeBits orders as |value| does,
+// as an unsigned integer, with infinity kInfBits and the NaNs above it, so the largest of a tile's is
+// amax's bits where the tile is finite (amax_of_bits: the value fmaxf over the values gives), and at
+// least kInfBits where it holds a NaN or an infinity.
+constexpr uint32_t kInfBits = 0x7F80u;
+__device__ __forceinline__ float amax_of_bits(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// E4M3(v · inv) of four values, packed with the first in the lowest byte.
+__device__ __forceinline__ uint32_t pack4(const float (&v)[4], float inv) {
+  return uint32_t(to_e4m3x2(v[0] * inv, v[1] * inv)) | uint32_t(to_e4m3x2(v[2] * inv, v[3] * inv)) << 16;
+}
+
 // Eight adjacent bf16 values of a row as their bits, the first in the low half of .x.
 struct Bf16x8 {
   uint4 bits;

@@ -12,30 +12,11 @@
 #include "kernels/fp8/e4m3.cuh"
 #include "kernels/schedule/core.h"
 #include "kernels/glue/api.h"
+#include "kernels/glue/swiglu_backward.cuh"
+#include "kernels/glue/vec8.cuh"
 
 namespace lynx::glue {
 namespace {
-
-// Eight bf16 values: one 16-byte access.
-// NOTES: held as a uint4. Held as four __nv_bfloat162, a Vec8 was copied member by member, and every
-// load and store of one compiled to four 4-byte accesses (SASS at a662a2a): the same bytes, four
-// times the L1 and L2 requests, in the combine and the SwiGLU kernels.
-struct alignas(16) Vec8 {
-  uint4 bits;
-  // Elements 2p and 2p + 1 (p a compile-time constant once unrolled).
-  __device__ __forceinline__ float2 pair(int p) const {
-    const uint32_t w = p == 0 ? bits.x : p == 1 ? bits.y : p == 2 ? bits.z : bits.w;
-    __nv_bfloat162 h;
-    memcpy(&h, &w, sizeof(h));
-    return __bfloat1622float2(h);
-  }
-  __device__ __forceinline__ void set_pair(int p, float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    uint32_t w;
-    memcpy(&w, &h, sizeof(w));
-    (p == 0 ? bits.x : p == 1 ? bits.y : p == 2 ? bits.z : bits.w) = w;
-  }
-};
 
 __device__ __forceinline__ bool row_valid(int64_t row, const int32_t* row_token_slot, const int32_t* total_rows) {
   if (total_rows && row >= *total_rows) return false;
@@ -199,18 +180,6 @@ constexpr int kSwigluBlocksPerSm = 5;
 
 // hw may be da (in place): a lane reads its vectors of da before it writes the same vectors of hw,
 // and no lane touches another's (so neither pointer is __restrict__).
-// The 1×128 tile of dg | du that a half-warp holds, one Vec8 a lane (vector v of the row's 2·width / 8,
-// v % 16 == j for lane 16h + j), quantised into codes' row `row` (QuantizedDgu, every lane of the
-// half-warp calling).
-__device__ __forceinline__ void store_dgu_codes(const QuantizedDgu& codes, int64_t vecs_per_row, int64_t row,
-                                                int64_t v, const Vec8& value, int lane) {
-  const fp8::e4m3::TileLane tile = fp8::e4m3::quantize_tile_lane({value.bits}, 0xFFFFu << (lane & 16));
-  const bool first = v % 16 == 0;  // the tile's first lane
-  if (!tile.finite && first) fp8::e4m3::report_nonfinite(codes.report);
-  *reinterpret_cast<uint2*>(codes.q + (row * vecs_per_row + v) * 8) = tile.codes;
-  if (first) codes.scales[row * (vecs_per_row / 16) + v / 16] = fp8::e4m3::scale_or_nan(tile.e, tile.finite);
-}
-
 // kRemote (R > 1): each row's weight from its source rank's copy, d_topk_weights per row (at 5
 // blocks per SM its table lookups spilled). kBySlot: g and u at the row's slot (its second row
 // address spilled at 5 blocks too; at 4, 16 rows in flight per SM still keep ~70 KB of loads in flight).
@@ -269,17 +238,7 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot || kQuan
         const int64_t v = v0 + 32 * q;
         if (v >= vecs_per_row) break;
         Vec8 dgv, duv, hwv;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float2 a = dav[q].pair(p), gf = gv[q].pair(p), uf = uv[q].pair(p);
-          const float sx = sigmoid(gf.x), sy = sigmoid(gf.y);
-          const float silx = gf.x * sx, sily = gf.y * sy;
-          dot += a.x * silx * uf.x + a.y * sily * uf.y;
-          const float dhx = w * a.x, dhy = w * a.y;
-          dgv.set_pair(p, dhx * uf.x * sx * (1.0f + gf.x * (1.0f - sx)), dhy * uf.y * sy * (1.0f + gf.y * (1.0f - sy)));
-          duv.set_pair(p, dhx * silx, dhy * sily);
-          hwv.set_pair(p, w * silx * uf.x, w * sily * uf.y);
-        }
+        swiglu_backward_vector(dav[q], gv[q], uv[q], w, dot, dgv, duv, hwv);
         dg[row * out_vecs_per_row + v] = dgv;
         du[row * out_vecs_per_row + v] = duv;
         if (hw) hw[row * vecs_per_row + v] = hwv;
@@ -383,7 +342,10 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
 
 }  // namespace
 
-void load_kernels() { load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>)); }
+void load_kernels() {
+  load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>));
+  load_swiglu_backward_fp8_kernels();  // its own translation unit's module
+}
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,
                  int64_t capacity, int64_t top_k, int64_t width, cudaStream_t stream, const RowSources& sources) {
