@@ -415,7 +415,7 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
   for (const fp8::RowPairs pairs : {fp8::RowPairs::kOrder, fp8::RowPairs::kMulticast}) {
     expect_grouped_matches_reference(rows, 512, 640, false, pairs);
     expect_grouped_matches_reference(rows, 1152, 384, false, pairs);  // 5 column tiles, the last one half
-    expect_grouped_matches_reference(rows, 768, 256, false, pairs);   // 4 column tiles, the last one half
+    expect_grouped_matches_reference(rows, 896, 256, false, pairs);   // 4 column tiles, the last one half
     expect_grouped_matches_reference(rows, 256, 1024, true, pairs);
     expect_grouped_matches_reference(rows, 384, 256, true, pairs);    // 3 column tiles
     expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, pairs);  // many tiles per CTA

@@ -279,9 +279,10 @@ TEST_F(Fp8Layer, PairedRowBlocksGiveThePlainOrdersBits) {
       test_hooks::set_fp8_pair_rows(ws, paired);
     };
   };
-  // ~96 rows an expert: one or two row blocks each; H and I of 512, so that every launch has two or
-  // more column tiles (gate/up 4 of 128, the others 2 of 256).
-  const Case c{384, 512, 512, 16, 4, 0};
+  // 128 rows an expert on average (about half of the experts span two row blocks, whose tiles share
+  // B); H and I of 512, so that every launch has an even count of column tiles (gate/up 4 of 128, the
+  // others 2 of 256) and clusters where asked.
+  const Case c{512, 512, 512, 16, 4, 0};
   const HostLayer L(c, fresh_seed());
   const std::vector<HostBf16> dy = random_dy(c);
   const Outputs plain = run_virtual_ranks(L, 1, dy, fp8_config(), false, order(0));

@@ -48,6 +48,30 @@ cudaLaunchConfig_t pair_config(int clusters, cudaStream_t stream, cudaLaunchAttr
   return config;
 }
 
+// Once per device and kernel: its shared-memory limit (a per-device attribute) and, for the grouped
+// forms, how many clusters of two can be resident at once (the GPCs may leave an SM without a partner;
+// 0: none fits, and RowPairs::kMulticast launches as kOrder). load_gemm_kernels runs it when a
+// workspace is made, so that no launch, captured in a graph or not, is the first to.
+template <Form kForm, class Out, int kGather = kGatherNone>
+int prepare() {
+  static detail::PerDeviceCache resident_clusters;
+  return detail::per_device(resident_clusters, [](int device) {
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kSmem<kForm>));
+    if constexpr (!kScheduleRows<kForm>) {
+      return 0;
+    } else {
+      int sm = 0;
+      LYNX_CUDA(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device));
+      cudaLaunchAttribute pair = pair_attribute();
+      const cudaLaunchConfig_t probe = pair_config<kForm>(std::max(sm / 2, 1), nullptr, &pair);
+      int n = 0;
+      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, gemm_kernel<kForm, Out, kGather>, &probe));
+      return std::max(n, 0);
+    }
+  });
+}
+
 template <Form kForm, class Out, int kGather = kGatherNone>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
@@ -62,13 +86,9 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
       throw Error("out", "must be aligned to two elements (N is even: the columns are stored in pairs)");
     }
   }
-  // The attribute and the SM count are per device: looked up once on each.
-  static detail::PerDeviceCache configured, sm_count;
-  detail::per_device(configured, [](int) {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   kSmem<kForm>));
-    return 1;
-  });
+  // The attribute, the resident clusters and the SM count are per device: looked up once on each.
+  const int resident = prepare<kForm, Out, kGather>();
+  static detail::PerDeviceCache sm_count;
   const int sms = detail::per_device(sm_count, [](int device) {
     int n = 0;
     LYNX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
@@ -82,7 +102,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const bool pair_rows = kScheduleRows<kForm> && pairs != RowPairs::kNone;
   // Clusters where every expert's tiles are even in number (n_tiles even), so that each cluster's two
   // CTAs take the two tiles of a pair in every round, and the same number of them.
-  const bool clustered = pair_rows && pairs == RowPairs::kMulticast && n_tiles % 2 == 0;
+  const bool clustered = pair_rows && pairs == RowPairs::kMulticast && n_tiles % 2 == 0 && resident > 0;
   // With pair_rows an even grid, so that the CTAs of each pair of tiles (2u, 2u + 1) stay side by side
   // in every round (tiles.h).
   const int64_t ctas = std::min<int64_t>(tiles, sms);
@@ -97,22 +117,12 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   // As many clusters of two as can be resident at once (the GPCs may leave an SM without a partner):
   // the gathering form needs its whole grid resident.
   cudaLaunchAttribute pair = pair_attribute();
-  static detail::PerDeviceCache resident_clusters;
-  const int resident = detail::per_device(resident_clusters, [](int device) {
-    int sm = 0;
-    LYNX_CUDA(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device));
-    cudaLaunchAttribute probe_pair = pair_attribute();
-    const cudaLaunchConfig_t probe = pair_config<kForm>(std::max(sm / 2, 1), nullptr, &probe_pair);
-    int n = 0;
-    LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, gemm_kernel<kForm, Out, kGather>, &probe));
-    if (n < 1) throw Error("fp8 gemm", "internal: no cluster of two CTAs fits the GPU");
-    return n;
-  });
   const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>((ctas + 1) / 2, sms / 2), resident));
   const cudaLaunchConfig_t config = pair_config<kForm>(int(clusters), stream, &pair);
   LYNX_CUDA(cudaLaunchKernelEx(&config, gemm_kernel<kForm, Out, kGather>, tma_a, tma_b, tma_b2, a_scales, b_scales,
                                b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K), expert_offset,
                                int32_t(experts), status, kept, split, swiglu, gather, sources, true, true));
+  LYNX_CUDA(cudaGetLastError());
 }
 
 // The bf16 outputs go out by TMA stores with the 128-byte swizzle (rows of N in 16-byte pieces, the
@@ -255,6 +265,10 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
 
 void load_gemm_kernels() {
   load_module_of(reinterpret_cast<const void*>(&gemm_kernel<Form::kSwiGLU, bf16_t, kGatherRemote>));
+  prepare<Form::kSwiGLU, bf16_t>();
+  prepare<Form::kSwiGLU, bf16_t, kGatherLocal>();
+  prepare<Form::kSwiGLU, bf16_t, kGatherRemote>();
+  prepare<Form::kGrouped, bf16_t>();
 }
 
 }  // namespace lynx::fp8
