@@ -167,8 +167,9 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 
 // The grouped forms' tile order (tiles.h): plain; in pairs of an expert's row blocks (kOrder: tiles 2u
 // and 2u + 1 read the same B tile at once, on two CTAs); or those pairs each on a cluster of two CTAs
-// that load one half of the shared B tile each and multicast it to both (kMulticast; where the column
-// tiles are even in number, else as kOrder). The outputs have the same bits in every order.
+// that load one half of the tile they share (B; or A, for a row block's neighbouring column tiles)
+// each and multicast it to both (kMulticast; where the column tiles are even in number and a cluster
+// of two fits, else as kOrder). The outputs have the same bits in every order.
 enum class RowPairs : int8_t { kNone, kOrder, kMulticast };
 
 // The same per expert, over rows in schedule order (the expert GEMM's kRows mode in FP8): rows

@@ -73,9 +73,9 @@ int prepare() {
 }
 
 template <Form kForm, class Out, int kGather = kGatherNone>
-void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
-            const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
-            Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
+void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_a_half, const CUtensorMap& tma_b,
+            const CUtensorMap& tma_b2, const float* a_scales, const float* b_scales, const float* b2_scales,
+            const CUtensorMap& tma_out, const CUtensorMap& tma_out2, Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
             const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
             RowPairs pairs = RowPairs::kNone) {
@@ -109,19 +109,22 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   if (!clustered) {
     const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
     gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
-        tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N),
-        int32_t(K), expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows, false);
+        tma_a, tma_a_half, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M),
+        int32_t(N), int32_t(K), expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources,
+        pair_rows, false);
     LYNX_CUDA(cudaGetLastError());
     return;
   }
   // As many clusters of two as can be resident at once (the GPCs may leave an SM without a partner):
   // the gathering form needs its whole grid resident.
   cudaLaunchAttribute pair = pair_attribute();
-  const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>((ctas + 1) / 2, sms / 2), resident));
+  const int64_t clusters =
+      std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>((ctas + 1) / 2, sms / 2), resident));
   const cudaLaunchConfig_t config = pair_config<kForm>(int(clusters), stream, &pair);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, gemm_kernel<kForm, Out, kGather>, tma_a, tma_b, tma_b2, a_scales, b_scales,
-                               b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K), expert_offset,
-                               int32_t(experts), status, kept, split, swiglu, gather, sources, true, true));
+  LYNX_CUDA(cudaLaunchKernelEx(&config, gemm_kernel<kForm, Out, kGather>, tma_a, tma_a_half, tma_b, tma_b2,
+                               a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N),
+                               int32_t(K), expert_offset, int32_t(experts), status, kept, split, swiglu, gather,
+                               sources, true, true));
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -155,7 +158,8 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
   check_sizes(M, N, K);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
-  launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
+  launch<Form::kDense>(tma_a, tma_a, tma_b, tma_b, a_scales, b_scales, nullptr,
                        CUtensorMap{}, CUtensorMap{}, out, M, N, K, nullptr, 0, status, stream);
 }
 
@@ -168,7 +172,9 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
   check_bf16_outputs(N, {{out, "out", 128}});
   const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
-  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+  // A's rows also in [64, 128] boxes, the halves a cluster's CTAs multicast (RowPairs::kMulticast).
+  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
+                         gemm::make_tma_2d_bytes(a, capacity, K, kTileM / 2), tma_b, tma_b, a_scales, b_scales, nullptr,
                          tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream, {}, 0, {}, {},
                          {}, pairs);
 }
@@ -203,11 +209,12 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   }
   const CUtensorMap tma_h = h != nullptr ? gemm::make_tma_2d(h, capacity, N, 64, 64) : CUtensorMap{};
   const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
+  const CUtensorMap tma_a_half = gemm::make_tma_2d_bytes(a, capacity, K, kTileM / 2);  // as the grouped form's
   const CUtensorMap tma_gate = gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN);
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
-    launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
-                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pairs);
+    launch<Form::kSwiGLU>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h,
+                          capacity, N, K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pairs);
     return;
   }
   // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
@@ -231,13 +238,13 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   g.sync = gather.sync;
   g.awaited = true;
   if (gather.sources.remote()) {
-    launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                 kept, 0, outputs, g, gather.sources, pairs);
+    launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales,
+                                                 up_scales, tma_h, tma_codes, h, capacity, N, K, expert_offset,
+                                                 experts, status, stream, kept, 0, outputs, g, gather.sources, pairs);
   } else {
-    launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                kept, 0, outputs, g, {}, pairs);
+    launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales,
+                                                up_scales, tma_h, tma_codes, h, capacity, N, K, expert_offset,
+                                                experts, status, stream, kept, 0, outputs, g, {}, pairs);
   }
 }
 
@@ -258,7 +265,8 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   const CUtensorMap tma_out = gemm::make_tma_3d(out, experts, split, N, 64, 64);
   const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
-  launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, capacity, kTileM);
+  launch<Form::kWeightGrad>(tma_a, tma_a, tma_b, tma_b, a_scales, b_scales, nullptr,
                             tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
                             int32_t(split));
 }

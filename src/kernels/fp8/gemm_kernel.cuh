@@ -99,7 +99,7 @@ struct SwiGLUOutputs {
 // parameter space, where TMA reads them).
 template <class Out>
 struct KernelArgs {
-  const CUtensorMap *tma_a, *tma_b, *tma_b2, *tma_out, *tma_out2;
+  const CUtensorMap *tma_a, *tma_a_half, *tma_b, *tma_b2, *tma_out, *tma_out2;
   const float *a_scales, *b_scales, *b2_scales;
   Out* out;
   int32_t M, N;
@@ -118,8 +118,9 @@ struct KernelArgs {
   gemm::RowGather gather;  // the gate/up form gathering A itself (kGather)
   RowSources sources;      // kGather == kGatherRemote: each row from its source rank
   // Launched as clusters of two CTAs (RowPairs::kMulticast; the grouped forms, pair_rows with an even
-  // number of column tiles): the CTAs of a tile pair that shares B load one half of it each, multicast
-  // to both, and each stage is released to both CTAs' producers.
+  // number of column tiles): the CTAs of a tile pair that shares B or A load one half of it each
+  // (tma_a_half: A's rows in [64, 128] boxes), multicast to both, and each stage is released to both
+  // CTAs' producers.
   bool clustered;
 };
 
@@ -171,7 +172,15 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
         sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
         sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
       }
-      sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+      if (kScheduleRows<kForm> && p.clustered && tile.shares_a) {
+        // Rows m0 + 64·rank .. + 63 of the pair's A tile into both CTAs' stage (64 rows are whole
+        // 8-row swizzle atoms); B whole, below, as unpaired.
+        const uint32_t rank = blockIdx.x % 2;
+        sm90::tma_load_2d_multicast(smem.a[stage] + rank * (kTileM / 2) * kBlock, p.tma_a_half, &smem.full[stage],
+                                    kb * int32_t(kBlock), tile.m0 + int32_t(rank) * (kTileM / 2), kBothCtas);
+      } else {
+        sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+      }
       if (kScheduleRows<kForm> && p.clustered && tile.shares_b) {
         // Half `rank` of the pair's B tile into both CTAs' stage (the same offset in each): gate/up, the
         // gate's rows (rank 0) or the up's (1); grouped, rows n0 .. + 127 (0) or, where the tile has a
@@ -595,7 +604,8 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
 // gather's counters.
 template <Form kForm, class Out, int kGather>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
+                const __grid_constant__ CUtensorMap tma_b,
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
                 const float* __restrict__ b_scales, const float* __restrict__ b2_scales,
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
@@ -607,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const KernelArgs<Out> p{&tma_a,   &tma_b,   &tma_b2,          &tma_out, &tma_out2, a_scales,
+  const KernelArgs<Out> p{&tma_a,   &tma_a_half, &tma_b,          &tma_b2,  &tma_out, &tma_out2, a_scales,
                           b_scales, b2_scales, out, M, N, status, kept, split, swiglu.store_h, swiglu.quantize_h,
                           swiglu.h_scales, swiglu.h_report, gather, sources, clustered};
   const int warpgroup = int(threadIdx.x) / 128;
@@ -662,7 +672,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     Tile tile = tiles.without_expert(t);
     if constexpr (kScheduleRows<kForm>) {
-      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
+      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t),
+                                                  first_round));
     }
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded

@@ -52,8 +52,8 @@ constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * k
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
   // With pair_rows: tiles t and t ^ 1 are this expert's columns n0 in two consecutive row blocks (they
-  // share their B tile).
-  bool shares_b;
+  // share their B tile), or (n_tiles even) two neighbouring column tiles of one row block (they share A).
+  bool shares_b, shares_a;
 };
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
@@ -151,8 +151,11 @@ struct TileSpace {
       const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
       tile.n0 = i / rows * kOutN<kForm>;
       tile.m0 = (first + 2 * group + i % rows) * kTileM;
-      // A group of two row blocks gives pairs (t, t ^ 1) where the expert's tiles start at an even t.
-      tile.shares_b = rows == 2 && first * n_tiles % 2 == 0;
+      // A group of two row blocks gives pairs (t, t ^ 1) where the expert's tiles start at an even t; a
+      // group of one, pairs of column tiles where n_tiles is even too.
+      const bool aligned = first * n_tiles % 2 == 0;
+      tile.shares_b = rows == 2 && aligned;
+      tile.shares_a = rows == 1 && aligned && n_tiles % 2 == 0;
     }
     return tile;
   }
@@ -166,6 +169,7 @@ struct TileSpace {
     tile.kb_begin = 0;
     tile.kb_end = k_blocks;
     tile.shares_b = false;
+    tile.shares_a = false;
     if constexpr (kForm == Form::kWeightGrad) {
       // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
       tile.expert = t / (n_tiles * m_tiles);
