@@ -62,7 +62,7 @@ void validate_context(const Workspace::Impl& w, const ForwardContext& ctx) {
 
 // The bytes of a caller's context that a call uses (its own layout's, from the start).
 api::ContextBytes used_bytes(const Workspace::Impl& w, const ForwardContext& ctx) {
-  return {ctx.data, w.context_block.bytes};
+  return {ctx.data, size_t(w.context_block.bytes)};
 }
 
 // Queues one call: its scratch (and, with a caller's context, that context) lent for the call; a
