@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "common/cuda_check.h"
 #include "lynx/lynx.h"
@@ -14,6 +15,8 @@ namespace lynx::bench {
 namespace {
 
 char* offset(const void* p, int64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+
+size_t bytes_of_view(const TensorView& v) { return size_t(v.numel()) * dtype_size(v.dtype); }
 
 // Rank r's share of the global problem's tensors: tokens [r·T, (r+1)·T), experts [r·E_loc, ...).
 struct Share {
@@ -45,15 +48,24 @@ Share share_of(const Problem& p, int32_t R, int32_t r) {
   s.grads.dw_gate = make_view(offset(ga.dw_gate.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
   s.grads.dw_up = make_view(offset(ga.dw_up.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
   s.grads.dw_down = make_view(offset(ga.dw_down.data, 2 * r * E * H * I), DType::kBF16, {E, H, I});
-  // NOTES: the shared expert's gradients are per-rank partial sums: every rank writes them into the
-  // same buffer here (the benchmark times, it does not add them up).
-  if (Is > 0) {
+  // The shared expert's gradients are per-rank partial sums, each rank's in memory of its own (the ranks
+  // run at once): rank 0's in the problem's buffers, the others' in `own_dws` (Group).
+  if (Is > 0 && r == 0) {
     s.grads.dws_gate = ga.dws_gate;
     s.grads.dws_up = ga.dws_up;
     s.grads.dws_down = ga.dws_down;
   }
   return s;
 }
+
+// Device memory freed with its owner.
+struct DeviceBytes {
+  void* p = nullptr;
+  explicit DeviceBytes(size_t bytes) { LYNX_CUDA(cudaMalloc(&p, bytes)); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  ~DeviceBytes() { cudaFree(p); }
+};
 
 // A group of R virtual ranks with their shares.
 struct Group {
@@ -63,6 +75,7 @@ struct Group {
   std::vector<LayerInputs> in;
   std::vector<TensorView> y, dy;
   std::vector<Gradients> grads;
+  std::vector<std::unique_ptr<DeviceBytes>> own_dws;  // ranks 1 .. R - 1's shared-expert gradients
 
   Group(const Problem& p, int32_t ranks, Precision precision) : R(ranks) {
     Config config;
@@ -76,6 +89,16 @@ struct Group {
       ws.push_back(owned.back().get());
       const Share sh = share_of(p, R, r);
       in.push_back(sh.in), y.push_back(sh.y), dy.push_back(sh.dy), grads.push_back(sh.grads);
+      const Gradients ga = p.gradients();
+      if (r > 0 && ga.dws_gate.present()) {
+        Gradients& g = grads.back();
+        const std::pair<TensorView*, const TensorView*> dws[] = {
+            {&g.dws_gate, &ga.dws_gate}, {&g.dws_up, &ga.dws_up}, {&g.dws_down, &ga.dws_down}};
+        for (const auto& [to, from] : dws) {
+          own_dws.push_back(std::make_unique<DeviceBytes>(bytes_of_view(*from)));
+          *to = make_view(own_dws.back()->p, from->dtype, {from->shape[0], from->shape[1]});
+        }
+      }
     }
     connect_ranks(ws);
     if (precision == Precision::kFp8Block) {

@@ -144,6 +144,11 @@ class Workspace {
   std::unique_ptr<Impl> impl_;
 };
 
+// A workspace's calls (forward, recompute_forward_context, backward, quantize_weights) run one after
+// another: on one stream, or on streams the caller orders (events). Two at once, on streams that may
+// overlap, share its device state (the schedule's counters, the GEMMs' tile tickets) and race; give
+// each such stream a workspace of its own. Not checked.
+
 // y: [T, H] bf16. Builds the schedule, runs the layer, and (config.save_forward_context) keeps what
 // backward needs in the workspace.
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);

@@ -47,6 +47,16 @@ void check(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
   }
 }
 
+std::vector<Span> gradient_spans(const Gradients& g) {
+  return spans({{"dx", &g.dx}, {"d_topk_weights", &g.d_topk_weights}, {"dw_gate", &g.dw_gate}, {"dw_up", &g.dw_up},
+                {"dw_down", &g.dw_down}, {"dws_gate", &g.dws_gate}, {"dws_up", &g.dws_up}, {"dws_down", &g.dws_down}});
+}
+
+Span context_span(ContextBytes ctx) {
+  const auto begin = reinterpret_cast<uintptr_t>(ctx.data);
+  return {"ctx.data", begin, begin + uintptr_t(ctx.bytes)};
+}
+
 // What the call reads (dy absent in a forward).
 std::vector<Span> input_spans(const LayerInputs& in, const TensorView& dy) {
   const ExpertWeights& w = in.weights;
@@ -55,16 +65,65 @@ std::vector<Span> input_spans(const LayerInputs& in, const TensorView& dy) {
                 {"ws_down", &w.ws_down}, {"dy", &dy}});
 }
 
+// Rank r's outputs against rank s's outputs and inputs, for every r != s.
+void check_across_ranks(const std::vector<std::vector<Span>>& outputs, const std::vector<std::vector<Span>>& inputs) {
+  const auto rank = [](size_t r) { return " of rank " + std::to_string(r); };
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    for (size_t s = 0; s < outputs.size(); ++s) {
+      if (s == r) continue;
+      for (const Span& out : outputs[r]) {
+        for (const Span& other : outputs[s]) {
+          if (s > r && overlap(out, other)) {
+            throw Error(out.name, rank(r) + " shares memory with " + other.name + rank(s) +
+                                      ": every rank's outputs need memory of their own");
+          }
+        }
+        for (const Span& in : inputs[s]) {
+          if (overlap(out, in)) {
+            throw Error(out.name, rank(r) + " shares memory with the input " + in.name + rank(s) +
+                                      ": the ranks run at once, so no rank may write what another reads");
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void check_ranks_forward_aliasing(const std::vector<LayerInputs>& in, const std::vector<TensorView>& y) {
+  std::vector<std::vector<Span>> outputs, inputs;
+  for (size_t r = 0; r < in.size(); ++r) {
+    outputs.push_back(spans({{"y", &y[r]}}));
+    inputs.push_back(input_spans(in[r], TensorView{}));
+  }
+  check_across_ranks(outputs, inputs);
+}
+
+void check_ranks_backward_aliasing(const std::vector<LayerInputs>& in, const std::vector<TensorView>& dy,
+                                   const std::vector<Gradients>& grads) {
+  std::vector<std::vector<Span>> outputs, inputs;
+  for (size_t r = 0; r < in.size(); ++r) {
+    outputs.push_back(gradient_spans(grads[r]));
+    inputs.push_back(input_spans(in[r], dy[r]));
+  }
+  check_across_ranks(outputs, inputs);
+}
 
 void check_forward_aliasing(const LayerInputs& in, const TensorView& y) {
   check(spans({{"y", &y}}), input_spans(in, TensorView{}));
 }
 
 void check_backward_aliasing(const LayerInputs& in, const TensorView& dy, const Gradients& g) {
-  check(spans({{"dx", &g.dx}, {"d_topk_weights", &g.d_topk_weights}, {"dw_gate", &g.dw_gate}, {"dw_up", &g.dw_up},
-               {"dw_down", &g.dw_down}, {"dws_gate", &g.dws_gate}, {"dws_up", &g.dws_up}, {"dws_down", &g.dws_down}}),
-        input_spans(in, dy));
+  check(gradient_spans(g), input_spans(in, dy));
 }
+
+void check_context_written(const LayerInputs& in, const TensorView& y, ContextBytes ctx) {
+  std::vector<Span> outputs = spans({{"y", &y}});
+  outputs.insert(outputs.begin(), context_span(ctx));
+  check(outputs, input_spans(in, TensorView{}));
+}
+
+void check_context_read(const Gradients& grads, ContextBytes ctx) { check(gradient_spans(grads), {context_span(ctx)}); }
 
 }  // namespace lynx::api

@@ -60,6 +60,11 @@ void validate_context(const Workspace::Impl& w, const ForwardContext& ctx) {
   if (reinterpret_cast<uintptr_t>(ctx.data) % 256 != 0) throw Error("ctx.data", "must be 256-byte aligned");
 }
 
+// The bytes of a caller's context that a call uses (its own layout's, from the start).
+api::ContextBytes used_bytes(const Workspace::Impl& w, const ForwardContext& ctx) {
+  return {ctx.data, size_t(w.context_block.bytes)};
+}
+
 // Queues one call: its scratch (and, with a caller's context, that context) lent for the call; a
 // forward or recompute gives `filled` the key of what it computed the context from.
 template <class Pass>
@@ -86,6 +91,7 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   require_quantized_weights(w, in, Fp8Copies::kForward);
   if (ctx) {
     validate_context(w, *ctx);
+    api::check_context_written(in, y, used_bytes(w, *ctx));
     ctx->valid = false;  // until this call has queued its work
   }
   run(w, ctx, ctx, stream, [&] {
@@ -108,6 +114,7 @@ void recompute_call(Workspace& ws, const LayerInputs& in, ForwardContext* ctx, c
   require_quantized_weights(w, in, Fp8Copies::kForward);
   if (ctx) {
     validate_context(w, *ctx);
+    api::check_context_written(in, TensorView{}, used_bytes(w, *ctx));
     ctx->valid = false;
   }
   run(w, ctx, ctx, stream, [&] {
@@ -132,6 +139,7 @@ void backward_call(Workspace& ws, const LayerInputs& in, const TensorView& dy, c
   require_context_form(w, ctx != nullptr);
   if (ctx) {
     validate_context(w, *ctx);
+    api::check_context_read(grads, used_bytes(w, *ctx));
     if (!ctx->valid) {
       throw Error("ctx", "holds no forward context: fill it with forward or recompute_forward_context first");
     }

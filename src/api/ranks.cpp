@@ -77,9 +77,10 @@ void validate_rank(Validate&& validate, Workspace::Impl& w, size_t r, size_t ran
 // block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
 // blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
 // spinning blocks fit the GPU together.
-template <class Validate, class Step>
+// `validate` checks each rank's arguments, then `across` all ranks' together, before anything is queued.
+template <class Validate, class Across, class Step>
 void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
-               Step&& step) {
+               Across&& across, Step&& step) {
   if (ranks.empty() || args != ranks.size()) {
     throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
   }
@@ -109,6 +110,7 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     }
     validate_rank(validate, w, r, ranks.size());
   }
+  across();
   const auto each = [&](fused::Step s, const auto& stream_of) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       Workspace::Impl& w = ranks[r]->impl();
@@ -252,6 +254,7 @@ void forward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Layer
         api::check_forward_aliasing(in[r], y[r]);
         api::require_quantized_weights(w, in[r], Fp8Copies::kForward);
       },
+      [&] { api::check_ranks_forward_aliasing(in, y); },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::forward_step(w, in[r], y[r], st, s);
         if (s == fused::Step::kClose) ++w.forward_calls;
@@ -266,6 +269,7 @@ void recompute_forward_context_ranks(const std::vector<Workspace*>& ranks, const
         validate_inputs(w.shape, in[r]);
         api::require_quantized_weights(w, in[r], Fp8Copies::kForward);
       },
+      [] {},  // each rank writes only its own workspace's context
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::recompute_step(w, in[r], st, s);
       });
@@ -283,6 +287,7 @@ void backward_ranks(const std::vector<Workspace*>& ranks, const std::vector<Laye
         require_context(w, in[r]);  // before any rank queues anything: a pass begun must be ended
         api::require_quantized_weights(w, in[r], Fp8Copies::kBackward);
       },
+      [&] { api::check_ranks_backward_aliasing(in, dy, grads); },
       [&](Workspace::Impl& w, size_t r, fused::Step s, cudaStream_t st) {
         api::backward_step(w, in[r], dy[r], grads[r], st, s);
         if (s == fused::Step::kClose) ++w.backward_calls;

@@ -356,6 +356,71 @@ TEST(Validation, OutputsSharingMemoryAreErrors) {
   g = good;
   g.dw_up = make_view(at(12) + 2 * E * I * H, DType::kBF16, {E, I, H});
   EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, g));
+
+  // A caller's context: written by a forward or a recompute, so apart from y and every input; read by a
+  // backward, so apart from every gradient; touching passes.
+  const api::ContextBytes ctx{at(30), 1 << 20};
+  EXPECT_NO_THROW(api::check_context_written(in, y, ctx));
+  EXPECT_NO_THROW(api::check_context_written(in, TensorView{}, ctx));
+  EXPECT_NO_THROW(api::check_context_read(good, ctx));
+  expect_error([&] { api::check_context_written(in, make_view(at(30) + (1 << 20) - 2, DType::kBF16, {T, H}), ctx); },
+               "ctx.data", "shares memory with y");
+  EXPECT_NO_THROW(api::check_context_written(in, make_view(at(30) + (1 << 20), DType::kBF16, {T, H}), ctx));
+  expect_error([&] { api::check_context_written(in, TensorView{}, {at(0) + 2 * H * (T - 1), 4096}); }, "ctx.data",
+               "shares memory with the input x");
+  expect_error([&] { api::check_context_written(in, y, {at(5), 256}); }, "ctx.data", "shares memory with the input w_down");
+  g = good;
+  g.dw_down = make_view(at(30) + 512, DType::kBF16, {E, H, I});
+  expect_error([&] { api::check_context_read(g, ctx); }, "dw_down", "shares memory with the input ctx.data");
+  g = good;
+  g.dx = make_view(at(30) - 2 * T * H, DType::kBF16, {T, H});  // ends where the context starts
+  EXPECT_NO_THROW(api::check_context_read(g, ctx));
+}
+
+// Rank R's fake tensors, 16 MB apart, each rank's 64 after the one before; the weights every rank shares.
+template <int R>
+void* rank_far(int i) {
+  return reinterpret_cast<void*>((uintptr_t(64 * R + i) + 1) << 24);
+}
+void* shared_far(int i) { return reinterpret_cast<void*>((uintptr_t(i) + 200) << 24); }
+
+// Across the ranks of one *_ranks call: a rank's outputs apart from every other rank's outputs and
+// inputs; inputs shared between ranks (read only) pass.
+TEST(Validation, RanksSharingOutputsAreErrors) {
+  const LayerShape s = small_shape();
+  const int64_t T = s.tokens, H = s.hidden;
+  void* (*const rank_at[3])(int) = {rank_far<0>, rank_far<1>, rank_far<2>};
+  std::vector<LayerInputs> in;
+  std::vector<TensorView> y, dy;
+  std::vector<Gradients> g;
+  for (const auto at : rank_at) {
+    in.push_back(good_inputs(s, at));
+    in.back().weights = good_inputs(s, shared_far).weights;
+    y.push_back(make_view(at(20), DType::kBF16, {T, H}));
+    dy.push_back(make_view(at(21), DType::kBF16, {T, H}));
+    g.push_back(good_gradients(s, at));
+  }
+  EXPECT_NO_THROW(api::check_ranks_forward_aliasing(in, y));  // the weights shared by every rank
+  EXPECT_NO_THROW(api::check_ranks_backward_aliasing(in, dy, g));
+  std::vector<TensorView> y2 = y;
+  y2[2] = y[0];
+  expect_error([&] { api::check_ranks_forward_aliasing(in, y2); }, "y", "of rank 0 shares memory with y of rank 2");
+  y2 = y;
+  y2[1] = make_view(static_cast<char*>(rank_far<0>(0)) + 2 * H, DType::kBF16, {T, H});  // over rank 0's x
+  expect_error([&] { api::check_ranks_forward_aliasing(in, y2); }, "y",
+               "of rank 1 shares memory with the input x of rank 0");
+  std::vector<Gradients> g2 = g;
+  g2[0].dw_gate = g[1].dw_gate;  // one weight gradient for two ranks
+  expect_error([&] { api::check_ranks_backward_aliasing(in, dy, g2); }, "dw_gate",
+               "of rank 0 shares memory with dw_gate of rank 1");
+  g2 = g;
+  g2[2].dx = dy[1];
+  expect_error([&] { api::check_ranks_backward_aliasing(in, dy, g2); }, "dx",
+               "of rank 2 shares memory with the input dy of rank 1");
+  g2 = g;
+  g2[1].dw_down = in[0].weights.w_down;  // the shared weights are an input of every rank
+  expect_error([&] { api::check_ranks_backward_aliasing(in, dy, g2); }, "dw_down",
+               "of rank 1 shares memory with the input w_down of rank 0");
 }
 
 TEST(Validation, RoutingCheckOnDeviceData) {
