@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <utility>
 
 #include "common/cuda_check.h"
 #include "lynx/lynx.h"
@@ -16,7 +15,7 @@ namespace {
 
 char* offset(const void* p, int64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
 
-size_t bytes_of_view(const TensorView& v) { return size_t(v.numel()) * dtype_size(v.dtype); }
+size_t bytes_of(const TensorView& v) { return size_t(v.numel()) * (v.dtype == DType::kF32 ? 4 : 2); }
 
 // Rank r's share of the global problem's tensors: tokens [r·T, (r+1)·T), experts [r·E_loc, ...).
 struct Share {
@@ -48,9 +47,9 @@ Share share_of(const Problem& p, int32_t R, int32_t r) {
   s.grads.dw_gate = make_view(offset(ga.dw_gate.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
   s.grads.dw_up = make_view(offset(ga.dw_up.data, 2 * r * E * I * H), DType::kBF16, {E, I, H});
   s.grads.dw_down = make_view(offset(ga.dw_down.data, 2 * r * E * H * I), DType::kBF16, {E, H, I});
-  // The shared expert's gradients are per-rank partial sums, each rank's in memory of its own (the ranks
-  // run at once): rank 0's in the problem's buffers, the others' in `own_dws` (Group).
-  if (Is > 0 && r == 0) {
+  // The shared expert's gradients (per-rank partial sums): the problem's buffers, which only rank 0 keeps
+  // (Group gives the others memory of their own: the ranks run at once).
+  if (Is > 0) {
     s.grads.dws_gate = ga.dws_gate;
     s.grads.dws_up = ga.dws_up;
     s.grads.dws_down = ga.dws_down;
@@ -89,15 +88,11 @@ struct Group {
       ws.push_back(owned.back().get());
       const Share sh = share_of(p, R, r);
       in.push_back(sh.in), y.push_back(sh.y), dy.push_back(sh.dy), grads.push_back(sh.grads);
-      const Gradients ga = p.gradients();
-      if (r > 0 && ga.dws_gate.present()) {
-        Gradients& g = grads.back();
-        const std::pair<TensorView*, const TensorView*> dws[] = {
-            {&g.dws_gate, &ga.dws_gate}, {&g.dws_up, &ga.dws_up}, {&g.dws_down, &ga.dws_down}};
-        for (const auto& [to, from] : dws) {
-          own_dws.push_back(std::make_unique<DeviceBytes>(bytes_of_view(*from)));
-          *to = make_view(own_dws.back()->p, from->dtype, {from->shape[0], from->shape[1]});
-        }
+      Gradients& g = grads.back();
+      for (TensorView* v : {&g.dws_gate, &g.dws_up, &g.dws_down}) {
+        if (r == 0 || !v->present()) continue;
+        own_dws.push_back(std::make_unique<DeviceBytes>(bytes_of(*v)));
+        v->data = own_dws.back()->p;
       }
     }
     connect_ranks(ws);
@@ -124,8 +119,6 @@ std::vector<TensorView> routed_views(const Problem& p) {
   const Gradients g = p.gradients();
   return {p.y(), g.dx, g.d_topk_weights, g.dw_gate, g.dw_up, g.dw_down};
 }
-
-size_t bytes_of(const TensorView& v) { return size_t(v.numel()) * (v.dtype == DType::kF32 ? 4 : 2); }
 
 std::vector<uint8_t> routed_outputs(const Problem& p) {
   std::vector<uint8_t> out;

@@ -3,6 +3,7 @@
 // so that both give src/reference/fp8.h's bits.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -84,6 +85,34 @@ __device__ __forceinline__ float amax_of_bits(uint32_t bits) { return __uint_as_
 // E4M3(v · inv) of four values, packed with the first in the lowest byte.
 __device__ __forceinline__ uint32_t pack4(const float (&v)[4], float inv) {
   return uint32_t(to_e4m3x2(v[0] * inv, v[1] * inv)) | uint32_t(to_e4m3x2(v[2] * inv, v[3] * inv)) << 16;
+}
+
+// A column c of a [128 rows, 128] bf16 block in shared memory (transpose_tiles' staged block; a step of
+// the one-pass SwiGLU backward), quantised as one 128-row tile: its largest magnitude as bf16 bits
+// (above), then, with inv = 2^-e of its scale, its codes, rows 16q .. 16q + 15 in codes[q], the first in
+// the lowest byte.
+using ColumnBlock = const __nv_bfloat16 (*)[kBlock];
+__device__ __forceinline__ uint32_t column_magnitude_bits(ColumnBlock block, int c) {
+  uint32_t m = 0;
+  for (int r = 0; r < int(kBlock); ++r) m = max(m, __bfloat16_as_ushort(block[r][c]) & kMagnitudeBits);
+  return m;
+}
+__device__ __forceinline__ void column_codes(ColumnBlock block, int c, float inv, uint4 (&codes)[kBlock / 16]) {
+#pragma unroll
+  for (int q = 0; q < int(kBlock) / 16; ++q) {
+    uint32_t word[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(block[16 * q + 4 * w + i][c]);
+      word[w] = pack4(v, inv);
+    }
+    codes[q] = make_uint4(word[0], word[1], word[2], word[3]);
+    // NOTES: keeps the loads of later rows after this group's (no shared memory access crosses it):
+    // hoisted all ahead, the pairwise conversions' codes held 128 registers a thread, against 80 without.
+    __syncwarp();
+  }
 }
 
 // Eight adjacent bf16 values of a row as their bits, the first in the low half of .x.

@@ -452,28 +452,13 @@ __global__ void __launch_bounds__(kBlock)
   }
   __syncthreads();
   const int64_t c = c0 + t;
-  uint32_t m = 0;  // the largest magnitude's bits (kMagnitudeBits)
-  for (int r = 0; r < int(kBlock); ++r) m = max(m, __bfloat16_as_ushort(block[r][t]) & kMagnitudeBits);
+  const uint32_t m = column_magnitude_bits(block, t);
   const bool finite = m < kInfBits;
   if (!finite) report_nonfinite(report);  // the columns past cols hold zeros
   const int e = finite ? scale_exponent(amax_of_bits(m)) : 0;
   const float inv = pow2(-e);
   uint4 mine[int(kBlock) / 16];
-#pragma unroll
-  for (int j = 0; j < int(kBlock) / 16; ++j) {
-    uint32_t word[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      float v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(block[16 * j + 4 * w + i][t]);
-      word[w] = pack4(v, inv);
-    }
-    mine[j] = make_uint4(word[0], word[1], word[2], word[3]);
-    // NOTES: keeps the loads of later rows after this group's (no shared memory access crosses it): hoisted
-    // all ahead, the pairwise conversions' codes held 128 registers a thread, against 80 without.
-    __syncwarp();
-  }
+  column_codes(block, t, inv, mine);
   __syncthreads();  // every column read: the block's memory takes the codes
 #pragma unroll
   for (int j = 0; j < int(kBlock) / 16; ++j) *reinterpret_cast<uint4*>(&codes[t][16 * j]) = mine[j];

@@ -40,6 +40,7 @@ constexpr int kColumns = 3 * kCols;        // a step's columns of dg, du and hw,
 constexpr int kCodesStride = kRows + 16;   // a staged row of transposed codes (16-byte aligned, padded)
 static_assert(kRows * kVecs % kThreads == 0 && kThreads % 16 == 0, "a half-warp holds one row's tile");
 static_assert(kTasks % kTasksAtOnce == 0, "whole groups of tasks");
+static_assert(kRows == fp8::kBlock && kCols == fp8::kBlock, "a step's blocks are e4m3.cuh's column blocks");
 
 struct Shared {
   // The step's dg, du and hw: [3][row][column] bf16; then, transposed, their codes: [3 · 128 columns]
@@ -121,8 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int b = y / kCols, cc = y % kCols;
       const int64_t cols = b < 2 ? 2 * width : width;
       const int64_t c = (b == 1 ? width : 0) + c0 + cc;  // the transposed matrix's row
-      uint32_t m = 0;
-      for (int r = 0; r < kRows; ++r) m = max(m, __bfloat16_as_ushort(sm.block[b][r][cc]) & kMagnitudeBits);
+      const uint32_t m = column_magnitude_bits(sm.block[b], cc);
       const bool finite = m < kInfBits;
       if (!finite) {  // each report by name: a reference chosen between two parameters would copy both
         if (b < 2) {
@@ -132,20 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       const int e = finite ? scale_exponent(amax_of_bits(m)) : 0;
-      const float inv = pow2(-e);
-#pragma unroll
-      for (int q = 0; q < kRows / 16; ++q) {
-        uint32_t word[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          float v[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(sm.block[b][16 * q + 4 * w + i][cc]);
-          word[w] = pack4(v, inv);
-        }
-        mine[k][q] = make_uint4(word[0], word[1], word[2], word[3]);
-        __syncwarp();  // as in transpose_tiles: the later rows' loads after this group's
-      }
+      column_codes(sm.block[b], cc, pow2(-e), mine[k]);
       (b < 2 ? dgu_cols.scales : hw_cols.scales)[(r0 / kRows) * fp8::scale_pitch(cols) + c] = scale_or_nan(e, finite);
     }
     __syncthreads();  // every column read: the block's memory takes the codes
