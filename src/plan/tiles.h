@@ -76,11 +76,10 @@ inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks
 // experts receive fewer than two row blocks on average, as where tails fold (above): there about half
 // the experts span two blocks, and in the plain order each block's tiles stream the expert's weights
 // at a different time (deepseek-v3: the FP8 gate/up GEMM at 85% of the DRAM's rate moved ~1.25× its
-// operands' bytes, H100, 2026-12-06, docs/fp8.md). In pairs, at 4096, 7168, 2048, 64 experts, k = 2
-// (deepseek-v3's rows an expert and K), the FP8 forward took 5-7.5% less, forward+backward 2% (H100,
-// 2026-12-06, bench/results/2026-12-06-h100-f8764b3-fp8-paired-rows-log.txt); not measured where
-// experts span more blocks. The pairs on clusters multicasting B (RowPairs::kMulticast): not yet
-// measured, so only by override.
+// operands' bytes, H100, 2026-12-06, docs/fp8.md). In pairs the FP8 forward took 10% less at
+// deepseek-v3 (5.05 ms against 5.61) and 6% less at 4096, 7168, 2048, 64 experts, k = 2 (H100,
+// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt); not measured where experts
+// span more blocks.
 inline bool fp8_pair_row_blocks(int64_t routed_rows, int64_t experts) {
   return row_blocks_per_expert(routed_rows, experts) < 2;
 }

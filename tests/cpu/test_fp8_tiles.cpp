@@ -34,8 +34,7 @@ std::pair<int32_t, int32_t> half_columns(const Tile& tile, int h, int32_t N) {
 
 // In pairs (n_tiles even, so that every expert's tiles start at an even index): tiles 2u and 2u + 1 are
 // the same expert's and columns in consecutive row blocks wherever the expert has a row block left
-// for the second (both then say shares_b), and else the same block's neighbouring column tiles (both
-// say shares_a).
+// for the second, and else the same block's neighbouring column tiles.
 template <Form kForm>
 void expect_pairs(const TileSpace<kForm>& tiles, const std::vector<int32_t>& offsets) {
   int32_t shared_b = 0, expected_b = 0;
@@ -43,10 +42,6 @@ void expect_pairs(const TileSpace<kForm>& tiles, const std::vector<int32_t>& off
   for (int32_t t = 0; t + 1 < tiles.count; t += 2) {
     const Tile a = tiles[t], b = tiles[t + 1];
     ASSERT_EQ(a.expert, b.expert) << "tile " << t;
-    ASSERT_EQ(a.shares_b, a.m0 != b.m0) << "tile " << t;
-    ASSERT_EQ(b.shares_b, a.m0 != b.m0) << "tile " << t;
-    ASSERT_EQ(a.shares_a, a.m0 == b.m0) << "tile " << t;
-    ASSERT_EQ(b.shares_a, a.m0 == b.m0) << "tile " << t;
     if (a.m0 != b.m0) {
       ASSERT_EQ(a.n0, b.n0) << "tile " << t;
       ASSERT_EQ(b.m0, a.m0 + kTileM) << "tile " << t;

@@ -138,15 +138,14 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
 }
 
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
-// of the reference's two products. `pairs`: the tiles in pairs of an expert's row blocks (fp8::RowPairs),
-// and every output (h, kept g and u) also bit for bit the plain order's.
+// of the reference's two products. pair_rows: the tiles in pairs of an expert's row blocks, and every
+// output (h, kept g and u) also bit for bit the plain order's.
 void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false,
-                                      fp8::RowPairs pairs = fp8::RowPairs::kNone) {
-  const bool pair_rows = pairs != fp8::RowPairs::kNone;
+                                      bool pair_rows = false) {
   const auto seed = fresh_seed();
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
-               std::to_string(seed) + (swiglu ? " swiglu" : "") + (pair_rows ? " pairs " + std::to_string(int(pairs)) : ""));
+               std::to_string(seed) + (swiglu ? " swiglu" : "") + (pair_rows ? " paired" : ""));
   const GroupedOperands ops = grouped_operands(rows, N, K, swiglu ? 2 : 1, seed);
   const std::vector<int32_t>& offset = ops.offset;
   const int64_t total = ops.total, cap = ops.cap;
@@ -166,7 +165,7 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
   d_kept_g.fill_bytes(0xFF);
   d_kept_u.fill_bytes(0xFF);
-  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, fp8::RowPairs pair) {
+  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair) {
     if (swiglu) {
       fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(),
                                        d_bs.as<float>(), d_u.as<uint8_t>(), d_us.as<float>(), E, N,
@@ -179,14 +178,14 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     }
     LYNX_TEST_CUDA(cudaDeviceSynchronize());
   };
-  run(d_out, d_kept_g, d_kept_u, pairs);
+  run(d_out, d_kept_g, d_kept_u, pair_rows);
   const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
   const std::vector<HostBf16> kept_g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
   const std::vector<HostBf16> kept_u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
   if (pair_rows) {  // the plain order's outputs, poisoned the same way: the same bytes
     DeviceBuffer plain(size_t(cap * N) * 2), plain_g(size_t(cap * N) * 2), plain_u(size_t(cap * N) * 2);
     for (DeviceBuffer* b : {&plain, &plain_g, &plain_u}) b->fill_bytes(0xFF);
-    run(plain, plain_g, plain_u, fp8::RowPairs::kNone);
+    run(plain, plain_g, plain_u, false);
     const auto same = [&](DeviceBuffer& b, const std::vector<HostBf16>& paired) {
       const std::vector<HostBf16> v = to_host<HostBf16>(b, size_t(cap * N));
       return std::memcmp(v.data(), paired.data(), v.size() * sizeof(HostBf16)) == 0;
@@ -406,21 +405,18 @@ TEST_F(Fp8Gemm, GroupedOneKBlockOneHalf) {
   expect_grouped_matches_reference({200, 77}, 128, 96, true);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
-// Tiles in pairs of an expert's row blocks (fp8/tiles.h), in order and on clusters multicasting B:
-// experts of one, two, three and four blocks, empty ones, partial blocks; column tiles even (pairs
-// within experts; clusters) and odd (pairs across them; no clusters); a second half past N; more
-// tiles than SMs; against the reference and bit for bit the plain order.
+// Tiles in pairs of an expert's row blocks (fp8/tiles.h): experts of one, two, three and four blocks,
+// empty ones, partial blocks; column tiles even (pairs within experts) and odd (pairs across them);
+// a second half past N; more tiles than SMs; against the reference and bit for bit the plain order.
 TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
   const std::vector<int64_t> rows = {100, 250, 0, 300, 129, 1, 0, 512, 77};
-  for (const fp8::RowPairs pairs : {fp8::RowPairs::kOrder, fp8::RowPairs::kMulticast}) {
-    expect_grouped_matches_reference(rows, 512, 640, false, pairs);
-    expect_grouped_matches_reference(rows, 1152, 384, false, pairs);  // 5 column tiles, the last one half
-    expect_grouped_matches_reference(rows, 896, 256, false, pairs);   // 4 column tiles, the last one half
-    expect_grouped_matches_reference(rows, 256, 1024, true, pairs);
-    expect_grouped_matches_reference(rows, 384, 256, true, pairs);    // 3 column tiles
-    expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, pairs);  // many tiles per CTA
-    expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, pairs);
-  }
+  expect_grouped_matches_reference(rows, 512, 640, false, true);
+  expect_grouped_matches_reference(rows, 1152, 384, false, true);  // 5 column tiles, the last one half
+  expect_grouped_matches_reference(rows, 896, 256, false, true);   // 4 column tiles, the last one half
+  expect_grouped_matches_reference(rows, 256, 1024, true, true);
+  expect_grouped_matches_reference(rows, 384, 256, true, true);     // 3 column tiles
+  expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, true);  // many tiles per CTA
+  expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, true);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);

@@ -165,24 +165,18 @@ void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t col
 void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream);
 
-// The grouped forms' tile order (tiles.h): plain; in pairs of an expert's row blocks (kOrder: tiles 2u
-// and 2u + 1 read the same B tile at once, on two CTAs); or those pairs each on a cluster of two CTAs
-// that load one half of the tile they share (B; or A, for a row block's neighbouring column tiles)
-// each and multicast it to both (kMulticast; where the column tiles are even in number and a cluster
-// of two fits, else as kOrder). The outputs have the same bits in every order.
-enum class RowPairs : int8_t { kNone, kOrder, kMulticast };
-
 // The same per expert, over rows in schedule order (the expert GEMM's kRows mode in FP8): rows
 // [expert_offset[e], expert_offset[e + 1]) of a ([capacity, K] E4M3, 1×128 tile scales [capacity,
 // blocks_of(K)]) times expert e's b ([experts, N, K] E4M3, 128×128 block scales [experts, blocks_of(N),
 // blocks_of(K)]), rounded to bf16 into the same rows of out [capacity, N]. expert_offset (device,
 // [experts + 1]) is the schedule's: every expert's rows padded to whole 128-row blocks, the padding rows
 // of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written, nor any
-// when expert_offset[experts] > capacity (a schedule over capacity). `pairs`: the tile order (RowPairs).
+// when expert_offset[experts] > capacity (a schedule over capacity). pair_rows: the tiles in pairs of
+// an expert's row blocks reading the same weights at once (tiles.h; the same outputs, bit for bit).
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               RowPairs pairs = RowPairs::kNone);
+                               bool pair_rows = false);
 
 // Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
 // gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
@@ -230,8 +224,7 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
-                                 const QuantizedH& hq = {}, const TileGather& gather = {},
-                                 RowPairs pairs = RowPairs::kNone);
+                                 const QuantizedH& hq = {}, const TileGather& gather = {}, bool pair_rows = false);
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

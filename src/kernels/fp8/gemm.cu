@@ -27,58 +27,13 @@ void check_sizes(int64_t M, int64_t N, int64_t K) {
   if (M > INT32_MAX / 2 || N > INT32_MAX / 2 || K > INT32_MAX / 2) throw Error("fp8 gemm", "a dimension is too large");
 }
 
-// A launch of `clusters` clusters of two CTAs (RowPairs::kMulticast).
-cudaLaunchAttribute pair_attribute() {
-  cudaLaunchAttribute pair{};
-  pair.id = cudaLaunchAttributeClusterDimension;
-  pair.val.clusterDim.x = 2;
-  pair.val.clusterDim.y = 1;
-  pair.val.clusterDim.z = 1;
-  return pair;
-}
-template <Form kForm>
-cudaLaunchConfig_t pair_config(int clusters, cudaStream_t stream, cudaLaunchAttribute* pair) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(2 * clusters));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem<kForm>;
-  config.stream = stream;
-  config.attrs = pair;
-  config.numAttrs = 1;
-  return config;
-}
-
-// Once per device and kernel: its shared-memory limit (a per-device attribute) and, for the grouped
-// forms, how many clusters of two can be resident at once (the GPCs may leave an SM without a partner;
-// 0: none fits, and RowPairs::kMulticast launches as kOrder). load_gemm_kernels runs it when a
-// workspace is made, so that no launch, captured in a graph or not, is the first to.
 template <Form kForm, class Out, int kGather = kGatherNone>
-int prepare() {
-  static detail::PerDeviceCache resident_clusters;
-  return detail::per_device(resident_clusters, [](int device) {
-    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   kSmem<kForm>));
-    if constexpr (!kScheduleRows<kForm>) {
-      return 0;
-    } else {
-      int sm = 0;
-      LYNX_CUDA(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, device));
-      cudaLaunchAttribute pair = pair_attribute();
-      const cudaLaunchConfig_t probe = pair_config<kForm>(std::max(sm / 2, 1), nullptr, &pair);
-      int n = 0;
-      LYNX_CUDA(cudaOccupancyMaxActiveClusters(&n, gemm_kernel<kForm, Out, kGather>, &probe));
-      return std::max(n, 0);
-    }
-  });
-}
-
-template <Form kForm, class Out, int kGather = kGatherNone>
-void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_a_half, const CUtensorMap& tma_b,
-            const CUtensorMap& tma_b2, const float* a_scales, const float* b_scales, const float* b2_scales,
-            const CUtensorMap& tma_out, const CUtensorMap& tma_out2, Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
+void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
+            const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
+            Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
             const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
-            RowPairs pairs = RowPairs::kNone) {
+            bool pair_rows = false) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -86,9 +41,13 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_a_half, const CUten
       throw Error("out", "must be aligned to two elements (N is even: the columns are stored in pairs)");
     }
   }
-  // The attribute, the resident clusters and the SM count are per device: looked up once on each.
-  const int resident = prepare<kForm, Out, kGather>();
-  static detail::PerDeviceCache sm_count;
+  // The attribute and the SM count are per device: looked up once on each.
+  static detail::PerDeviceCache configured, sm_count;
+  detail::per_device(configured, [](int) {
+    LYNX_CUDA(cudaFuncSetAttribute(gemm_kernel<kForm, Out, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kSmem<kForm>));
+    return 1;
+  });
   const int sms = detail::per_device(sm_count, [](int device) {
     int n = 0;
     LYNX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
@@ -96,35 +55,16 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_a_half, const CUten
   });
   // At most one CTA per SM (one fits), each taking tiles in turn; the grouped forms' tiles past the
   // schedule's rows are not counted by the kernel, so some CTAs may find none.
-  const int64_t out_n = kOutN<kForm>, n_tiles = (N + out_n - 1) / out_n;
-  const int64_t tiles = n_tiles * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
+  const int64_t out_n = kOutN<kForm>;
+  const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
-  const bool pair_rows = kScheduleRows<kForm> && pairs != RowPairs::kNone;
-  // Clusters where every expert's tiles are even in number (n_tiles even), so that each cluster's two
-  // CTAs take the two tiles of a pair in every round, and the same number of them.
-  const bool clustered = pair_rows && pairs == RowPairs::kMulticast && n_tiles % 2 == 0 && resident > 0;
   // With pair_rows an even grid, so that the CTAs of each pair of tiles (2u, 2u + 1) stay side by side
   // in every round (tiles.h).
   const int64_t ctas = std::min<int64_t>(tiles, sms);
-  if (!clustered) {
-    const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
-    gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
-        tma_a, tma_a_half, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M),
-        int32_t(N), int32_t(K), expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources,
-        pair_rows, false);
-    LYNX_CUDA(cudaGetLastError());
-    return;
-  }
-  // As many clusters of two as can be resident at once (the GPCs may leave an SM without a partner):
-  // the gathering form needs its whole grid resident.
-  cudaLaunchAttribute pair = pair_attribute();
-  const int64_t clusters =
-      std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>((ctas + 1) / 2, sms / 2), resident));
-  const cudaLaunchConfig_t config = pair_config<kForm>(int(clusters), stream, &pair);
-  LYNX_CUDA(cudaLaunchKernelEx(&config, gemm_kernel<kForm, Out, kGather>, tma_a, tma_a_half, tma_b, tma_b2,
-                               a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N),
-                               int32_t(K), expert_offset, int32_t(experts), status, kept, split, swiglu, gather,
-                               sources, true, true));
+  const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
+  gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
+      tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -158,32 +98,29 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
                        const float* b_scales, int64_t N, float* out, DeviceStatus* status, cudaStream_t stream) {
   check_sizes(M, N, K);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
-  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, K, kTileM);
-  launch<Form::kDense>(tma_a, tma_a, tma_b, tma_b, a_scales, b_scales, nullptr,
+  launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                        CUtensorMap{}, CUtensorMap{}, out, M, N, K, nullptr, 0, status, stream);
 }
 
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               RowPairs pairs) {
+                               bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   check_bf16_outputs(N, {{out, "out", 128}});
   const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
-  // A's rows also in [64, 128] boxes, the halves a cluster's CTAs multicast (RowPairs::kMulticast).
-  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM),
-                         gemm::make_tma_2d_bytes(a, capacity, K, kTileM / 2), tma_b, tma_b, a_scales, b_scales, nullptr,
+  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                          tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream, {}, 0, {}, {},
-                         {}, pairs);
+                         {}, pair_rows);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
-                                 const QuantizedH& hq, const TileGather& gather, RowPairs pairs) {
+                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
@@ -209,12 +146,11 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   }
   const CUtensorMap tma_h = h != nullptr ? gemm::make_tma_2d(h, capacity, N, 64, 64) : CUtensorMap{};
   const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
-  const CUtensorMap tma_a_half = gemm::make_tma_2d_bytes(a, capacity, K, kTileM / 2);  // as the grouped form's
   const CUtensorMap tma_gate = gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN);
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
-    launch<Form::kSwiGLU>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h,
-                          capacity, N, K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pairs);
+    launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
+                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
     return;
   }
   // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
@@ -238,13 +174,13 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   g.sync = gather.sync;
   g.awaited = true;
   if (gather.sources.remote()) {
-    launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales,
-                                                 up_scales, tma_h, tma_codes, h, capacity, N, K, expert_offset,
-                                                 experts, status, stream, kept, 0, outputs, g, gather.sources, pairs);
+    launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
+                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                 kept, 0, outputs, g, gather.sources, pair_rows);
   } else {
-    launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_a_half, tma_gate, tma_up, a_scales, gate_scales,
-                                                up_scales, tma_h, tma_codes, h, capacity, N, K, expert_offset,
-                                                experts, status, stream, kept, 0, outputs, g, {}, pairs);
+    launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
+                                                tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                kept, 0, outputs, g, {}, pair_rows);
   }
 }
 
@@ -265,18 +201,13 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   const CUtensorMap tma_out = gemm::make_tma_3d(out, experts, split, N, 64, 64);
   const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
-  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, M, capacity, kTileM);
-  launch<Form::kWeightGrad>(tma_a, tma_a, tma_b, tma_b, a_scales, b_scales, nullptr,
+  launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                             tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
                             int32_t(split));
 }
 
 void load_gemm_kernels() {
   load_module_of(reinterpret_cast<const void*>(&gemm_kernel<Form::kSwiGLU, bf16_t, kGatherRemote>));
-  prepare<Form::kSwiGLU, bf16_t>();
-  prepare<Form::kSwiGLU, bf16_t, kGatherLocal>();
-  prepare<Form::kSwiGLU, bf16_t, kGatherRemote>();
-  prepare<Form::kGrouped, bf16_t>();
 }
 
 }  // namespace lynx::fp8

@@ -99,7 +99,7 @@ struct SwiGLUOutputs {
 // parameter space, where TMA reads them).
 template <class Out>
 struct KernelArgs {
-  const CUtensorMap *tma_a, *tma_a_half, *tma_b, *tma_b2, *tma_out, *tma_out2;
+  const CUtensorMap *tma_a, *tma_b, *tma_b2, *tma_out, *tma_out2;
   const float *a_scales, *b_scales, *b2_scales;
   Out* out;
   int32_t M, N;
@@ -117,11 +117,6 @@ struct KernelArgs {
   NonfiniteReport h_report;
   gemm::RowGather gather;  // the gate/up form gathering A itself (kGather)
   RowSources sources;      // kGather == kGatherRemote: each row from its source rank
-  // Launched as clusters of two CTAs (RowPairs::kMulticast; the grouped forms, pair_rows with an even
-  // number of column tiles): the CTAs of a tile pair that shares B or A load one half of it each
-  // (tma_a_half: A's rows in [64, 128] boxes), multicast to both, and each stage is released to both
-  // CTAs' producers.
-  bool clustered;
 };
 
 // The gate/up form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
@@ -131,8 +126,6 @@ static_assert(kTileM == gemm::kBlockM, "a tile's rows are one row block of the g
 // NOTES: four 16-byte loads in flight per lane, not the bf16 kernel's eight: the producer warpgroup has
 // 40 registers here (the consumers take 232 for two blocks' products in flight).
 constexpr int kFp8GatherVecsPerLane = 4;
-
-constexpr uint16_t kBothCtas = 0b11;  // a multicast's CTAs: both of the cluster
 
 // ---- producer: warpgroup 0's first thread ----
 // The tiles' K blocks into the ring of stages, running ahead into the next tile's while the consumers
@@ -172,26 +165,8 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
         sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
         sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
       }
-      if (kScheduleRows<kForm> && p.clustered && tile.shares_a) {
-        // Rows m0 + 64·rank .. + 63 of the pair's A tile into both CTAs' stage (64 rows are whole
-        // 8-row swizzle atoms); B whole, below, as unpaired.
-        const uint32_t rank = blockIdx.x % 2;
-        sm90::tma_load_2d_multicast(smem.a[stage] + rank * (kTileM / 2) * kBlock, p.tma_a_half, &smem.full[stage],
-                                    kb * int32_t(kBlock), tile.m0 + int32_t(rank) * (kTileM / 2), kBothCtas);
-      } else {
-        sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
-      }
-      if (kScheduleRows<kForm> && p.clustered && tile.shares_b) {
-        // Half `rank` of the pair's B tile into both CTAs' stage (the same offset in each): gate/up, the
-        // gate's rows (rank 0) or the up's (1); grouped, rows n0 .. + 127 (0) or, where the tile has a
-        // second half, n0 + 128 .. + 255 (1). Each CTA's `full` expects the whole stage, as unpaired.
-        const uint32_t rank = blockIdx.x % 2;
-        if (kSwiGLU || rank == 0 || second) {
-          sm90::tma_load_3d_multicast(smem.b[stage] + rank * kTileN * kBlock, rank && kSwiGLU ? p.tma_b2 : p.tma_b,
-                                      &smem.full[stage], kb * int32_t(kBlock),
-                                      tile.n0 + (kSwiGLU ? 0 : int32_t(rank) * kTileN), tile.expert, kBothCtas);
-        }
-      } else if constexpr (kSwiGLU) {  // [128 gate rows; the same 128 up rows]
+      sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
+      if constexpr (kSwiGLU) {  // [128 gate rows; the same 128 up rows]
         sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
         sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
                           tile.expert);
@@ -244,7 +219,7 @@ __device__ __forceinline__ void finish_turns(int32_t groups) {
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
-                                         float (&acc)[kHalves<kForm>][64], int32_t& groups, uint32_t peer_empty) {
+                                         float (&acc)[kHalves<kForm>][64], int32_t& groups) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   constexpr int kH = kHalves<kForm>;
@@ -285,18 +260,8 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     wait_full(i);
     issue_half(d, i, 0);
   };
-  // Block i's stage back to the producer, once every wgmma reading it has completed; clustered, also to
-  // the partner's, which may multicast into this CTA's stage next: each warp once converged, on the
-  // partner's `empty` (peer_empty: its empty[0] in the cluster's window). NOTES: a plain arrive, as the
-  // bf16 kernel's (sm90::mbarrier_arrive_remote says why that is enough and what .release.cluster costs).
-  const auto release = [&](int32_t i) {
-    const int stage = (it + i) % kStages;
-    sm90::mbarrier_arrive(&smem.empty[stage]);
-    if (kScheduleRows<kForm> && p.clustered) {
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive_remote(peer_empty + uint32_t(stage * sizeof(uint64_t)));
-    }
-  };
+  // Block i's stage back to the producer, once every wgmma reading it has completed.
+  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]); };
   // The forward forms' scales (a row's per K block, [M, K blocks]; the halves' B blocks), loaded from
   // global memory ahead of their use; the weight gradient's (per row of A and per column of B) come
   // with the stage.
@@ -604,41 +569,33 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
 // gather's counters.
 template <Form kForm, class Out, int kGather>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_a_half,
-                const __grid_constant__ CUtensorMap tma_b,
+    gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                 const __grid_constant__ CUtensorMap tma_b2, const float* __restrict__ a_scales,
                 const float* __restrict__ b_scales, const float* __restrict__ b2_scales,
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
-                RowSources sources, bool pair_rows, bool clustered) {
+                RowSources sources, bool pair_rows) {
   static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU, "only the gate/up form gathers its rows");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const KernelArgs<Out> p{&tma_a,   &tma_a_half, &tma_b,          &tma_b2,  &tma_out, &tma_out2, a_scales,
-                          b_scales, b2_scales, out, M, N, status, kept, split, swiglu.store_h, swiglu.quantize_h,
-                          swiglu.h_scales, swiglu.h_report, gather, sources, clustered};
+  const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
+                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
+                          gather, sources};
   const int warpgroup = int(threadIdx.x) / 128;
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows);
-  // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not);
-  // clustered, both CTAs of a cluster alike (the tiles are even in number, gemm.cu).
+  // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
   if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Smem::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
-      // clustered: the partner's 8 consumer warps also arrive (release).
-      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads + (clustered ? kConsumerThreads / 32 : 0));
+      sm90::mbarrier_init(&smem.empty[s], kConsumerThreads);
     }
     sm90::fence_barrier_init();
   }
-  // The partner's barriers must be initialised before this CTA arrives on them or multicasts into it.
-  if (clustered) {
-    sm90::cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
@@ -649,16 +606,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::gather_rows_warp<kGather == kGatherRemote, kFp8GatherVecsPerLane, true>(p.gather, grid, p.sources);
     }
     if constexpr (kGather != kGatherNone) finish_gather_warp(p.gather, grid);
-    // NOTES: no CTA of a cluster leaves while its partner may still arrive on its barriers or multicast
-    // into its stages: each role waits for the whole cluster at its own end (one join of both roles
-    // would put the consumers' code where every thread runs, where ptxas serialised their wgmma, above).
-    // Not bounded itself: each of the partner's waits is, and a trap ends the grid.
-    if (clustered) sm90::cluster_sync();
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
-  const uint32_t peer_empty = clustered ? sm90::peer_addr(&smem.empty[0], (blockIdx.x % 2) ^ 1u) : 0u;
   int32_t it = 0;      // K blocks consumed before this tile
   int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
@@ -672,8 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     Tile tile = tiles.without_expert(t);
     if constexpr (kScheduleRows<kForm>) {
-      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t),
-                                                  first_round));
+      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
     }
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
@@ -685,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
     }
     float acc[kHalves<kForm>][64];
-    mainloop(smem, tiles, p, tile, t, it, c, acc, groups, peer_empty);
+    mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
     it += tile.kb_end - tile.kb_begin;
     epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
     // (the weight gradient's warpgroup stores nothing where its rows lie past M)
@@ -694,7 +644,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.
   if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
-  if (clustered) sm90::cluster_sync();  // as the producer warpgroup's, above
 }
 
 }  // namespace lynx::fp8::impl

@@ -51,9 +51,6 @@ constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * k
 // One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
-  // With pair_rows: tiles t and t ^ 1 are this expert's columns n0 in two consecutive row blocks (they
-  // share their B tile), or (n_tiles even) two neighbouring column tiles of one row block (they share A).
-  bool shares_b, shares_a;
 };
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
@@ -96,19 +93,22 @@ LYNX_HD uint32_t code_offset(int warp, int lane, int j, int r) {
 // kOutN from n0.
 // With `pair_rows` (grouped forms), an expert's tiles go in groups of two of its row blocks (the last
 // group of an odd count holds one): within a group the columns, and for each column the group's row
-// blocks, so that a two-block group's tiles pair up as (the group's first + 2j, + 2j + 1), each pair
-// reading the same B tile (shares_b). Expert e's tiles keep the indices [B_e · n_tiles, B_{e+1} ·
-// n_tiles) of the plain order (B_e: its first row block), so the expert of tile t is, in both orders,
-// that of row block t / n_tiles (search_row). The pairs are tiles (2u, 2u + 1) where the expert's
-// tiles start at an even index: always where n_tiles is even; else after an expert with an odd count
-// of row blocks they are shifted by one, and such tiles share nothing.
+// blocks, so that tiles 2u and 2u + 1 of a two-block group read the same B tile. Expert e's tiles keep
+// the indices [B_e · n_tiles, B_{e+1} · n_tiles) of the plain order (B_e: its first row block), so the
+// expert of tile t is, in both orders, that of row block t / n_tiles (search_row). The pairs are tiles
+// (2u, 2u + 1) where the expert's tiles start at an even index: always where n_tiles is even; else
+// after an expert with an odd count of row blocks they are shifted by one, and such tiles share nothing.
 // NOTES: the grid is persistent with an even number of CTAs (gemm.cu), CTA b taking tiles b, b + grid,
-// ..., so a pair (2u, 2u + 1) runs on two neighbouring CTAs, the same K loop at once. Where experts
-// receive about one row block's rows (deepseek-v3: T · k / E = 128, so about half of them span two
-// blocks) the plain order's FP8 gate/up GEMM moved ~1.25× its operands' bytes at 85% of the DRAM's
-// rate and 97% of the L2's (H100, 2026-12-06, docs/fp8.md); in pairs the FP8 forward took 1.374-1.377
-// ms against 1.447-1.489 at 4096, 7168, 2048, 64 experts, k = 2, the same bits (H100, 2026-12-06,
-// bench/results/2026-12-06-h100-f8764b3-fp8-paired-rows-log.txt).
+// ..., so such a pair runs on two CTAs at once, tile after tile, and the second read of each B block
+// finds it in L2. In the plain order the row blocks of an expert that receives about one block's rows
+// (deepseek-v3: T · k / E = 128, so about half the experts span two blocks) are n_tiles apart and
+// stream the same weights at different times: there the FP8 gate/up GEMM moved ~1.25× its operands'
+// bytes at 85% of the DRAM's rate and 97% of the L2's (H100, 2026-12-06, docs/fp8.md). In pairs the
+// FP8 forward at deepseek-v3 took 5.05 ms against 5.61 plain (bf16 8.68), the same bits (H100,
+// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt). Tried and refuted there:
+// each pair on a cluster of two CTAs that load one half of the shared B (or A) tile each and multicast
+// it (branch fp8-multicast, 4f8dcd8): 5.15 ms, and 1.376-1.380 against 1.360-1.362 at 4096, 7168,
+// 2048, 64 experts, k = 2; the L2 already serves the pair's second read.
 template <Form kForm>
 struct TileSpace {
   int32_t n_tiles, m_tiles, count;
@@ -151,11 +151,6 @@ struct TileSpace {
       const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
       tile.n0 = i / rows * kOutN<kForm>;
       tile.m0 = (first + 2 * group + i % rows) * kTileM;
-      // A group of two row blocks gives pairs (t, t ^ 1) where the expert's tiles start at an even t; a
-      // group of one, pairs of column tiles where n_tiles is even too.
-      const bool aligned = first * n_tiles % 2 == 0;
-      tile.shares_b = rows == 2 && aligned;
-      tile.shares_a = rows == 1 && aligned && n_tiles % 2 == 0;
     }
     return tile;
   }
@@ -168,8 +163,6 @@ struct TileSpace {
     tile.expert = 0;
     tile.kb_begin = 0;
     tile.kb_end = k_blocks;
-    tile.shares_b = false;
-    tile.shares_a = false;
     if constexpr (kForm == Form::kWeightGrad) {
       // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
       tile.expert = t / (n_tiles * m_tiles);
