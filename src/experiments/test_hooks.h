@@ -33,6 +33,9 @@ inline void set_gemm_clusters(Workspace& ws, int32_t v) { force(ws, &plan::Overr
 inline void set_gemm_swapped(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_swapped, v); }
 // Folds tails of 1-kFoldRows rows into the row block before them (1), never (0), or by the rule (-1).
 inline void set_gemm_fold(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_fold, v); }
+// Takes the FP8 grouped GEMMs' tiles in pairs of an expert's row blocks (1), in the plain order (0), or
+// by the rule (-1).
+inline void set_fp8_pair_rows(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::fp8_pair_rows, v); }
 // Walks every expert GEMM's tiles in order from the ticket (1), as the static round robin (0), or by
 // the rule (-1).
 inline void set_gemm_order(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_order, v); }

@@ -72,6 +72,17 @@ inline TileOrder in_order_tiles() { return {true, true, 16}; }
 // +1.4% and +2.4%, backward +2.3% and +1.2%, though ~29% of qwen3's tails hold 1-16 rows): the folding
 // kernels pay for their narrower epilogue pieces on every tile (measured 2026-12-03, commit ce5473e).
 inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks_per_expert(routed_rows, experts) < 2; }
+// NOTES: the FP8 grouped GEMMs' tiles in pairs of an expert's row blocks (kernels/fp8/tiles.h) where
+// experts receive fewer than two row blocks on average, as where tails fold (above): there about half
+// the experts span two blocks, and in the plain order each block's tiles stream the expert's weights
+// at a different time (deepseek-v3: the FP8 gate/up GEMM at 85% of the DRAM's rate moved ~1.25× its
+// operands' bytes, H100, 2026-12-06, docs/fp8.md). In pairs the FP8 forward took 10% less at
+// deepseek-v3 (5.05 ms against 5.61) and 6% less at 4096, 7168, 2048, 64 experts, k = 2 (H100,
+// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt); not measured where experts
+// span more blocks.
+inline bool fp8_pair_row_blocks(int64_t routed_rows, int64_t experts) {
+  return row_blocks_per_expert(routed_rows, experts) < 2;
+}
 inline TileOrder static_tiles(int64_t blocks_per_expert) {
   int32_t g = 1;
   while (g < 16 && 2 * g <= blocks_per_expert) g *= 2;

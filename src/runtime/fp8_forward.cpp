@@ -208,7 +208,8 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   if (down) hq = {f.h, f.h_scales, report(w, Fp8Tensor::kH)};
   if (!omitted(Stage::kGateUp, w.forward_calls) && (keep_context || down)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
-                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq, gather);
+                                     I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq, gather,
+                                     w.plan.fp8_pair_rows);
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
@@ -244,7 +245,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
-                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s);
+                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s, w.plan.fp8_pair_rows);
   }
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
@@ -302,7 +303,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
       fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
     }
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
-                                   w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s);
+                                   w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s, w.plan.fp8_pair_rows);
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);
@@ -360,7 +361,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   forward_context(w, in, s, w.config.save_forward_context, true);
   if (!omitted(Stage::kDown, w.forward_calls)) {
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
-                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s);
+                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s, w.plan.fp8_pair_rows);
   }
   enqueue_shared_down(w, in, s);
   fused::compute_ends(w, s);

@@ -32,10 +32,32 @@ std::pair<int32_t, int32_t> half_columns(const Tile& tile, int h, int32_t N) {
   return {first, std::min(N, first + kTileN)};
 }
 
+// In pairs (n_tiles even, so that every expert's tiles start at an even index): tiles 2u and 2u + 1 are
+// the same expert's and columns in consecutive row blocks wherever the expert has a row block left
+// for the second, and else the same block's neighbouring column tiles.
+template <Form kForm>
+void expect_pairs(const TileSpace<kForm>& tiles, const std::vector<int32_t>& offsets) {
+  int32_t shared_b = 0, expected_b = 0;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) expected_b += (offsets[e + 1] - offsets[e]) / kTileM / 2 * tiles.n_tiles;
+  for (int32_t t = 0; t + 1 < tiles.count; t += 2) {
+    const Tile a = tiles[t], b = tiles[t + 1];
+    ASSERT_EQ(a.expert, b.expert) << "tile " << t;
+    if (a.m0 != b.m0) {
+      ASSERT_EQ(a.n0, b.n0) << "tile " << t;
+      ASSERT_EQ(b.m0, a.m0 + kTileM) << "tile " << t;
+      ++shared_b;
+    } else {
+      ASSERT_EQ(b.n0, a.n0 + kOutN<kForm>) << "tile " << t;
+    }
+  }
+  EXPECT_EQ(shared_b, expected_b);
+}
+
 // Every (row block, column) of the grouped forms' output computed once, by the tile of the row block's
 // expert; a half computed exactly where it holds a column below N; its stage's bytes; its B scales.
+// pair_rows: the same, in pairs of an expert's row blocks (expect_pairs).
 template <Form kForm>
-void expect_grouped_tiles(std::mt19937& rng, int trial) {
+void expect_grouped_tiles(std::mt19937& rng, int trial, bool pair_rows = false) {
   const int32_t experts = 1 + int32_t(rng() % 24);
   const std::vector<int32_t> offsets = random_offsets(rng, experts, 600);
   const int32_t total = offsets[size_t(experts)];
@@ -43,7 +65,7 @@ void expect_grouped_tiles(std::mt19937& rng, int trial) {
   const int32_t N = 8 * (1 + int32_t(rng() % 400)), K = 16 * (1 + int32_t(rng() % 300));
   SCOPED_TRACE("trial " + std::to_string(trial) + " N " + std::to_string(N) + " K " + std::to_string(K) +
                " total " + std::to_string(total) + " capacity " + std::to_string(capacity));
-  const TileSpace<kForm> tiles(capacity, N, K, offsets.data(), experts);
+  const TileSpace<kForm> tiles(capacity, N, K, offsets.data(), experts, pair_rows);
   if (total > capacity) {  // a schedule over capacity placed no rows: no tiles
     EXPECT_EQ(tiles.count, 0);
     return;
@@ -87,6 +109,7 @@ void expect_grouped_tiles(std::mt19937& rng, int trial) {
     ASSERT_EQ(stage_bytes<kForm>(tile, N), uint32_t((kTileM + (second ? 2 : 1) * kTileN) * kBlock));
   }
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "output element " << i;
+  if (pair_rows && tiles.n_tiles % 2 == 0) expect_pairs(tiles, offsets);
 }
 
 TEST(Fp8Tiles, GroupedCoverEveryOutputOnce) {
@@ -97,6 +120,14 @@ TEST(Fp8Tiles, GroupedCoverEveryOutputOnce) {
 TEST(Fp8Tiles, GateUpCoverEveryOutputOnce) {
   std::mt19937 rng(12);
   for (int trial = 0; trial < 200; ++trial) expect_grouped_tiles<Form::kSwiGLU>(rng, trial);
+}
+
+TEST(Fp8Tiles, PairedRowBlocksCoverEveryOutputOnceAndShareB) {
+  std::mt19937 rng(14);
+  for (int trial = 0; trial < 200; ++trial) {
+    expect_grouped_tiles<Form::kGrouped>(rng, trial, true);
+    expect_grouped_tiles<Form::kSwiGLU>(rng, trial, true);
+  }
 }
 
 // The dense form's [128, 128] tiles cover [M, N] once; the weight gradient's [128, 256] ones (a second

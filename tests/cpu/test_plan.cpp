@@ -59,6 +59,7 @@ TEST(LayerPlan, Qwen3) {
   EXPECT_EQ(p.schedule.warps, 4);
   EXPECT_EQ(p.schedule.chunks, 128);
   EXPECT_EQ(p.baseline_gemm, -1);
+  EXPECT_FALSE(p.fp8_pair_rows);  // four row blocks an expert
 }
 
 // Where one rank gathers the x rows again: beside the dgrad of down unless that GEMM gathers its dy
@@ -98,6 +99,7 @@ TEST(LayerPlan, DeepseekV3) {
   EXPECT_TRUE(p.da.clusters);
   EXPECT_TRUE(p.dx.clusters);
   EXPECT_TRUE(p.weight_grad_in_order);
+  EXPECT_TRUE(p.fp8_pair_rows);  // 128 rows an expert on average
 }
 
 // mixtral-8x7b: 16 row blocks per expert: in order, groups of 16; every K at least 4096: paired.
@@ -109,6 +111,7 @@ TEST(LayerPlan, Mixtral) {
     EXPECT_TRUE(l->clusters);
     EXPECT_FALSE(l->fold);
   }
+  EXPECT_FALSE(p.fp8_pair_rows);
 }
 
 // Each override replaces exactly its choice.
@@ -124,6 +127,7 @@ TEST(LayerPlan, OverridesReplaceTheirChoice) {
   o.gemm_sm_count = 7;
   o.schedule_min_warps = 16;
   o.baseline_gemm = 1;
+  o.fp8_pair_rows = 1;
   const LayerPlan p = make_layer_plan(kQwen3, h200(), o);
   EXPECT_EQ(p.gemm_sm_count, 7);
   for (const gemm::RowLaunch* l : {&p.gate_up, &p.down, &p.da, &p.dx}) {
@@ -136,6 +140,10 @@ TEST(LayerPlan, OverridesReplaceTheirChoice) {
     EXPECT_EQ(l->gather_lookahead, 2);
   }
   EXPECT_TRUE(p.weight_grad_in_order);
+  EXPECT_TRUE(p.fp8_pair_rows);
+  Overrides plain;
+  plain.fp8_pair_rows = 0;
+  EXPECT_FALSE(make_layer_plan(kDeepseekV3, h200(), plain).fp8_pair_rows);
   EXPECT_EQ(p.schedule.warps, 16);
   EXPECT_EQ(baseline_gemm_strategy(p, 4, 1e6), GemmStrategy::kGrouped);
   EXPECT_EQ(baseline_gemm_strategy(make_layer_plan(kQwen3, h200()), 4, 1e6), GemmStrategy::kLoop);
@@ -201,6 +209,9 @@ TEST(LayerPlan, OverridesOutOfRangeAreErrors) {
   o = {};
   o.gemm_sm_count = -1;
   expect_error(o, "gemm_sm_count");
+  o = {};
+  o.fp8_pair_rows = 2;
+  expect_error(o, "fp8_pair_rows");
 }
 
 // The block a workspace with a shared expert takes while it is made (lynx/allocator.h gives these

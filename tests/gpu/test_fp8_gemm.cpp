@@ -138,12 +138,14 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
 }
 
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
-// of the reference's two products.
-void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false) {
+// of the reference's two products. pair_rows: the tiles in pairs of an expert's row blocks, and every
+// output (h, kept g and u) also bit for bit the plain order's.
+void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false,
+                                      bool pair_rows = false) {
   const auto seed = fresh_seed();
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
-               std::to_string(seed) + (swiglu ? " swiglu" : ""));
+               std::to_string(seed) + (swiglu ? " swiglu" : "") + (pair_rows ? " paired" : ""));
   const GroupedOperands ops = grouped_operands(rows, N, K, swiglu ? 2 : 1, seed);
   const std::vector<int32_t>& offset = ops.offset;
   const int64_t total = ops.total, cap = ops.cap;
@@ -163,19 +165,35 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
   d_kept_g.fill_bytes(0xFF);
   d_kept_u.fill_bytes(0xFF);
-  if (swiglu) {
-    fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
-                                     d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
-                                     d_out.as<bf16_t>(), nullptr, nullptr,
-                                     fp8::KeptGateUp{d_kept_g.as<bf16_t>(), d_kept_u.as<bf16_t>(), d_slot.as<int32_t>()});
-  } else {
-    fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
-                                   E, N, d_offset.as<int32_t>(), d_out.as<bf16_t>(), nullptr, nullptr);
-  }
-  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair) {
+    if (swiglu) {
+      fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(),
+                                       d_bs.as<float>(), d_u.as<uint8_t>(), d_us.as<float>(), E, N,
+                                       d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr,
+                                       fp8::KeptGateUp{kept_g.as<bf16_t>(), kept_u.as<bf16_t>(), d_slot.as<int32_t>()},
+                                       {}, {}, pair);
+    } else {
+      fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
+                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, pair);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  };
+  run(d_out, d_kept_g, d_kept_u, pair_rows);
   const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
   const std::vector<HostBf16> kept_g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
   const std::vector<HostBf16> kept_u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
+  if (pair_rows) {  // the plain order's outputs, poisoned the same way: the same bytes
+    DeviceBuffer plain(size_t(cap * N) * 2), plain_g(size_t(cap * N) * 2), plain_u(size_t(cap * N) * 2);
+    for (DeviceBuffer* b : {&plain, &plain_g, &plain_u}) b->fill_bytes(0xFF);
+    run(plain, plain_g, plain_u, false);
+    const auto same = [&](DeviceBuffer& b, const std::vector<HostBf16>& paired) {
+      const std::vector<HostBf16> v = to_host<HostBf16>(b, size_t(cap * N));
+      return std::memcmp(v.data(), paired.data(), v.size() * sizeof(HostBf16)) == 0;
+    };
+    EXPECT_TRUE(same(plain, got)) << "out: the paired order's bits differ from the plain order's";
+    EXPECT_TRUE(same(plain_g, kept_g)) << "kept g";
+    EXPECT_TRUE(same(plain_u, kept_u)) << "kept u";
+  }
   // A kept row against the reference's g or u of [n, N] (relative Frobenius error over the expert's rows).
   const auto expect_kept = [&](const std::vector<HostBf16>& kept, const std::vector<double>& want, int64_t first,
                                int64_t n, const char* what) {
@@ -387,6 +405,19 @@ TEST_F(Fp8Gemm, GroupedOneKBlockOneHalf) {
   expect_grouped_matches_reference({200, 77}, 128, 96, true);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLU) { expect_grouped_matches_reference({200, 0, 128, 1, 300}, 384, 1024, true); }
+// Tiles in pairs of an expert's row blocks (fp8/tiles.h): experts of one, two, three and four blocks,
+// empty ones, partial blocks; column tiles even (pairs within experts) and odd (pairs across them);
+// a second half past N; more tiles than SMs; against the reference and bit for bit the plain order.
+TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
+  const std::vector<int64_t> rows = {100, 250, 0, 300, 129, 1, 0, 512, 77};
+  expect_grouped_matches_reference(rows, 512, 640, false, true);
+  expect_grouped_matches_reference(rows, 1152, 384, false, true);  // 5 column tiles, the last one half
+  expect_grouped_matches_reference(rows, 896, 256, false, true);   // 4 column tiles, the last one half
+  expect_grouped_matches_reference(rows, 256, 1024, true, true);
+  expect_grouped_matches_reference(rows, 384, 256, true, true);     // 3 column tiles
+  expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, true);  // many tiles per CTA
+  expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, true);
+}
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns

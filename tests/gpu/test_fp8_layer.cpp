@@ -268,6 +268,30 @@ TEST_F(Fp8Layer, GateUpGatherInTheGemmGivesTheKernelsBits) {
   }
 }
 
+// The grouped GEMMs' tiles in pairs of an expert's row blocks (every FP8 grouped launch of the forward
+// and backward) give the plain order's bits, at one rank with gate/up's rows gathered in the GEMM and
+// at two ranks (rows pulled from the other rank).
+TEST_F(Fp8Layer, PairedRowBlocksGiveThePlainOrdersBits) {
+  const auto order = [](int32_t paired) {
+    return [paired](Workspace& ws) {
+      test_hooks::set_gather_token_major(ws, 0);
+      test_hooks::set_gemm_gather(ws, 1);
+      test_hooks::set_fp8_pair_rows(ws, paired);
+    };
+  };
+  // 128 rows an expert on average (about half of the experts span two row blocks, whose tiles share
+  // B); H and I of 512, so that every launch has an even count of column tiles (gate/up 4 of 128, the
+  // others 2 of 256).
+  const Case c{512, 512, 512, 16, 4, 0};
+  const HostLayer L(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  const Outputs plain = run_virtual_ranks(L, 1, dy, fp8_config(), false, order(0));
+  for (const int32_t R : {1, 2}) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    EXPECT_EQ(first_difference(plain, run_virtual_ranks(L, R, dy, fp8_config(), false, order(1))), "");
+  }
+}
+
 // Three ranks, H and I past a multiple of 128, the context recomputed, bf16 weight gradients.
 TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   Config config = fp8_config();

@@ -32,7 +32,8 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
-            const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {}) {
+            const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
+            bool pair_rows = false) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -57,10 +58,13 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const int64_t out_n = kOutN<kForm>;
   const int64_t tiles = (N + out_n - 1) / out_n * blocks_of(M) * (kForm == Form::kWeightGrad ? experts : 1);
   if (tiles > INT32_MAX - sms) throw Error("fp8 gemm", "more than 2^31 tiles");  // t += gridDim.x stays an int32
-  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
+  // With pair_rows an even grid, so that the CTAs of each pair of tiles (2u, 2u + 1) stay side by side
+  // in every round (tiles.h).
+  const int64_t ctas = std::min<int64_t>(tiles, sms);
+  const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
   gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
       tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
-      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources);
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -100,21 +104,23 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
-                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream) {
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
+                               bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   check_bf16_outputs(N, {{out, "out", 128}});
   const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
   launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
-                         tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream);
+                         tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream, {}, 0, {}, {},
+                         {}, pair_rows);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
-                                 const QuantizedH& hq, const TileGather& gather) {
+                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
@@ -144,7 +150,7 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
     launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
-                          K, expert_offset, experts, status, stream, kept, 0, outputs);
+                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
     return;
   }
   // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
@@ -170,11 +176,11 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   if (gather.sources.remote()) {
     launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
                                                  tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                 kept, 0, outputs, g, gather.sources);
+                                                 kept, 0, outputs, g, gather.sources, pair_rows);
   } else {
     launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                kept, 0, outputs, g);
+                                                kept, 0, outputs, g, {}, pair_rows);
   }
 }
 

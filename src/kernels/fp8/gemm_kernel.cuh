@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
-                RowSources sources) {
+                RowSources sources, bool pair_rows) {
   static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU, "only the gate/up form gathers its rows");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                           status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
                           gather, sources};
   const int warpgroup = int(threadIdx.x) / 128;
-  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts);
+  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows);
   // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
   if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
   if (threadIdx.x == 0) {
@@ -623,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     Tile tile = tiles.without_expert(t);
     if constexpr (kScheduleRows<kForm>) {
-      tile.expert = gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tile.m0, first_round);
+      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
     }
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded

@@ -91,14 +91,37 @@ LYNX_HD uint32_t code_offset(int warp, int lane, int j, int r) {
 // grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
 // row blocks below the schedule's rows (none after an overflow), read once per CTA. A tile's columns:
 // kOutN from n0.
+// With `pair_rows` (grouped forms), an expert's tiles go in groups of two of its row blocks (the last
+// group of an odd count holds one): within a group the columns, and for each column the group's row
+// blocks, so that tiles 2u and 2u + 1 of a two-block group read the same B tile. Expert e's tiles keep
+// the indices [B_e · n_tiles, B_{e+1} · n_tiles) of the plain order (B_e: its first row block), so the
+// expert of tile t is, in both orders, that of row block t / n_tiles (search_row). The pairs are tiles
+// (2u, 2u + 1) where the expert's tiles start at an even index: always where n_tiles is even; else
+// after an expert with an odd count of row blocks they are shifted by one, and such tiles share nothing.
+// NOTES: the grid is persistent with an even number of CTAs (gemm.cu), CTA b taking tiles b, b + grid,
+// ..., so such a pair runs on two CTAs at once, tile after tile, and the second read of each B block
+// finds it in L2. In the plain order the row blocks of an expert that receives about one block's rows
+// (deepseek-v3: T · k / E = 128, so about half the experts span two blocks) are n_tiles apart and
+// stream the same weights at different times: there the FP8 gate/up GEMM moved ~1.25× its operands'
+// bytes at 85% of the DRAM's rate and 97% of the L2's (H100, 2026-12-06, docs/fp8.md). In pairs the
+// FP8 forward at deepseek-v3 took 5.05 ms against 5.61 plain (bf16 8.68), the same bits (H100,
+// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt). Tried and refuted there:
+// each pair on a cluster of two CTAs that load one half of the shared B (or A) tile each and multicast
+// it (branch fp8-multicast, 4f8dcd8): 5.15 ms, and 1.376-1.380 against 1.360-1.362 at 4096, 7168,
+// 2048, 64 experts, k = 2; the L2 already serves the pair's second read.
 template <Form kForm>
 struct TileSpace {
   int32_t n_tiles, m_tiles, count;
   const int32_t* expert_offset;
   int32_t experts, k_blocks;
+  bool pair_rows;
 
-  LYNX_HD TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts)
-      : expert_offset(offset), experts(num_experts), k_blocks(int32_t(blocks_of(K))) {
+  LYNX_HD TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts,
+                    bool pair_row_blocks = false)
+      : expert_offset(offset),
+        experts(num_experts),
+        k_blocks(int32_t(blocks_of(K))),
+        pair_rows(kScheduleRows<kForm> && pair_row_blocks) {
     n_tiles = (N + kOutN<kForm> - 1) / kOutN<kForm>;
     m_tiles = int32_t(blocks_of(M));
     if constexpr (kScheduleRows<kForm>) {
@@ -109,15 +132,30 @@ struct TileSpace {
   }
 
   LYNX_HD Tile operator[](int32_t t) const {
-    Tile tile = without_expert(t);
     if constexpr (kScheduleRows<kForm>) {
-      tile.expert = gemm::expert_of_row(expert_offset, experts, tile.m0);
+      return at(t, gemm::expert_of_row(expert_offset, experts, search_row(t)));
+    } else {
+      return without_expert(t);
+    }
+  }
+
+  // The grouped forms: a row of tile t's expert (the kernel's consumers find the expert a warp at a
+  // time, gemm::expert_of_row_warp), and tile t of that expert.
+  LYNX_HD int32_t search_row(int32_t t) const { return t / n_tiles * kTileM; }
+  LYNX_HD Tile at(int32_t t, int32_t expert) const {
+    Tile tile = without_expert(t);
+    tile.expert = expert;
+    if (pair_rows) {
+      const int32_t first = expert_offset[expert] / kTileM, blocks = expert_offset[expert + 1] / kTileM - first;
+      const int32_t local = t - first * n_tiles, group = local / (2 * n_tiles), i = local - group * 2 * n_tiles;
+      const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
+      tile.n0 = i / rows * kOutN<kForm>;
+      tile.m0 = (first + 2 * group + i % rows) * kTileM;
     }
     return tile;
   }
 
-  // Tile t but, in the grouped forms, its expert (0): the kernel's consumers find it a warp at a time
-  // (gemm::expert_of_row_warp).
+  // Tile t but, in the grouped forms, its expert (0) and, with pair_rows, its corner in the plain order.
   LYNX_HD Tile without_expert(int32_t t) const {
     Tile tile;
     tile.n0 = (t % n_tiles) * kOutN<kForm>;
