@@ -78,8 +78,9 @@ inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks
 // at a different time (deepseek-v3: the FP8 gate/up GEMM at 85% of the DRAM's rate moved ~1.25× its
 // operands' bytes, H100, 2026-12-06, docs/fp8.md). In pairs the FP8 forward took 10% less at
 // deepseek-v3 (5.05 ms against 5.61) and 6% less at 4096, 7168, 2048, 64 experts, k = 2 (H100,
-// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt); not measured where experts
-// span more blocks.
+// 2026-12-06, bench/results/2026-12-06-h100-4f8dcd8-fp8-row-pairs-log.txt). Where experts span more
+// blocks their tiles gain nothing: at qwen3-30b-a3b (four an expert) 1.031 ms in pairs against 1.027
+// (bench/results/2026-12-06-h100-5e443e3-log.txt).
 inline bool fp8_pair_row_blocks(int64_t routed_rows, int64_t experts) {
   return row_blocks_per_expert(routed_rows, experts) < 2;
 }
