@@ -38,7 +38,10 @@ struct ExpertWeights {
 };
 
 // The inputs of one layer call on this rank. All tensors are device memory, contiguous, 16-byte
-// aligned; the expert weights (and their gradients) 128-byte aligned, as TMA needs.
+// aligned; the expert weights (and their gradients) 128-byte aligned, as TMA needs. Where the memory
+// lives is not checked (alignment, shapes and overlaps are): on systems where the GPU reads host memory
+// (Grace Hopper, HMM) a pointer's kind says nothing about whether the kernels can read it, so a query
+// would refuse memory that works. Elsewhere host memory faults in the first kernel that reads it.
 struct LayerInputs {
   TensorView x;             // [T, H] bf16
   TensorView topk_ids;      // [T, k] int32 or int64, global expert ids in [0, E), or -1: not routed
