@@ -1,0 +1,56 @@
+"""tools/check-kernel-loading on small trees: a kernel file that loads no module, a loader nothing calls and
+a call only in a comment are found; a loader called from another file or from a loader in its own file is
+not."""
+import importlib.machinery
+import importlib.util
+import pathlib
+import tempfile
+
+TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "check-kernel-loading"
+loader = importlib.machinery.SourceFileLoader("check_kernel_loading", str(TOOL))
+spec = importlib.util.spec_from_loader("check_kernel_loading", loader)
+check_kernel_loading = importlib.util.module_from_spec(spec)
+loader.exec_module(check_kernel_loading)
+
+KERNEL = "__global__ void k() {}\n"
+LOADER = "void load_k_kernels() { load_module_of(reinterpret_cast<const void*>(&k)); }\n"
+
+
+def found(files):
+    with tempfile.TemporaryDirectory() as d:
+        root = pathlib.Path(d)
+        for name, text in files.items():
+            path = root / "src" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        return check_kernel_loading.violations(root)
+
+
+def test_unloaded_modules():
+    v = found({"kernels/a/k.cu": KERNEL})
+    assert len(v) == 1 and v[0].startswith("src/kernels/a/k.cu:") and "load_module_of" in v[0]
+    # A loader declared in a header and never called; a call only in a comment or a string.
+    v = found({"kernels/a/k.cu": KERNEL + LOADER, "kernels/a/api.h": "void load_k_kernels();\n",
+               "runtime/w.cpp": "// load_k_kernels();\nconst char* s = \"load_k_kernels();\";\n"})
+    assert len(v) == 1 and "load_k_kernels" in v[0] and "nothing under src/ calls it" in v[0]
+    # load_module_of outside any function.
+    v = found({"kernels/a/k.cu": KERNEL + "static int x = (load_module_of(nullptr), 0);\n"})
+    assert len(v) == 1 and "outside" in v[0]
+
+
+def test_loaded_modules():
+    assert found({"kernels/a/k.cu": KERNEL + LOADER, "runtime/w.cpp": "void make() { load_k_kernels(); }\n"}) == []
+    # One file's loader calling another's module loader; a loader with a parameter.
+    two = {"kernels/a/k.cu": KERNEL + LOADER,
+           "kernels/a/m.cu": ("__global__ void m() {}\nvoid load_m(int sms) {\n  load_module_of(&m);\n"
+                              "  load_k_kernels();\n}\n"),
+           "runtime/w.cpp": "void make() { load_m(132); }\n"}
+    assert found(two) == []
+    # Headers and C++ files hold no modules of their own.
+    assert found({"kernels/a/k.cuh": KERNEL, "kernels/a/h.cpp": "void f() {}\n"}) == []
+
+
+if __name__ == "__main__":
+    test_unloaded_modules()
+    test_loaded_modules()
+    print("ok")
