@@ -265,7 +265,7 @@ void add_unit_gradients(const RowInputs& in, const FfnRows& rows, const UnitWeig
     L.T = std::min(kRowBlock, count - r0);
     L.x = in.x.data() + r0 * H;
     L.topk_weights = rows.scales.data() + r0;
-    const ref::Gradients g = ref::backward(L, in.dy.data() + r0 * H);
+    const ref::Gradients g = ref::backward(L, in.dy.data() + r0 * H, 1);  // one thread: the units run at once
     for (int64_t i = 0; i < m * H; ++i) {
       f.gate[u0 * H + i] += g.dw_gate[i];
       f.up[u0 * H + i] += g.dw_up[i];

@@ -1,9 +1,13 @@
 #include "reference/reference.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace lynx::ref {
 namespace {
@@ -51,10 +55,9 @@ Ffn<Src> shared(const Layer<Src>& L) {
   return {L.ws_gate, L.ws_up, L.ws_down, L.I_shared};
 }
 
-// Weight gradients of one FFN; null when not wanted (the *_token entry points).
+// Weight gradients of one FFN (weight_gradients below).
 struct FfnGrads {
   double *gate = nullptr, *up = nullptr, *down = nullptr;
-  double* term_square = nullptr;  // [3] += this term's squared norms (Gradients::dw_term_square)
 };
 
 double squared_norm(const double* v, int64_t n) {
@@ -110,11 +113,13 @@ void ffn_forward(const Ffn<Src>& f, int64_t H, double scale, Scratch& s, double*
   for (int64_t h = 0; h < H; ++h) y_row[h] += scale * dot(f.down + h * f.n, s.a.data(), f.n);
 }
 
-// Backward of <dy, scale · f(s.x)>: dx_row += d/dx, grads (if any) += d/dW; returns <dy, f(s.x)>,
-// computed as <down^T dy, a> (the same quantity, one GEMV cheaper; the GPU does the same).
+// Backward of <dy, scale · f(s.x)>: dx_row += d/dx, and where dw_terms is given, [3] += this term's
+// squared norms in dw_gate, dw_up and dw_down (Gradients::dw_term_square); returns <dy, f(s.x)>,
+// computed as <down^T dy, a> (the same quantity, one GEMV cheaper; the GPU does the same). s.g and s.u
+// then hold dg and du.
 template <class Src>
 double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy, Scratch& s,
-                    double* dx_row, const FfnGrads& grads) {
+                    double* dx_row, double* dw_terms) {
   const int64_t n = f.n;
   hidden<true>(f, H, s);
   std::fill(s.da.begin(), s.da.begin() + n, 0.0);
@@ -149,22 +154,11 @@ double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy
     for (int64_t h = 0; h < H; ++h) dx_row[h] += dg * to_double(wg[h]) + du * to_double(wu[h]);
   }
 
-  if (grads.term_square) {
+  if (dw_terms) {
     const double x2 = squared_norm(s.x.data(), H);
-    grads.term_square[0] += squared_norm(s.g.data(), n) * x2;
-    grads.term_square[1] += squared_norm(s.u.data(), n) * x2;
-    grads.term_square[2] += scale * scale * squared_norm(dy, H) * squared_norm(s.a.data(), n);
-  }
-  if (grads.down) {
-    for (int64_t h = 0; h < H; ++h) {
-      const double c = scale * dy[h];
-      for (int64_t i = 0; i < n; ++i) grads.down[h * n + i] += c * s.a[i];
-    }
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        grads.gate[i * H + h] += s.g[i] * s.x[h];
-        grads.up[i * H + h] += s.u[i] * s.x[h];
-      }
+    dw_terms[0] += squared_norm(s.g.data(), n) * x2;
+    dw_terms[1] += squared_norm(s.u.data(), n) * x2;
+    dw_terms[2] += scale * scale * squared_norm(dy, H) * squared_norm(s.a.data(), n);
   }
   return d_scale;
 }
@@ -180,16 +174,33 @@ void forward_row(const Layer<Src>& L, int64_t t, Scratch& s, double* y_row) {
   }
 }
 
-// One token's backward, in the order shared, then j = 0..k-1; weight gradients only if g != null.
+// What backward() keeps of each slot besides d_topk_weights (null in backward_token): [k] its
+// magnitude and term RSS; [k][3] its terms of Gradients::dw_term_square (zeros before); [k][I] its a,
+// dg and du; and [I_shared] the shared expert's a, dg and du.
+struct SlotOutputs {
+  double *magnitude = nullptr, *term_rss = nullptr, *term_square = nullptr;
+  double *a = nullptr, *dg = nullptr, *du = nullptr;
+  double *shared_a = nullptr, *shared_dg = nullptr, *shared_du = nullptr;
+};
+
+// s.a, s.g (dg) and s.u (du) of the last ffn_backward, n each, to a, dg and du (if a != null).
+void keep_hidden(const Scratch& s, int64_t n, double* a, double* dg, double* du) {
+  if (!a) return;
+  std::copy_n(s.a.begin(), n, a);
+  std::copy_n(s.g.begin(), n, dg);
+  std::copy_n(s.u.begin(), n, du);
+}
+
+// One token's input gradients, in the order shared, then j = 0..k-1; backward() sums the weight
+// gradients from what it keeps (weight_gradients below).
 template <class Src>
 void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch& s, double* dx_row,
-                  double* d_topk_row, Gradients* g) {
+                  double* d_topk_row, const SlotOutputs& out) {
   std::fill(dx_row, dx_row + L.H, 0.0);
   s.load_x(L, t);
   if (L.I_shared > 0) {
-    FfnGrads sg;
-    if (g) sg = {g->dws_gate.data(), g->dws_up.data(), g->dws_down.data()};
-    ffn_backward(shared(L), L.H, 1.0, dy_row, s, dx_row, sg);
+    ffn_backward(shared(L), L.H, 1.0, dy_row, s, dx_row, nullptr);
+    keep_hidden(s, L.I_shared, out.shared_a, out.shared_dg, out.shared_du);
   }
   for (int64_t j = 0; j < L.k; ++j) {
     const int64_t e = expert_of(L, t, j);
@@ -197,26 +208,88 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
       d_topk_row[j] = 0.0;
       continue;
     }
-    FfnGrads rg;
-    if (g)
-      rg = {g->dw_gate.data() + e * L.I * L.H, g->dw_up.data() + e * L.I * L.H,
-            g->dw_down.data() + e * L.H * L.I, g->dw_term_square.data() + 3 * e};
-    d_topk_row[j] =
-        ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, rg);
-    if (g) {
-      g->d_topk_magnitude[t * L.k + j] = s.d_scale_magnitude;
-      g->d_topk_term_rss[t * L.k + j] = s.d_scale_term_rss;
+    double* term_square = out.term_square ? out.term_square + 3 * j : nullptr;
+    d_topk_row[j] = ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, term_square);
+    if (out.magnitude) {
+      out.magnitude[j] = s.d_scale_magnitude;
+      out.term_rss[j] = s.d_scale_term_rss;
     }
+    if (out.a) keep_hidden(s, L.I, out.a + j * L.I, out.dg + j * L.I, out.du + j * L.I);
+  }
+}
+
+// Every slot's expert checked, in token order, before any thread starts: the first id out of range
+// throws as expert_of does, from the caller's thread.
+template <class Src>
+void check_ids(const Layer<Src>& L) {
+  for (int64_t t = 0; t < L.T; ++t)
+    for (int64_t j = 0; j < L.k; ++j) expert_of(L, t, j);
+}
+
+// Calls body(i, scratch) for every i in [0, n) on up to `threads` threads (0: the machine's), each with
+// a Scratch of its own. Each i writes only outputs of its own, computed in a fixed order, so the
+// results are the same whichever thread takes it. The first exception a body throws is rethrown here.
+template <class Src, class F>
+void for_each_parallel(const Layer<Src>& L, int64_t n, int threads, const F& body) {
+  const int64_t count = std::min<int64_t>(n, threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&] {
+    try {
+      Scratch s(L);
+      for (int64_t i = next++; i < n; i = next++) body(i, s);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < count; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// A term of one FFN's weight gradients: its token, router weight (1 for the shared expert), and the a,
+// dg and du its backward_row kept.
+struct Term {
+  int64_t t;
+  double scale;
+  const double *a, *dg, *du;
+};
+
+// One FFN's weight gradients for its intermediate rows [i0, i1): dw_down's columns and dw_gate's and
+// dw_up's rows, each element summed over the terms in the order given (token order, then j), as one
+// pass over the tokens would sum it.
+template <class Src>
+void weight_gradients(const Layer<Src>& L, const std::vector<Term>& terms, int64_t n, int64_t i0, int64_t i1,
+                      const double* dy, Scratch& s, const FfnGrads& grads) {
+  const int64_t H = L.H;
+  for (const Term& term : terms) {
+    s.load_x(L, term.t);
+    const double* dy_row = dy + term.t * H;
+    for (int64_t h = 0; h < H; ++h) {
+      const double c = term.scale * dy_row[h];
+      for (int64_t i = i0; i < i1; ++i) grads.down[h * n + i] += c * term.a[i];
+    }
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        grads.gate[i * H + h] += term.dg[i] * s.x[h];
+        grads.up[i * H + h] += term.du[i] * s.x[h];
+      }
   }
 }
 
 }  // namespace
 
 template <class Src>
-std::vector<double> forward(const Layer<Src>& layer) {
+std::vector<double> forward(const Layer<Src>& layer, int threads) {
+  check_ids(layer);
   std::vector<double> y(layer.T * layer.H);
-  Scratch s(layer);
-  for (int64_t t = 0; t < layer.T; ++t) forward_row(layer, t, s, y.data() + t * layer.H);
+  for_each_parallel(layer, layer.T, threads,
+                    [&](int64_t t, Scratch& s) { forward_row(layer, t, s, y.data() + t * layer.H); });
   return y;
 }
 
@@ -227,13 +300,13 @@ void forward_token(const Layer<Src>& layer, int64_t t, double* y_row) {
 }
 
 template <class Src>
-Gradients backward(const Layer<Src>& layer, const double* dy) {
-  const int64_t T = layer.T, H = layer.H, I = layer.I, E = layer.E, Is = layer.I_shared;
+Gradients backward(const Layer<Src>& layer, const double* dy, int threads) {
+  const int64_t T = layer.T, H = layer.H, I = layer.I, E = layer.E, k = layer.k, Is = layer.I_shared;
   Gradients g;
   g.dx.assign(T * H, 0.0);
-  g.d_topk_weights.assign(T * layer.k, 0.0);
-  g.d_topk_magnitude.assign(T * layer.k, 0.0);
-  g.d_topk_term_rss.assign(T * layer.k, 0.0);
+  g.d_topk_weights.assign(T * k, 0.0);
+  g.d_topk_magnitude.assign(T * k, 0.0);
+  g.d_topk_term_rss.assign(T * k, 0.0);
   g.dw_gate.assign(E * I * H, 0.0);
   g.dw_up.assign(E * I * H, 0.0);
   g.dw_down.assign(E * H * I, 0.0);
@@ -241,10 +314,46 @@ Gradients backward(const Layer<Src>& layer, const double* dy) {
   g.dws_gate.assign(Is * H, 0.0);
   g.dws_up.assign(Is * H, 0.0);
   g.dws_down.assign(H * Is, 0.0);
-  Scratch s(layer);
+  check_ids(layer);
+  // The input gradients a token at a time, keeping each slot's terms of dw_term_square and its a, dg, du.
+  std::vector<double> term_square(3 * T * k, 0.0), a(T * k * I), dg(T * k * I), du(T * k * I);
+  std::vector<double> shared_a(T * Is), shared_dg(T * Is), shared_du(T * Is);
+  for_each_parallel(layer, T, threads, [&](int64_t t, Scratch& s) {
+    const SlotOutputs out{g.d_topk_magnitude.data() + t * k, g.d_topk_term_rss.data() + t * k,
+                          term_square.data() + 3 * t * k,    a.data() + t * k * I,
+                          dg.data() + t * k * I,             du.data() + t * k * I,
+                          shared_a.data() + t * Is,          shared_dg.data() + t * Is,
+                          shared_du.data() + t * Is};
+    backward_row(layer, t, dy + t * H, s, g.dx.data() + t * H, g.d_topk_weights.data() + t * k, out);
+  });
+  // Each expert's terms in token order, and dw_term_square summed over them in that order.
+  std::vector<std::vector<Term>> expert_terms(E);
   for (int64_t t = 0; t < T; ++t)
-    backward_row(layer, t, dy + t * H, s, g.dx.data() + t * H,
-                 g.d_topk_weights.data() + t * layer.k, &g);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = expert_of(layer, t, j), slot = t * k + j;
+      if (e < 0) continue;
+      expert_terms[e].push_back({t, layer.topk_weights[slot], a.data() + slot * I, dg.data() + slot * I,
+                                 du.data() + slot * I});
+      for (int c = 0; c < 3; ++c) g.dw_term_square[3 * e + c] += term_square[3 * slot + c];
+    }
+  std::vector<Term> shared_terms(Is > 0 ? T : 0);
+  for (int64_t t = 0; t < int64_t(shared_terms.size()); ++t)
+    shared_terms[t] = {t, 1.0, shared_a.data() + t * Is, shared_dg.data() + t * Is, shared_du.data() + t * Is};
+  // The weight gradients in pieces of kRowsAPiece intermediate rows of one FFN (the routed experts',
+  // then the shared one's), a piece at a time.
+  constexpr int64_t kRowsAPiece = 16;
+  const int64_t routed_pieces = (I + kRowsAPiece - 1) / kRowsAPiece, shared_pieces = (Is + kRowsAPiece - 1) / kRowsAPiece;
+  for_each_parallel(layer, E * routed_pieces + shared_pieces, threads, [&](int64_t piece, Scratch& s) {
+    if (piece < E * routed_pieces) {
+      const int64_t e = piece / routed_pieces, i0 = piece % routed_pieces * kRowsAPiece;
+      const FfnGrads grads{g.dw_gate.data() + e * I * H, g.dw_up.data() + e * I * H, g.dw_down.data() + e * H * I};
+      weight_gradients(layer, expert_terms[e], I, i0, std::min(i0 + kRowsAPiece, I), dy, s, grads);
+    } else {
+      const int64_t i0 = (piece - E * routed_pieces) * kRowsAPiece;
+      const FfnGrads grads{g.dws_gate.data(), g.dws_up.data(), g.dws_down.data()};
+      weight_gradients(layer, shared_terms, Is, i0, std::min(i0 + kRowsAPiece, Is), dy, s, grads);
+    }
+  });
   return g;
 }
 
@@ -252,13 +361,13 @@ template <class Src>
 void backward_token(const Layer<Src>& layer, int64_t t, const double* dy_row, double* dx_row,
                     double* d_topk_row) {
   Scratch s(layer);
-  backward_row(layer, t, dy_row, s, dx_row, d_topk_row, nullptr);
+  backward_row(layer, t, dy_row, s, dx_row, d_topk_row, SlotOutputs{});
 }
 
 #define LYNX_REF_INSTANTIATE(Src)                                                                 \
-  template std::vector<double> forward<Src>(const Layer<Src>&);                                   \
+  template std::vector<double> forward<Src>(const Layer<Src>&, int);                              \
   template void forward_token<Src>(const Layer<Src>&, int64_t, double*);                          \
-  template Gradients backward<Src>(const Layer<Src>&, const double*);                             \
+  template Gradients backward<Src>(const Layer<Src>&, const double*, int);                        \
   template void backward_token<Src>(const Layer<Src>&, int64_t, const double*, double*, double*);
 
 LYNX_REF_INSTANTIATE(double)

@@ -51,9 +51,11 @@ struct Gradients {
   std::vector<double> dws_down;          // [H, I_shared]
 };
 
-// y: [T, H].
+// y: [T, H]. forward() and backward() spread the tokens, and backward() the weight gradients'
+// pieces, over `threads` threads (0: the machine's; 1 where the caller runs several at once): the
+// results are the same bits at every count.
 template <class Src>
-std::vector<double> forward(const Layer<Src>& layer);
+std::vector<double> forward(const Layer<Src>& layer, int threads = 0);
 
 // One token's output row (y[t], H values): cheap enough to spot-check shapes too large for forward().
 template <class Src>
@@ -62,7 +64,7 @@ void forward_token(const Layer<Src>& layer, int64_t t, double* y_row);
 // dy: [T, H]. All gradients of the scalar <y, dy>. d_topk_weights[t,j] = <dy[t], f_e(x[t])> is
 // computed as <w_down[e]^T dy[t], silu(g) ⊙ u>, as the GPU backward does.
 template <class Src>
-Gradients backward(const Layer<Src>& layer, const double* dy);
+Gradients backward(const Layer<Src>& layer, const double* dy, int threads = 0);
 
 // One token's input gradients: dx[t] (H values) and d_topk_weights[t] (k values) from dy[t].
 template <class Src>

@@ -349,6 +349,37 @@ TEST(Reference, TokenEntryPointsMatchFullPasses) {
   expect_token_entry_points_match(bf16_layer(p, b), p.dy);
 }
 
+// The passes spread tokens and weight-gradient pieces over threads; every output is the same bits on
+// 1, 2, 3 and the machine's threads: a shared expert, duplicate ids, slots not routed, an unused
+// expert, and I and I_shared past a multiple of the 16-row pieces.
+TEST(Reference, SameBitsOnAnyThreadCount) {
+  Problem p = make_problem({29, 24, 37, 6, 3, 21}, 14);
+  p.topk_ids[4] = p.topk_ids[3];  // a duplicate within token 1
+  p.topk_ids[7] = -1;             // not routed
+  for (int32_t& e : p.topk_ids) {
+    if (e == 5) e = 0;  // expert 5 receives nothing
+  }
+  const Layer<double> L = p.layer();
+  const std::vector<double> y = forward(L, 1);
+  const Gradients g = backward(L, p.dy.data(), 1);
+  for (const int threads : {2, 3, 0}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    EXPECT_TRUE(bits_equal(y, forward(L, threads)));
+    const Gradients h = backward(L, p.dy.data(), threads);
+    EXPECT_TRUE(bits_equal(g.dx, h.dx));
+    EXPECT_TRUE(bits_equal(g.d_topk_weights, h.d_topk_weights));
+    EXPECT_TRUE(bits_equal(g.d_topk_magnitude, h.d_topk_magnitude));
+    EXPECT_TRUE(bits_equal(g.d_topk_term_rss, h.d_topk_term_rss));
+    EXPECT_TRUE(bits_equal(g.dw_gate, h.dw_gate));
+    EXPECT_TRUE(bits_equal(g.dw_up, h.dw_up));
+    EXPECT_TRUE(bits_equal(g.dw_down, h.dw_down));
+    EXPECT_TRUE(bits_equal(g.dw_term_square, h.dw_term_square));
+    EXPECT_TRUE(bits_equal(g.dws_gate, h.dws_gate));
+    EXPECT_TRUE(bits_equal(g.dws_up, h.dws_up));
+    EXPECT_TRUE(bits_equal(g.dws_down, h.dws_down));
+  }
+}
+
 TEST(Reference, Bf16MatchesDoubleBitwise) {
   for (const Shape s : {Shape{7, 24, 16, 6, 3, 8}, Shape{4, 16, 8, 4, 2, 0}}) {
     Problem p = make_problem(s, 7);

@@ -65,7 +65,7 @@ std::vector<double> shared_forward(const ref::Layer<HostBf16>& r) {
     sub.T = t1 - t0, sub.H = r.H, sub.I = 0, sub.E = 0, sub.k = 0, sub.I_shared = r.I_shared;
     sub.x = r.x + t0 * r.H;
     sub.ws_gate = r.ws_gate, sub.ws_up = r.ws_up, sub.ws_down = r.ws_down;
-    const std::vector<double> part = ref::forward(sub);
+    const std::vector<double> part = ref::forward(sub, 1);  // one thread: the blocks run at once
     std::copy(part.begin(), part.end(), y.begin() + t0 * r.H);
   });
   return y;
@@ -102,8 +102,8 @@ void routed_terms(const ref::Layer<HostBf16>& r, const double* dy, ref::Gradient
     const ExpertChunk& ch = chunks[i];
     const std::vector<int64_t> mine(slots[ch.e].begin() + ch.begin, slots[ch.e].begin() + ch.end);
     const ExpertTerms terms(r, dy, ch.e, mine);
-    const std::vector<double> y = ref::forward(terms.layer);
-    const ref::Gradients s = ref::backward(terms.layer, terms.dy.data());
+    const std::vector<double> y = ref::forward(terms.layer, 1);  // one thread: the chunks run at once
+    const ref::Gradients s = ref::backward(terms.layer, terms.dy.data(), 1);
     for (size_t n = 0; n < mine.size(); ++n) {
       std::copy_n(y.data() + n * H, H, term_y.data() + mine[n] * H);
       std::copy_n(s.dx.data() + n * H, H, term_dx.data() + mine[n] * H);
@@ -358,7 +358,7 @@ std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r)
 ref::Gradients expert_terms_reference(const ref::Layer<HostBf16>& r, const double* dy, int64_t e,
                                       const std::vector<int64_t>& slots) {
   const ExpertTerms terms(r, dy, e, slots);
-  return ref::backward(terms.layer, terms.dy.data());
+  return ref::backward(terms.layer, terms.dy.data(), 1);  // one thread: its callers run experts at once
 }
 
 ref::Gradients shared_expert_reference(const ref::Layer<HostBf16>& r, const double* dy) {
@@ -373,7 +373,7 @@ ref::Gradients shared_expert_reference(const ref::Layer<HostBf16>& r, const doub
     sub.T = t1 - t0, sub.H = H, sub.I = 0, sub.E = 0, sub.k = 0, sub.I_shared = Is;
     sub.x = r.x + t0 * H;
     sub.ws_gate = r.ws_gate, sub.ws_up = r.ws_up, sub.ws_down = r.ws_down;
-    part[b] = ref::backward(sub, dy + t0 * H);
+    part[b] = ref::backward(sub, dy + t0 * H, 1);  // one thread: the blocks run at once
   });
   ref::Gradients g;
   g.dx.reserve(r.T * H);

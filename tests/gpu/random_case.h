@@ -70,7 +70,8 @@ Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<do
 std::vector<std::vector<int64_t>> slots_by_expert(const ref::Layer<HostBf16>& r);
 
 // ref::backward of the layer made of expert e's terms `slots` alone (one row each, router weight
-// kept): dx and d_topk_weights per term, and expert e's weight gradients over exactly those rows.
+// kept): dx and d_topk_weights per term, and expert e's weight gradients over exactly those rows. On
+// one thread: its callers compute several experts at once.
 ref::Gradients expert_terms_reference(const ref::Layer<HostBf16>& r, const double* dy, int64_t e,
                                       const std::vector<int64_t>& slots);
 
