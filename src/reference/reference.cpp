@@ -7,6 +7,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace lynx::ref {
@@ -113,13 +114,15 @@ void ffn_forward(const Ffn<Src>& f, int64_t H, double scale, Scratch& s, double*
   for (int64_t h = 0; h < H; ++h) y_row[h] += scale * dot(f.down + h * f.n, s.a.data(), f.n);
 }
 
-// Backward of <dy, scale · f(s.x)>: dx_row += d/dx, and where dw_terms is given, [3] += this term's
-// squared norms in dw_gate, dw_up and dw_down (Gradients::dw_term_square); returns <dy, f(s.x)>,
-// computed as <down^T dy, a> (the same quantity, one GEMV cheaper; the GPU does the same). s.g and s.u
-// then hold dg and du.
+// Backward of <dy, scale · f(s.x)>: dx_row += d/dx; where dw_factors is given, [5] the factors of this
+// term's squared norms in dw_gate, dw_up and dw_down (Gradients::dw_term_square: [0]·[2], [1]·[2],
+// [3]·[4], summed in token order by backward()); returns <dy, f(s.x)>, computed as <down^T dy, a> (the
+// same quantity, one GEMV cheaper; the GPU does the same). s.g and s.u then hold dg and du.
+// NOTES: factors, not products: backward() adds each product to its sum in one expression, as a pass
+// over the tokens did, so that a compiler that fuses a multiply and an add fuses the same ones.
 template <class Src>
 double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy, Scratch& s,
-                    double* dx_row, double* dw_terms) {
+                    double* dx_row, double* dw_factors) {
   const int64_t n = f.n;
   hidden<true>(f, H, s);
   std::fill(s.da.begin(), s.da.begin() + n, 0.0);
@@ -154,11 +157,12 @@ double ffn_backward(const Ffn<Src>& f, int64_t H, double scale, const double* dy
     for (int64_t h = 0; h < H; ++h) dx_row[h] += dg * to_double(wg[h]) + du * to_double(wu[h]);
   }
 
-  if (dw_terms) {
-    const double x2 = squared_norm(s.x.data(), H);
-    dw_terms[0] += squared_norm(s.g.data(), n) * x2;
-    dw_terms[1] += squared_norm(s.u.data(), n) * x2;
-    dw_terms[2] += scale * scale * squared_norm(dy, H) * squared_norm(s.a.data(), n);
+  if (dw_factors) {
+    dw_factors[0] = squared_norm(s.g.data(), n);
+    dw_factors[1] = squared_norm(s.u.data(), n);
+    dw_factors[2] = squared_norm(s.x.data(), H);
+    dw_factors[3] = scale * scale * squared_norm(dy, H);
+    dw_factors[4] = squared_norm(s.a.data(), n);
   }
   return d_scale;
 }
@@ -175,10 +179,11 @@ void forward_row(const Layer<Src>& L, int64_t t, Scratch& s, double* y_row) {
 }
 
 // What backward() keeps of each slot besides d_topk_weights (null in backward_token): [k] its
-// magnitude and term RSS; [k][3] its terms of Gradients::dw_term_square (zeros before); [k][I] its a,
-// dg and du; and [I_shared] the shared expert's a, dg and du.
+// magnitude and term RSS; [k][kDwFactors] the factors of its terms of Gradients::dw_term_square; [k][I]
+// its a, dg and du; and [I_shared] the shared expert's a, dg and du.
+constexpr int64_t kDwFactors = 5;
 struct SlotOutputs {
-  double *magnitude = nullptr, *term_rss = nullptr, *term_square = nullptr;
+  double *magnitude = nullptr, *term_rss = nullptr, *dw_factors = nullptr;
   double *a = nullptr, *dg = nullptr, *du = nullptr;
   double *shared_a = nullptr, *shared_dg = nullptr, *shared_du = nullptr;
 };
@@ -208,8 +213,8 @@ void backward_row(const Layer<Src>& L, int64_t t, const double* dy_row, Scratch&
       d_topk_row[j] = 0.0;
       continue;
     }
-    double* term_square = out.term_square ? out.term_square + 3 * j : nullptr;
-    d_topk_row[j] = ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, term_square);
+    double* dw_factors = out.dw_factors ? out.dw_factors + kDwFactors * j : nullptr;
+    d_topk_row[j] = ffn_backward(routed(L, e), L.H, L.topk_weights[t * L.k + j], dy_row, s, dx_row, dw_factors);
     if (out.magnitude) {
       out.magnitude[j] = s.d_scale_magnitude;
       out.term_rss[j] = s.d_scale_term_rss;
@@ -246,7 +251,11 @@ void for_each_parallel(const Layer<Src>& L, int64_t n, int threads, const F& bod
     }
   };
   std::vector<std::thread> pool;
-  for (int64_t i = 1; i < count; ++i) pool.emplace_back(work);
+  try {
+    for (int64_t i = 1; i < count; ++i) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No thread to be had: the ones started and this one take every i.
+  }
   work();
   for (std::thread& thread : pool) thread.join();
   if (error) std::rethrow_exception(error);
@@ -315,12 +324,12 @@ Gradients backward(const Layer<Src>& layer, const double* dy, int threads) {
   g.dws_up.assign(Is * H, 0.0);
   g.dws_down.assign(H * Is, 0.0);
   check_ids(layer);
-  // The input gradients a token at a time, keeping each slot's terms of dw_term_square and its a, dg, du.
-  std::vector<double> term_square(3 * T * k, 0.0), a(T * k * I), dg(T * k * I), du(T * k * I);
+  // The input gradients a token at a time, keeping each slot's factors of dw_term_square and its a, dg, du.
+  std::vector<double> dw_factors(kDwFactors * T * k), a(T * k * I), dg(T * k * I), du(T * k * I);
   std::vector<double> shared_a(T * Is), shared_dg(T * Is), shared_du(T * Is);
   for_each_parallel(layer, T, threads, [&](int64_t t, Scratch& s) {
     const SlotOutputs out{g.d_topk_magnitude.data() + t * k, g.d_topk_term_rss.data() + t * k,
-                          term_square.data() + 3 * t * k,    a.data() + t * k * I,
+                          dw_factors.data() + kDwFactors * t * k, a.data() + t * k * I,
                           dg.data() + t * k * I,             du.data() + t * k * I,
                           shared_a.data() + t * Is,          shared_dg.data() + t * Is,
                           shared_du.data() + t * Is};
@@ -334,7 +343,10 @@ Gradients backward(const Layer<Src>& layer, const double* dy, int threads) {
       if (e < 0) continue;
       expert_terms[e].push_back({t, layer.topk_weights[slot], a.data() + slot * I, dg.data() + slot * I,
                                  du.data() + slot * I});
-      for (int c = 0; c < 3; ++c) g.dw_term_square[3 * e + c] += term_square[3 * slot + c];
+      const double* f = dw_factors.data() + kDwFactors * slot;
+      g.dw_term_square[3 * e] += f[0] * f[2];
+      g.dw_term_square[3 * e + 1] += f[1] * f[2];
+      g.dw_term_square[3 * e + 2] += f[3] * f[4];
     }
   std::vector<Term> shared_terms(Is > 0 ? T : 0);
   for (int64_t t = 0; t < int64_t(shared_terms.size()); ++t)

@@ -38,6 +38,28 @@ def test_unloaded_modules():
     assert len(v) == 1 and "outside" in v[0]
 
 
+def test_names_and_literals():
+    # Loaders of one name in two namespaces: only a::load_kernels is called, so b's module is not loaded.
+    two = {"kernels/a/k.cu": "namespace lynx::a {\n__global__ void k() {}\nvoid load_kernels() { load_module_of(&k); }\n}\n",
+           "kernels/b/m.cu": "namespace lynx::b {\n__global__ void m() {}\nvoid load_kernels() { load_module_of(&m); }\n}\n",
+           "runtime/w.cpp": "void make() { a::load_kernels(); }\n"}
+    v = found(two)
+    assert len(v) == 1 and v[0].startswith("src/kernels/b/m.cu:") and "b::load_kernels" in v[0]
+    two["runtime/w.cpp"] = "void make() { a::load_kernels();\n  b :: load_kernels(); }\n"
+    assert found(two) == []
+    # A declaration whose return type is on the line before is no call.
+    v = found({"kernels/a/k.cu": KERNEL + LOADER, "kernels/a/api.h": "void\nload_k_kernels();\n"})
+    assert len(v) == 1 and "nothing under src/ calls it" in v[0]
+    # A digit separator opens no character literal: the call after it is code, the one in the comment not.
+    sep = "constexpr long kNs = 10'000; // don't\nvoid make() { load_k_kernels(); }\n"
+    assert found({"kernels/a/k.cu": KERNEL + LOADER, "runtime/w.cpp": sep}) == []
+    assert len(found({"kernels/a/k.cu": KERNEL + LOADER, "runtime/w.cpp": "long n = 1'0; // load_k_kernels();\n"})) == 1
+    # Every loader of a file is checked, not only the first.
+    second = KERNEL + LOADER + "__global__ void k2() {}\nvoid load_k2() { load_module_of(&k2); }\n"
+    v = found({"kernels/a/k.cu": second, "runtime/w.cpp": "void make() { load_k_kernels(); }\n"})
+    assert len(v) == 1 and "load_k2" in v[0]
+
+
 def test_loaded_modules():
     assert found({"kernels/a/k.cu": KERNEL + LOADER, "runtime/w.cpp": "void make() { load_k_kernels(); }\n"}) == []
     # One file's loader calling another's module loader; a loader with a parameter.
@@ -52,5 +74,6 @@ def test_loaded_modules():
 
 if __name__ == "__main__":
     test_unloaded_modules()
+    test_names_and_literals()
     test_loaded_modules()
     print("ok")
