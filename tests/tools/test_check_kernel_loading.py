@@ -1,29 +1,16 @@
 """tools/check-kernel-loading on small trees: a kernel file that loads no module, a loader nothing calls and
 a call only in a comment are found; a loader called from another file or from a loader in its own file is
 not."""
-import importlib.machinery
-import importlib.util
-import pathlib
-import tempfile
+import source_checks
 
-TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "check-kernel-loading"
-loader = importlib.machinery.SourceFileLoader("check_kernel_loading", str(TOOL))
-spec = importlib.util.spec_from_loader("check_kernel_loading", loader)
-check_kernel_loading = importlib.util.module_from_spec(spec)
-loader.exec_module(check_kernel_loading)
+check_kernel_loading = source_checks.load("check-kernel-loading")
 
 KERNEL = "__global__ void k() {}\n"
 LOADER = "void load_k_kernels() { load_module_of(reinterpret_cast<const void*>(&k)); }\n"
 
 
 def found(files):
-    with tempfile.TemporaryDirectory() as d:
-        root = pathlib.Path(d)
-        for name, text in files.items():
-            path = root / "src" / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        return check_kernel_loading.violations(root)
+    return source_checks.violations(check_kernel_loading, files)
 
 
 def test_unloaded_modules():

@@ -1,24 +1,12 @@
 """tools/check-waits on small trees: loops that poll memory without reading %globaltimer are found, the
 bounded ones, the callers of bounded waits, asm statements and comments are not."""
-import importlib.machinery
-import importlib.util
-import pathlib
-import tempfile
+import source_checks
 
-TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "check-waits"
-loader = importlib.machinery.SourceFileLoader("check_waits", str(TOOL))
-spec = importlib.util.spec_from_loader("check_waits", loader)
-check_waits = importlib.util.module_from_spec(spec)
-loader.exec_module(check_waits)
+check_waits = source_checks.load("check-waits")
 
 
 def found(text, name="kernels/k.cu"):
-    with tempfile.TemporaryDirectory() as d:
-        root = pathlib.Path(d)
-        path = root / "src" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return check_waits.violations(root)
+    return source_checks.violations(check_waits, {name: text})
 
 
 def test_unbounded_loops():
@@ -45,7 +33,7 @@ def test_bounded_and_other_loops():
 
 
 def test_this_tree():
-    assert check_waits.violations(TOOL.parents[1]) == []
+    assert check_waits.violations(source_checks.TOOLS.parent) == []
 
 
 if __name__ == "__main__":
