@@ -3,9 +3,11 @@ violations in a tree of sources written for the test."""
 import importlib.machinery
 import importlib.util
 import pathlib
+import sys
 import tempfile
 
 TOOLS = pathlib.Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))  # the checks' own module (source_text.py), as when they run as scripts
 
 
 def load(name):

@@ -15,6 +15,8 @@ def test_unbounded_loops():
     assert len(found("__device__ void f(int* p) { while (ld_relaxed(p) == 0); }\n")) == 1
     assert len(found("__device__ void f(int* p) {\n  do {\n  } while (*(volatile int*)p == 0);\n}\n")) == 1
     assert len(found("__device__ void f(const uint32_t* c) { for (;;) { if (signal_load(c) > 1) break; } }\n")) == 1
+    # After a digit separator (an odd count of them in 10'000'000'000), the code is still read as code.
+    assert len(found("constexpr long kNs = 10'000'000'000;\n__device__ void f(int* p) { while (ld_acquire(p) < 3) {} }\n")) == 1
     assert len(found("__device__ bool f(uint64_t* b) { while (!mbarrier_try_wait(b, 0)) {} return true; }\n",
                      "device/sm90.cuh")) == 1
 
