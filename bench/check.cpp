@@ -1,7 +1,6 @@
 #include "check.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,6 +10,7 @@
 
 #include "common/bf16.h"
 #include "common/cuda_check.h"
+#include "common/parallel.h"
 #include "random_fill.h"
 #include "reference/reference.h"
 
@@ -28,18 +28,10 @@ constexpr int64_t kRowBlock = 256;  // rows per reference call: bounds the dx it
 
 unsigned thread_count() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-// f(i) for every i in [0, n), on up to thread_count() threads. f must not throw.
+// f(i) for every i in [0, n), on thread_count() threads at most.
 template <class F>
 void parallel_for(int64_t n, const F& f) {
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> threads;
-  const int64_t count = std::min<int64_t>(n, thread_count());
-  for (int64_t t = 0; t < count; ++t) {
-    threads.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++) f(i);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  lynx::parallel_for(n, 0, [&](int64_t i, int64_t) { f(i); });
 }
 
 // Host array of n elements whose pages are only touched where rows are filled in (no zeroing), so a

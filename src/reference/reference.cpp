@@ -1,14 +1,12 @@
 #include "reference/reference.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <system_error>
-#include <thread>
+#include <vector>
+
+#include "common/parallel.h"
 
 namespace lynx::ref {
 namespace {
@@ -231,34 +229,12 @@ void check_ids(const Layer<Src>& L) {
     for (int64_t j = 0; j < L.k; ++j) expert_of(L, t, j);
 }
 
-// Calls body(i, scratch) for every i in [0, n) on up to `threads` threads (0: the machine's), each with
-// a Scratch of its own. Each i writes only outputs of its own, computed in a fixed order, so the
-// results are the same whichever thread takes it. The first exception a body throws is rethrown here.
+// parallel_for with a Scratch for each thread: body(i, scratch). Each i writes only outputs of its own,
+// computed in a fixed order, so the results are the same whichever thread takes it.
 template <class Src, class F>
 void for_each_parallel(const Layer<Src>& L, int64_t n, int threads, const F& body) {
-  const int64_t count = std::min<int64_t>(n, threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    try {
-      Scratch s(L);
-      for (int64_t i = next++; i < n; i = next++) body(i, s);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next = n;
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int64_t i = 1; i < count; ++i) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // No thread to be had: the ones started and this one take every i.
-  }
-  work();
-  for (std::thread& thread : pool) thread.join();
-  if (error) std::rethrow_exception(error);
+  std::vector<Scratch> scratch(parallel_threads(n, threads), Scratch(L));
+  parallel_for(n, threads, [&](int64_t i, int64_t worker) { body(i, scratch[worker]); });
 }
 
 // A term of one FFN's weight gradients: its token, router weight (1 for the shared expert), and the a,

@@ -2,40 +2,19 @@
 #include "gpu/layer_check.h"
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 #include <cstring>
 #include <initializer_list>
-#include <mutex>
 #include <numeric>
-#include <thread>
 
+#include "common/parallel.h"
 #include "experiments/test_hooks.h"
 #include "runtime/workspace.h"
 
 namespace lynx::test {
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
-  const int64_t threads = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::mutex mutex;
-  std::exception_ptr error;
-  const auto work = [&] {
-    for (int64_t i; (i = next++) < n;) {
-      try {
-        body(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  lynx::parallel_for(n, 0, [&](int64_t i, int64_t) { body(i); });
 }
 
 LayerStack layers_with_outputs(const Case& c, int n, std::mt19937_64& rng, const Config& config, bool recompute) {
