@@ -170,7 +170,8 @@ __device__ __forceinline__ void produce(Smem& s, const Args& p) {
 // ---- consumer warpgroups: warpgroup c's rows [64c, 64c + 64) of the tile ----
 template <Loop kLoop, Feed kFeed>
 __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start) {
-  const int c = int(threadIdx.x) / 128 - 1;
+  // Broadcast from lane 0: uniform in ptxas's eyes, as the kernel's (its A descriptors in uniform registers).
+  const int c = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
   float acc[2][64], pa[64];
 #pragma unroll
@@ -186,12 +187,16 @@ __device__ __forceinline__ void consume(Smem& s, const Args& p, long long start)
     ++groups;
   };
   constexpr bool kTurns = kLoop == Loop::kPromoteTurns || kLoop == Loop::kRegsA || kLoop == Loop::kScales;
+  // As the kernel issues them: stage 0's descriptors plus the operands' offsets.
+  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&s.a[0][64 * c * 128]);
+  const uint64_t desc_b = sm90::smem_desc_k_major_sw128(&s.b[0][0]);
   const auto issue_half = [&](float(&d)[64], int st, int h) {
+    const uint64_t da = sm90::smem_desc_offset(desc_a, st * int(sizeof(s.a[0])));
+    const uint64_t db = sm90::smem_desc_offset(desc_b, st * int(sizeof(s.b[0])) + h * 128 * 128);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      sm90::wgmma_m64n128k32_e4m3(d, sm90::smem_desc_k_major_sw128(&s.a[st][64 * c * 128 + kk * 32]),
-                                  sm90::smem_desc_k_major_sw128(&s.b[st][h * 128 * 128 + kk * 32]), kk > 0);
+      sm90::wgmma_m64n128k32_e4m3(d, sm90::smem_desc_offset(da, kk * 32), sm90::smem_desc_offset(db, kk * 32), kk > 0);
     }
     sm90::wgmma_commit();
   };

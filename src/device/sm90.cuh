@@ -391,6 +391,13 @@ __device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* p) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) past `desc`'s. Exact while the address stays
+// below 256 KB, as every shared-memory address of a CTA does (at most 227 KB): the start-address field
+// is the address's bits 4-17, the descriptor's lowest, so adding to the descriptor cannot carry out of it.
+__device__ __forceinline__ uint64_t smem_desc_offset(uint64_t desc, int bytes) {
+  return desc + uint64_t(uint32_t(bytes) >> 4);
+}
+
 // Shared-memory matrix descriptor of an MN-major tile stored as [K rows][64 MN] boxes of 128-byte rows
 // (TMA boxes of 64 × 64 bf16, 8 KB each, 128-byte swizzle): 8 K rows make a 1024-byte atom (stride
 // between atoms along K), consecutive 64-wide MN chunks are one box (8192 bytes) apart.

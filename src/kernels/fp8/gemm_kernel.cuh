@@ -229,6 +229,9 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   const int32_t row0 = tile.m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
   const bool second = second_half<kForm>(tile, N);
+  // Stage 0's descriptors: this warpgroup's 64 rows of A, and B.
+  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&smem.a[0][64 * c * kBlock]);
+  const uint64_t desc_b = sm90::smem_desc_k_major_sw128(&smem.b[0][0]);
   // The B scale blocks of the tile's halves (gate/up: the gate's in b_scales, the up's in b2_scales).
   const int64_t b_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 0);
   const int64_t b2_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 1);
@@ -241,14 +244,18 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
   }
   // The products of half h of the tile's K block i into d, as one wgmma group (its stage landed).
+  // NOTES: each descriptor is stage 0's plus the operand's byte offset / 16 (sm90::smem_desc_offset):
+  // recomputed from the address, each of a group's eight cost a mask, a shift and an or, and A's
+  // (whose rows depend on c) a move into a uniform register too, ~40 instructions a group on the path
+  // from a warpgroup's turn to its wgmma (SASS, 2026-12-06).
   const auto issue_half = [&](float(&d)[64], int32_t i, int h) {
     const int stage = (it + i) % kStages;
+    const uint64_t da0 = sm90::smem_desc_offset(desc_a, stage * int(sizeof(smem.a[0])));
+    const uint64_t db0 = sm90::smem_desc_offset(desc_b, stage * int(sizeof(smem.b[0])) + h * int(kTileN * kBlock));
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < int(kBlock) / 32; ++kk) {  // k32 steps: 32 bytes along the 128-byte rows
-      const uint64_t da = sm90::smem_desc_k_major_sw128(&smem.a[stage][64 * c * kBlock + kk * 32]);
-      const uint64_t db = sm90::smem_desc_k_major_sw128(&smem.b[stage][h * kTileN * kBlock + kk * 32]);
-      sm90::wgmma_m64n128k32_e4m3(d, da, db, kk > 0);
+      sm90::wgmma_m64n128k32_e4m3(d, sm90::smem_desc_offset(da0, kk * 32), sm90::smem_desc_offset(db0, kk * 32), kk > 0);
     }
     sm90::wgmma_commit();
   };
@@ -584,7 +591,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
                           status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
                           gather, sources};
-  const int warpgroup = int(threadIdx.x) / 128;
+  // NOTES: broadcast from lane 0, so that ptxas knows it is the same in every lane of a warp and keeps
+  // what derives from it (the consumers' A descriptors) in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows);
   // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
   if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
