@@ -293,11 +293,25 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     // warpgroup: with two temporaries it spilled (120 bytes, its scales read from the stage by ld.shared),
     // and ptxas serialised its wgmma.
     const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
-    // pa, its group completed, into half h's running sums times the rows' and the columns' scales.
-    const auto promote_columns = [&](float(&to)[64], int stage, int h, float a0, float a1) {
+    // Half h's first column scales of the stage: columns 128h + 8j + 2(l%4) + {0, 1}, j in [0, 8).
+    // NOTES: read before the half's group is issued, so that the promotion after its wait starts without
+    // waiting for them (read after it, the first FMULs waited on the loads: ~6% of the kernel's warp
+    // samples, ncu, H100, 2026-12-06); the other eight after it, behind the first eight's products. All
+    // sixteen before it spilled 38 bytes.
+    constexpr int kEarlyScales = 8;
+    const auto column_scale = [&](int stage, int h, int j) {
+      return sm90::ld_shared_x2(&smem.scale_b[stage][kTileN * h + 8 * j + 2 * (lane % 4)]);
+    };
+    const auto column_scales = [&](float2(&b)[kEarlyScales], int stage, int h) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {  // columns 128h + 8j + 2(l%4) + {0, 1}
-        const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][kTileN * h + 8 * j + 2 * (lane % 4)]);
+      for (int j = 0; j < kEarlyScales; ++j) b[j] = column_scale(stage, h, j);
+    };
+    // pa, its group completed, into half h's running sums times the rows' and the columns' scales.
+    const auto promote_columns = [&](float(&to)[64], const float2(&early)[kEarlyScales], int stage, int h, float a0,
+                                     float a1) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 b = j < kEarlyScales ? early[j % kEarlyScales] : column_scale(stage, h, j);
         to[4 * j] = fmaf(pa[4 * j], a0 * b.x, to[4 * j]);
         to[4 * j + 1] = fmaf(pa[4 * j + 1], a0 * b.y, to[4 * j + 1]);
         to[4 * j + 2] = fmaf(pa[4 * j + 2], a1 * b.x, to[4 * j + 2]);
@@ -309,12 +323,14 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
       const int stage = (it + i) % kStages;
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
       const auto half = [&](float(&to)[64], int h) {
+        float2 early[kEarlyScales];
+        column_scales(early, stage, h);
         take_turn(groups);
         issue_half(pa, i, h);
         pass_turn(groups);
         sm90::wgmma_wait<0>();
         sm90::fence_registers(pa);
-        promote_columns(to, stage, h, a0, a1);
+        promote_columns(to, early, stage, h, a0, a1);
       };
       half(acc[0], 0);
       if (second) half(acc[1], 1);
