@@ -41,7 +41,7 @@ constexpr int kStageA = 128 * 128;  // [128 rows, 128 bytes of K]: E4M3 K = 128,
 constexpr int kStageB = 256 * 128;  // [256 columns, 128 bytes of K]
 constexpr int kThreads = 384;       // the producer warpgroup, then two consumer warpgroups
 constexpr int kScaleBlocks = 64;    // the scale arrays' K blocks (taken modulo)
-constexpr int kTurnBarrier = 3;     // named barriers 3 and 4, as in the kernel
+constexpr int kTurnBarrier = 3;     // named barriers 3 and 4, as the kernel's turns were (until 8ca5e11)
 
 enum class Loop { kPromoteTurns, kPromote, kRegsA, kScales, kPipelined128, kNoPromote, kNoPromote256, kBf16 };
 enum class Feed { kNone, kL2, kL2Pairs, kDram, kGather };
