@@ -7,7 +7,8 @@
 // into the running one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). The
 // grouped forms' tiles are two such 128-column halves wide ([128, 256]; gate/up: the gate's 128 and the
 // up's same 128), one temporary taking each half in turn, while the other warpgroup's products keep
-// the tensor cores busy, as does the weight gradient (its B scales per column); the dense form
+// the tensor cores busy (the two warpgroups issue independently), as does the weight gradient (its B
+// scales per column); the dense form
 // alternates two temporaries over [128, 128] tiles. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
@@ -192,34 +193,19 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
 // column 128h + 8j + 2(l%4) + r%2 of the tile (gate/up: h = 0 the gate's column 8j + .., 1 the up's),
 // j in [0, 16).
 
-// NOTES: in the wide forms and the weight gradient the consumer warpgroups issue their wgmma groups
-// alternately, warpgroup 0 first:
-// group g of warpgroup c waits at named barrier kTurnBarrier + c until the other has issued its group
-// g - 1 (c = 0) or g (c = 1). Both issue the same groups (the same tiles, K blocks and halves), so the
-// turns pair up; warpgroup 0 takes one last turn after its last group (finish_turns), so that no
-// barrier is left half-arrived. Named barriers, whose waits are not bounded as the stages' mbarrier waits
-// are: turns on two mbarriers with bounded, reported waits spilled 36-44 bytes in three of the kernels
-// (2026-12-05).
-constexpr int kTurnBarrier = 3;  // 1 and 2: the epilogues' (one per consumer warpgroup)
-__device__ __forceinline__ void take_turn(int32_t groups) {
-  const int c = int(threadIdx.x) / 128 - 1;
-  if (c == 1 || groups > 0) sm90::named_barrier_sync(kTurnBarrier + c, 2 * 128);
-}
-__device__ __forceinline__ void pass_turn(int32_t& groups) {
-  const int c = int(threadIdx.x) / 128 - 1;
-  sm90::named_barrier_arrive(kTurnBarrier + 1 - c, 2 * 128);
-  ++groups;
-}
-__device__ __forceinline__ void finish_turns(int32_t groups) {
-  if (int(threadIdx.x) / 128 == 1 && groups > 0) sm90::named_barrier_sync(kTurnBarrier, 2 * 128);
-}
+// NOTES: in the wide forms and the weight gradient the two consumer warpgroups issue their wgmma
+// groups independently, sharing only the stages' barriers. They had issued them in turn (each group at a
+// named barrier until the other warpgroup had issued its previous one), which gained the loop alone 14
+// points of the FP8 rate (61% against 75%, 2026-12-05) while each group's eight descriptors were
+// recomputed from their addresses; with the descriptors as offsets (d8a4107) the loop alone reached 88%
+// without turns against 81% with them, and the forward's GEMMs 4-7% less time under ncu (H100,
+// 2026-12-06; docs/fp8.md).
 
-// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it;
-// `groups`: the wgmma groups this warpgroup issued in turn before it (take_turn).
+// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it.
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
-                                         float (&acc)[kHalves<kForm>][64], int32_t& groups) {
+                                         float (&acc)[kHalves<kForm>][64]) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
   constexpr int kH = kHalves<kForm>;
@@ -247,7 +233,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   // NOTES: each descriptor is stage 0's plus the operand's byte offset / 16 (sm90::smem_desc_offset):
   // recomputed from the address, each of a group's eight cost a mask, a shift and an or, and A's
   // (whose rows depend on c) a move into a uniform register too, ~40 instructions a group on the path
-  // from a warpgroup's turn to its wgmma (SASS, 2026-12-06).
+  // from a warpgroup's last promotion to its next wgmma (SASS, 2026-12-06).
   const auto issue_half = [&](float(&d)[64], int32_t i, int h) {
     const int stage = (it + i) % kStages;
     const uint64_t da0 = sm90::smem_desc_offset(desc_a, stage * int(sizeof(smem.a[0])));
@@ -293,11 +279,25 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     // warpgroup: with two temporaries it spilled (120 bytes, its scales read from the stage by ld.shared),
     // and ptxas serialised its wgmma.
     const int row = 64 * c + 16 * warp + lane / 4;  // the tile's rows row, row + 8
-    // pa, its group completed, into half h's running sums times the rows' and the columns' scales.
-    const auto promote_columns = [&](float(&to)[64], int stage, int h, float a0, float a1) {
+    // Half h's first column scales of the stage: columns 128h + 8j + 2(l%4) + {0, 1}, j in [0, 8).
+    // NOTES: read before the half's group is issued, so that the promotion after its wait starts without
+    // waiting for them (read after it, the first FMULs waited on the loads: ~6% of the kernel's warp
+    // samples, ncu, H100, 2026-12-06); the other eight after it, behind the first eight's products. All
+    // sixteen before it spilled 38 bytes.
+    constexpr int kEarlyScales = 8;
+    const auto column_scale = [&](int stage, int h, int j) {
+      return sm90::ld_shared_x2(&smem.scale_b[stage][kTileN * h + 8 * j + 2 * (lane % 4)]);
+    };
+    const auto column_scales = [&](float2(&b)[kEarlyScales], int stage, int h) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {  // columns 128h + 8j + 2(l%4) + {0, 1}
-        const float2 b = sm90::ld_shared_x2(&smem.scale_b[stage][kTileN * h + 8 * j + 2 * (lane % 4)]);
+      for (int j = 0; j < kEarlyScales; ++j) b[j] = column_scale(stage, h, j);
+    };
+    // pa, its group completed, into half h's running sums times the rows' and the columns' scales.
+    const auto promote_columns = [&](float(&to)[64], const float2(&early)[kEarlyScales], int stage, int h, float a0,
+                                     float a1) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 b = j < kEarlyScales ? early[j % kEarlyScales] : column_scale(stage, h, j);
         to[4 * j] = fmaf(pa[4 * j], a0 * b.x, to[4 * j]);
         to[4 * j + 1] = fmaf(pa[4 * j + 1], a0 * b.y, to[4 * j + 1]);
         to[4 * j + 2] = fmaf(pa[4 * j + 2], a1 * b.x, to[4 * j + 2]);
@@ -309,12 +309,12 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
       const int stage = (it + i) % kStages;
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
       const auto half = [&](float(&to)[64], int h) {
-        take_turn(groups);
+        float2 early[kEarlyScales];
+        column_scales(early, stage, h);
         issue_half(pa, i, h);
-        pass_turn(groups);
         sm90::wgmma_wait<0>();
         sm90::fence_registers(pa);
-        promote_columns(to, stage, h, a0, a1);
+        promote_columns(to, early, stage, h, a0, a1);
       };
       half(acc[0], 0);
       if (second) half(acc[1], 1);
@@ -322,24 +322,19 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     }
   } else if constexpr (kH == 2) {
     // Each K block's halves one after another through pa; the scales a block ahead (their loads'
-    // latency behind this block's products). The two consumer warpgroups issue their groups in turn
-    // (take_turn), so that one's products run on the tensor cores while the other waits for its own and
-    // promotes them.
+    // latency behind this block's products). One warpgroup's products run on the tensor cores while the
+    // other waits for its own and promotes them.
     Scales next = n > 0 ? scales_of(0) : Scales{};
     for (int32_t i = 0; i < n; ++i) {
       const Scales sc = next;
       if (i + 1 < n) next = scales_of(i + 1);
       wait_full(i);
-      take_turn(groups);
       issue_half(pa, i, 0);
-      pass_turn(groups);
       sm90::wgmma_wait<0>();
       if (!second) release(i);
       promote(acc[0], pa, sc.a0 * sc.b, sc.a1 * sc.b);
       if (second) {
-        take_turn(groups);
         issue_half(pa, i, 1);
-        pass_turn(groups);
         sm90::wgmma_wait<0>();
         release(i);
         promote(acc[1], pa, sc.a0 * sc.b2, sc.a1 * sc.b2);
@@ -620,7 +615,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
   int32_t it = 0;      // K blocks consumed before this tile
-  int32_t groups = 0;  // wgmma groups issued in turn (the wide forms' and the weight gradient's)
   bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
   // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
   // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
@@ -644,13 +638,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
     }
     float acc[kHalves<kForm>][64];
-    mainloop(smem, tiles, p, tile, t, it, c, acc, groups);
+    mainloop(smem, tiles, p, tile, t, it, c, acc);
     it += tile.kb_end - tile.kb_begin;
     epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
     // (the weight gradient's warpgroup stores nothing where its rows lie past M)
     if (kForm != Form::kWeightGrad || tile.m0 + 64 * c < p.M) previous_second = second_half<kForm>(tile, p.N);
   }
-  finish_turns(groups);
   // The stores must finish before the CTA's shared memory goes away.
   if (kForm != Form::kDense && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }
