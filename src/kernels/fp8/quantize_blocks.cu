@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/kernel_loading.h"
