@@ -7,12 +7,12 @@
 
 #include "common/cuda_check.h"
 #include "common/kernel_loading.h"
+#include "device/remote.cuh"
 #include "kernels/fp8/api.h"
 #include "kernels/fp8/e4m3.cuh"
 #include "kernels/fp8/quantize_modules.h"
 #include "kernels/fp8/row_access.cuh"
 #include "lynx/error.h"
-#include "device/remote.cuh"
 
 namespace lynx::fp8 {
 namespace {
