@@ -6,10 +6,9 @@
 // m64n128k32 E4M3 wgmma per K block and 128 columns into a temporary fp32 accumulator, then promoted
 // into the running one times the row's A scale and the block's B scale (the DeepSeek-V3 recipe). The
 // grouped forms' tiles are two such 128-column halves wide ([128, 256]; gate/up: the gate's 128 and the
-// up's same 128), one temporary taking each half in turn, while the other warpgroup's products keep
-// the tensor cores busy (the two warpgroups issue independently), as does the weight gradient (its B
-// scales per column); the dense form
-// alternates two temporaries over [128, 128] tiles. The bf16
+// up's same 128), one temporary taking each half in turn, as does the weight gradient (its B scales per
+// column); the two warpgroups issue independently, so that one's products may keep the tensor cores
+// busy while the other promotes. The dense form alternates two temporaries over [128, 128] tiles. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
 // tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
@@ -322,8 +321,8 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     }
   } else if constexpr (kH == 2) {
     // Each K block's halves one after another through pa; the scales a block ahead (their loads'
-    // latency behind this block's products). One warpgroup's products run on the tensor cores while the
-    // other waits for its own and promotes them.
+    // latency behind this block's products). Nothing orders the two warpgroups: while one waits for
+    // its group and promotes it, the other's may run.
     Scales next = n > 0 ? scales_of(0) : Scales{};
     for (int32_t i = 0; i < n; ++i) {
       const Scales sc = next;
