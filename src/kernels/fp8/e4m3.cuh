@@ -1,6 +1,6 @@
 // The E4M3 codes and power-of-two scales of the block-scaled recipe (api.h), on the device: what the
 // quantisation kernels (quantize_tiles.cu, quantize_blocks.cu, transpose_tiles.cu, tile_rows.cu) and
-// the gate/up GEMM's quantising epilogue (gemm_kernel.cuh) share, so that both give
+// the gate/up GEMM's quantising epilogue (gemm/epilogue.cuh) share, so that both give
 // src/reference/fp8.h's bits.
 #pragma once
 

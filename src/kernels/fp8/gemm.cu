@@ -1,5 +1,5 @@
 // The block-scaled FP8 GEMMs' host side (api.h: gemm_block_scaled and its grouped forms over the
-// experts' rows): argument checks, tensor maps and launches of the kernel in gemm_kernel.cuh.
+// experts' rows): argument checks, tensor maps and launches of the kernel in gemm/kernel.cuh.
 #include <cuda.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include "common/per_device.h"
 #include "kernels/expert_gemm/tma.h"
 #include "kernels/fp8/api.h"
-#include "kernels/fp8/gemm_kernel.cuh"
+#include "kernels/fp8/gemm/kernel.cuh"
 #include "lynx/error.h"
 
 namespace lynx::fp8 {

@@ -1,4 +1,4 @@
-// The block-scaled FP8 GEMM's tiles (gemm_kernel.cuh): which output tile a persistent CTA computes, which
+// The block-scaled FP8 GEMM's tiles (gemm/kernel.cuh): which output tile a persistent CTA computes, which
 // of its 128-column halves exist, the bytes each K block's stage loads and the B scales each half reads.
 // Compiles for host and device; the CPU tests check it (tests/cpu/test_fp8_tiles.cpp).
 #pragma once
@@ -78,7 +78,7 @@ LYNX_HD int64_t b_scale_row(const Tile& tile, int32_t N, int32_t k_blocks, int h
   return kForm == Form::kGrouped && h == 1 && second_half<kForm>(tile, N) ? first + k_blocks : first;
 }
 
-// The quantising gate/up epilogue's codes (gemm_kernel.cuh, quantize_h_piece): the offset in its [64
+// The quantising gate/up epilogue's codes (gemm/epilogue.cuh, quantize_h_piece): the offset in its [64
 // rows, 128 bytes] box (the TMA's 128-byte swizzle: 16-byte chunk k of row R at chunk k ^ (R % 8)) of the
 // two codes of a consumer thread's fragment column group j, row half r: columns 8j + 2(lane % 4) + {0, 1}
 // of row 16·warp + lane / 4 + 8r.
