@@ -173,7 +173,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
     // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why); in FP8 with
-    // FP8 weight gradients it reads x's tiles instead (fp8_forward.cpp), and needs no bf16 rows.
+    // FP8 weight gradients it reads x's tiles instead (fp8_backward.cpp), and needs no bf16 rows.
     const bool fp8_weight_grads = config.precision == Precision::kFp8Block && !config.bf16_weight_grads;
     if (s.num_ranks == 1) {
       if (!fp8_weight_grads) scratch(un.xg, cap * H);
@@ -243,7 +243,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
         own(b.w_gate_up_t_scales, E * kbH * kb2I);
       }
       point_at_fp8_store(f8, *fp8_store);
-      // At R > 1 each rank's tiles are staged in its shared region's token rows (fp8_forward.cpp): H bytes
+      // At R > 1 each rank's tiles are staged in its shared region's token rows (fp8_rows.cpp): H bytes
       // and 4 per 128 columns a token, within the 2·H of a bf16 row.
       if (s.num_ranks > 1 && H + 4 * kbH > 2 * H) throw Error("shape.hidden", "internal: FP8 tiles exceed a token row");
       if (s.num_ranks == 1) {
