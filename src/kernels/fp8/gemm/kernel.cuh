@@ -110,11 +110,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Before that, ~11% of the down GEMM's samples still waited there (H100, 2026-12-06).
   const int32_t first_round =
       kScheduleRows<kForm> ? gemm::expert_search_first_round(tiles.expert_offset, tiles.experts) : 0;
-  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
-    Tile tile = tiles.without_expert(t);
+  // The grouped forms' tile once its expert is found (a warp at a time); the others' from t alone.
+  const auto tile_of = [&](int32_t t) {
     if constexpr (kScheduleRows<kForm>) {
-      tile = tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
+      return tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
+    } else {
+      return tiles.without_expert(t);
     }
+  };
+  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    const Tile tile = tile_of(t);
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
     // at the tile's start instead, but where the kernel pulls rows from other ranks: there the four more
