@@ -1,3 +1,4 @@
+// The FP8 backward (fp8_passes.h), in the fused passes' steps.
 #include "kernels/fp8/api.h"
 #include "kernels/glue/api.h"
 #include "kernels/peer/api.h"

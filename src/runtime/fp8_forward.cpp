@@ -1,3 +1,4 @@
+// The FP8 forward and the recompute of its context (fp8_passes.h), in the fused passes' steps.
 #include "kernels/fp8/api.h"
 #include "kernels/peer/api.h"
 #include "runtime/fp8_passes.h"

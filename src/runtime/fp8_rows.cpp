@@ -1,3 +1,4 @@
+// The FP8 passes' token rows as 1×128 tiles (fp8_rows.h).
 #include "kernels/fp8/api.h"
 #include "runtime/fp8_rows.h"
 #include "runtime/steps.h"

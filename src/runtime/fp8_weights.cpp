@@ -1,3 +1,4 @@
+// The routed experts' E4M3 weight copies (fp8_passes.h): quantised from bf16, or given already quantised.
 #include "common/cuda_check.h"
 #include "kernels/fp8/api.h"
 #include "runtime/fp8_passes.h"
