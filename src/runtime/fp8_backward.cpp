@@ -11,6 +11,35 @@
 namespace lynx::fp8pass {
 namespace {
 
+// Where the da GEMM finds dy's tiles in schedule order: gathered into f8.xg before it
+// (tiles_in_schedule_order), or, at one rank where the plan puts da's gather in the GEMM, their scales
+// gathered before it and their bytes by the GEMM itself (the returned TileGather), as gate/up finds x's
+// (fp8_forward.cpp). One rank's tokens' tiles are in f8.x either way, where dŷ's readers find them.
+// NOTES: the plan's place for da's rows (plan.da_gather, as for the bf16 da launch) rather than gate/up's,
+// though both gather rows of K = H (the same bytes a row, the same lookahead): the rule (plan/gather.h)
+// weighs a row's copy against the output columns it feeds, I here against gate/up's 2I, and E4M3 halves
+// both sides (a row's bytes, and its products' time at twice bf16's rate). So at qwen3-30b-a3b (I = 768)
+// the kernel before the GEMM still gathers dy's tiles (the GEMM's gather there not yet measured in FP8).
+fp8::TileGather dy_tiles_for_da(Workspace::Impl& w, const TensorView& dy, cudaStream_t s) {
+  if (w.ranks() > 1 || w.plan.da_gather != plan::GatherPlace::kInGemm) {
+    tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
+    return {};
+  }
+  const LayerShape& sh = w.shape;
+  const Fp8Buffers& f = w.f8;
+  fp8::TileGather g;
+  g.tokens = f.x;
+  g.row_token_slot = w.schedule.row_token_slot;
+  g.top_k = sh.top_k;
+  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
+  g.lookahead = 2 * w.plan.da.gather_lookahead;
+  g.sync = w.gather_sync;
+  quantize_tokens(w, dy, Fp8Tensor::kDy, s);
+  fp8::gather_tile_scales(f.xg_scales, f.x_scales, g.row_token_slot, w.device_total_rows(), w.problem.capacity,
+                          sh.top_k, sh.hidden, s);
+  return g;
+}
+
 // The experts' backward (and the shared expert's), between the two barriers at R > 1.
 void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads,
                       cudaStream_t s) {
@@ -29,8 +58,9 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   const bool dy_rows = wgrads && (bf16_wgrads || w.ranks() > 1);
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
+  fp8::TileGather dy_gather;
   if (!omitted(Stage::kDyGather, w.backward_calls)) {
-    tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
+    dy_gather = dy_tiles_for_da(w, dy, s);
     // One rank's dŷ rows straight from its tokens' tiles in f8.x.
     if (dy_rows && w.ranks() == 1) {
       dequantized_token_rows(w, dyg, s);
@@ -41,7 +71,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
-                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s, w.plan.fp8_pair_rows);
+                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s, dy_gather,
+                                   w.plan.fp8_pair_rows);
   }
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
@@ -99,7 +130,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
       fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
     }
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
-                                   w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s, w.plan.fp8_pair_rows);
+                                   w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s, {},
+                                   w.plan.fp8_pair_rows);
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);

@@ -105,7 +105,8 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   forward_context(w, in, s, w.config.save_forward_context, true);
   if (!omitted(Stage::kDown, w.forward_calls)) {
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
-                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s, w.plan.fp8_pair_rows);
+                                   w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s, {},
+                                   w.plan.fp8_pair_rows);
   }
   enqueue_shared_down(w, in, s);
   fused::compute_ends(w, s);

@@ -21,8 +21,10 @@ enum class Stage : uint32_t {
   kDown,            // forward: the down GEMM
   kCombine,         // forward: the combine into y
   kDyGather,        // backward: dy rows into schedule order (fused: inside the da GEMM, so leaving
-                    // that GEMM out leaves this out too). Its buffer is the forward's down output
-                    // and the per-row dx too, so without it the da GEMM reads the last of those.
+                    // that GEMM out leaves this out too; FP8's at one rank likewise, all but dy's
+                    // quantisation and its tiles' scales, which come before it). Its buffer is the
+                    // forward's down output and the per-row dx too, so without it the da GEMM reads
+                    // the last of those.
   kDgradDown,       // backward: da = dy_row · w_down
   kSwigluBackward,  // backward: dg, du and d_topk_weights
   kDgradGateUp,     // backward: dx_row = [dg | du] · [w_gate; w_up]

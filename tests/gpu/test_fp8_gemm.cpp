@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "gpu/gpu_test.h"
 #include "gpu/layer_check.h"
+#include "kernels/expert_gemm/api.h"
 #include "kernels/fp8/api.h"
 #include "lynx/error.h"
 #include "reference/fp8.h"
@@ -174,7 +175,7 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
                                        {}, {}, pair);
     } else {
       fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
-                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, pair);
+                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, {}, pair);
     }
     LYNX_TEST_CUDA(cudaDeviceSynchronize());
   };
@@ -421,6 +422,145 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns
+}
+
+// The grouped form gathering A itself (TileGather: the dgrad of down at R = 1) from token tiles [T, K]:
+// experts of `rows` rows each, a token slot drawn for each row (so tokens repeat and some go unread),
+// padding rows (slot -1), and the block past the schedule's rows (slot 0 there: it must not be
+// gathered); `a` poisoned with 0xFF, the rows' scales in place (as gather_tile_scales leaves them).
+// Against the same form on the tiles gathered on the host, bit for bit: every output (poisoned with NaN
+// first) and every byte of `a` (a row its token's tile, zeros for padding, the block past the rows
+// untouched); no wait stalls, and the gather's counters are left zero for the next launch, which (with
+// the copies held to one row block ahead of the tiles) gives the same bits again.
+void expect_gathered_equals_pregathered(const std::vector<int64_t>& rows, int64_t T, int64_t N, int64_t K,
+                                        bool pair_rows = false) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K), top_k = 4;
+  SCOPED_TRACE("E " + std::to_string(E) + " T " + std::to_string(T) + " N " + std::to_string(N) + " K " +
+               std::to_string(K) + " seed " + std::to_string(seed) + (pair_rows ? " paired" : ""));
+  const GroupedOperands ops = grouped_operands(rows, N, K, 1, seed);
+  const std::vector<int32_t>& offset = ops.offset;
+  const int64_t total = ops.total, cap = ops.cap;
+  const std::vector<float> tokens = values(T, K, seed ^ 0x70);
+  const ref::fp8::Quantized qt = ref::fp8::quantize_tiles(tokens.data(), T, K);
+  ASSERT_TRUE(qt.finite);
+  std::mt19937_64 rng(seed ^ 0x51);
+  std::uniform_int_distribution<int32_t> any_slot(0, int32_t(T * top_k - 1));
+  std::vector<int32_t> slot(size_t(cap), 0);
+  std::vector<uint8_t> a(size_t(cap * K), 0xFF);
+  std::vector<float> a_scales(size_t(cap * kb), std::nanf(""));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = offset[size_t(e)]; r < offset[size_t(e + 1)]; ++r) {
+      const bool padding = r >= offset[size_t(e)] + rows[size_t(e)];
+      slot[size_t(r)] = padding ? -1 : any_slot(rng);
+      const int64_t token = slot[size_t(r)] / top_k;
+      for (int64_t c = 0; c < K; ++c) a[size_t(r * K + c)] = padding ? 0 : qt.q[size_t(token * K + c)];
+      for (int64_t b = 0; b < kb; ++b) {
+        a_scales[size_t(r * kb + b)] = padding ? 1.0f : qt.scales[size_t(token * kb + b)];
+      }
+    }
+  }
+  DeviceBuffer d_tokens = to_device(qt.q), d_pregathered = to_device(a), d_scales = to_device(a_scales);
+  DeviceBuffer d_slot = to_device(slot), d_offset = to_device(offset);
+  DeviceBuffer d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]);
+  DeviceBuffer d_sync(size_t(gemm::gather_sync_ints(cap)) * sizeof(int32_t));
+  d_sync.fill_bytes(0);
+  DeviceStatus* status = nullptr;
+  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
+  *status = DeviceStatus{};
+  DeviceStatus* status_device = nullptr;
+  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  // The form's output on `a_in` (gathered into it where `gather` is on), from a poisoned output.
+  const auto run = [&](const DeviceBuffer& a_in, const fp8::TileGather& gather) {
+    DeviceBuffer out(size_t(cap * N) * 2);
+    out.fill_bytes(0xFF);
+    fp8::grouped_gemm_block_scaled(a_in.as<uint8_t>(), d_scales.as<float>(), cap, K, d_b.as<uint8_t>(),
+                                   d_bs.as<float>(), E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), status_device,
+                                   nullptr, gather, pair_rows);
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return to_host<HostBf16>(out, size_t(cap * N));
+  };
+  // A gathered into a poisoned buffer, the copies held to `lookahead` row blocks ahead of the tiles: the
+  // outputs, A's bytes and the gather's counters after.
+  struct Gathered {
+    std::vector<HostBf16> out;
+    std::vector<uint8_t> a;
+    std::vector<int32_t> sync;
+  };
+  const auto gathered = [&](int32_t lookahead) {
+    DeviceBuffer d_a(size_t(cap * K));
+    d_a.fill_bytes(0xFF);
+    fp8::TileGather gather;
+    gather.tokens = d_tokens.as<uint8_t>();
+    gather.row_token_slot = d_slot.as<int32_t>();
+    gather.top_k = top_k;
+    gather.lookahead = lookahead;
+    gather.sync = d_sync.as<int32_t>();
+    Gathered g;
+    g.out = run(d_a, gather);
+    g.a = to_host<uint8_t>(d_a, size_t(cap * K));
+    g.sync = to_host<int32_t>(d_sync, size_t(gemm::gather_sync_ints(cap)));
+    return g;
+  };
+  const std::vector<HostBf16> want = run(d_pregathered, {});
+  const Gathered runs[] = {gathered(8), gathered(1)};
+  const DeviceStatus st = *status;
+  LYNX_TEST_CUDA(cudaFreeHost(status));
+  EXPECT_EQ(st.code, 0) << "a wait stalled: " << st.a << " at " << st.b;
+  for (int64_t i = 0; i < total * N; ++i) ASSERT_TRUE(std::isfinite(to_double(want[size_t(i)]))) << "element " << i;
+  for (const Gathered& g : runs) {
+    SCOPED_TRACE(&g == &runs[0] ? "lookahead 8" : "lookahead 1, the counters left by the launch before");
+    EXPECT_EQ(std::memcmp(g.out.data(), want.data(), want.size() * sizeof(HostBf16)), 0)
+        << "the gathered A's outputs differ from the pre-gathered A's";
+    for (int64_t i = 0; i < cap * K; ++i) {
+      ASSERT_EQ(g.a[size_t(i)], a[size_t(i)]) << "a row " << i / K << " column " << i % K;
+    }
+    for (size_t i = 0; i < g.sync.size(); ++i) ASSERT_EQ(g.sync[i], 0) << "gather counter " << i << " left set";
+  }
+}
+
+// Rows of 64 and of 180 16-byte pieces (less than one round of a gather warp's loads, and two rounds,
+// with a short last K block), experts without rows or of one row, a last column tile of one half; more
+// tiles than SMs; tiles in pairs of an expert's row blocks.
+TEST_F(Fp8Gemm, GroupedGathersItsRows) {
+  expect_gathered_equals_pregathered({200, 0, 128, 1, 300}, 300, 384, 1024);
+  expect_gathered_equals_pregathered({77, 129, 0}, 50, 768, 2880);
+  expect_gathered_equals_pregathered({4000, 129, 700}, 2000, 1536, 256);
+  expect_gathered_equals_pregathered({100, 250, 0, 300, 129, 1, 0, 512, 77}, 600, 512, 640, true);
+}
+
+// The grouped form gathers this rank's token tiles only, with its arguments: refused by name before any
+// launch.
+TEST_F(Fp8Gemm, GroupedGatherIsCheckedBeforeLaunch) {
+  DeviceBuffer d(size_t(1) << 20);
+  const auto* q = d.as<uint8_t>();
+  const auto* s = d.as<float>();
+  const auto* offset = d.as<int32_t>();
+  fp8::TileGather gather;
+  gather.tokens = q;
+  gather.row_token_slot = offset;
+  gather.top_k = 2;
+  gather.lookahead = 1;
+  gather.sync = d.as<int32_t>();
+  const auto message = [&](const fp8::TileGather& g) {
+    try {
+      fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 128, offset, d.as<bf16_t>(), nullptr, nullptr, g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  fp8::TileGather remote = gather;
+  remote.tokens = nullptr;
+  remote.sources.base = reinterpret_cast<const void* const*>(d.get());
+  remote.sources.row_src_rank = offset;
+  EXPECT_NE(message(remote).find("this rank's token tiles only"), std::string::npos) << message(remote);
+  fp8::TileGather no_lookahead = gather;
+  no_lookahead.lookahead = 0;
+  EXPECT_NE(message(no_lookahead).find("lookahead"), std::string::npos) << message(no_lookahead);
+  fp8::TileGather unaligned = gather;
+  unaligned.tokens = q + 8;
+  EXPECT_NE(message(unaligned).find("16-byte aligned"), std::string::npos) << message(unaligned);
 }
 
 // The gate/up form quantising h in its epilogue (QuantizedH): its codes and scales equal quantize_tiles'

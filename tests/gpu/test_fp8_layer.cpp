@@ -242,9 +242,10 @@ TEST_F(Fp8Layer, BitwiseEqualAtEveryR) { expect_fp8_every_r({512, 256, 256, 16, 
 
 // gate/up's x tiles gathered inside its GEMM (the plan's choice where the bf16 layer gathers there; forced
 // here, as the small shapes gather token-major) give the bits of the tiles gathered by a kernel before
-// it, at one rank and at R ranks (each row pulled from its source rank's staged tiles); with the copies
-// held to a lookahead of 2 row blocks (the throttle), and with rows of 2176 bytes (more than one round
-// of loads a lane).
+// it, at one rank (there dy's tiles too, inside the da GEMM: DyGatherInTheDaGemmGivesTheKernelsBits)
+// and at R ranks (each row pulled from its source rank's staged tiles); with the copies held to a
+// lookahead of 2 row blocks (the throttle), and with rows of 2176 bytes (more than one round of loads a
+// lane).
 TEST_F(Fp8Layer, GateUpGatherInTheGemmGivesTheKernelsBits) {
   const auto gather_in_gemm = [](int32_t in_gemm, int32_t lookahead = 0) {
     return [in_gemm, lookahead](Workspace& ws) {
@@ -265,6 +266,49 @@ TEST_F(Fp8Layer, GateUpGatherInTheGemmGivesTheKernelsBits) {
     }
     EXPECT_EQ(first_difference(kernel, run_virtual_ranks(L, 2, dy, fp8_config(), false, gather_in_gemm(1, 1))), "")
         << "lookahead 1 (2 E4M3 row blocks)";
+  }
+}
+
+// One rank's dy tiles gathered inside the da GEMM (fp8_backward.cpp: where the plan puts da's gather in
+// the GEMM, as the bf16 layer's; forced here, as the small shapes gather token-major) give every output
+// the bits of the tiles gathered by a kernel before it: with FP8 and with bf16 weight gradients (which
+// read dŷ from the token tiles), experts without rows, slots not routed, a shared expert, H past a
+// multiple of 128, rows of 2176 bytes (more than one round of loads a lane), and with the context
+// recomputed and the copies held to a lookahead of 2 row blocks (the throttle); the row buffers
+// poisoned first, the gather's counters at rest after.
+TEST_F(Fp8Layer, DyGatherInTheDaGemmGivesTheKernelsBits) {
+  const auto run = [](const HostLayer& L, const std::vector<HostBf16>& dy, const Config& config, int32_t in_gemm,
+                      int32_t lookahead, bool recompute) {
+    Workspace ws(L.shape, config);
+    test_hooks::poison_row_buffers(ws);
+    test_hooks::set_gather_token_major(ws, 0);
+    test_hooks::set_gemm_gather(ws, in_gemm);
+    test_hooks::set_gather_lookahead(ws, lookahead);
+    EXPECT_EQ(ws.impl().plan.da_gather == plan::GatherPlace::kInGemm, in_gemm == 1) << "the plan's place for da";
+    quantize_weights(ws, L.inputs().weights, nullptr);
+    const Outputs o = run_layer(ws, L, dy, recompute);
+    ws.check(nullptr);
+    EXPECT_EQ(test_hooks::counters_not_at_rest(ws), "");
+    return o;
+  };
+  Case unrouted{130, 256, 128, 8, 4, 0};
+  unrouted.unrouted_every = 3;
+  const Case cases[] = {Case{96, 128, 64, 128, 4, 0}, Case{257, 320, 192, 16, 4, 128}, unrouted,
+                        Case{128, 2176, 128, 4, 2, 0}};
+  for (const Case& c : cases) {
+    for (const bool bf16_weight_grads : {false, true}) {
+      const auto seed = fresh_seed();
+      SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed) +
+                   (bf16_weight_grads ? ", bf16 weight gradients" : ""));
+      const HostLayer L(c, seed);
+      const std::vector<HostBf16> dy = random_dy(c);
+      Config config = fp8_config();
+      config.bf16_weight_grads = bf16_weight_grads;
+      const Outputs kernel = run(L, dy, config, 0, 0, false);
+      EXPECT_EQ(first_difference(kernel, run(L, dy, config, 1, 0, false)), "");
+      EXPECT_EQ(first_difference(kernel, run(L, dy, config, 1, 1, true)), "")
+          << "context recomputed, lookahead 1 (2 E4M3 row blocks)";
+    }
   }
 }
 

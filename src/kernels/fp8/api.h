@@ -126,7 +126,7 @@ void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const
                               const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
                               float* scales, NonfiniteReport report, cudaStream_t stream);
 
-// gather_tiles' scales alone (the gate/up GEMM gathers the bytes itself: TileGather below).
+// gather_tiles' scales alone (a grouped GEMM gathers the bytes itself: TileGather below).
 void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_t* row_token_slot,
                         const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, cudaStream_t stream,
                         const TileSources& sources = {}, NonfiniteReport report = {});
@@ -152,6 +152,24 @@ void gather_dequantized_tiles(const uint8_t* src, const float* src_scales, const
 void dequantize(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, bool blocks, float* x,
                 cudaStream_t stream);
 
+// A grouped form's A gathered by the kernel itself, beside its tiles (the bf16 expert GEMM's in-kernel
+// gather): schedule row r of `a` (then written by the kernel) = the tile bytes of token row_token_slot[r]
+// / top_k of `tokens` ([T, K] bytes), or at R > 1 (sources.remote(); the gate/up form only) of its
+// source rank's staged tiles (sources.base[row_src_rank[r]]: bytes [T, K] first), zeros for padding
+// rows; rows up to the schedule's total. The rows' scales must already be in a_scales
+// (gather_tile_scales). sync: [gather_sync_ints(capacity)] ints (expert_gemm/api.h), zero before the
+// launch, which leaves them zero. Neither tokens nor remote sources: no gather, `a` is in place.
+struct TileGather {
+  const uint8_t* tokens = nullptr;         // [T, K] device (R = 1)
+  const int32_t* row_token_slot = nullptr;  // [capacity] device
+  int64_t top_k = 0;
+  int32_t lookahead = 0;                   // row blocks the copies may run ahead of the tiles
+  int32_t* sync = nullptr;
+  RowSources sources;                      // R > 1
+
+  bool on() const { return tokens != nullptr || sources.remote(); }
+};
+
 // The dense GEMM below stores two adjacent fp32 output columns at once where N is even: its output must
 // then be aligned to two elements. The grouped forms store their bf16 outputs by TMA (out, h, out2:
 // 128-byte aligned) and KeptGateUp's rows in 16-byte chunks (gate, up and slot 16-byte aligned), so
@@ -173,10 +191,12 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 // of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written, nor any
 // when expert_offset[experts] > capacity (a schedule over capacity). pair_rows: the tiles in pairs of
 // an expert's row blocks reading the same weights at once (tiles.h; the same outputs, bit for bit).
+// A gathered by the kernel itself where `gather` is on (TileGather above): from this rank's token tiles
+// only (the dgrad of down at R = 1); remote sources are an Error.
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               bool pair_rows = false);
+                               const TileGather& gather = {}, bool pair_rows = false);
 
 // Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
 // gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
@@ -195,24 +215,6 @@ struct QuantizedH {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   NonfiniteReport report{};
-};
-
-// The gate/up form's A gathered by the kernel itself, beside its tiles (the bf16 expert GEMM's in-kernel
-// gather): schedule row r of `a` (then written by the kernel) = the tile bytes of token row_token_slot[r]
-// / top_k of `tokens` ([T, K] bytes), or at R > 1 (sources.remote()) of its source rank's staged tiles
-// (sources.base[row_src_rank[r]]: bytes [T, K] first), zeros for padding rows; rows up to the schedule's
-// total. The rows' scales must already be in a_scales (gather_tile_scales). sync: [gather_sync_ints(
-// capacity)] ints (expert_gemm/api.h), zero before the launch, which leaves them zero. Neither tokens
-// nor remote sources: no gather, `a` is in place.
-struct TileGather {
-  const uint8_t* tokens = nullptr;         // [T, K] device (R = 1)
-  const int32_t* row_token_slot = nullptr;  // [capacity] device
-  int64_t top_k = 0;
-  int32_t lookahead = 0;                   // row blocks the copies may run ahead of the tiles
-  int32_t* sync = nullptr;
-  RowSources sources;                      // R > 1
-
-  bool on() const { return tokens != nullptr || sources.remote(); }
 };
 
 // The gate/up form (the expert GEMM's kRowsSwiGLU in FP8): h[r, n] = silu(g) · u, g and u the grouped

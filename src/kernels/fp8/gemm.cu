@@ -92,6 +92,31 @@ void check_grouped(int64_t capacity, int64_t experts, const int32_t* expert_offs
   if (expert_offset == nullptr) throw Error("expert_offset", "is null");
 }
 
+// A grouped form's in-kernel gather (TileGather, on) of K-byte rows into a, checked: the gather copies
+// 16-byte pieces of them, which the TMA then reads.
+gemm::RowGather row_gather(const TileGather& gather, const uint8_t* a, int64_t K) {
+  if (gather.row_token_slot == nullptr || gather.sync == nullptr || gather.top_k <= 0 || gather.lookahead < 1) {
+    throw Error("gather", "row_token_slot, sync, top_k and a lookahead of one row block at least are needed");
+  }
+  if (gather.sources.remote() && gather.sources.row_src_rank == nullptr) {
+    throw Error("gather.sources", "row_src_rank is needed with remote sources");
+  }
+  if (K % 16 != 0 || reinterpret_cast<uintptr_t>(a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(gather.tokens) % 16 != 0) {
+    throw Error("gather", "a and the token tiles must be 16-byte aligned, with K % 16 == 0");
+  }
+  gemm::RowGather g{};
+  g.src = reinterpret_cast<const uint4*>(gather.tokens);
+  g.dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(a));
+  g.row_token_slot = gather.row_token_slot;
+  g.top_k = int32_t(gather.top_k);
+  g.vecs = int32_t(K / 16);
+  g.lookahead = gather.lookahead;
+  g.sync = gather.sync;
+  g.awaited = true;
+  return g;
+}
+
 }  // namespace
 
 void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64_t K, const uint8_t* b,
@@ -105,15 +130,24 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               bool pair_rows) {
+                               const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   check_bf16_outputs(N, {{out, "out", 128}});
+  if (gather.sources.remote()) {
+    throw Error("gather.sources", "the grouped form gathers this rank's token tiles only (R = 1), not remote ones");
+  }
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
   const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
-  launch<Form::kGrouped>(gemm::make_tma_2d_bytes(a, capacity, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
-                         tma_out, tma_out, out, capacity, N, K, expert_offset, experts, status, stream, {}, 0, {}, {},
-                         {}, pair_rows);
+  if (!gather.on()) {
+    launch<Form::kGrouped>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out, capacity, N, K,
+                           expert_offset, experts, status, stream, {}, 0, {}, {}, {}, pair_rows);
+    return;
+  }
+  launch<Form::kGrouped, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out,
+                                               capacity, N, K, expert_offset, experts, status, stream, {}, 0, {},
+                                               row_gather(gather, a, K), {}, pair_rows);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
@@ -153,26 +187,7 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                           K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
     return;
   }
-  // The gather copies 16-byte pieces of K-byte rows into a, which the TMA then reads.
-  if (gather.row_token_slot == nullptr || gather.sync == nullptr || gather.top_k <= 0 || gather.lookahead < 1) {
-    throw Error("gather", "row_token_slot, sync, top_k and a lookahead of one row block at least are needed");
-  }
-  if (gather.sources.remote() && gather.sources.row_src_rank == nullptr) {
-    throw Error("gather.sources", "row_src_rank is needed with remote sources");
-  }
-  if (K % 16 != 0 || reinterpret_cast<uintptr_t>(a) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(gather.tokens) % 16 != 0) {
-    throw Error("gather", "a and the token tiles must be 16-byte aligned, with K % 16 == 0");
-  }
-  gemm::RowGather g{};
-  g.src = reinterpret_cast<const uint4*>(gather.tokens);
-  g.dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(a));
-  g.row_token_slot = gather.row_token_slot;
-  g.top_k = int32_t(gather.top_k);
-  g.vecs = int32_t(K / 16);
-  g.lookahead = gather.lookahead;
-  g.sync = gather.sync;
-  g.awaited = true;
+  const gemm::RowGather g = row_gather(gather, a, K);
   if (gather.sources.remote()) {
     launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
                                                  tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,

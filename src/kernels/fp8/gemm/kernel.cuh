@@ -66,7 +66,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
                 RowSources sources, bool pair_rows) {
-  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU, "only the gate/up form gathers its rows");
+  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU ||
+                    (kForm == Form::kGrouped && kGather == kGatherLocal),
+                "only the grouped forms gather their rows, and only gate/up's from other ranks");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));

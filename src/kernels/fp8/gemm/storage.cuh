@@ -1,5 +1,5 @@
 // The block-scaled FP8 GEMM kernel's shared pieces (kernel.cuh): its threads and registers, the
-// shared-memory layout of each form, the arguments every role reads, and the gate/up form's gather modes.
+// shared-memory layout of each form, the arguments every role reads, and the grouped forms' gather modes.
 #pragma once
 
 #include <cuda.h>
@@ -84,12 +84,12 @@ struct KernelArgs {
   bool store_h, quantize_h;
   float* h_scales;
   NonfiniteReport h_report;
-  gemm::RowGather gather;  // the gate/up form gathering A itself (kGather)
+  gemm::RowGather gather;  // a grouped form gathering A itself (kGather)
   RowSources sources;      // kGather == kGatherRemote: each row from its source rank
 };
 
-// The gate/up form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
-// from this rank's token tiles or, at R > 1, from each row's source rank's.
+// A grouped form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
+// from this rank's token tiles or, at R > 1 (gate/up only), from each row's source rank's.
 constexpr int kGatherNone = 0, kGatherLocal = 1, kGatherRemote = 2;
 static_assert(kTileM == gemm::kBlockM, "a tile's rows are one row block of the gather's counters");
 // NOTES: four 16-byte loads in flight per lane, not the bf16 kernel's eight: the producer warpgroup has
