@@ -25,19 +25,7 @@ fp8::TileGather dy_tiles_for_da(Workspace::Impl& w, const TensorView& dy, cudaSt
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
     return {};
   }
-  const LayerShape& sh = w.shape;
-  const Fp8Buffers& f = w.f8;
-  fp8::TileGather g;
-  g.tokens = f.x;
-  g.row_token_slot = w.schedule.row_token_slot;
-  g.top_k = sh.top_k;
-  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
-  g.lookahead = 2 * w.plan.da.gather_lookahead;
-  g.sync = w.gather_sync;
-  quantize_tokens(w, dy, Fp8Tensor::kDy, s);
-  fp8::gather_tile_scales(f.xg_scales, f.x_scales, g.row_token_slot, w.device_total_rows(), w.problem.capacity,
-                          sh.top_k, sh.hidden, s);
-  return g;
+  return tiles_for_gemm_gather(w, dy, Fp8Tensor::kDy, w.plan.da.gather_lookahead, s);
 }
 
 // The experts' backward (and the shared expert's), between the two barriers at R > 1.

@@ -27,27 +27,7 @@ fp8::TileGather x_tiles_for_gate_up(Workspace::Impl& w, const LayerInputs& in, c
     tiles_in_schedule_order(w, in.x, Fp8Tensor::kX, s);
     return {};
   }
-  const LayerShape& sh = w.shape;
-  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
-  const Fp8Buffers& f = w.f8;
-  const int32_t* slots = w.schedule.row_token_slot;
-  fp8::TileGather g;
-  g.row_token_slot = slots;
-  g.top_k = sh.top_k;
-  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
-  g.lookahead = 2 * w.plan.gate_up.gather_lookahead;
-  g.sync = w.gather_sync;
-  if (w.ranks() == 1) {
-    quantize_tokens(w, in.x, Fp8Tensor::kX, s);
-    fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
-    g.tokens = f.x;
-    return g;
-  }
-  const RowSources rs = w.row_sources(comm::kTokenRows);
-  fp8::gather_tile_scales(f.xg_scales, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
-                          fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, Fp8Tensor::kX));
-  g.sources = rs;
-  return g;
+  return tiles_for_gemm_gather(w, in.x, Fp8Tensor::kX, w.plan.gate_up.gather_lookahead, s);
 }
 
 // The schedule, x's tiles in schedule order and the gate/up GEMM with SwiGLU, keeping g and u by slot (by

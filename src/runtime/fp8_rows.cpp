@@ -44,6 +44,31 @@ void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tens
                     fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
 }
 
+fp8::TileGather tiles_for_gemm_gather(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, int32_t lookahead,
+                                      cudaStream_t s) {
+  const LayerShape& sh = w.shape;
+  const int64_t T = sh.tokens, H = sh.hidden, cap = w.problem.capacity;
+  const Fp8Buffers& f = w.f8;
+  const int32_t* slots = w.schedule.row_token_slot;
+  fp8::TileGather g;
+  g.row_token_slot = slots;
+  g.top_k = sh.top_k;
+  // NOTES: the plan counts row blocks of bf16 rows (plan/gather.h); E4M3 rows are half the bytes.
+  g.lookahead = 2 * lookahead;
+  g.sync = w.gather_sync;
+  if (w.ranks() == 1) {
+    quantize_tokens(w, rows, what, s);
+    fp8::gather_tile_scales(f.xg_scales, f.x_scales, slots, w.device_total_rows(), cap, sh.top_k, H, s);
+    g.tokens = f.x;
+    return g;
+  }
+  const RowSources rs = w.row_sources(comm::kTokenRows);
+  fp8::gather_tile_scales(f.xg_scales, nullptr, slots, w.device_total_rows(), cap, sh.top_k, H, s,
+                          fp8::TileSources{rs.base, rs.row_src_rank, T}, report(w, what));
+  g.sources = rs;
+  return g;
+}
+
 // A weight gradient's operand from one rank's tokens' tiles (f8.x, quantize_tokens): the tile of each
 // schedule row, transposed and quantised along the rows into q, scales (fp8::transpose_gathered_tiles),
 // the bits transpose_tiles gives from the rows dequantised (dequantized_rows), without those [capacity,

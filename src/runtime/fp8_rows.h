@@ -24,6 +24,13 @@ void quantize_tokens(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what,
 // The 1×128 tiles of `rows`' tokens (x, or dy) in schedule order, into f8.xg.
 void tiles_in_schedule_order(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s);
 
+// tiles_in_schedule_order's work left to a grouped GEMM that gathers the tiles' bytes itself: one rank
+// quantises its tokens of `rows` into f8.x, and the rows' scales go into f8.xg_scales in schedule order
+// (pulled from their source ranks at R > 1); the returned TileGather has the GEMM copy the bytes, at most
+// `lookahead` bf16 row blocks ahead of its tiles (plan/gather.h).
+fp8::TileGather tiles_for_gemm_gather(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, int32_t lookahead,
+                                      cudaStream_t s);
+
 // A weight gradient's operand from one rank's tokens' tiles (f8.x): transposed and quantised along the
 // rows into q, scales.
 void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s);
