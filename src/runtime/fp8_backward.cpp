@@ -19,7 +19,8 @@ namespace {
 // though both gather rows of K = H (the same bytes a row, the same lookahead): the rule (plan/gather.h)
 // weighs a row's copy against the output columns it feeds, I here against gate/up's 2I, and E4M3 halves
 // both sides (a row's bytes, and its products' time at twice bf16's rate). So at qwen3-30b-a3b (I = 768)
-// the kernel before the GEMM still gathers dy's tiles (the GEMM's gather there not yet measured in FP8).
+// the kernel before the GEMM gathers dy's tiles: the GEMM's gather there made forward+backward 4.4% slower
+// (docs/fp8.md, Tried).
 fp8::TileGather dy_tiles_for_da(Workspace::Impl& w, const TensorView& dy, cudaStream_t s) {
   if (w.ranks() > 1 || w.plan.da_gather != plan::GatherPlace::kInGemm) {
     tiles_in_schedule_order(w, dy, Fp8Tensor::kDy, s);
