@@ -209,16 +209,18 @@ struct Fp8ExpertWeights {
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream);
 
 // Config::precision == kFp8Block: `to` reads `from`'s E4M3 copies of the routed experts' weights from
-// now on, and its own are freed (once no other workspace reads them): for the workspaces of one layer
-// made for different token counts, so that the layer keeps one set of copies (6·E_loc·I·H bytes) however
-// many counts it is called at. quantize_weights or set_quantized_weights on any of them then makes
-// the copies, and what they were made from, for all of them. Both must be one-rank FP8 workspaces of
-// one device with the same hidden, intermediate and experts; use them on one stream (or with the
-// streams ordered), as a new quantisation rewrites copies another's queued pass may read. Waits for
-// the device. `to`'s device_bytes() no longer counts the copies (`from`'s does). A workspace made to
-// share from the start (the Workspace constructor with `fp8_weights_of`) never holds copies of its own.
-// The copies live until the last workspace that reads them goes; device_bytes() counts them only in
-// the workspace that made them, while it reads them.
+// now on, and its own are freed: for the workspaces of one layer made for different token counts, so
+// that the layer keeps one set of copies (6·E_loc·I·H bytes) however many counts it is called at.
+// quantize_weights or set_quantized_weights on any of them then makes the copies, and what they were
+// made from, for all of them. Both must be one-rank FP8 workspaces of one device with the same hidden,
+// intermediate and experts, and no other workspace may read `to`'s copies (it would go on reading them,
+// never made again by a quantisation through `from` or `to`: share `from`'s with it first; sharing
+// never splits a group). Use them on one stream (or with the streams ordered), as a new quantisation
+// rewrites copies another's queued pass may read. Waits for the device. `to`'s device_bytes() no longer
+// counts the copies (`from`'s does). A workspace made to share from the start (the Workspace
+// constructor with `fp8_weights_of`) never holds copies of its own. The copies live until the last
+// workspace that reads them goes; device_bytes() counts them only in the workspace that made them,
+// while it reads them.
 void share_quantized_weights(Workspace& from, Workspace& to);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

@@ -206,13 +206,20 @@ void check_copies_fit(const Workspace::Impl& a, const LayerShape& sb, const std:
 void share_quantized_weights(Workspace& from, Workspace& to) {
   Workspace::Impl& a = from.impl();
   Workspace::Impl& b = to.impl();
-  api::require_fp8(a, "share_quantized_weights");
-  api::require_fp8(b, "share_quantized_weights");
+  if (!api::fp8(a)) throw Error("from", "is a bf16 workspace: share_quantized_weights shares FP8 weight copies");
+  if (!api::fp8(b)) throw Error("to", "is a bf16 workspace: share_quantized_weights shares FP8 weight copies");
   if (a.device != b.device) {
     throw Error("to", "is on device " + std::to_string(b.device) + ", `from` on device " + std::to_string(a.device) +
                           ": weight copies are shared on one device");
   }
   check_copies_fit(a, b.shape, "from", "to");
+  // NOTES: another workspace reading `to`'s copies would keep them when `to` moves on, and no later
+  // quantize_weights through `from` or `to` would update them: it would run on stale copies without a
+  // word (their record of what they were made from unchanged). Refused instead.
+  if (b.fp8_store != a.fp8_store && b.fp8_store.use_count() > 1) {
+    throw Error("to", "lends its weight copies to " + std::to_string(b.fp8_store.use_count() - 1) +
+                          " other workspace(s), which would keep reading them: share `from`'s copies with those first");
+  }
   const detail::CurrentDevice on(b.device);
   b.use_fp8_store(a.fp8_store);
 }
