@@ -217,8 +217,9 @@ void share_quantized_weights(Workspace& from, Workspace& to) {
   // quantize_weights through `from` or `to` would update them: it would run on stale copies without a
   // word (their record of what they were made from unchanged). Refused instead.
   if (b.fp8_store != a.fp8_store && b.fp8_store.use_count() > 1) {
-    throw Error("to", "lends its weight copies to " + std::to_string(b.fp8_store.use_count() - 1) +
-                          " other workspace(s), which would keep reading them: share `from`'s copies with those first");
+    throw Error("to", "holds weight copies that " + std::to_string(b.fp8_store.use_count() - 1) +
+                          " other workspace(s) also read and would keep reading: share `from`'s copies with "
+                          "those first");
   }
   const detail::CurrentDevice on(b.device);
   b.use_fp8_store(a.fp8_store);
