@@ -206,8 +206,8 @@ void check_copies_fit(const Workspace::Impl& a, const LayerShape& sb, const std:
 void share_quantized_weights(Workspace& from, Workspace& to) {
   Workspace::Impl& a = from.impl();
   Workspace::Impl& b = to.impl();
-  if (!api::fp8(a)) throw Error("from", "is a bf16 workspace: share_quantized_weights shares FP8 weight copies");
-  if (!api::fp8(b)) throw Error("to", "is a bf16 workspace: share_quantized_weights shares FP8 weight copies");
+  api::require_fp8(a, "share_quantized_weights", "from");
+  api::require_fp8(b, "share_quantized_weights", "to");
   if (a.device != b.device) {
     throw Error("to", "is on device " + std::to_string(b.device) + ", `from` on device " + std::to_string(a.device) +
                           ": weight copies are shared on one device");

@@ -13,11 +13,10 @@ namespace lynx::api {
 
 inline bool fp8(const Workspace::Impl& w) { return w.config.precision == Precision::kFp8Block; }
 
-// The calls that give a workspace its FP8 weights (`call`) need one made with fp8_block.
-inline void require_fp8(const Workspace::Impl& w, const char* call) {
-  if (!fp8(w)) {
-    throw Error("config.precision", std::string("is bf16: ") + call + " is for a workspace made with fp8_block");
-  }
+// The calls that give a workspace its FP8 weights (`call`) need one made with fp8_block; the error names
+// `argument` (the workspace's config, or which of a call's workspaces).
+inline void require_fp8(const Workspace::Impl& w, const char* call, const char* argument = "config.precision") {
+  if (!fp8(w)) throw Error(argument, std::string("is bf16: ") + call + " is for a workspace made with fp8_block");
 }
 
 inline void forward_step(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cudaStream_t s,
