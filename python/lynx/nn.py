@@ -43,7 +43,7 @@ class MoE(nn.Module):
         if dtype != torch.bfloat16:
             raise ValueError(f"lynx.nn.MoE: dtype must be torch.bfloat16, got {dtype}")
         self._ep = _groups.group_id(ep_group, config.peer_timeout_ms)
-        if ep_tokens is not None and self._ep == 0:
+        if ep_tokens is not None and ep_group is None:  # a group of one rank takes it, as lynx.moe does
             raise ValueError("lynx.nn.MoE: ep_tokens: only with an ep_group")
         self.ep_tokens = ep_tokens
         ranks, rank = _groups.ranks(self._ep)

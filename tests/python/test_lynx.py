@@ -512,6 +512,27 @@ def test_module_checks_its_sizes_and_its_input():
         layer(torch.randn(4, 128, device="cuda"))
 
 
+def test_module_in_a_one_rank_group_takes_ep_tokens():
+    """A group of one rank is no expert parallelism, yet takes ep_tokens as lynx.moe does: the layer pads
+    its tokens and gives the bits of the same layer without a group."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(7)
+        plain = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+        torch.manual_seed(7)
+        grouped = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda",
+                              ep_group=dist.group.WORLD, ep_tokens=48)
+        x = torch.randn(40, 128, device="cuda", dtype=torch.bfloat16)
+        y = grouped(x)
+        assert y.shape == (40, 128) and torch.equal(y, plain(x))
+        with pytest.raises(ValueError, match="ep_tokens: 32 is below"):
+            lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda",
+                        ep_group=dist.group.WORLD, ep_tokens=32)(x)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_module_backward_takes_a_gradient_at_any_offset():
     layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
     x = torch.randn(50, 128, device="cuda", dtype=torch.bfloat16)
