@@ -133,6 +133,7 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                 _groups.connected(config.ep_group)
             elif copies_of is not None:
                 ws._fp8 = fp8_state(copies_of)
+        ws._device_index = index  # its device's stream is the one lynx.check() waits for
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
         else:

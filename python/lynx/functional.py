@@ -240,15 +240,26 @@ def fp8_weights_changed():
 
 
 def check(device=None):
-    """Waits for the current stream and raises lynx.LynxError if a lynx kernel reported an error
-    (an expert id out of range, a non-finite router weight, a schedule over capacity). The fused path
-    never synchronises, so such errors surface only here (or as a CUDA error at the next sync). Until
-    it is reported, an error stays set and every later call on the same workspace leaves y and dx
-    unwritten and its other routed gradients unusable (see lynx::Workspace::check): call this once per
-    training step, before the optimizer step (it costs one stream synchronisation)."""
-    stream = torch.cuda.current_stream(device).cuda_stream
+    """Raises lynx.LynxError if a lynx kernel reported an error (an expert id out of range, a non-finite
+    router weight, a schedule over capacity), after waiting for the current stream of each device whose
+    workspaces it checks: every device's, or `device`'s alone. The fused path never synchronises, so such
+    errors surface only here (or as a CUDA error at the next sync). Until it is reported, an error stays
+    set and every later call on the same workspace leaves y and dx unwritten and its other routed
+    gradients unusable (see lynx::Workspace::check): call this once per training step, before the
+    optimizer step (it costs one stream synchronisation a device)."""
+    only = None if device is None else _device_index(device)
     for ws in _workspaces.all_workspaces():
-        ws.check(stream)
+        if only is None or ws._device_index == only:
+            # NOTES: each workspace against its own device's stream: another device's stream would let
+            # the status be read before the kernels that write it have run.
+            ws.check(torch.cuda.current_stream(ws._device_index).cuda_stream)
+
+
+def _device_index(device) -> int:
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise ValueError(f"lynx.check: device must be a CUDA device, got {device}")
+    return torch.cuda.current_device() if d.index is None else d.index
 
 
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):

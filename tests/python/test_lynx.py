@@ -563,6 +563,27 @@ def test_tensors_on_two_gpus_are_refused_and_any_current_device_works():
     with torch.cuda.device(1):  # the call runs on x's device whatever the current one is
         got = lynx.moe(x, ids, tw, *w)
     assert torch.equal(got, want)
+    # A bad route on cuda:1 is found by lynx.check() with cuda:0 current (it waits for each device's own
+    # stream), and not by a check of cuda:0 alone.
+    x1, tw1, w1 = x.to("cuda:1"), tw.to("cuda:1"), [t.to("cuda:1") for t in w]
+    bad = ids.to("cuda:1")
+    bad[5, 0] = -7
+    lynx.moe(x1, bad, tw1, *w1)
+    lynx.check("cuda:0")
+    with pytest.raises(ValueError, match=r"topk_ids\[5, 0\] = -7 is out of range"):
+        lynx.check()
+
+
+def test_check_of_one_device():
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    bad = ids.clone()
+    bad[2, 1] = 4
+    lynx.moe(x, bad, tw, *w)
+    with pytest.raises(ValueError, match="device must be a CUDA device"):
+        lynx.check("cpu")
+    with pytest.raises(ValueError, match=r"topk_ids\[2, 1\] = 4 is out of range"):
+        lynx.check(torch.cuda.current_device())
+    lynx.check("cuda")  # reported once
 
 
 FP8 = lynx.Config(precision="fp8_block")
