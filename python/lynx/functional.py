@@ -219,8 +219,12 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     tensors = (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
     names = ("w_gate", "w_up", "w_down", "w_gate_scales", "w_up_scales", "w_down_scales")
     impl = ws._impl()
-    _C.set_quantized_weights(impl, tuple(_views.view(t, n) for t, n in zip(tensors, names)),
-                             torch.cuda.current_stream(ws.device).cuda_stream)
+    views = tuple(_views.view(t, n) for t, n in zip(tensors, names))
+    for t, n in zip(tensors, names):
+        if t.device != ws.device:
+            raise ValueError(f"lynx: {n}: on {t.device}, but the workspace is on {ws.device}")
+    with torch.cuda.device(ws.device):  # whatever the current device
+        _C.set_quantized_weights(impl, views, torch.cuda.current_stream(ws.device).cuda_stream)
     # The copies are these: bf16 weights given later are quantised again (ops._fp8_weights), and the e4m3
     # ones are checked to be these, unchanged (scales included).
     state = _workspaces.fp8_state(impl)

@@ -572,6 +572,16 @@ def test_tensors_on_two_gpus_are_refused_and_any_current_device_works():
     lynx.check("cuda:0")
     with pytest.raises(ValueError, match=r"topk_ids\[5, 0\] = -7 is out of range"):
         lynx.check()
+    # Pre-quantised weights: on the workspace's device, given with any current device.
+    given = lynx.Workspace(64, 64, 64, 4, 2, config=FP8, device="cuda:1")
+    blocks = [e4m3_blocks(t) for t in w1]
+    q, scales = [b for b, _ in blocks], [sc for _, sc in blocks]
+    with pytest.raises(ValueError, match="w_up_scales: on cuda:0, but the workspace is on cuda:1"):
+        lynx.functional.set_quantized_weights(given, *q, scales[0], scales[1].to("cuda:0"), scales[2])
+    lynx.functional.set_quantized_weights(given, *q, *scales)  # cuda:0 current
+    y1 = lynx.functional.forward(given, x1, ids.to("cuda:1"), tw1, *q)
+    lynx.check()
+    assert torch.isfinite(y1).all()
 
 
 def test_check_of_one_device():
