@@ -230,8 +230,8 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     state = _workspaces.fp8_state(impl)
     state.weights = None
     state.prequantized = True
-    state.given = None if any(t.is_inference() for t in tensors) else tuple(
-        (weakref.ref(t), t._version) for t in tensors)
+    # Inference tensors keep no version counter: for them only the identity is checked.
+    state.given = tuple((weakref.ref(t), None if t.is_inference() else t._version) for t in tensors)
 
 
 def fp8_weights_changed():

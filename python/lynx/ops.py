@@ -93,9 +93,10 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
             raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
                              "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
                              "lynx.nn.MoE take bf16 weights)")
-        given = state.given  # the six tensors given (values, scales): weak refs, versions
+        given = state.given  # the six tensors given (values, scales): weak refs, versions (None: inference)
         if given is not None and not (all(ref() is t for (ref, _), t in zip(given, now)) and
-                                      all(ref() is not None and ref()._version == v for ref, v in given)):
+                                      all(ref() is not None and (v is None or ref()._version == v)
+                                          for ref, v in given)):
             raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that are not those given to "
                              "set_quantized_weights, unchanged since: call it again with them")
         return
