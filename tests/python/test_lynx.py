@@ -724,12 +724,12 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
     with pytest.raises(ValueError, match="explicit lynx.Workspace"):  # lynx.moe's own workspaces: bf16 weights
         lynx.moe(x, ids, tw, *q, config=FP8)
     with torch.inference_mode():  # inference tensors keep no version counter: their identity is still checked
-        blocks = [e4m3_blocks(t) for t in w]
-        q = [b for b, _ in blocks]
-        lynx.functional.set_quantized_weights(given, *q, *(s for _, s in blocks))
-        assert torch.equal(lynx.functional.forward(given, x, ids, tw, *q), y_ref)
+        made = [e4m3_blocks(t) for t in w]
+        qi = [b for b, _ in made]
+        lynx.functional.set_quantized_weights(given, *qi, *(s for _, s in made))
+        assert torch.equal(lynx.functional.forward(given, x, ids, tw, *qi), y_ref)
         with pytest.raises(ValueError, match="set_quantized_weights"):
-            lynx.functional.forward(given, x, ids, tw, q[0], q[1].clone(), q[2])
+            lynx.functional.forward(given, x, ids, tw, qi[0], qi[1].clone(), qi[2])
     with pytest.raises(ValueError, match="require grad"):  # autograd would hand back e4m3 weight gradients
         lynx.moe(x, ids, tw, q[0].detach().requires_grad_(), q[1], q[2], workspace=given)
 
