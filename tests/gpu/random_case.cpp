@@ -182,8 +182,10 @@ std::vector<double> dw_term_scale(const ref::Gradients& g, int q) {
 }
 
 void check_d_topk(const Outputs& o, const ref::Gradients& g, const Case& c, CheckReport& report, const Bounds& b) {
+  // FP8: the tensor's error against its terms' root-sum-square too (kFp8Bounds' notes).
+  const double tensor_scale = b.d_topk_rss > 0.0 ? row_norm(g.d_topk_term_rss.data(), c.T * c.k) : 0.0;
   judge(report, "d_topk_weights",
-        tensor_error(o.d_topk, g.d_topk_weights, c.k, d_topk_row_scale(g, c.T, c.k, c.I, b.d_topk_rss)),
+        tensor_error(o.d_topk, g.d_topk_weights, c.k, d_topk_row_scale(g, c.T, c.k, c.I, b.d_topk_rss), tensor_scale),
         o.d_topk.size() >= 32, b.d_topk_row, b.tensor);
   for (size_t i = 0; i < o.d_topk.size(); ++i) {
     const double bound = b.d_topk_rss > 0.0 ? b.d_topk_rss * g.d_topk_term_rss[i] : b.d_topk_value * g.d_topk_magnitude[i];
@@ -432,7 +434,7 @@ Reference parallel_reference(const ref::Layer<HostBf16>& r, const std::vector<do
 
 template <class T>
 TensorError tensor_error(const std::vector<T>& got, const std::vector<double>& want, int64_t cols,
-                         const std::vector<double>& row_scale) {
+                         const std::vector<double>& row_scale, double tensor_scale) {
   TensorError err;
   if (got.size() != want.size()) {  // cannot pass
     err.frobenius = err.worst_row = INFINITY;
@@ -453,7 +455,8 @@ TensorError tensor_error(const std::vector<T>& got, const std::vector<double>& w
   }
   double num_all = 0, den_all = 0;
   for (int64_t r = 0; r < rows; ++r) num_all += num[r], den_all += den[r];
-  err.frobenius = den_all > 0 ? std::sqrt(num_all / den_all) : std::sqrt(num_all);
+  const double den_tensor = std::max(std::sqrt(den_all), tensor_scale);
+  err.frobenius = den_tensor > 0 ? std::sqrt(num_all) / den_tensor : std::sqrt(num_all);
   // The RMS over the rows whose reference is not zero: the exact-zero rows of experts without rows
   // (or, with dy on a few tokens, without gradient) are not typical rows and would dilute the floor.
   int64_t nonzero_rows = 0;
@@ -469,9 +472,9 @@ TensorError tensor_error(const std::vector<T>& got, const std::vector<double>& w
 }
 
 template TensorError tensor_error<HostBf16>(const std::vector<HostBf16>&, const std::vector<double>&, int64_t,
-                                            const std::vector<double>&);
+                                            const std::vector<double>&, double);
 template TensorError tensor_error<float>(const std::vector<float>&, const std::vector<double>&, int64_t,
-                                         const std::vector<double>&);
+                                         const std::vector<double>&, double);
 
 std::string CheckReport::row_errors() const {
   std::string s;
