@@ -220,9 +220,10 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
 // counts the copies (`from`'s does). A workspace made to share from the start (the Workspace
 // constructor with `fp8_weights_of`) never holds copies of its own. The copies live until the last
 // workspace that reads them goes; device_bytes() counts them only in the workspace that made them,
-// while it reads them. A NaN or an infinity found by a quantisation is reported by the check() of the
-// workspace it ran through, alone: the others' passes read the copies as they are (a NaN y) with a
-// clean check(); check every workspace of the group.
+// while it reads them. A NaN or an infinity in the weights is named by the check() of the workspace the
+// quantisation ran through, alone: the others' passes read the copies as they are, and their check()
+// reports at most a consequence (h, or dg | du, not finite) and nothing for w_down (a NaN y); check
+// every workspace of the group.
 void share_quantized_weights(Workspace& from, Workspace& to);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and

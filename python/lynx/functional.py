@@ -130,8 +130,10 @@ class Workspace:
         return Schedule(**{name: t.clone() for name, t in arrays.items()})
 
     def check(self):
-        """Workspace::check on the current stream: raises lynx.LynxError for an error a kernel reported."""
-        self._impl().check(torch.cuda.current_stream(self.device).cuda_stream)
+        """Workspace::check on the current stream of its device: raises lynx.LynxError for an error a kernel
+        reported."""
+        with torch.cuda.device(self.device):
+            self._impl().check(torch.cuda.current_stream(self.device).cuda_stream)
 
     def _args(self, x, topk_ids, w_gate, ws_gate, tensors):
         self._impl()
@@ -215,7 +217,8 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     128×128 block ([E, I/128↑, H/128↑] for gate and up, [E, H/128↑, I/128↑] for down; value = e4m3 ·
     scale). Then pass these e4m3 tensors as the weights to forward / backward / recompute_forward_context
     on `ws` (the gradients come back in bf16); lynx does not quantise them again, so call this again after
-    changing them. docs/fp8.md."""
+    changing them (a call with other tensors, or with these changed in place since, is refused; for
+    inference tensors, which keep no version counter, only other tensors). docs/fp8.md."""
     tensors = (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
     names = ("w_gate", "w_up", "w_down", "w_gate_scales", "w_up_scales", "w_down_scales")
     impl = ws._impl()
@@ -250,13 +253,15 @@ def check(device=None):
     errors surface only here (or as a CUDA error at the next sync). Until it is reported, an error stays
     set and every later call on the same workspace leaves y and dx unwritten and its other routed
     gradients unusable (see lynx::Workspace::check): call this once per training step, before the
-    optimizer step (it costs one stream synchronisation a device)."""
+    optimizer step (it synchronises with each workspace's stream: the first wait is the costly one)."""
     only = None if device is None else _device_index(device)
     for ws in _workspaces.all_workspaces():
         if only is None or ws._device_index == only:
-            # NOTES: each workspace against its own device's stream: another device's stream would let
-            # the status be read before the kernels that write it have run.
-            ws.check(torch.cuda.current_stream(ws._device_index).cuda_stream)
+            # NOTES: each workspace against its own device's stream, with its device current (the check
+            # copies and clears the status on that stream): another device's stream would let the status
+            # be read before the kernels that write it have run.
+            with torch.cuda.device(ws._device_index):
+                ws.check(torch.cuda.current_stream(ws._device_index).cuda_stream)
 
 
 def _device_index(device) -> int:

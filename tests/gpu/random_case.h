@@ -134,6 +134,8 @@ struct Bounds {
 // E = 26: 40 draws), put d_topk_weights' error up to 0.109 and 0.113 of ‖d_topk_weights‖, but at most
 // 0.046 of ‖d_topk_term_rss‖ (2026-12-06; Fp8Reference.FewDTopkWeightsErrorsScaleWithTheirTermsRss
 // checks 20 such draws); 0.109 is 2.1 times √2·ε·‖d_topk_term_rss‖, the RMS the per-value bound derives.
+// Given up: an error in proportion to the values (a wrong scale) where their norm is below 0.109 of their
+// terms' rss, which every d_topk_weights check then measures against the rss.
 inline const Bounds kFp8Bounds{0.109, 0.5, 0.5, 0.0884, 6.0 * ref::fp8::kQuantisedProductRmsError};
 
 // Every output of layer L (y, dx, d_topk_weights, dw_*, dws_*) against `want`: finite, within
