@@ -169,6 +169,21 @@ PYBIND11_MODULE(_C, m) {
         ws.check(to_stream(stream));
       });
 
+  // Host-side argument checks (lynx::validate_inputs, validate_gradients) that lynx/ops.py makes before a
+  // call looks up its workspace or queues anything (the FP8 weights' quantisation among them).
+  m.def("validate_inputs", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                              int64_t top_k, int64_t shared_intermediate, int num_ranks, const py::tuple& in) {
+    lynx::validate_inputs(
+        layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, 0),
+        to_inputs(in));
+  });
+  m.def("validate_gradients", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                                 int64_t top_k, int64_t shared_intermediate, int num_ranks, const py::handle& dy,
+                                 const py::tuple& grads) {
+    lynx::validate_gradients(
+        layer_shape(tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, num_ranks, 0),
+        to_view(dy, "dy"), to_gradients(grads));
+  });
   m.def("schedule_capacity_for_load", [](int64_t tokens, int64_t hidden, int64_t intermediate, int64_t num_experts,
                                           int64_t top_k, int64_t shared_intermediate, int num_ranks, double max_load) {
     return lynx::schedule_capacity_for_load(

@@ -26,9 +26,24 @@ def _stream(t: Tensor) -> int:
 
 def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
     """(T, H, I, E, k, I_s) of a call; E counts the experts of every rank (w_gate holds this rank's)."""
+    for t, name, dims in ((x, "x", "[T, H]"), (topk_ids, "topk_ids", "[T, k]"), (w_gate, "w_gate", "[E, I, H]"),
+                          (ws_gate, "ws_gate", "[I_s, H]")):
+        if t is not None and t.dim() != len(dims.split(",")):
+            raise ValueError(f"lynx: {name}: must be {dims}, got {list(t.shape)}")
     T, H = x.shape
     E_local, I, _ = w_gate.shape
     return T, H, I, E_local * ranks, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0]
+
+
+def _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group, dy=None, grads=None):
+    """lynx::validate_inputs (and validate_gradients with dy): the call's arguments checked before its
+    workspace is looked up or made and before anything is queued (the FP8 weights' quantisation among
+    them), each error naming its argument."""
+    R, _ = _groups.ranks(ep_group)
+    shape = _shape(x, topk_ids, w_gate, ws_gate, R)
+    _C.validate_inputs(*shape, R, inputs)
+    if dy is not None:
+        _C.validate_gradients(*shape, R, dy, grads)
 
 
 def _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag, ep_group,
@@ -165,6 +180,7 @@ def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate
     other that autograd saves, so that any number of forwards may be in flight before their backwards,
     under checkpointing or saved-tensor hooks too."""
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group)
     with torch.cuda.device(x.device):
         ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -203,9 +219,10 @@ def moe_backward_from(dy: Tensor, context: Tensor, x: Tensor, topk_ids: Tensor, 
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     dy_view = _views.on_device_of_x(_views.aligned(dy), "dy", x)
     with torch.cuda.device(x.device):
-        ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
         grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
                                          weight_grads)
+        _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group, dy_view, views)
+        ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
         # The FP8 dgrads read the weights' transposed copies: another layer's backward may have made its own.
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), BACKWARD_COPIES)
         _C.backward_from(ws, inputs, dy_view, views, context.data_ptr(), context.numel(), _stream(x))
@@ -237,6 +254,7 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor], backend: int,
                 schedule_capacity: int, save_forward_context: bool, tag: int, ep_group: int, precision: int) -> Tensor:
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group)
     with torch.cuda.device(x.device):
         ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
                         ep_group, precision)
@@ -263,6 +281,9 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     dy_view = _views.on_device_of_x(_views.aligned(dy), "dy", x)
     with torch.cuda.device(x.device):
+        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                                         weight_grads)
+        _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group, dy_view, views)
         ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
                         ep_group, precision)
         stream = _stream(x)
@@ -271,8 +292,6 @@ def moe_backward(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
             _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, FORWARD_COPIES)
             _C.recompute_forward_context(ws, inputs, stream)
         _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, BACKWARD_COPIES)  # as in moe_backward_from
-        grads, views = _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                                         weight_grads)
         _C.backward(ws, inputs, dy_view, views, stream)
         _workspaces.check_if_temporary(ws, stream)
     return grads
@@ -288,6 +307,7 @@ def moe_recompute_forward_context(x: Tensor, topk_ids: Tensor, topk_weights: Ten
     the per-expert counts are the op's output; an unused call may be dropped by a compiler, which is
     safe because moe_backward recomputes whatever context it lacks."""
     inputs = _views.inputs(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group)
     with torch.cuda.device(x.device):
         ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
                         ep_group, precision)

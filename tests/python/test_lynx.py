@@ -497,6 +497,16 @@ def test_bad_arguments_are_refused_before_a_workspace_is_made():
         lynx.moe(x.cpu(), ids, tw, *w)
     with pytest.raises(ValueError, match="topk_weights: must be a CUDA tensor"):
         lynx.moe(x, ids, tw.cpu(), *w)
+    # Shapes too, in FP8 before any weight is quantised, and a dy of another shape before the backward
+    # looks up its workspace.
+    with pytest.raises(ValueError, match=r"topk_weights.*shape must be \[72, 2\], got \[72, 1\]"):
+        lynx.moe(x, ids, tw[:, :1].contiguous(), *w, config=FP8)
+    with pytest.raises(ValueError, match=r"x: must be \[T, H\], got \[1, 72, 64\]"):
+        lynx.moe(x.unsqueeze(0), ids, tw, *w)
+    assert len(lynx._workspaces.all_workspaces()) == made
+    with pytest.raises(ValueError, match=r"dy.*shape must be \[72, 64\], got \[72, 32\]"):
+        lynx.ops.moe_backward(torch.zeros(72, 32, device="cuda", dtype=torch.bfloat16), x, ids, tw, *w, None, None,
+                              None, *lynx.functional._op_config(lynx.Config(), 0))
     assert len(lynx._workspaces.all_workspaces()) == made
 
 
