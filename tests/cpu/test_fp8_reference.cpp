@@ -225,6 +225,27 @@ BackwardPair backward_pair(const Sizes& n, const std::vector<float>& x, const st
   return pair;
 }
 
+// A layer's inputs drawn as the GPU layer tests draw theirs (tests/gpu/layer_check.cpp): x and dy uniform in
+// ±1, w_gate and w_up in ±2/√H, w_down in ±1/√I (drawn in that order: x, w_gate, w_up, w_down, dy).
+struct UniformLayer {
+  std::vector<float> x, wg, wu, wd, dy;
+};
+UniformLayer uniform_layer(std::mt19937& rng, const Sizes& n) {
+  const auto uniform = [&](int64_t count, double scale) {
+    std::uniform_real_distribution<float> d(-float(scale), float(scale));
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& e : v) e = d(rng);
+    return v;
+  };
+  UniformLayer l;
+  l.x = uniform(n.T * n.H, 1.0);
+  l.wg = uniform(n.E * n.I * n.H, 2.0 / std::sqrt(double(n.H)));
+  l.wu = uniform(n.E * n.I * n.H, 2.0 / std::sqrt(double(n.H)));
+  l.wd = uniform(n.E * n.H * n.I, 1.0 / std::sqrt(double(n.I)));
+  l.dy = uniform(n.T * n.H, 1.0);
+  return l;
+}
+
 // The FP8 backward's emulation (routed_backward) against the exact layer, each gradient within its
 // bound (docs/fp8.md's table; tests/gpu/test_fp8_layer.cpp derives them): dx 2^-6/3, d_topk_weights
 // 2^-8, dw_gate 3·2^-9, dw_up and dw_down 7·2^-9/3. About 100 rows an expert: one 128-row block each.
@@ -233,17 +254,9 @@ BackwardPair backward_pair(const Sizes& n, const std::vector<float>& x, const st
 TEST(Fp8Reference, LayerBackwardIsWithinTheBounds) {
   std::mt19937 rng(7);
   const int64_t T = 200, H = 320, I = 192, E = 4, k = 2;
-  const auto uniform = [&](int64_t n, double scale) {
-    std::uniform_real_distribution<float> d(-float(scale), float(scale));
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& e : v) e = d(rng);
-    return v;
-  };
-  const std::vector<float> x = uniform(T * H, 1.0), wg = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
-                           wu = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
-                           wd = uniform(E * H * I, 1.0 / std::sqrt(double(I))), dy = uniform(T * H, 1.0);
-  const BackwardPair pair =
-      backward_pair({T, H, I, E, k}, x, wg, wu, wd, dy, [&](int64_t s) { return int32_t((s * 7 + s / k) % E); });
+  const UniformLayer in = uniform_layer(rng, {T, H, I, E, k});
+  const BackwardPair pair = backward_pair({T, H, I, E, k}, in.x, in.wg, in.wu, in.wd, in.dy,
+                                          [&](int64_t s) { return int32_t((s * 7 + s / k) % E); });
   const RoutedGradients& got = pair.got;
   const Gradients& exact = pair.exact;
   const struct {
@@ -317,15 +330,7 @@ TEST(Fp8Reference, FewDTopkWeightsErrorsScaleWithTheirTermsRss) {
   double worst_vs_rss = 0.0, worst_vs_norm = 0.0;
   for (uint32_t draw = 0; draw < 20; ++draw) {
     std::mt19937 rng(1000 + draw);
-    const auto uniform = [&](int64_t n, double scale) {
-      std::uniform_real_distribution<float> d(-float(scale), float(scale));
-      std::vector<float> v(static_cast<size_t>(n));
-      for (float& e : v) e = d(rng);
-      return v;
-    };
-    const std::vector<float> x = uniform(T * H, 1.0), wg = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
-                             wu = uniform(E * I * H, 2.0 / std::sqrt(double(H))),
-                             wd = uniform(E * H * I, 1.0 / std::sqrt(double(I))), dy = uniform(T * H, 1.0);
+    const UniformLayer in = uniform_layer(rng, {T, H, I, E, k});
     std::vector<int32_t> ids(size_t(T * k));
     for (int64_t t = 0; t < T; ++t) {  // k distinct experts, then slot 1 on slot 0's
       std::vector<int32_t> experts(static_cast<size_t>(E));
@@ -333,7 +338,8 @@ TEST(Fp8Reference, FewDTopkWeightsErrorsScaleWithTheirTermsRss) {
       std::shuffle(experts.begin(), experts.end(), rng);
       for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = experts[size_t(j == 1 ? 0 : j)];
     }
-    const BackwardPair pair = backward_pair({T, H, I, E, k}, x, wg, wu, wd, dy, [&](int64_t s) { return ids[size_t(s)]; });
+    const BackwardPair pair =
+        backward_pair({T, H, I, E, k}, in.x, in.wg, in.wu, in.wd, in.dy, [&](int64_t s) { return ids[size_t(s)]; });
     double err2 = 0.0, norm2 = 0.0, rss2 = 0.0;
     for (int64_t s = 0; s < T * k; ++s) {
       const double want = pair.exact.d_topk_weights[size_t(s)];
