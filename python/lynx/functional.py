@@ -82,10 +82,7 @@ class Workspace:
         self.shape = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate)
         self.config = config
         self.tag = _workspaces.new_tag()
-        d = torch.device("cuda" if device is None else device)
-        if d.type != "cuda":
-            raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
-        self.device = torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
+        self.device = _cuda_device(device)
         # The key the custom ops look it up by (ops._workspace): this workspace keeps its own context.
         backend, capacity, save, tag, ep, precision = self._op_config()
         config = _workspaces.WorkspaceConfig(backend, capacity, save, tag, False, ep, precision)
@@ -254,7 +251,7 @@ def check(device=None):
     set and every later call on the same workspace leaves y and dx unwritten and its other routed
     gradients unusable (see lynx::Workspace::check): call this once per training step, before the
     optimizer step (it synchronises with each workspace's stream: the first wait is the costly one)."""
-    only = None if device is None else _device_index(device)
+    only = None if device is None else _cuda_device(device).index
     for ws in _workspaces.all_workspaces():
         if only is None or ws._device_index == only:
             # NOTES: each workspace against its own device's stream, with its device current (the check
@@ -264,11 +261,13 @@ def check(device=None):
                 ws.check(torch.cuda.current_stream(ws._device_index).cuda_stream)
 
 
-def _device_index(device) -> int:
-    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+def _cuda_device(device) -> torch.device:
+    """`device` (None: the current CUDA device; a string, an index or a torch.device) as a CUDA device with
+    its index."""
+    d = torch.device("cuda" if device is None else device)
     if d.type != "cuda":
-        raise ValueError(f"lynx.check: device must be a CUDA device, got {device}")
-    return torch.cuda.current_device() if d.index is None else d.index
+        raise ValueError(f"lynx: device: must be a CUDA device, got {d}")
+    return torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
 
 
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):

@@ -26,9 +26,9 @@ def _stream(t: Tensor) -> int:
 
 def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
     """(T, H, I, E, k, I_s) of a call; E counts the experts of every rank (w_gate holds this rank's)."""
-    for t, name, dims in ((x, "x", "[T, H]"), (topk_ids, "topk_ids", "[T, k]"), (w_gate, "w_gate", "[E, I, H]"),
-                          (ws_gate, "ws_gate", "[I_s, H]")):
-        if t is not None and t.dim() != len(dims.split(",")):
+    for t, name, rank, dims in ((x, "x", 2, "[T, H]"), (topk_ids, "topk_ids", 2, "[T, k]"),
+                                (w_gate, "w_gate", 3, "[E, I, H]"), (ws_gate, "ws_gate", 2, "[I_s, H]")):
+        if t is not None and t.dim() != rank:
             raise ValueError(f"lynx: {name}: must be {dims}, got {list(t.shape)}")
     T, H = x.shape
     E_local, I, _ = w_gate.shape
@@ -109,9 +109,8 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
                              "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
                              "lynx.nn.MoE take bf16 weights)")
         given = state.given  # the six tensors given (values, scales): weak refs, versions (None: inference)
-        if given is not None and not (all(ref() is t for (ref, _), t in zip(given, now)) and
-                                      all(ref() is not None and (v is None or ref()._version == v)
-                                          for ref, v in given)):
+        if not (all(ref() is t for (ref, _), t in zip(given, now)) and
+                all(ref() is not None and (v is None or ref()._version == v) for ref, v in given)):
             raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that are not those given to "
                              "set_quantized_weights, unchanged since: call it again with them")
         return

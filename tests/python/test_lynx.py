@@ -599,7 +599,7 @@ def test_check_of_one_device():
     bad = ids.clone()
     bad[2, 1] = 4
     lynx.moe(x, bad, tw, *w)
-    with pytest.raises(ValueError, match="device must be a CUDA device"):
+    with pytest.raises(ValueError, match="device: must be a CUDA device, got cpu"):
         lynx.check("cpu")
     with pytest.raises(ValueError, match=r"topk_ids\[2, 1\] = 4 is out of range"):
         lynx.check(torch.cuda.current_device())
