@@ -2,7 +2,7 @@
 
     import lynx
     y = lynx.functional.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)   # autograd, torch.compile
-    layer = lynx.nn.MoE(hidden=2048, intermediate=768, num_experts=128, top_k=8)
+    layer = lynx.nn.MoE(hidden=2048, intermediate=768, num_experts=128, top_k=8, device="cuda")
 """
 
 from lynx import functional, nn

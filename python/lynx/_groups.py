@@ -3,7 +3,7 @@ integers so that the custom ops take plain arguments (a traced graph holds no Py
 
 Lifetime: other ranks read a rank's workspace during their passes, and a rank cannot tell from its
 own calls when they are done, so a workspace of a group is never freed while the process runs
-(_workspaces.release parks it). At exit, each process waits for its device and meets the group's
+(their tags are ops' per-stream ones, which no layer releases). At exit, each process waits for its device and meets the group's
 other ranks at a barrier before its buffers go, so that none is freed while another rank's kernel
 may still read it."""
 

@@ -36,10 +36,6 @@ _RELEASED: set = set()
 # Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
 # the capture, so they wait here until the next lookup outside a capture.
 _PENDING: list = []
-# Workspaces of expert-parallel groups whose tag was released, by spec: never freed while the process
-# runs (lynx/_groups.py says why), and still used by a call with that tag (a backward after its layer
-# was collected: garbage collection may come at different times on different ranks).
-_PARKED: dict = {}
 
 
 # NOTES: every workspace takes its scratch (the per-row intermediates of a call) from PyTorch's caching
@@ -79,9 +75,9 @@ def release(tag: int) -> None:
     """Drops every workspace with this tag; later lookups with it get a fresh workspace that is not
     kept. The C++ destructor waits for the device before freeing."""
     _RELEASED.add(tag)
-    specs = [s for s in _BY_SPEC if s[6].tag == tag]
-    _PARKED.update((s, _BY_SPEC.pop(s)) for s in specs if s[6].ep_group != 0)
-    dropped = [_BY_SPEC.pop(s) for s in specs if s in _BY_SPEC]
+    # NOTES: no expert-parallel workspace has a layer's tag (their tags are ep_shared_tag's, never released):
+    # other ranks read them, so they live while the process runs (lynx/_groups.py says why).
+    dropped = [_BY_SPEC.pop(s) for s in [s for s in _BY_SPEC if s[6].tag == tag]]
     if _capturing():
         _PENDING.extend(dropped)
 
@@ -102,8 +98,6 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
         index = torch.cuda.current_device()
     spec = (tokens, hidden, intermediate, num_experts, top_k, shared_intermediate, config, index)
     ws = _BY_SPEC.get(spec)
-    if ws is None:
-        ws = _PARKED.get(spec)
     if ws is None and _capturing():
         # NOTES: making a workspace allocates and waits for the device, which a CUDA graph capture cannot
         # hold: the capture would end with a raw CUDA error.
@@ -113,11 +107,6 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
                            "whose tag was released gets a new workspace at each call, so it cannot be captured)")
     if ws is None:
         R, rank = _groups.ranks(config.ep_group)
-        if R > 1 and config.tag in _RELEASED:
-            # NOTES: creating it would be collective, and only the ranks whose layer has been collected
-            # would come.
-            raise ValueError("lynx: a new shape for an expert-parallel layer (or workspace tag) that has been "
-                             "released; keep the layer alive while it is called")
         copies_of = (_fp8_copies_owner(spec) if R == 1 and config.precision != _PRECISIONS["bf16"] and config.tag < 0
                      and config.tag not in _RELEASED else None)
         with torch.cuda.device(index):
@@ -185,4 +174,4 @@ def check_if_temporary(ws, stream: int) -> None:
 
 
 def all_workspaces():
-    return list(_BY_SPEC.values()) + list(_PARKED.values())
+    return list(_BY_SPEC.values())

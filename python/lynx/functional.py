@@ -294,8 +294,8 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     x [T, H] bf16; topk_ids [T, k] int32/int64; topk_weights [T, k] fp32; w_gate, w_up [E, I, H],
     w_down [E, H, I] bf16 (nn.Linear "out x in" per expert, as TorchTitan); the optional shared
     expert ws_gate, ws_up [I_s, H], ws_down [H, I_s]. Differentiable in x, topk_weights and every
-    weight. Arguments are validated before anything runs (lynx.LynxError, a ValueError, names the
-    argument).
+    weight. Arguments are validated before anything runs: a ValueError names the argument (lynx.LynxError, a
+    ValueError, for the C++ checks).
 
     Calls of the same shape share one workspace unless their `workspace_tag`s differ (lynx.nn.MoE gives
     every layer its own tag); each forward's context is a tensor autograd saves for its backward, or with

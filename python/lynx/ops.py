@@ -6,7 +6,7 @@ save_forward_context=False).
 
 Each op finds its workspace from the shape and the trailing plain arguments (backend code, schedule
 capacity, save_forward_context, workspace tag, expert-parallel group id, precision code), so that a
-traced graph holds no Python objects. In FP8 (precision code 1) each op first makes the FP8 copies of
+traced graph holds no Python objects. In FP8 (precision codes 1 and 2) each op first makes the FP8 copies of
 the expert weights that its pass reads (the forward's or the backward's) again when they are not of
 these weights as they are now (_fp8_weights)."""
 
