@@ -129,8 +129,7 @@ class Workspace:
     def check(self):
         """Workspace::check on the current stream of its device: raises lynx.LynxError for an error a kernel
         reported."""
-        with torch.cuda.device(self.device):
-            self._impl().check(torch.cuda.current_stream(self.device).cuda_stream)
+        _check_on_its_device(self._impl(), self.device)
 
     def _args(self, x, topk_ids, w_gate, ws_gate, tensors):
         self._impl()
@@ -254,11 +253,15 @@ def check(device=None):
     only = None if device is None else _cuda_device(device).index
     for ws in _workspaces.all_workspaces():
         if only is None or ws._device_index == only:
-            # NOTES: each workspace against its own device's stream, with its device current (the check
-            # copies and clears the status on that stream): another device's stream would let the status
-            # be read before the kernels that write it have run.
-            with torch.cuda.device(ws._device_index):
-                ws.check(torch.cuda.current_stream(ws._device_index).cuda_stream)
+            _check_on_its_device(ws, ws._device_index)
+
+
+def _check_on_its_device(impl, device) -> None:
+    """Workspace::check of `impl` (a _C.Workspace on `device`) after that device's current stream, with the
+    device current. NOTES: the check copies and clears the status on that stream; another device's stream
+    would let the status be read before the kernels that write it have run."""
+    with torch.cuda.device(device):
+        impl.check(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _cuda_device(device) -> torch.device:
