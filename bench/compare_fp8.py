@@ -16,8 +16,8 @@ weights.
   change (their version counters); they do not change here, so its timed calls reuse the copies.
 - lynx fp8 requant: the same, with the weights' version counters bumped before every call
   (torch.autograd.graph.increment_version, no kernel), so that every timed forward makes the FP8 copies
-  again, as the two PyTorch paths do and as the first forward after every optimizer step does. It uses
-  a workspace of its own; its bumps make lynx fp8 requantise once at its next call (a warm-up call, or
+  again, as the two PyTorch paths do and as the first forward after every optimizer step does. It shares
+  lynx fp8's workspace; its bumps make lynx fp8 requantise once at its next call (a warm-up call, or
   with --warmup 0 one timed call, which the median absorbs).
 - torchao fp8: the PyTorch path of compare_torch.moe_forward (argsort of the flattened topk_ids, rows
   gathered in expert order, SwiGLU experts, index_add_ combine weighted by topk_weights) with each of
@@ -166,11 +166,13 @@ def torch_fp8_impls(torchao_mm):
     return impls, missing
 
 
-def lynx_impls(tag, requant_tag):
+def lynx_impls(tag):
+    # NOTES: lynx fp8 requant shares lynx fp8's workspace (tag and precision): a second set of E4M3 copies
+    # did not fit 80 GB at deepseek-v3.
     def requantising(*inputs):
         for w in inputs[3:6]:
             torch.autograd.graph.increment_version(w)
-        return lynx.moe(*inputs, config=FP8, workspace_tag=requant_tag)
+        return lynx.moe(*inputs, config=FP8, workspace_tag=tag)
     return {"lynx bf16": Impl(lambda *a: lynx.moe(*a, workspace_tag=tag), True),
             "lynx fp8": Impl(lambda *a: lynx.moe(*a, config=FP8, workspace_tag=tag), True),
             "lynx fp8 requant": Impl(requantising, True)}
@@ -284,13 +286,13 @@ def speedups(shape, by_impl):
     return out
 
 
-def run_shape(name, tags, peers, args, failures, peer_failures):
+def run_shape(name, tag, peers, args, failures, peer_failures):
     """Checks and times every implementation at one shape; returns (rows, speed-ups, clock readings)."""
     T, H, I, E, k = SHAPES[name]
     inputs = make_inputs(T, H, I, E, k, seed=2026)
     leaves = [t.requires_grad_() for t in (inputs[0], inputs[2], inputs[3], inputs[4], inputs[5])]
     dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(7))
-    impls = {**lynx_impls(*tags), **peers}
+    impls = {**lynx_impls(tag), **peers}
     print(f"{name} (T, H, I, E, k) = {SHAPES[name]}", flush=True)
     checks = check_all(name, impls, inputs, leaves, dy, failures, peer_failures)
 
@@ -363,12 +365,11 @@ def main():
             json.dump(out, f, indent=1)
 
     def shape(i, name):
-        tags = (1000 + 2 * i, 1001 + 2 * i)  # lynx bf16 and fp8 (their precisions keep them apart), lynx fp8 requant
+        tag = 1000 + i  # every lynx row's (their precisions keep bf16's and FP8's workspaces apart)
         try:
-            shape_rows, shape_ups, clocks[name] = run_shape(name, tags, peers, args, failures, peer_failures)
+            shape_rows, shape_ups, clocks[name] = run_shape(name, tag, peers, args, failures, peer_failures)
         finally:
-            for tag in tags:  # this shape's tensors went with run_shape; its workspaces go now
-                _workspaces.release(tag)
+            _workspaces.release(tag)  # this shape's tensors went with run_shape; its workspaces go now
         rows.extend(shape_rows)
         ups.extend(shape_ups)
         if shape_rows:

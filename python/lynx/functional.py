@@ -317,8 +317,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     lynx calls with the same shapes; see docs/python.md. Ranks whose token counts differ pass the
     group's largest as `ep_tokens`: a rank with fewer pads its tokens to it (zero rows, not routed) and
     gets back only its own rows, with the bits of one rank holding every rank's real tokens."""
-    if x.dim() != 2 or topk_ids.dim() != 2 or w_gate.dim() != 3:
-        raise ValueError("lynx: x must be [T, H], topk_ids [T, k] and w_gate [E, I, H]")
+    ops.check_ranks(x, topk_ids, w_gate, ws_gate)
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
         # reach the caller as e4m3.

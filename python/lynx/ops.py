@@ -24,12 +24,17 @@ def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
-    """(T, H, I, E, k, I_s) of a call; E counts the experts of every rank (w_gate holds this rank's)."""
+def check_ranks(x, topk_ids, w_gate, ws_gate=None):
+    """A ValueError naming the first of x, topk_ids, w_gate, ws_gate (None: absent) of the wrong rank."""
     for t, name, rank, dims in ((x, "x", 2, "[T, H]"), (topk_ids, "topk_ids", 2, "[T, k]"),
                                 (w_gate, "w_gate", 3, "[E, I, H]"), (ws_gate, "ws_gate", 2, "[I_s, H]")):
         if t is not None and t.dim() != rank:
             raise ValueError(f"lynx: {name}: must be {dims}, got {list(t.shape)}")
+
+
+def _shape(x, topk_ids, w_gate, ws_gate, ranks=1):
+    """(T, H, I, E, k, I_s) of a call; E counts the experts of every rank (w_gate holds this rank's)."""
+    check_ranks(x, topk_ids, w_gate, ws_gate)
     T, H = x.shape
     E_local, I, _ = w_gate.shape
     return T, H, I, E_local * ranks, topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0]
