@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_out2,
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
+                const int32_t* __restrict__ expert_rows,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
                 RowSources sources, bool pair_rows) {
   static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU ||
@@ -112,10 +113,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Before that, ~11% of the down GEMM's samples still waited there (H100, 2026-12-06).
   const int32_t first_round =
       kScheduleRows<kForm> ? gemm::expert_search_first_round(tiles.expert_offset, tiles.experts) : 0;
-  // The grouped forms' tile once its expert is found (a warp at a time); the others' from t alone.
+  const int32_t first_end =
+      kScheduleRows<kForm> ? gemm::expert_search_first_end(tiles.expert_offset, expert_rows, tiles.experts) : 0;
+  // The grouped forms' tile once its expert and the end of its rows are found (a warp at a time); the
+  // others' from t alone.
   const auto tile_of = [&](int32_t t) {
     if constexpr (kScheduleRows<kForm>) {
-      return tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
+      int32_t end = 0;
+      const int32_t expert = gemm::expert_and_end_of_row_warp(tiles.expert_offset, expert_rows, tiles.experts,
+                                                              tiles.search_row(t), first_round, first_end, end);
+      Tile tile = tiles.at(t, expert);
+      tile.rows = end - tile.m0 < kTileM ? end - tile.m0 : kTileM;
+      return tile;
     } else {
       return tiles.without_expert(t);
     }
