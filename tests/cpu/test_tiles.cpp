@@ -523,7 +523,8 @@ TEST(TileSchedule, WarpSearchFindsTheBinarySearchsExpert) {
 }
 
 // The FP8 kernels' search also gives the end of the expert's rows before padding, from the round that
-// leaves one expert: each expert's, for rows drawn in each of its blocks; and a tile of it idles its second warpgroup exactly where rows 64-127 are padding.
+// leaves one expert: each expert's, for rows drawn in each of its blocks; and a tile of it idles its
+// second warpgroup exactly where rows 64-127 are padding.
 TEST(TileSchedule, WarpSearchGivesTheExpertsEndOfRows) {
   std::mt19937 rng(20261207);
   for (int trial = 0; trial < 400; ++trial) {

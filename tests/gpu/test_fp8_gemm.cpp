@@ -721,11 +721,13 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 130, offset, nullptr, out, nullptr, nullptr); })
-                .find("multiple of 8"),
+  EXPECT_NE(message([&] {
+              fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 130, offset, nullptr, out, nullptr, nullptr);
+            }).find("multiple of 8"),
             std::string::npos);
-  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 136, offset, nullptr, out + 1, nullptr, nullptr); })
-                .find("128-byte aligned"),
+  EXPECT_NE(message([&] {
+              fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 136, offset, nullptr, out + 1, nullptr, nullptr);
+            }).find("128-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
               fp8::grouped_weight_grad_block_scaled(q, s, 200, q, s, 136, 128, 1, offset, out, out + 4096, 120, nullptr,
@@ -738,12 +740,13 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
             }).find("16-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out + 8, nullptr, nullptr);
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out + 8, nullptr,
+                                               nullptr);
             }).find("128-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out, nullptr, nullptr,
-                                               fp8::KeptGateUp{out + 65536 + 4, out + 131072, offset});
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out, nullptr,
+                                               nullptr, fp8::KeptGateUp{out + 65536 + 4, out + 131072, offset});
             }).find("16-byte aligned"),
             std::string::npos);
 }

@@ -31,7 +31,8 @@ template <Form kForm, class Out, int kGather = kGatherNone>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
-            const int32_t* expert_rows, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
+            const int32_t* expert_rows, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
+            int32_t split = 0,
             const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
             bool pair_rows = false) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
@@ -154,7 +155,8 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
+                                 const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream,
+                                 KeptGateUp kept,
                                  const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
