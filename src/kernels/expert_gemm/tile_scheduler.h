@@ -118,6 +118,46 @@ __device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offs
   }
   return expert_search_rounds_warp(expert_offset, lo, span, row);
 }
+
+// The end of the rows before padding (expert_offset[e] + expert_rows[e]) of the expert lane `lane` reads
+// in the warp search's first round, else INT32_MAX (no such expert, or expert_rows null); read once by
+// a kernel for expert_and_end_of_row_warp.
+__device__ __forceinline__ int32_t expert_search_first_end(const int32_t* expert_offset, const int32_t* expert_rows,
+                                                           int32_t experts) {
+  const int32_t candidate = expert_search_step(experts) * int32_t(threadIdx.x % 32);
+  return expert_rows != nullptr && candidate < experts ? expert_offset[candidate] + expert_rows[candidate]
+                                                       : INT32_MAX;
+}
+
+// expert_of_row_warp (with its first round given) that also gives in `end` the end of the expert's rows
+// before padding, expert_offset[e] + expert_rows[e] (INT32_MAX where expert_rows is null). A round's
+// lanes load each candidate's rows beside its offset: the round that leaves one expert found it as the
+// candidate of its last lane at or below the row, whose end that lane holds; so the end costs no load
+// after the search's (a first round that leaves one: `first_end`, each lane's candidate's).
+__device__ __forceinline__ int32_t expert_and_end_of_row_warp(const int32_t* expert_offset,
+                                                              const int32_t* expert_rows, int32_t experts,
+                                                              int32_t row, int32_t first_round, int32_t first_end,
+                                                              int32_t& end) {
+  const int32_t lane = int32_t(threadIdx.x % 32);
+  int32_t lo = 0, span = experts;
+  end = __shfl_sync(0xffffffffu, first_end, 0);  // one expert: no round
+  if (span > 1) {
+    const int32_t count = __popc(__ballot_sync(0xffffffffu, first_round <= row));
+    narrow_expert_range(lo, span, expert_search_step(span), count);
+    if (span == 1) end = __shfl_sync(0xffffffffu, first_end, count - 1);
+  }
+  while (span > 1) {
+    const int32_t step = expert_search_step(span);
+    const int32_t candidate = lo + step * lane;
+    const bool inside = step * lane < span;
+    const int32_t offset = inside ? expert_offset[candidate] : INT32_MAX;
+    const int32_t rows = inside && expert_rows != nullptr ? expert_rows[candidate] : -1;
+    const int32_t count = __popc(__ballot_sync(0xffffffffu, offset <= row));
+    narrow_expert_range(lo, span, step, count);
+    if (span == 1) end = __shfl_sync(0xffffffffu, rows < 0 ? INT32_MAX : offset + rows, count - 1);
+  }
+  return lo;
+}
 #endif
 
 // Tiles of the launch. Row modes: only the row blocks in use (none when the schedule is over

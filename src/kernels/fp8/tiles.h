@@ -48,10 +48,18 @@ constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTi
 template <Form kForm>
 constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * kBlock);
 
-// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile). rows: the
+// grouped forms' rows of the tile that are not padding, where the kernel knows its experts' rows (else,
+// and in the other forms, every row counts).
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
+  int32_t rows = kTileM;
 };
+
+// Whether consumer warpgroup c's 64 rows of the tile are all padding (a half tile: an expert's last row
+// block holding 64 rows or fewer): it then computes nothing, its sums staying the zeros that the padding
+// rows' products give (the grouped forms' padding rows of A are zeros with finite scales).
+LYNX_HD bool idle_half(const Tile& tile, int c) { return 64 * c >= tile.rows; }
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
 // grouped form and the weight gradient where columns n0 + 128 .. lie below N (the producer loads, and
