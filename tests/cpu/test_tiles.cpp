@@ -10,7 +10,6 @@
 
 #include "plan/gather.h"
 #include "kernels/expert_gemm/tile_scheduler.h"
-#include "kernels/fp8/tiles.h"
 #include "kernels/schedule/core.h"
 
 namespace lynx::gemm {
@@ -443,114 +442,6 @@ TEST(TileSchedule, ExpertOfRowSkipsEmptyExperts) {
   EXPECT_EQ(expert_of_row(offsets.data(), 5, 127), 1);
   EXPECT_EQ(expert_of_row(offsets.data(), 5, 128), 4);
   EXPECT_EQ(expert_of_row(offsets.data(), 5, 383), 4);
-}
-
-// expert_of_row_warp's rounds with its 32 lanes played in turn, from [lo, lo + span); `rounds`: how many.
-int32_t search_rounds(const std::vector<int32_t>& offsets, int32_t lo, int32_t span, int32_t row, int& rounds) {
-  rounds = 0;
-  while (span > 1) {
-    const int32_t step = expert_search_step(span);
-    int32_t count = 0;
-    for (int32_t lane = 0; lane < 32; ++lane) {
-      count += step * lane < span && offsets[size_t(lo + step * lane)] <= row ? 1 : 0;
-    }
-    narrow_expert_range(lo, span, step, count);
-    ++rounds;
-  }
-  return lo;
-}
-
-int32_t expert_of_row_by_rounds(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& rounds) {
-  return search_rounds(offsets, 0, experts, row, rounds);
-}
-
-// The same with the first round's offsets read beforehand (expert_search_first_offset, as the FP8
-// kernels read them once); `loads`: the rounds that still read offsets.
-int32_t expert_of_row_first_round_given(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& loads) {
-  int32_t lo = 0, span = experts;
-  if (span > 1) {
-    int32_t count = 0;
-    for (int32_t lane = 0; lane < 32; ++lane) {
-      count += expert_search_first_offset(offsets.data(), experts, lane) <= row ? 1 : 0;
-    }
-    narrow_expert_range(lo, span, expert_search_step(span), count);
-  }
-  return search_rounds(offsets, lo, span, row, loads);
-}
-
-// expert_and_end_of_row_warp's rounds played the same way: the end of the expert's rows taken in the
-// round that leaves one expert from its lane count − 1's candidate (a single expert's from lane 0).
-int32_t expert_and_end_by_rounds(const std::vector<int32_t>& offsets, const std::vector<int32_t>& rows,
-                                 int32_t experts, int32_t row, int32_t& end) {
-  const auto lane_end = [&](int32_t candidate) { return offsets[size_t(candidate)] + rows[size_t(candidate)]; };
-  int32_t lo = 0, span = experts;
-  end = experts == 1 ? lane_end(0) : INT32_MAX;
-  while (span > 1) {
-    const int32_t step = expert_search_step(span);
-    int32_t count = 0;
-    for (int32_t lane = 0; lane < 32; ++lane) {
-      count += step * lane < span && offsets[size_t(lo + step * lane)] <= row ? 1 : 0;
-    }
-    const int32_t last = lo + step * (count - 1);
-    narrow_expert_range(lo, span, step, count);
-    if (span == 1) end = lane_end(last);
-  }
-  return lo;
-}
-
-TEST(TileSchedule, WarpSearchFindsTheBinarySearchsExpert) {
-  std::mt19937 rng(20261205);
-  for (int trial = 0; trial < 400; ++trial) {
-    const int32_t experts = trial < 40 ? 1 + trial : 1 + int32_t(rng() % 4096);
-    std::vector<int32_t> offsets(size_t(experts + 1), 0);
-    for (int32_t e = 0; e < experts; ++e) {  // a third of the experts empty
-      offsets[size_t(e + 1)] = offsets[size_t(e)] + (rng() % 3 == 0 ? 0 : 128 * int32_t(1 + rng() % 4));
-    }
-    if (offsets[size_t(experts)] == 0) offsets[size_t(experts)] = 128;  // some row
-    const int32_t total = offsets[size_t(experts)];
-    for (int32_t row = 0; row < total; row += 1 + int32_t(rng() % 97)) {
-      int rounds = 0;
-      ASSERT_EQ(expert_of_row_by_rounds(offsets, experts, row, rounds), expert_of_row(offsets.data(), experts, row))
-          << "experts " << experts << " row " << row;
-      EXPECT_LE(rounds, experts <= 32 ? 1 : experts <= 1024 ? 2 : 3);
-      int loads = 0;
-      ASSERT_EQ(expert_of_row_first_round_given(offsets, experts, row, loads),
-                expert_of_row(offsets.data(), experts, row))
-          << "experts " << experts << " row " << row << ", first round given";
-      EXPECT_LE(loads, experts <= 32 ? 0 : experts <= 1024 ? 1 : 2);
-    }
-  }
-}
-
-// The FP8 kernels' search also gives the end of the expert's rows before padding, from the round that
-// leaves one expert: each expert's, for rows drawn in each of its blocks; and a tile of it idles its
-// second warpgroup exactly where rows 64-127 are padding.
-TEST(TileSchedule, WarpSearchGivesTheExpertsEndOfRows) {
-  std::mt19937 rng(20261207);
-  for (int trial = 0; trial < 400; ++trial) {
-    const int32_t experts = trial < 40 ? 1 + trial : 1 + int32_t(rng() % 4096);
-    std::vector<int32_t> offsets(size_t(experts + 1), 0), rows(size_t(experts), 0);
-    for (int32_t e = 0; e < experts; ++e) {  // a third of the experts empty, the others 1-512 rows
-      rows[size_t(e)] = rng() % 3 == 0 ? 0 : 1 + int32_t(rng() % 512);
-      offsets[size_t(e + 1)] = offsets[size_t(e)] + (rows[size_t(e)] + 127) / 128 * 128;
-    }
-    if (offsets[size_t(experts)] == 0) {  // some row
-      rows[0] = 1;
-      for (int32_t e = 1; e <= experts; ++e) offsets[size_t(e)] = 128;
-    }
-    const int32_t total = offsets[size_t(experts)];
-    for (int32_t row = 0; row < total; row += 1 + int32_t(rng() % 97)) {
-      const int32_t want = expert_of_row(offsets.data(), experts, row);
-      int32_t end = 0;
-      ASSERT_EQ(expert_and_end_by_rounds(offsets, rows, experts, row, end), want) << "experts " << experts;
-      ASSERT_EQ(end, offsets[size_t(want)] + rows[size_t(want)]) << "experts " << experts << " row " << row;
-      fp8::impl::Tile tile{row / 128 * 128, 0, want, 0, 1};
-      tile.rows = std::min(end - tile.m0, fp8::impl::kTileM);
-      ASSERT_GE(tile.rows, 1) << "a row block of the expert without its rows";
-      EXPECT_FALSE(fp8::impl::idle_half(tile, 0));
-      EXPECT_EQ(fp8::impl::idle_half(tile, 1), end - tile.m0 <= 64) << "experts " << experts << " row " << row;
-    }
-  }
 }
 
 }  // namespace

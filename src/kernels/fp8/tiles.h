@@ -147,8 +147,7 @@ struct TileSpace {
     }
   }
 
-  // The grouped forms: a row of tile t's expert (the kernel's consumers find the expert a warp at a
-  // time, gemm::expert_of_row_warp), and tile t of that expert.
+  // The grouped forms: a row of tile t's expert, and tile t of that expert.
   LYNX_HD int32_t search_row(int32_t t) const { return t / n_tiles * kTileM; }
   LYNX_HD Tile at(int32_t t, int32_t expert) const {
     Tile tile = without_expert(t);
@@ -159,6 +158,17 @@ struct TileSpace {
       const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
       tile.n0 = i / rows * kOutN<kForm>;
       tile.m0 = (first + 2 * group + i % rows) * kTileM;
+    }
+    return tile;
+  }
+
+  // Tile t with `rows` from the experts' rows before padding (expert_rows, the schedule's; null: every
+  // row counts): the end of its expert's rows less its first row, at most kTileM.
+  LYNX_HD Tile with_rows(int32_t t, const int32_t* expert_rows) const {
+    Tile tile = (*this)[t];
+    if (kScheduleRows<kForm> && expert_rows != nullptr) {
+      const int32_t end = expert_offset[tile.expert] + expert_rows[tile.expert];
+      tile.rows = end - tile.m0 < kTileM ? end - tile.m0 : kTileM;
     }
     return tile;
   }

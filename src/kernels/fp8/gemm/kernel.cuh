@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (j % 32 == 0) {
         const int64_t mine = int64_t(t) + int64_t(lane) * gridDim.x;
         if (mine < tiles.count) {
-          batch = tiles[int32_t(mine)];
-          if (expert_rows != nullptr) {
-            const int32_t end = tiles.expert_offset[batch.expert] + expert_rows[batch.expert];
-            batch.rows = end - batch.m0 < kTileM ? end - batch.m0 : kTileM;
-          }
+          batch = tiles.with_rows(int32_t(mine), expert_rows);
         }
       }
       Tile tile = tiles.without_expert(t);
