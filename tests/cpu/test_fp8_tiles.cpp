@@ -15,12 +15,16 @@
 namespace lynx::fp8::impl {
 namespace {
 
-// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty).
-std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows) {
+// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty), and
+// in `rows` (where given) each expert's rows before padding.
+std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows,
+                                    std::vector<int32_t>* rows = nullptr) {
   std::vector<int32_t> offsets(size_t(experts + 1), 0);
+  if (rows) rows->assign(size_t(experts), 0);
   for (int32_t e = 0; e < experts; ++e) {
     const int32_t n = rng() % 4 == 0 ? 0 : int32_t(rng() % uint32_t(max_rows + 1));
     offsets[size_t(e + 1)] = offsets[size_t(e)] + (n + kTileM - 1) / kTileM * kTileM;
+    if (rows) (*rows)[size_t(e)] = n;
   }
   return offsets;
 }
@@ -137,11 +141,8 @@ TEST(Fp8Tiles, PairedRowBlocksCoverEveryOutputOnceAndShareB) {
 template <Form kForm>
 void expect_tile_rows(std::mt19937& rng, int trial, bool pair_rows) {
   const int32_t experts = 1 + int32_t(rng() % 300);
-  std::vector<int32_t> rows(size_t(experts), 0), offsets(size_t(experts + 1), 0);
-  for (int32_t e = 0; e < experts; ++e) {
-    rows[size_t(e)] = rng() % 4 == 0 ? 0 : int32_t(rng() % 701);
-    offsets[size_t(e + 1)] = offsets[size_t(e)] + (rows[size_t(e)] + kTileM - 1) / kTileM * kTileM;
-  }
+  std::vector<int32_t> rows;
+  const std::vector<int32_t> offsets = random_offsets(rng, experts, 700, &rows);
   const int32_t N = 8 * (1 + int32_t(rng() % 100)), K = 512;
   SCOPED_TRACE("trial " + std::to_string(trial) + " experts " + std::to_string(experts) + " N " +
                std::to_string(N) + (pair_rows ? " paired" : ""));

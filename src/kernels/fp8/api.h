@@ -231,8 +231,8 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream,
-                                 KeptGateUp kept = {},
-                                 const QuantizedH& hq = {}, const TileGather& gather = {}, bool pair_rows = false);
+                                 KeptGateUp kept = {}, const QuantizedH& hq = {}, const TileGather& gather = {},
+                                 bool pair_rows = false);
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

@@ -32,9 +32,8 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             const int32_t* expert_rows, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
-            int32_t split = 0,
-            const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
-            bool pair_rows = false) {
+            int32_t split = 0, const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {},
+            const RowSources& sources = {}, bool pair_rows = false) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -148,16 +147,14 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
   }
   launch<Form::kGrouped, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out,
                                                capacity, N, K, expert_offset, experts, expert_rows, status, stream, {},
-                                               0, {},
-                                               row_gather(gather, a, K), {}, pair_rows);
+                                               0, {}, row_gather(gather, a, K), {}, pair_rows);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream,
-                                 KeptGateUp kept,
-                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
+                                 KeptGateUp kept, const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
