@@ -12,10 +12,12 @@ namespace lynx {
 // the other ranks read, ranks.h) and takes its scratch, the per-row intermediates of
 // a pass (Workspace::scratch_bytes()), from the allocator at every call: allocate(bytes, stream) once
 // before the call queues its first kernel on `stream`, deallocate(p, bytes, stream) once after it
-// queued its last. The allocator must be stream-ordered: memory given back on `stream` may go to other
-// work only once `stream` has run the call's kernels, or to later work on `stream` itself
-// (cudaMallocAsync / cudaFreeAsync, PyTorch's caching allocator). Layers that run one after another
-// on a stream then share one scratch, and the memory held between calls is the context alone (at one rank).
+// queued its last (a forward keeping no context on a Config::caller_context workspace takes a second
+// block, what it uses of a context, after the first and gives it back before). The allocator must be
+// stream-ordered: memory given back on `stream` may go to other work only once `stream` has run the
+// call's kernels, or to later work on `stream` itself (cudaMallocAsync / cudaFreeAsync, PyTorch's caching
+// allocator). Layers that run one after another on a stream then share one scratch, and the memory held
+// between calls is the context alone (at one rank).
 // allocate returns 256-byte-aligned memory, or throws (a null return or a misaligned block is reported
 // as an error); deallocate does not throw. Under CUDA graph capture a call takes and gives back its
 // block once, while it is captured, and every replay uses that block: the allocator must keep it for

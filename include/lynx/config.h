@@ -55,8 +55,9 @@ struct Config {
   // shared region: the token rows, the per-row results) stays the workspace's own.
   ScratchAllocator* scratch_allocator = nullptr;
   // The caller holds each forward's context (lynx::ForwardContext, moe.h): the workspace keeps none, and
-  // any number of forwards may be in flight before their backwards. Needs save_forward_context. At R > 1
-  // every rank of a group makes the same choice, and each rank's backward is given its own forward's context.
+  // any number of forwards may be in flight before their backwards; a forward given none keeps none. Needs
+  // save_forward_context. At R > 1 every rank of a group makes the same choice, and each rank's backward is
+  // given its own forward's context.
   bool caller_context = false;
   Precision precision = Precision::kBf16;
   // kFp8Block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.

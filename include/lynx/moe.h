@@ -153,7 +153,10 @@ class Workspace {
 // each such stream a workspace of its own. Not checked.
 
 // y: [T, H] bf16. Builds the schedule, runs the layer, and (config.save_forward_context) keeps what
-// backward needs in the workspace.
+// backward needs in the workspace. On a Config::caller_context workspace it keeps no context (inference,
+// or a forward no backward follows): what it uses of one (the schedule, and at R > 1 in bf16 the
+// gathered x rows; not the gate and up products) is taken for the call from config.scratch_allocator, or
+// by cudaMallocAsync on `stream` without one, and given back on `stream`.
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
 
 // Rebuilds what backward needs from the inputs without producing y.
@@ -230,9 +233,10 @@ void share_quantized_weights(Workspace& from, Workspace& to);
 // config.caller_context (its value is ignored here): what a ForwardContext needs, with no device.
 int64_t forward_context_bytes(const LayerShape& shape, const Config& config);
 
-// The same three calls with the context in `ctx` (Config::caller_context; the calls above are then
-// errors): forward and recompute fill it, backward reads it and throws unless it was filled from these
-// inputs. Each call's kernels use ctx.data; keep it alive until they have run.
+// The same three calls with the context in `ctx` (Config::caller_context; recompute_forward_context and
+// backward above are then errors, forward keeps no context): forward and recompute fill it, backward
+// reads it and throws unless it was filled from these inputs. Each call's kernels use ctx.data; keep it
+// alive until they have run.
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext& ctx, cudaStream_t stream);
 void recompute_forward_context(Workspace& ws, const LayerInputs& in, ForwardContext& ctx, cudaStream_t stream);
 void backward(Workspace& ws, const LayerInputs& in, const TensorView& dy, const Gradients& grads,

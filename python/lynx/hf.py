@@ -70,9 +70,16 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
                                   "weights are not supported")
     if self.gate_up_proj.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
         raise ValueError("lynx: the experts' weights and hidden states must be bf16")
-    y = _Experts.apply(_views.aligned(hidden_states.contiguous()), top_k_index.contiguous(),
-                       top_k_weights.float().contiguous(),
-                       self.gate_up_proj, self.down_proj.contiguous(), workspace_tag(self), config)
+    x = _views.aligned(hidden_states.contiguous())
+    ids, tw = top_k_index.contiguous(), top_k_weights.float().contiguous()
+    down = self.down_proj.contiguous()
+    if not ops.gradient_wanted(x, tw, self.gate_up_proj, down):  # generation, evaluation: no context kept
+        backend, capacity, _, _, _, precision = _op_config(config, workspace_tag(self))
+        gate, up = _halves(self.gate_up_proj)
+        y = ops.moe_forward_keeping_none(x, ids, tw, gate, up, down, None, None, None, backend, capacity,
+                                         workspace_tag(self), 0, precision)
+    else:
+        y = _Experts.apply(x, ids, tw, self.gate_up_proj, down, workspace_tag(self), config)
     return y.to(hidden_states.dtype)
 
 

@@ -66,11 +66,16 @@ api::ContextBytes used_bytes(const Workspace::Impl& w, const ForwardContext& ctx
 }
 
 // Queues one call: its scratch (and, with a caller's context, that context) lent for the call; a
-// forward or recompute gives `filled` the key of what it computed the context from.
+// forward or recompute gives `filled` the key of what it computed the context from. A forward given no
+// context on a workspace that keeps none is lent what it uses of one (ContextLoan).
 template <class Pass>
 void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, cudaStream_t stream, Pass&& pass) {
   enqueue_pass(w, [&] {
     const ScratchLease scratch(w, stream);
+    if (ctx == nullptr && w.config.caller_context) {
+      const ContextLoan loan(w, stream);
+      return pass();
+    }
     if (ctx == nullptr) return pass();
     const ContextLease lease(w, *ctx);
     pass();
@@ -87,7 +92,8 @@ void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, For
   check_device(w);
   require_not_captured(w, stream);
   require_connected(w);
-  require_context_form(w, ctx != nullptr);
+  // NOTES: without one, a caller_context workspace's forward keeps no context (ContextLoan).
+  if (ctx) require_context_form(w, true);
   require_quantized_weights(w, in, Fp8Copies::kForward);
   if (ctx) {
     validate_context(w, *ctx);

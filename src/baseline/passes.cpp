@@ -69,7 +69,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   run_products(w, products, s);
 
   enqueue_shared_and_combine(w, in, y, s);
-  w.context_valid = w.config.save_forward_context;
+  w.context_valid = w.keeps_context();
 }
 
 void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, const Gradients& grads, cudaStream_t s) {

@@ -21,20 +21,24 @@ ContextSizes context_sizes(const LayerShape& s, int64_t cap, Backend backend) {
           4 * E,
           4 * (E + 1),
           4 * s.tokens * s.top_k,
+          2 * s.tokens * Is,
+          2 * s.tokens * Is,
           xg,
           2 * gate_up_rows * s.intermediate,
-          2 * gate_up_rows * s.intermediate,
-          2 * s.tokens * Is,
-          2 * s.tokens * Is};
+          2 * gate_up_rows * s.intermediate};
 }
 
 int64_t context_block_bytes(const ContextSizes& s) {
   int64_t total = 0;
   for (const int64_t b : {s.row_token_slot, s.row_src_rank, s.expert_offset, s.expert_rows, s.block_offset, s.slot_row,
-                          s.xg, s.g, s.u, s.gs, s.us}) {
-    if (b > 0) total += lent_bytes(b);
+                          s.gs, s.us, s.xg, s.g, s.u}) {
+    total += lent_bytes(b);
   }
   return total;
+}
+
+int64_t forward_only_bytes(const ContextSizes& s, bool gathered_rows) {
+  return context_block_bytes(s) - lent_bytes(s.g) - lent_bytes(s.u) - (gathered_rows ? 0 : lent_bytes(s.xg));
 }
 
 }  // namespace lynx::plan

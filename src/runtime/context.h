@@ -1,9 +1,16 @@
 // A call's forward context, when the caller holds it (Config::caller_context, lynx::ForwardContext):
 // the workspace's context buffers point into the caller's block for the call, and the context's host
-// key (what it was computed from) stands in for the workspace's own.
+// key (what it was computed from) stands in for the workspace's own. A forward given no ForwardContext
+// keeps none: it is lent the start of a block for the call (ContextLoan).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/cuda_check.h"
 #include "lynx/moe.h"
+#include "runtime/scratch.h"
 #include "runtime/workspace.h"
 
 namespace lynx {
@@ -41,6 +48,47 @@ class ContextLease {
 
  private:
   Workspace::Impl& w_;
+};
+
+// A forward that keeps no context, on a Config::caller_context workspace: the buffers it writes and reads
+// of a context (the schedule, the shared expert's products, the gathered rows the bf16 GEMM reads at
+// R > 1: Impl::context_forward_only_bytes, the block's start) point into a block taken on `stream` from
+// config.scratch_allocator (cudaMallocAsync without one) and given back on it after the call's work; g
+// and u are null for the call, and the workspace holds no context afterwards.
+class ContextLoan {
+ public:
+  ContextLoan(Workspace::Impl& w, cudaStream_t stream) : w_(w), stream_(stream), bytes_(w.context_forward_only_bytes) {
+    if (ScratchAllocator* a = w.config.scratch_allocator) {
+      block_ = allocate_block(*a, bytes_, stream);
+    } else {
+      void* p = nullptr;
+      LYNX_CUDA(cudaMallocAsync(&p, size_t(bytes_), stream));
+      block_ = static_cast<char*>(p);
+    }
+    w.context_block.bind(block_, bytes_);
+    w.keeping_no_context = true;
+    w.context_valid = false;
+    w.counts_on_host = false;  // as in ContextLease
+  }
+  ~ContextLoan() {
+    w_.context_block.unbind();
+    w_.keeping_no_context = false;
+    w_.context_valid = false;
+    w_.counts_on_host = false;
+    if (ScratchAllocator* a = w_.config.scratch_allocator) {
+      deallocate_block(*a, block_, bytes_, stream_);
+    } else if (cudaFreeAsync(block_, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();  // NOTES: a destructor; the error being raised, if any, is the one to report
+    }
+  }
+  ContextLoan(const ContextLoan&) = delete;
+  ContextLoan& operator=(const ContextLoan&) = delete;
+
+ private:
+  Workspace::Impl& w_;
+  cudaStream_t stream_;
+  int64_t bytes_;
+  char* block_ = nullptr;
 };
 
 }  // namespace lynx

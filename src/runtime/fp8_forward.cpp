@@ -82,7 +82,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   const int64_t H = sh.hidden, I = sh.intermediate, E = sh.local_experts(), cap = w.problem.capacity;
   const Fp8Buffers& f = w.f8;
   fused::compute_begins(w, s);
-  forward_context(w, in, s, w.config.save_forward_context, true);
+  forward_context(w, in, s, w.keeps_context(), true);
   if (!omitted(Stage::kDown, w.forward_calls)) {
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
                                    w.schedule.expert_offset, w.schedule.expert_rows, w.un.rows_a,

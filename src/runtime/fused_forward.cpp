@@ -125,7 +125,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
       break;
     case Step::kCompute: {
       compute_begins(w, s);
-      forward_context(w, in, s, w.config.save_forward_context);
+      forward_context(w, in, s, w.keeps_context());
       gemm::ExpertGemmArgs a = expert_gemm_args(w, w.plan.down);
       a.a = w.un.h;
       a.k = w.shape.intermediate;
@@ -140,7 +140,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
     case Step::kClose:
       close(w, s);
       enqueue_combine(w, in, y, s);
-      w.context_valid = w.config.save_forward_context;
+      w.context_valid = w.keeps_context();
       break;
   }
 }

@@ -76,6 +76,25 @@ Fp8WeightStore::~Fp8WeightStore() {
   cudaGetLastError();
 }
 
+void Workspace::Impl::place_forward_only_context(const LayerShape& s, int64_t capacity) {
+  const plan::ContextSizes sizes = plan::context_sizes(s, capacity, config.backend);
+  const auto internal = [] {
+    return Error("", "internal: the context's buffers are not those of plan/context_layout.h");
+  };
+  if (context_block.bytes != plan::context_block_bytes(sizes)) throw internal();
+  // NOTES: what a forward keeping no context is lent is the block's start, so g and u must lie last, and
+  // the gathered rows (R > 1) just before them.
+  const auto offset_of = [&](auto& field) { return context_block.offset_of(reinterpret_cast<void**>(&field)); };
+  if (offset_of(un.g) != plan::forward_only_bytes(sizes, true)) throw internal();
+  const bool rows = sizes.xg > 0;
+  if (rows && offset_of(un.xg) != plan::forward_only_bytes(sizes, false)) throw internal();
+  // The bf16 gate/up GEMM reads the gathered rows at R > 1 (FP8 gathers x's tiles into scratch); the
+  // unfused forward writes every buffer.
+  const bool fp8_forward = config.precision == Precision::kFp8Block;
+  context_forward_only_bytes = config.backend == Backend::kUnfused ? context_block.bytes
+                                                                   : plan::forward_only_bytes(sizes, !fp8_forward);
+}
+
 void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
   if (!fp8_store || !store) throw Error("", "internal: an FP8 weight store shared outside FP8");
   if (store == fp8_store) return;
@@ -172,6 +191,11 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
 
+    // The context's order is plan/context_layout.h's: the shared expert's products before the rows.
+    if (Is > 0) {
+      context_buffer(un.gs, T * Is);
+      context_buffer(un.us, T * Is);
+    }
     // NOTES: at R = 1 backward gathers the x rows again (plan/context_layout.cpp says why); in FP8 with
     // FP8 weight gradients it reads x's tiles instead (fp8_backward.cpp), and needs no bf16 rows.
     const bool fp8_weight_grads = config.precision == Precision::kFp8Block && !config.bf16_weight_grads;
@@ -204,8 +228,6 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
       scratch(un.du, cap * I);
     }
     if (Is > 0) {
-      context_buffer(un.gs, T * Is);
-      context_buffer(un.us, T * Is);
       scratch(un.hs, T * Is);
       scratch(un.ys, T * H);
       scratch(un.dhs, T * Is);
@@ -257,9 +279,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
       scratch(f8.dgu, cap * 2 * I);
       scratch(f8.dgu_scales, cap * kb2I);
     }
-    if (config.caller_context && context_block.bytes != plan::context_block_bytes(plan::context_sizes(s, cap, config.backend))) {
-      throw Error("", "internal: the context's buffers are not those of plan/context_layout.h");
-    }
+    if (config.caller_context) place_forward_only_context(s, cap);
     context_layout = fingerprint_context_layout(s, cap, config);
     if (config.backend == Backend::kFused) {
       scratch(fb.dgu, cap * 2 * I);

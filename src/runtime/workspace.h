@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -157,6 +158,10 @@ struct Workspace::Impl {
   std::unique_ptr<blas::GroupedGemm> grouped;
 
   bool context_valid = false;
+  // A forward given no ForwardContext on a caller_context workspace runs (runtime/context.h,
+  // ContextLoan): it keeps no context.
+  bool keeping_no_context = false;
+  bool keeps_context() const { return config.save_forward_context && !keeping_no_context; }
   bool gate_up_by_slot = false;         // un.g, un.u are [T·k, I] by slot (plan/context_layout.h)
   int32_t* row_numbers = nullptr;       // fused, g and u by row: [capacity] 0, 1, ... (gemm::ExpertGemmArgs::gate_up_slot)
   ContextKey context;
@@ -191,6 +196,9 @@ struct Workspace::Impl {
   // FP8: reads `store`'s weight copies from now on (its own are freed once no other workspace uses
   // them). Waits for the device first: queued passes may still read the copies being replaced.
   void use_fp8_store(std::shared_ptr<Fp8WeightStore> store);
+  // Config::caller_context, once the context's buffers are placed: checks them against
+  // plan/context_layout.h and sets context_forward_only_bytes.
+  void place_forward_only_context(const LayerShape& s, int64_t capacity);
 
   template <class T>
   T* alloc(int64_t count) {
@@ -225,8 +233,16 @@ struct Workspace::Impl {
       }
       throw Error("", "internal: a lent buffer aliases one not placed before it");
     }
-    void bind(char* base) const {
-      for (const Slot& s : slots) *s.field = base + s.offset;
+    // Points the buffers placed before `end` into the block at `base`, the others at null (a block lent
+    // in part: runtime/context.h, ContextLoan).
+    void bind(char* base, int64_t end = INT64_MAX) const {
+      for (const Slot& s : slots) *s.field = s.offset < end ? base + s.offset : nullptr;
+    }
+    int64_t offset_of(void** field) const {
+      for (const Slot& s : slots) {
+        if (s.field == field) return s.offset;
+      }
+      throw Error("", "internal: a buffer not placed in a lent block");
     }
     void unbind() const {
       for (const Slot& s : slots) *s.field = nullptr;
@@ -234,6 +250,9 @@ struct Workspace::Impl {
   };
   LentBlock scratch_block;  // empty without an allocator
   LentBlock context_block;  // empty unless config.caller_context
+  // The start of context_block that a forward keeping no context is lent (plan::forward_only_bytes; the
+  // whole block on the unfused backend, whose forward writes every buffer).
+  int64_t context_forward_only_bytes = 0;
   uint64_t context_layout = 0;  // Workspace::context_layout
   // Scratch: the buffers a call needs only while it runs; allocated with the workspace unless
   // config.scratch_allocator lends them.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "lynx/lynx.h"
+#include "plan/context_layout.h"
 #include "plan/gemm_strategy.h"
 
 namespace lynx {
@@ -194,6 +195,33 @@ TEST(Config, ForwardContextBytes) {
   Config load2;
   load2.schedule_capacity = schedule_capacity_for_load(eight, 2.0);
   EXPECT_NEAR(double(forward_context_bytes(eight, load2)) / (1 << 20), 911.3, 0.1);
+}
+
+// What a forward keeping no context is lent of a context (plan::forward_only_bytes): the block less g and
+// u, which lie last, and without `gathered_rows` less the x rows too, which lie just before them. At
+// qwen3-30b-a3b, one rank: the schedule's 0.57 MiB instead of 192.6.
+TEST(Config, ForwardOnlyContextBytes) {
+  LayerShape s = qwen3();
+  const int64_t cap = worst_case_schedule_rows(s), rows = s.tokens * s.top_k;
+  const plan::ContextSizes one = plan::context_sizes(s, cap, Backend::kFused);
+  const int64_t whole = plan::context_block_bytes(one);
+  EXPECT_EQ(whole, forward_context_bytes(s, Config{}));
+  const int64_t schedule = plan::forward_only_bytes(one, true);
+  EXPECT_EQ(plan::forward_only_bytes(one, false), schedule);  // one rank keeps no x rows
+  EXPECT_EQ(whole - schedule, 2 * plan::lent_bytes(2 * rows * s.intermediate));
+  EXPECT_GE(schedule, 4 * (cap + rows));
+  EXPECT_LT(schedule, 4 * (cap + rows) + 8 * 1024);
+  EXPECT_NEAR(double(schedule) / (1 << 20), 0.57, 0.01);
+  s.shared_intermediate = 512;
+  const plan::ContextSizes shared = plan::context_sizes(s, cap, Backend::kFused);
+  EXPECT_EQ(plan::forward_only_bytes(shared, true) - schedule, 2 * 2 * s.tokens * 512);  // gs and us are lent
+  s.num_ranks = 2;
+  const int64_t cap2 = worst_case_schedule_rows(s);
+  const plan::ContextSizes two = plan::context_sizes(s, cap2, Backend::kFused);
+  const int64_t gate_up = 2 * plan::lent_bytes(2 * cap2 * s.intermediate);
+  const int64_t x_rows = plan::lent_bytes(2 * cap2 * s.hidden);
+  EXPECT_EQ(plan::context_block_bytes(two) - plan::forward_only_bytes(two, true), gate_up);
+  EXPECT_EQ(plan::context_block_bytes(two) - plan::forward_only_bytes(two, false), gate_up + x_rows);
 }
 
 // The unfused path's GEMM issue strategy on the products of the benchmark shapes' forward gate GEMMs

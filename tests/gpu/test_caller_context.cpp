@@ -1,7 +1,7 @@
 // Forward contexts held by the caller (CallerContext.*, Config::caller_context): several forwards in
 // flight before their backwards give the bits of one forward and its backward at a time; a context
 // is rejected for other inputs, unfilled, too small, filled by a workspace of another layout, or on a
-// workspace that keeps its own.
+// workspace that keeps its own; a forward given none keeps none, lent only the context's start.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "gpu/layer_check.h"
+#include "gpu/poisoning_allocator.h"
+#include "plan/context_layout.h"
 
 namespace lynx::test {
 namespace {
@@ -107,6 +109,78 @@ TEST_F(CallerContext, RecomputedContext) {
   EXPECT_EQ(first_difference(out.to_host_outputs(), want), "");
 }
 
+// A forward given no context keeps none: y has the bits of a forward that keeps its context. With an
+// allocator it takes, after its scratch, exactly the context's start (the schedule and the shared
+// expert's products: not g and u, which the fused forward then does not write; the unfused forward
+// writes every buffer, so the whole block) and gives both back; without one it takes cudaMallocAsync's.
+// Then a forward filling a context and its backward give the bits of a workspace that keeps its own, and
+// recompute_forward_context and backward without a context are still errors.
+void expect_forward_keeping_none(Backend b, Precision p) {
+  const Case c{300, 128, 1024, 8, 2, 64};
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " seed " + std::to_string(seed));
+  HostLayer L(c, seed);
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<HostBf16> dy = random_bf16(rng, c.T * c.H, 1.0);
+  Config own_config = config_of(b, false);
+  own_config.precision = p;
+  Workspace own(L.shape, own_config);
+  const bool fp8 = p == Precision::kFp8Block;
+  if (fp8) quantize_weights(own, L.inputs().weights, nullptr);
+  const Outputs want = run_layer(own, L, dy);
+
+  PoisoningAllocator alloc;
+  Config lent = own_config;
+  lent.caller_context = true;
+  lent.scratch_allocator = &alloc;
+  Config bare = own_config;
+  bare.caller_context = true;
+  Workspace ws(L.shape, lent), ws_bare(L.shape, bare);
+  if (fp8) {
+    quantize_weights(ws, L.inputs().weights, nullptr);
+    quantize_weights(ws_bare, L.inputs().weights, nullptr);
+  }
+  // g and u by slot ([T·k, I] bf16 each) at one rank on the fused backend.
+  const int64_t gate_up = 2 * plan::lent_bytes(2 * c.T * c.k * c.I);
+  const int64_t expected = b == Backend::kUnfused ? ws.forward_context_bytes() : ws.forward_context_bytes() - gate_up;
+  OutputBuffers out(c), out_bare(c);
+  out.poison();
+  out_bare.poison();
+  const int before = alloc.allocations;
+  forward(ws, L.inputs(), out.y_view(), nullptr);
+  EXPECT_EQ(alloc.allocations - before, 2) << "the scratch and the context's start";
+  EXPECT_EQ(alloc.last_bytes, size_t(expected));
+  EXPECT_EQ(alloc.outstanding, 0);
+  forward(ws_bare, L.inputs(), out_bare.y_view(), nullptr);
+  ws.check(nullptr);
+  ws_bare.check(nullptr);
+  EXPECT_EQ(ws.context_bytes(), 0);
+  Outputs y, y_bare, want_y;
+  y.y = out.to_host_outputs().y;
+  y_bare.y = out_bare.to_host_outputs().y;
+  want_y.y = want.y;
+  EXPECT_EQ(first_difference(y, want_y), "") << "with an allocator";
+  EXPECT_EQ(first_difference(y_bare, want_y), "") << "without one";
+
+  ContextBlock ctx(ws);
+  OutputBuffers full(c);
+  full.poison();
+  DeviceBuffer d_dy = to_device(dy);
+  const TensorView dyv = make_view(d_dy.get(), DType::kBF16, {c.T, c.H});
+  expect_error([&] { recompute_forward_context(ws, L.inputs(), nullptr); }, "ctx");
+  expect_error([&] { backward(ws, L.inputs(), dyv, full.grads(), nullptr); }, "ctx");
+  forward(ws, L.inputs(), full.y_view(), ctx.ctx, nullptr);
+  forward(ws, L.inputs(), out.y_view(), nullptr);  // between a forward and its backward
+  backward(ws, L.inputs(), dyv, full.grads(), ctx.ctx, nullptr);
+  ws.check(nullptr);
+  EXPECT_EQ(first_difference(full.to_host_outputs(), want), "");
+  EXPECT_EQ(alloc.outstanding, 0);
+}
+
+TEST_F(CallerContext, ForwardKeepingNoneFused) { expect_forward_keeping_none(Backend::kFused, Precision::kBf16); }
+TEST_F(CallerContext, ForwardKeepingNoneUnfused) { expect_forward_keeping_none(Backend::kUnfused, Precision::kBf16); }
+TEST_F(CallerContext, ForwardKeepingNoneFp8) { expect_forward_keeping_none(Backend::kFused, Precision::kFp8Block); }
+
 TEST_F(CallerContext, MisuseIsReportedByName) {
   const Case c{64, 64, 64, 4, 2, 0};
   HostLayer L(c, fresh_seed()), other(c, fresh_seed());
@@ -117,7 +191,7 @@ TEST_F(CallerContext, MisuseIsReportedByName) {
   const TensorView dyv = make_view(d_dy.get(), DType::kBF16, {c.T, c.H});
   ContextBlock ctx(ws);
   expect_error([&] { backward(ws, L.inputs(), dyv, out.grads(), ctx.ctx, nullptr); }, "ctx");  // not filled
-  expect_error([&] { forward(ws, L.inputs(), out.y_view(), nullptr); }, "ctx");
+  expect_error([&] { recompute_forward_context(ws, L.inputs(), nullptr); }, "ctx");
   expect_error([&] { forward(own, L.inputs(), out.y_view(), ctx.ctx, nullptr); }, "ctx");
   ForwardContext small = ctx.ctx;
   small.bytes -= 1;

@@ -1,7 +1,8 @@
 // Expert-parallel workspaces that keep no forward context and own no scratch (RanksLent.*:
 // Config::caller_context and Config::scratch_allocator at R > 1, as the PyTorch binding makes them):
 // several forwards of one group in flight before their backwards, each rank's calls on a stream of its
-// own, give every layer the routed bits of one rank holding every token and expert.
+// own, give every layer the routed bits of one rank holding every token and expert; a forward keeping
+// no context among them too.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "gpu/poisoning_allocator.h"
 #include "gpu/ranks_check.h"
+#include "plan/context_layout.h"
 
 namespace lynx::test {
 namespace {
@@ -200,6 +202,71 @@ TEST_F(RanksLent, VirtualRankCallsLendScratch) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "ranks") << e.what();
   }
+}
+
+// A forward keeping no context (no ForwardContext given) at R ranks, between another layer's forward and
+// its backward: each rank takes, after its scratch, exactly its context's start (the schedule, the shared
+// expert's products and, in bf16, the x rows its gate/up GEMM reads; not g and u, [capacity, I] each by
+// row at R > 1); y, and the other layer's outputs, have one rank's bits.
+void expect_forward_keeping_none(const Case& c, int32_t R, Precision precision) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE(case_name(c) + " R = " + std::to_string(R) + " seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const HostLayer L0(c, rng()), L1(c, rng());
+  const std::vector<HostBf16> dy0 = random_bf16(rng, c.T * c.H, 1.0), dy1 = random_bf16(rng, c.T * c.H, 1.0);
+  const bool fp8 = precision == Precision::kFp8Block;
+  Config one;
+  one.precision = precision;
+  Workspace single(L0.shape, one);
+  if (fp8) quantize_weights(single, L0.inputs().weights, nullptr);
+  const Outputs want0 = run_layer(single, L0, dy0);
+  if (fp8) quantize_weights(single, L1.inputs().weights, nullptr);
+  Outputs want1;
+  want1.y = run_layer(single, L1, dy1).y;
+
+  PoisoningAllocator scratch;
+  Config lent = one;
+  lent.caller_context = true;
+  lent.scratch_allocator = &scratch;
+  const auto owned = make_virtual_ranks(L0.shape, R, lent);
+  const std::vector<Workspace*> ws = pointers(owned);
+  GroupLayer g0(L0, dy0, ws), g1(L1, dy1, ws);
+  std::vector<cudaStream_t> streams(R);
+  for (cudaStream_t& s : streams) LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const auto weights_of = [&](GroupLayer& g, int32_t r) {
+    if (fp8) quantize_weights(*ws[r], g.slices[r].in.weights, streams[r]);
+  };
+  for (int32_t r = 0; r < R; ++r) {
+    weights_of(g0, r);
+    forward(*ws[r], g0.slices[r].in, g0.slices[r].y, g0.ctx[r], streams[r]);
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    weights_of(g1, r);
+    const int64_t cap = ws[r]->schedule().capacity, I = c.I, H = c.H;
+    const int64_t not_lent = 2 * plan::lent_bytes(2 * cap * I) + (fp8 ? plan::lent_bytes(2 * cap * H) : 0);
+    const int before = scratch.allocations;
+    forward(*ws[r], g1.slices[r].in, g1.slices[r].y, streams[r]);
+    EXPECT_EQ(scratch.allocations - before, 2) << "rank " << r << ": the scratch and the context's start";
+    EXPECT_EQ(scratch.last_bytes, size_t(ws[r]->forward_context_bytes() - not_lent)) << "rank " << r;
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    weights_of(g0, r);
+    backward(*ws[r], g0.slices[r].in, g0.dy[r], g0.slices[r].grads, g0.ctx[r], streams[r]);
+  }
+  for (int32_t r = 0; r < R; ++r) ws[r]->check(streams[r]);
+  for (cudaStream_t s : streams) LYNX_TEST_CUDA(cudaStreamDestroy(s));
+  EXPECT_EQ(scratch.outstanding, 0) << "every call gives its blocks back";
+  Outputs got1;
+  got1.y = gather_outputs(L1, g1.global, g1.slices).y;
+  EXPECT_EQ(first_difference(got1, want1), "") << "the forward keeping none differs from R = 1";
+  EXPECT_EQ(first_routed_difference(gather_outputs(L0, g0.global, g0.slices), want0), "") << "the other layer";
+}
+
+TEST_F(RanksLent, ForwardKeepingNoneAtTwoRanks) {
+  expect_forward_keeping_none({256, 128, 128, 8, 2, 64}, 2, Precision::kBf16);
+}
+TEST_F(RanksLent, ForwardKeepingNoneAtThreeRanksFp8) {
+  expect_forward_keeping_none({384, 256, 192, 12, 2, 64}, 3, Precision::kFp8Block);
 }
 
 }  // namespace

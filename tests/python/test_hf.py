@@ -2,6 +2,7 @@
 model (nothing downloaded) gives the unmodified model's logits and every parameter's gradient."""
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -17,24 +18,31 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_both(implementation):
-    """A small Qwen3-MoE model run forward and backward twice from the same weights and tokens: with its
-    eager experts, and with `implementation` (after checking that its experts ran on lynx). Returns
-    (eager model, its output, the other model, its output)."""
-    import lynx.hf  # noqa: F401  registers "lynx" and "lynx_fp8"
+def tiny_model():
+    """A small randomly initialised Qwen3-MoE model (eager experts) and a batch of its tokens."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    importlib.import_module("lynx.hf")  # registers "lynx" and "lynx_fp8"
     # NOTES: one decoder layer: its router sees the same inputs on both paths, so both route alike (with a
     # second layer, the first's bf16 differences could flip a near-tie in the second's top-k).
     config = Qwen3MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
     torch.manual_seed(0)
-    eager = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    eager.set_experts_implementation("eager")
+    model = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    model.set_experts_implementation("eager")
+    return model, torch.randint(0, config.vocab_size, (2, 96), device="cuda")
+
+
+def run_both(implementation):
+    """A small Qwen3-MoE model run forward and backward twice from the same weights and tokens: with its
+    eager experts, and with `implementation` (after checking that its experts ran on lynx). Returns
+    (eager model, its output, the other model, its output)."""
+    import lynx.hf
+
+    eager, ids = tiny_model()
     model = copy.deepcopy(eager)
     model.set_experts_implementation(implementation)
-    ids = torch.randint(0, config.vocab_size, (2, 96), device="cuda")
     want = eager(ids, labels=ids)
     want.loss.backward()
     got = model(ids, labels=ids)
@@ -66,3 +74,24 @@ def test_qwen3_moe_in_fp8_close_to_the_eager_experts():
         else:  # NOTES: through the router's softmax, whose gradient is a difference that can cancel: its direction
             cosine = torch.nn.functional.cosine_similarity(q.grad.float().flatten(), p.grad.float().flatten(), dim=0)
             assert cosine > 0.9, name
+
+
+@pytest.mark.parametrize("implementation", ["lynx", "lynx_fp8"])
+def test_qwen3_moe_without_gradients_keeps_no_context(monkeypatch, implementation):
+    """Evaluation or generation (torch.no_grad): the experts run on lynx's forward that keeps no context
+    (lynx._C.forward on the autograd pair's workspace, never forward_into), with the logits' bits of the
+    forward that keeps one."""
+    import lynx
+
+    model, ids = tiny_model()
+    model.set_experts_implementation(implementation)
+    want = model(ids).logits
+    calls = []
+    forward_into, forward = lynx._C.forward_into, lynx._C.forward
+    monkeypatch.setattr(lynx._C, "forward_into", lambda *a: (calls.append("into"), forward_into(*a))[1])
+    monkeypatch.setattr(lynx._C, "forward", lambda *a: (calls.append("none"), forward(*a))[1])
+    with torch.no_grad():
+        got = model(ids).logits
+    lynx.check()
+    assert calls == ["none"]
+    assert torch.equal(got, want.detach())

@@ -421,6 +421,116 @@ def test_cuda_graph_capture_replays_with_new_routing():
             assert rel(got, want) < TOL
 
 
+def record_forward_contexts(monkeypatch):
+    """The context bytes each forward through the binding is given, in order (0: lynx._C.forward, which on
+    the autograd pair's workspace is the forward that keeps no context)."""
+    seen = []
+    forward_into, forward = lynx._C.forward_into, lynx._C.forward
+
+    def into(ws, inputs, y, context, context_bytes, stream):
+        seen.append(context_bytes)
+        return forward_into(ws, inputs, y, context, context_bytes, stream)
+
+    def plain(ws, inputs, y, stream):
+        seen.append(0)
+        return forward(ws, inputs, y, stream)
+
+    monkeypatch.setattr(lynx._C, "forward_into", into)
+    monkeypatch.setattr(lynx._C, "forward", plain)
+    return seen
+
+
+def _no_gradient(mode):
+    return torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8_block"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "nothing_requires_grad"])
+def test_forward_without_gradients_keeps_no_context(monkeypatch, precision, mode):
+    """Where no gradient is wanted, lynx.nn.MoE runs the forward that keeps no context: y has the bits of
+    the saving forward's, and the call takes from PyTorch less than that forward by g's and u's bytes,
+    which it neither writes nor is lent."""
+    T, H, I, E, k = 512, 256, 256, 8, 2
+    layer = lynx.nn.MoE(hidden=H, intermediate=I, num_experts=E, top_k=k, device="cuda", precision=precision)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    seen = record_forward_contexts(monkeypatch)
+
+    def peak(run):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y = run()
+        torch.cuda.synchronize()
+        return y, torch.cuda.max_memory_allocated() - before
+
+    want, saving = peak(lambda: layer(x))
+    assert seen[-1] > 0, "the saving forward, weights requiring grad"
+    if mode == "nothing_requires_grad":
+        layer.requires_grad_(False)
+        got, keeping_none = peak(lambda: layer(x))
+    else:
+        with _no_gradient(mode):
+            got, keeping_none = peak(lambda: layer(x))
+    assert seen[-1] == 0, "the forward that keeps no context"
+    lynx.check()
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    gate_up = 2 * 2 * T * k * I  # g and u by slot, bf16
+    assert keeping_none <= saving - gate_up, (keeping_none, saving)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_torch_compile_of_a_forward_without_gradients(monkeypatch, mode):
+    """A compiled forward in a mode without gradients runs the forward that keeps no context, though the
+    weights require grad; the same function outside the mode, the saving one; both with eager's bits."""
+    x, ids, tw, w, _ = make(T=256, H=128, I=128, E=8, k=2)
+    for t in w:
+        t.requires_grad_()
+
+    def f(x, ids, tw, wg, wu, wd):
+        return lynx.moe(x, ids, tw, wg, wu, wd) * 2
+
+    want = f(x, ids, tw, *w)
+    compiled = torch.compile(f, fullgraph=True)
+    seen = record_forward_contexts(monkeypatch)
+    with _no_gradient(mode):
+        got = compiled(x, ids, tw, *w)
+    assert seen == [0]
+    assert torch.equal(got, want.detach())
+    again = compiled(x, ids, tw, *w)
+    assert seen[-1] > 0 and again.requires_grad and torch.equal(again, want)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8_block"])
+def test_cuda_graph_captures_a_forward_without_gradients(monkeypatch, precision):
+    """A forward under torch.no_grad captured in a CUDA graph (weights requiring grad) is the forward that
+    keeps no context; its replays on new routing give the bits of an eager saving forward."""
+    config = lynx.Config(precision=precision)
+    x, ids, tw, w, _ = make(T=256, H=128, I=128, E=8, k=2)
+    for t in w:
+        t.requires_grad_()
+    seen = record_forward_contexts(monkeypatch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            lynx.moe(x, ids, tw, *w, config=config)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = lynx.moe(x, ids, tw, *w, config=config)
+    assert seen == [0, 0]
+    for _ in range(2):
+        _, new_ids, new_tw, _, _ = make(T=256, H=128, I=128, E=8, k=2)
+        ids.copy_(new_ids)
+        tw.copy_(new_tw)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = lynx.moe(x, ids, tw, *w, config=config)
+        assert seen[-1] > 0
+        assert torch.isfinite(y).all() and torch.equal(y, want.detach())
+    lynx.check()
+
+
 def test_module_trains_its_router():
     torch.manual_seed(0)
     layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, shared_intermediate=64, device="cuda")
