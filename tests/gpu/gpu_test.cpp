@@ -63,7 +63,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 void DeviceBuffer::fill_bytes(int byte) {
-  if (bytes_) LYNX_TEST_CUDA(cudaMemset(ptr_, byte, bytes_));
+  if (bytes_ == 0) return;
+  LYNX_TEST_CUDA(cudaMemset(ptr_, byte, bytes_));
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+}
+
+void upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  LYNX_TEST_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace lynx::test

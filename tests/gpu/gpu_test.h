@@ -44,7 +44,8 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
   template <class T> T* as() const { return static_cast<T*>(ptr_); }
 
-  // Fills every byte with `byte` (0xFF poisons bf16/fp32 with NaN and int32 with -1).
+  // Fills every byte with `byte` (0xFF poisons bf16/fp32 with NaN and int32 with -1), and waits for it
+  // (as upload).
   void fill_bytes(int byte);
 
  private:
@@ -52,10 +53,16 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Copies `bytes` from host memory to the device and waits until they are there. NOTES: a cudaMemcpy from
+// pageable memory may return before its DMA lands, and a cudaStreamNonBlocking stream does not wait for
+// the legacy stream: a kernel queued there next could read the old bytes (ScheduleDevice.ReusedBuffers
+// did, its new routing's ids at the address of the routing just freed).
+void upload(void* dst, const void* src, size_t bytes);
+
 template <class T>
 DeviceBuffer to_device(const std::vector<T>& host) {
   DeviceBuffer buf(host.size() * sizeof(T));
-  if (!host.empty()) LYNX_TEST_CUDA(cudaMemcpy(buf.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  if (!host.empty()) upload(buf.get(), host.data(), host.size() * sizeof(T));
   return buf;
 }
 

@@ -271,11 +271,11 @@ void expect_graph_replays_match_reference(Workspace& ws, HostLayer& L, bool eage
     // Into the same buffers: the graph reads them where it was captured.
     if (c.int64_ids) {
       const std::vector<int64_t> ids(L.ids.begin(), L.ids.end());
-      LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), ids.data(), ids.size() * 8, cudaMemcpyHostToDevice));
+      upload(L.d_ids.get(), ids.data(), ids.size() * 8);
     } else {
-      LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
+      upload(L.d_ids.get(), L.ids.data(), L.ids.size() * 4);
     }
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
+    upload(L.d_weights.get(), L.weights.data(), L.weights.size() * 4);
     out.poison();
     LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
     ws.check(stream);

@@ -44,12 +44,12 @@ struct Product {
   void prepare(bool c_fp32) {
     if (beta == 0.0f) return dc.fill_bytes(0xFF);
     if (!c_fp32) {
-      LYNX_TEST_CUDA(cudaMemcpy(dc.get(), c0.data(), 2 * c0.size(), cudaMemcpyHostToDevice));
+      upload(dc.get(), c0.data(), 2 * c0.size());
       return;
     }
     std::vector<float> f(c0.size());
     for (size_t i = 0; i < f.size(); ++i) f[i] = float(to_double(c0[i]));
-    LYNX_TEST_CUDA(cudaMemcpy(dc.get(), f.data(), 4 * f.size(), cudaMemcpyHostToDevice));
+    upload(dc.get(), f.data(), 4 * f.size());
   }
   blas::Gemm gemm() const { return {true, false, m, n, k, da.get(), m, db.get(), n, dc.get(), n, beta}; }
   // ‖C − reference‖ / ‖reference‖ (rel_error: a non-finite element fails the test).

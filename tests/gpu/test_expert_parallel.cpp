@@ -185,8 +185,8 @@ TEST_F(Ranks, GraphReplayWithNewRouting) {
   for (int32_t r = 0; r < R; ++r) {
     const std::vector<int32_t> ids(B.ids.begin() + r * T * c.k, B.ids.begin() + (r + 1) * T * c.k);
     const std::vector<float> w(B.weights.begin() + r * T * c.k, B.weights.begin() + (r + 1) * T * c.k);
-    LYNX_TEST_CUDA(cudaMemcpy(g.slices[r].ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    LYNX_TEST_CUDA(cudaMemcpy(g.slices[r].weights.get(), w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    upload(g.slices[r].ids.get(), ids.data(), ids.size() * 4);
+    upload(g.slices[r].weights.get(), w.data(), w.size() * 4);
     g.slices[r].d_topk.fill_bytes(0xFF);
   }
   g.global.poison();

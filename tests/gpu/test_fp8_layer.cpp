@@ -366,13 +366,13 @@ TEST_F(Fp8Layer, NonFiniteOnOneRankIsReportedByEvery) {
     if (weight) {  // expert 5, rank 2's second
       std::vector<HostBf16> wg = L.w_gate;
       wg[size_t(5 * c.I * c.H + 77)] = float_to_bf16(INFINITY);
-      LYNX_TEST_CUDA(cudaMemcpy(L.d_wg.get(), wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
+      upload(L.d_wg.get(), wg.data(), wg.size() * 2);
       want = {peer(2), peer(2), holds("weights.w_gate", 2), peer(2)};
     } else {
       const int64_t t = 64 + 5;
       std::vector<HostBf16> x = L.x;
       x[size_t(t * c.H + 31)] = float_to_bf16(std::nanf(""));
-      LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+      upload(L.d_x.get(), x.data(), x.size() * 2);
       L.ids[size_t(t * c.k)] = 0;  // the ranks' slices take their ids from the host copy (RankSlice)
       L.ids[size_t(t * c.k + 1)] = 2;
       want = {holds("x", 1), holds("x", 1), "reported an error in this pass (a NaN or an infinity in an FP8 operand",
@@ -705,26 +705,26 @@ TEST_F(Fp8Layer, NonFiniteInputsAreReported) {
   // A NaN in x.
   std::vector<HostBf16> x = L.x;
   x[size_t(37 * c.H + 200)] = float_to_bf16(std::nanf(""));
-  LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  upload(L.d_x.get(), x.data(), x.size() * 2);
   out.poison();
   forward(ws, L.inputs(), out.y_view(), nullptr);
   expect_check_names(ws, "x holds a NaN");
   expect_y_unwritten(out);
   // Reported once: the next call with finite inputs runs.
-  LYNX_TEST_CUDA(cudaMemcpy(L.d_x.get(), L.x.data(), L.x.size() * 2, cudaMemcpyHostToDevice));
+  upload(L.d_x.get(), L.x.data(), L.x.size() * 2);
   forward(ws, L.inputs(), out.y_view(), nullptr);
   ws.check(nullptr);
   // An infinity in w_down.
   std::vector<HostBf16> wd = L.w_down;
   wd[size_t(3 * c.H * c.I + 5)] = float_to_bf16(INFINITY);
-  LYNX_TEST_CUDA(cudaMemcpy(L.d_wd.get(), wd.data(), wd.size() * 2, cudaMemcpyHostToDevice));
+  upload(L.d_wd.get(), wd.data(), wd.size() * 2);
   quantize_weights(ws, L.inputs().weights, nullptr);
   out.poison();
   forward(ws, L.inputs(), out.y_view(), nullptr);
   expect_check_names(ws, "weights.w_down holds a NaN or an infinity");
   expect_y_unwritten(out);
   // A NaN in dy: reported, dx not written.
-  LYNX_TEST_CUDA(cudaMemcpy(L.d_wd.get(), L.w_down.data(), L.w_down.size() * 2, cudaMemcpyHostToDevice));
+  upload(L.d_wd.get(), L.w_down.data(), L.w_down.size() * 2);
   quantize_weights(ws, L.inputs().weights, nullptr);
   forward(ws, L.inputs(), out.y_view(), nullptr);
   ws.check(nullptr);

@@ -281,7 +281,7 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   for (int64_t i = limit * kb; i < T * kb; ++i) ASSERT_TRUE(std::isnan(xs[size_t(i)])) << "scale past the limit: " << i;
   // A NaN below the limit: reported once, naming the tensor.
   x[size_t(10 * cols + 300)] = float_to_bf16(std::numeric_limits<float>::infinity());
-  LYNX_TEST_CUDA(cudaMemcpy(d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  upload(d_x.get(), x.data(), x.size() * 2);
   fp8::quantize_tiles(d_x.as<bf16_t>(), T, cols, d_limit.as<int32_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), report,
                       nullptr);
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
@@ -290,7 +290,7 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   EXPECT_EQ(st.a, int64_t(Fp8Tensor::kH));
   // The finite x again, quantised again: the tiles the gather below reads are `tiles`.
   x[size_t(10 * cols + 300)] = float_to_bf16(xf[size_t(10 * cols + 300)]);
-  LYNX_TEST_CUDA(cudaMemcpy(d_x.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  upload(d_x.get(), x.data(), x.size() * 2);
   fp8::quantize_tiles(d_x.as<bf16_t>(), T, cols, d_limit.as<int32_t>(), d_xq.as<uint8_t>(), d_xs.as<float>(), {},
                       nullptr);
 
@@ -576,7 +576,7 @@ void expect_swiglu_codes_match(int64_t I, bool by_slot, uint64_t seed) {
   // (a NaN for the tiles that are not finite) and the codes of every finite tile.
   const int64_t bad_row = 3;
   g[size_t((by_slot ? slots[bad_row] : bad_row) * I + 17)] = float_to_bf16(std::numeric_limits<float>::infinity());
-  LYNX_TEST_CUDA(cudaMemcpy(d_g.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
+  upload(d_g.get(), g.data(), g.size() * 2);
   const Run bad_want = run(false), bad = run(true);
   EXPECT_EQ(bad.status.code, int32_t(StatusCode::kNonFiniteInput));
   EXPECT_EQ(bad.status.a, int64_t(Fp8Tensor::kDgu));

@@ -45,8 +45,8 @@ void capture_and_replay(const Case& c, int32_t clusters = -1) {
     const HostLayer fresh(c, rng());  // new routing and router weights; same x and weights buffers
     L.ids = fresh.ids;
     L.weights = fresh.weights;
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_ids.get(), L.ids.data(), L.ids.size() * 4, cudaMemcpyHostToDevice));
-    LYNX_TEST_CUDA(cudaMemcpy(L.d_weights.get(), L.weights.data(), L.weights.size() * 4, cudaMemcpyHostToDevice));
+    upload(L.d_ids.get(), L.ids.data(), L.ids.size() * 4);
+    upload(L.d_weights.get(), L.weights.data(), L.weights.size() * 4);
     y.fill_bytes(0xFF);
     LYNX_TEST_CUDA(cudaGraphLaunch(exec, stream));
     ws.check(stream);

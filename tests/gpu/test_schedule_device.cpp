@@ -83,7 +83,7 @@ class DeviceSchedule {
                            &scratch_}) {
       b->fill_bytes(byte);
     }
-    LYNX_TEST_CUDA(cudaMemcpy(status_.get(), &status, sizeof(status), cudaMemcpyHostToDevice));
+    lynx::test::upload(status_.get(), &status, sizeof(status));
   }
 
   void enqueue(cudaStream_t stream) const {
