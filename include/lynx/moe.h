@@ -154,9 +154,11 @@ class Workspace {
 
 // y: [T, H] bf16. Builds the schedule, runs the layer, and (config.save_forward_context) keeps what
 // backward needs in the workspace. On a Config::caller_context workspace it keeps no context (inference,
-// or a forward no backward follows): what it uses of one (the schedule, and at R > 1 in bf16 the
-// gathered x rows; not the gate and up products) is taken for the call from config.scratch_allocator, or
-// by cudaMallocAsync on `stream` without one, and given back on `stream`.
+// or a forward no backward follows): what it uses of one (the schedule, the shared expert's gate and up
+// products, at R > 1 in bf16 the gathered x rows; on the fused backend not the experts' gate and up
+// products, which it does not write; on the unfused one the whole context) is taken for the call from
+// config.scratch_allocator, or without one from a memory pool of the workspace's, on `stream`, and given
+// back on `stream`.
 void forward(Workspace& ws, const LayerInputs& in, const TensorView& y, cudaStream_t stream);
 
 // Rebuilds what backward needs from the inputs without producing y.

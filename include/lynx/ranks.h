@@ -23,7 +23,8 @@
 // what the routing needs (schedule_capacity_for_load, config.h). Config::scratch_allocator and
 // Config::caller_context work at R > 1 as at one rank, for what is a rank's alone (the shared region,
 // what the other ranks read and write, stays the workspace's): a group made with caller_context (every
-// rank alike) runs the one-rank calls with each rank's ForwardContext, which the *_ranks calls do not take.
+// rank alike) runs the one-rank calls with each rank's ForwardContext (a forward given none keeps none),
+// which the *_ranks calls do not take.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -102,8 +102,8 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
       }
     }
     if (w.config.caller_context) {
-      throw Error("ranks", "[" + str(r) + "] keeps no forward context (Config::caller_context): call forward and "
-                           "backward with a ForwardContext");
+      throw Error("ranks", "[" + str(r) + "] keeps no forward context (Config::caller_context): call the one-rank "
+                           "forward and backward, with a ForwardContext (a forward given none keeps none)");
     }
     if (w.config.backend != Backend::kFused) {
       throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");

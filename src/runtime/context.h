@@ -53,8 +53,8 @@ class ContextLease {
 // A forward that keeps no context, on a Config::caller_context workspace: the buffers it writes and reads
 // of a context (the schedule, the shared expert's products, the gathered rows the bf16 GEMM reads at
 // R > 1: Impl::context_forward_only_bytes, the block's start) point into a block taken on `stream` from
-// config.scratch_allocator (cudaMallocAsync without one) and given back on it after the call's work; g
-// and u are null for the call, and the workspace holds no context afterwards.
+// config.scratch_allocator (without one, from the workspace's context_pool) and given back on it after the
+// call's work; g and u are null for the call, and the workspace holds no context afterwards.
 class ContextLoan {
  public:
   ContextLoan(Workspace::Impl& w, cudaStream_t stream) : w_(w), stream_(stream), bytes_(w.context_forward_only_bytes) {
@@ -62,7 +62,7 @@ class ContextLoan {
       block_ = allocate_block(*a, bytes_, stream);
     } else {
       void* p = nullptr;
-      LYNX_CUDA(cudaMallocAsync(&p, size_t(bytes_), stream));
+      LYNX_CUDA(cudaMallocFromPoolAsync(&p, size_t(bytes_), w.context_pool, stream));
       block_ = static_cast<char*>(p);
     }
     w.context_block.bind(block_, bytes_);

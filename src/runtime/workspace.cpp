@@ -60,9 +60,13 @@ void point_at_fp8_store(Fp8Buffers& f8, const Fp8WeightStore& st) {
 // Workspace::context_layout: FNV-1a over what decides where a context's buffers lie (plan/context_layout.h:
 // the shape, capacity and backend) and what they hold (the precision).
 uint64_t fingerprint_context_layout(const LayerShape& s, int64_t capacity, const ResolvedConfig& c) {
+  // NOTES: the order of plan/context_layout.h's buffers, as its version: a context filled by a build that
+  // placed them otherwise is refused.
+  constexpr int64_t kLayoutVersion = 2;
   uint64_t h = 14695981039346656037ull;
-  for (const int64_t v : {s.tokens, s.hidden, s.intermediate, s.num_experts, s.top_k, s.shared_intermediate,
-                          int64_t(s.num_ranks), int64_t(s.rank), capacity, int64_t(c.backend), int64_t(c.precision)}) {
+  for (const int64_t v : {kLayoutVersion, s.tokens, s.hidden, s.intermediate, s.num_experts, s.top_k,
+                          s.shared_intermediate, int64_t(s.num_ranks), int64_t(s.rank), capacity, int64_t(c.backend),
+                          int64_t(c.precision)}) {
     for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((v >> (8 * i)) & 0xff)) * 1099511628211ull;
   }
   return h;
@@ -93,6 +97,15 @@ void Workspace::Impl::place_forward_only_context(const LayerShape& s, int64_t ca
   const bool fp8_forward = config.precision == Precision::kFp8Block;
   context_forward_only_bytes = config.backend == Backend::kUnfused ? context_block.bytes
                                                                    : plan::forward_only_bytes(sizes, !fp8_forward);
+  if (config.scratch_allocator == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    LYNX_CUDA(cudaMemPoolCreate(&context_pool, &props));
+    int off = 0;
+    LYNX_CUDA(cudaMemPoolSetAttribute(context_pool, cudaMemPoolReuseAllowInternalDependencies, &off));
+  }
 }
 
 void Workspace::Impl::use_fp8_store(std::shared_ptr<Fp8WeightStore> store) {
@@ -420,6 +433,9 @@ void Workspace::Impl::release() {
   if (stall_report) cudaFreeHost(stall_report);
   stall_report = nullptr;
   for (void* p : allocations) cudaFree(p);
+  // NOTES: blocks still lent are given back on their streams; the pool goes once they are.
+  if (context_pool) cudaMemPoolDestroy(context_pool);
+  context_pool = nullptr;
   cublas = nullptr;
   counts_ready = nullptr;
   counts_host = nullptr;

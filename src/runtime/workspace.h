@@ -253,6 +253,10 @@ struct Workspace::Impl {
   // The start of context_block that a forward keeping no context is lent (plan::forward_only_bytes; the
   // whole block on the unfused backend, whose forward writes every buffer).
   int64_t context_forward_only_bytes = 0;
+  // Where that block comes from without config.scratch_allocator: a pool of this workspace's that never
+  // makes a stream wait for another's queued work to reuse a block (lynx/allocator.h says why: ranks on
+  // streams of their own wait for one another inside their kernels).
+  cudaMemPool_t context_pool = nullptr;
   uint64_t context_layout = 0;  // Workspace::context_layout
   // Scratch: the buffers a call needs only while it runs; allocated with the workspace unless
   // config.scratch_allocator lends them.
