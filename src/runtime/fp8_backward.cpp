@@ -60,8 +60,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
-                                   w.schedule.expert_offset, w.schedule.expert_rows, w.un.da, w.stall_report_device,
-                                   s, dy_gather, w.plan.fp8_pair_rows);
+                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s, dy_gather,
+                                   w.plan.fp8_pair_rows);
   }
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
@@ -119,8 +119,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
       fp8::quantize_tiles(dgu, cap, 2 * I, total, f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu), s);
     }
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
-                                   w.schedule.expert_offset, w.schedule.expert_rows, w.un.rows_b,
-                                   w.stall_report_device, s, {}, w.plan.fp8_pair_rows);
+                                   w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s, {},
+                                   w.plan.fp8_pair_rows);
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);

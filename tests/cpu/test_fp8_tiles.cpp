@@ -15,16 +15,12 @@
 namespace lynx::fp8::impl {
 namespace {
 
-// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty), and
-// in `rows` (where given) each expert's rows before padding.
-std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows,
-                                    std::vector<int32_t>* rows = nullptr) {
+// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty).
+std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows) {
   std::vector<int32_t> offsets(size_t(experts + 1), 0);
-  if (rows) rows->assign(size_t(experts), 0);
   for (int32_t e = 0; e < experts; ++e) {
     const int32_t n = rng() % 4 == 0 ? 0 : int32_t(rng() % uint32_t(max_rows + 1));
     offsets[size_t(e + 1)] = offsets[size_t(e)] + (n + kTileM - 1) / kTileM * kTileM;
-    if (rows) (*rows)[size_t(e)] = n;
   }
   return offsets;
 }
@@ -131,41 +127,6 @@ TEST(Fp8Tiles, PairedRowBlocksCoverEveryOutputOnceAndShareB) {
   for (int trial = 0; trial < 200; ++trial) {
     expect_grouped_tiles<Form::kGrouped>(rng, trial, true);
     expect_grouped_tiles<Form::kSwiGLU>(rng, trial, true);
-  }
-}
-
-// A grouped tile's rows before padding (TileSpace::with_rows, from the schedule's expert_rows): the end of
-// its expert's rows less its first row, at most 128, never none (an expert's padding is less than a
-// block); its second consumer warpgroup idles exactly where rows 64-127 are padding; every row counts
-// without expert_rows. Plain and paired tile orders, 1-300 experts of 0-700 rows.
-template <Form kForm>
-void expect_tile_rows(std::mt19937& rng, int trial, bool pair_rows) {
-  const int32_t experts = 1 + int32_t(rng() % 300);
-  std::vector<int32_t> rows;
-  const std::vector<int32_t> offsets = random_offsets(rng, experts, 700, &rows);
-  const int32_t N = 8 * (1 + int32_t(rng() % 100)), K = 512;
-  SCOPED_TRACE("trial " + std::to_string(trial) + " experts " + std::to_string(experts) + " N " +
-               std::to_string(N) + (pair_rows ? " paired" : ""));
-  const TileSpace<kForm> tiles(offsets[size_t(experts)], N, K, offsets.data(), experts, pair_rows);
-  for (int32_t t = 0; t < tiles.count; ++t) {
-    const Tile plain = tiles[t], tile = tiles.with_rows(t, rows.data());
-    ASSERT_EQ(tile.m0, plain.m0);
-    ASSERT_EQ(tile.n0, plain.n0);
-    ASSERT_EQ(tile.expert, plain.expert);
-    ASSERT_EQ(tiles.with_rows(t, nullptr).rows, kTileM);
-    const int32_t end = offsets[size_t(tile.expert)] + rows[size_t(tile.expert)];
-    ASSERT_EQ(tile.rows, std::min(end - tile.m0, kTileM)) << "tile " << t;
-    ASSERT_GE(tile.rows, 1) << "a row block of the expert without its rows";
-    ASSERT_FALSE(idle_half(tile, 0));
-    ASSERT_EQ(idle_half(tile, 1), end - tile.m0 <= 64) << "tile " << t;
-  }
-}
-
-TEST(Fp8Tiles, GroupedTileRowsAreItsExpertsRowsBeforePadding) {
-  std::mt19937 rng(20261207);
-  for (int trial = 0; trial < 100; ++trial) {
-    expect_tile_rows<Form::kGrouped>(rng, trial, trial % 2 == 1);
-    expect_tile_rows<Form::kSwiGLU>(rng, trial, trial % 2 == 0);
   }
 }
 

@@ -444,5 +444,62 @@ TEST(TileSchedule, ExpertOfRowSkipsEmptyExperts) {
   EXPECT_EQ(expert_of_row(offsets.data(), 5, 383), 4);
 }
 
+// expert_of_row_warp's rounds with its 32 lanes played in turn, from [lo, lo + span); `rounds`: how many.
+int32_t search_rounds(const std::vector<int32_t>& offsets, int32_t lo, int32_t span, int32_t row, int& rounds) {
+  rounds = 0;
+  while (span > 1) {
+    const int32_t step = expert_search_step(span);
+    int32_t count = 0;
+    for (int32_t lane = 0; lane < 32; ++lane) {
+      count += step * lane < span && offsets[size_t(lo + step * lane)] <= row ? 1 : 0;
+    }
+    narrow_expert_range(lo, span, step, count);
+    ++rounds;
+  }
+  return lo;
+}
+
+int32_t expert_of_row_by_rounds(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& rounds) {
+  return search_rounds(offsets, 0, experts, row, rounds);
+}
+
+// The same with the first round's offsets read beforehand (expert_search_first_offset, as the FP8
+// kernels read them once); `loads`: the rounds that still read offsets.
+int32_t expert_of_row_first_round_given(const std::vector<int32_t>& offsets, int32_t experts, int32_t row, int& loads) {
+  int32_t lo = 0, span = experts;
+  if (span > 1) {
+    int32_t count = 0;
+    for (int32_t lane = 0; lane < 32; ++lane) {
+      count += expert_search_first_offset(offsets.data(), experts, lane) <= row ? 1 : 0;
+    }
+    narrow_expert_range(lo, span, expert_search_step(span), count);
+  }
+  return search_rounds(offsets, lo, span, row, loads);
+}
+
+TEST(TileSchedule, WarpSearchFindsTheBinarySearchsExpert) {
+  std::mt19937 rng(20261205);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t experts = trial < 40 ? 1 + trial : 1 + int32_t(rng() % 4096);
+    std::vector<int32_t> offsets(size_t(experts + 1), 0);
+    for (int32_t e = 0; e < experts; ++e) {  // a third of the experts empty
+      offsets[size_t(e + 1)] = offsets[size_t(e)] + (rng() % 3 == 0 ? 0 : 128 * int32_t(1 + rng() % 4));
+    }
+    if (offsets[size_t(experts)] == 0) offsets[size_t(experts)] = 128;  // some row
+    const int32_t total = offsets[size_t(experts)];
+    for (int32_t row = 0; row < total; row += 1 + int32_t(rng() % 97)) {
+      int rounds = 0;
+      ASSERT_EQ(expert_of_row_by_rounds(offsets, experts, row, rounds), expert_of_row(offsets.data(), experts, row))
+          << "experts " << experts << " row " << row;
+      EXPECT_LE(rounds, experts <= 32 ? 1 : experts <= 1024 ? 2 : 3);
+      int loads = 0;
+      ASSERT_EQ(expert_of_row_first_round_given(offsets, experts, row, loads),
+                expert_of_row(offsets.data(), experts, row))
+          << "experts " << experts << " row " << row << ", first round given";
+      EXPECT_LE(loads, experts <= 32 ? 0 : experts <= 1024 ? 1 : 2);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lynx::gemm

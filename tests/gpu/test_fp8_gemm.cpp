@@ -104,7 +104,7 @@ constexpr double kBf16OutTolerance = 3e-3;
 // 1×128 tiles, and `weights` sets of expert weights ([N, K] each) in 128×128 blocks: w = 0 the gate (or
 // the only one), w = 1 the up; b_q and b_scales every expert's one after another.
 struct GroupedOperands {
-  std::vector<int32_t> offset, rows;  // rows: each expert's before padding (the kernels' expert_rows)
+  std::vector<int32_t> offset;
   int64_t total = 0, cap = 0;
   ref::fp8::Quantized qa;
   std::vector<ref::fp8::Quantized> qb[2];
@@ -116,7 +116,6 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
   GroupedOperands o;
   const int64_t E = int64_t(rows.size());
   o.offset.assign(size_t(E + 1), 0);
-  o.rows.assign(rows.begin(), rows.end());
   for (int64_t e = 0; e < E; ++e) {
     o.offset[size_t(e + 1)] = o.offset[size_t(e)] + int32_t((rows[size_t(e)] + 127) / 128 * 128);
   }
@@ -140,12 +139,10 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
 }
 
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
-// of the reference's two products. The experts' rows are given (expert_rows: row blocks whose rows
-// 64-127 are padding are half tiles), and every output (h, kept g and u) is also bit for bit that of
-// the plain order without them. pair_rows: the tiles in pairs of an expert's row blocks. every: the rows
-// of an expert checked against the reference, every `every`-th and its last (the others bit for bit).
+// of the reference's two products. pair_rows: the tiles in pairs of an expert's row blocks, and every
+// output (h, kept g and u) also bit for bit the plain order's.
 void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false,
-                                      bool pair_rows = false, int64_t every = 1) {
+                                      bool pair_rows = false) {
   const auto seed = fresh_seed();
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
@@ -158,7 +155,6 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   const auto& b_q = ops.b_q;
   const auto& b_scales = ops.b_scales;
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
-  DeviceBuffer d_rows = to_device(ops.rows);
   DeviceBuffer d_b = to_device(b_q[0]), d_bs = to_device(b_scales[0]);
   DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
   DeviceBuffer d_out(size_t(cap * N) * 2);
@@ -170,49 +166,45 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
   d_kept_g.fill_bytes(0xFF);
   d_kept_u.fill_bytes(0xFF);
-  // pair: tiles in pairs; known_rows: expert_rows given.
-  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair, bool known_rows) {
-    const int32_t* expert_rows = known_rows ? d_rows.as<int32_t>() : nullptr;
+  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair) {
     if (swiglu) {
       fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(),
                                        d_bs.as<float>(), d_u.as<uint8_t>(), d_us.as<float>(), E, N,
-                                       d_offset.as<int32_t>(), expert_rows, out.as<bf16_t>(), nullptr, nullptr,
+                                       d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr,
                                        fp8::KeptGateUp{kept_g.as<bf16_t>(), kept_u.as<bf16_t>(), d_slot.as<int32_t>()},
                                        {}, {}, pair);
     } else {
       fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
-                                     E, N, d_offset.as<int32_t>(), expert_rows, out.as<bf16_t>(), nullptr, nullptr, {},
-                                     pair);
+                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, {}, pair);
     }
     LYNX_TEST_CUDA(cudaDeviceSynchronize());
   };
-  run(d_out, d_kept_g, d_kept_u, pair_rows, true);
+  run(d_out, d_kept_g, d_kept_u, pair_rows);
   const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
   const std::vector<HostBf16> kept_g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
   const std::vector<HostBf16> kept_u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
-  {  // the plain order's outputs without the experts' rows, poisoned the same way: the same bytes
+  if (pair_rows) {  // the plain order's outputs, poisoned the same way: the same bytes
     DeviceBuffer plain(size_t(cap * N) * 2), plain_g(size_t(cap * N) * 2), plain_u(size_t(cap * N) * 2);
     for (DeviceBuffer* b : {&plain, &plain_g, &plain_u}) b->fill_bytes(0xFF);
-    run(plain, plain_g, plain_u, false, false);
+    run(plain, plain_g, plain_u, false);
     const auto same = [&](DeviceBuffer& b, const std::vector<HostBf16>& paired) {
       const std::vector<HostBf16> v = to_host<HostBf16>(b, size_t(cap * N));
       return std::memcmp(v.data(), paired.data(), v.size() * sizeof(HostBf16)) == 0;
     };
-    EXPECT_TRUE(same(plain, got)) << "out: the bits differ from the plain order's without expert_rows";
+    EXPECT_TRUE(same(plain, got)) << "out: the paired order's bits differ from the plain order's";
     EXPECT_TRUE(same(plain_g, kept_g)) << "kept g";
     EXPECT_TRUE(same(plain_u, kept_u)) << "kept u";
   }
-  // The kept rows `pick` of an expert against the reference's g or u of them, [pick.size(), N] (relative
-  // Frobenius error over those rows).
+  // A kept row against the reference's g or u of [n, N] (relative Frobenius error over the expert's rows).
   const auto expect_kept = [&](const std::vector<HostBf16>& kept, const std::vector<double>& want, int64_t first,
-                               const std::vector<int64_t>& pick, const char* what) {
+                               int64_t n, const char* what) {
     double err = 0.0, norm = 0.0;
-    for (size_t p = 0; p < pick.size(); ++p) {
-      const int32_t to = slot[size_t(first + pick[p])];
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t to = slot[size_t(first + r)];
       if (to < 0) continue;
       for (int64_t c = 0; c < N; ++c) {
-        const double g = to_double(kept[size_t(to * N + c)]), w = want[p * size_t(N) + size_t(c)];
-        ASSERT_TRUE(std::isfinite(g)) << what << " row " << pick[p] << " column " << c;
+        const double g = to_double(kept[size_t(to * N + c)]), w = want[size_t(r * N + c)];
+        ASSERT_TRUE(std::isfinite(g)) << what << " row " << r << " column " << c;
         err += (g - w) * (g - w);
         norm += w * w;
       }
@@ -225,32 +217,23 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     SCOPED_TRACE("expert " + std::to_string(e));
     const int64_t first = offset[size_t(e)], n = rows[size_t(e)];
     if (n > 0) {
-      std::vector<int64_t> pick;  // the expert's rows checked against the reference
-      for (int64_t i = 0; i < n; ++i) {
-        if (i % every == 0 || i == n - 1) pick.push_back(i);
-      }
       ref::fp8::Quantized qe;
-      qe.rows = int64_t(pick.size()), qe.cols = K;
-      for (const int64_t i : pick) {
-        qe.q.insert(qe.q.end(), qa.q.begin() + (first + i) * K, qa.q.begin() + (first + i + 1) * K);
-        const auto scales = qa.scales.begin() + (first + i) * kb;
-        qe.scales.insert(qe.scales.end(), scales, scales + kb);
-      }
+      qe.rows = n, qe.cols = K;
+      qe.q.assign(qa.q.begin() + first * K, qa.q.begin() + (first + n) * K);
+      qe.scales.assign(qa.scales.begin() + first * kb, qa.scales.begin() + (first + n) * kb);
       std::vector<double> want = ref::fp8::fp8_gemm(qe, qb[0][size_t(e)]);
       if (swiglu) {
         const std::vector<double> u = ref::fp8::fp8_gemm(qe, qb[1][size_t(e)]);
-        expect_kept(kept_g, want, first, pick, "kept g");
-        expect_kept(kept_u, u, first, pick, "kept u");
+        expect_kept(kept_g, want, first, n, "kept g");
+        expect_kept(kept_u, u, first, n, "kept u");
         for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] / (1.0 + std::exp(-want[i])) * u[i];
       }
       double err = 0.0, norm = 0.0;
-      for (size_t p = 0; p < pick.size(); ++p) {
-        for (int64_t c = 0; c < N; ++c) {
-          const double g = to_double(got[size_t((first + pick[p]) * N + c)]), w = want[p * size_t(N) + size_t(c)];
-          ASSERT_TRUE(std::isfinite(g)) << "row " << pick[p] << " column " << c;
-          err += (g - w) * (g - w);
-          norm += w * w;
-        }
+      for (int64_t i = 0; i < n * N; ++i) {
+        const double g = to_double(got[size_t(first * N + i)]);
+        ASSERT_TRUE(std::isfinite(g)) << "row " << i / N << " column " << i % N;
+        err += (g - want[size_t(i)]) * (g - want[size_t(i)]);
+        norm += want[size_t(i)] * want[size_t(i)];
       }
       EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
     }
@@ -436,14 +419,6 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
   expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, true);  // many tiles per CTA
   expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, true);
 }
-// More than 32 tiles a CTA (4896 and 9792 tiles: what a CTA carries from tile to tile, its stages'
-// phases and the tiles it finds ahead, over many tiles), plain and paired, half tiles among them; every
-// 61st row and each expert's last against the reference.
-TEST_F(Fp8Gemm, GroupedManyTilesPerCta) {
-  const std::vector<int64_t> rows = {9000, 6000, 77, 4000, 0, 130};
-  expect_grouped_matches_reference(rows, 8192, 256, false, false, 61);
-  expect_grouped_matches_reference(rows, 8192, 256, true, true, 61);
-}
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);
   expect_grouped_matches_reference({77, 129, 0}, 200, 1024, true);  // a last tile of 8 columns
@@ -486,7 +461,7 @@ void expect_gathered_equals_pregathered(const std::vector<int64_t>& rows, int64_
     }
   }
   DeviceBuffer d_tokens = to_device(qt.q), d_pregathered = to_device(a), d_scales = to_device(a_scales);
-  DeviceBuffer d_slot = to_device(slot), d_offset = to_device(offset), d_rows = to_device(ops.rows);
+  DeviceBuffer d_slot = to_device(slot), d_offset = to_device(offset);
   DeviceBuffer d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]);
   DeviceBuffer d_sync(size_t(gemm::gather_sync_ints(cap)) * sizeof(int32_t));
   d_sync.fill_bytes(0);
@@ -495,14 +470,12 @@ void expect_gathered_equals_pregathered(const std::vector<int64_t>& rows, int64_
   *status = DeviceStatus{};
   DeviceStatus* status_device = nullptr;
   LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
-  // The form's output on `a_in` (gathered into it where `gather` is on), from a poisoned output; the
-  // gathering runs are given the experts' rows (half tiles), the pre-gathered one not.
+  // The form's output on `a_in` (gathered into it where `gather` is on), from a poisoned output.
   const auto run = [&](const DeviceBuffer& a_in, const fp8::TileGather& gather) {
     DeviceBuffer out(size_t(cap * N) * 2);
     out.fill_bytes(0xFF);
     fp8::grouped_gemm_block_scaled(a_in.as<uint8_t>(), d_scales.as<float>(), cap, K, d_b.as<uint8_t>(),
-                                   d_bs.as<float>(), E, N, d_offset.as<int32_t>(),
-                                   gather.on() ? d_rows.as<int32_t>() : nullptr, out.as<bf16_t>(), status_device,
+                                   d_bs.as<float>(), E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), status_device,
                                    nullptr, gather, pair_rows);
     LYNX_TEST_CUDA(cudaDeviceSynchronize());
     return to_host<HostBf16>(out, size_t(cap * N));
@@ -571,8 +544,7 @@ TEST_F(Fp8Gemm, GroupedGatherIsCheckedBeforeLaunch) {
   gather.sync = d.as<int32_t>();
   const auto message = [&](const fp8::TileGather& g) {
     try {
-      fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 128, offset, nullptr, d.as<bf16_t>(), nullptr, nullptr,
-                                     g);
+      fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 128, offset, d.as<bf16_t>(), nullptr, nullptr, g);
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -609,7 +581,6 @@ void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows,
   const auto& b_scales = ops.b_scales;
   if (nan_weight) b_q[0][size_t(3 * K + 5)] = 0x7F;  // expert 0, gate row 3 (h column 3), K column 5
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
-  DeviceBuffer d_rows = to_device(ops.rows);
   DeviceBuffer d_g = to_device(b_q[0]), d_gs = to_device(b_scales[0]), d_u = to_device(b_q[1]),
                d_us = to_device(b_scales[1]);
   std::vector<int32_t> slot(static_cast<size_t>(cap));
@@ -627,10 +598,8 @@ void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows,
     DeviceStatus status;
   };
   // quantized: the codes from the epilogue, else from quantize_tiles over h; `all`: h, g and u written
-  // too (h always where not quantized). The quantising runs are given the experts' rows (half tiles),
-  // the other one only with a NaN weight (whose padding rows' h a half tile leaves zeros, not NaN).
+  // too (h always where not quantized).
   const auto run = [&](bool quantized, bool all) {
-    const int32_t* expert_rows = quantized || nan_weight ? d_rows.as<int32_t>() : nullptr;
     DeviceBuffer d_h(size_t(cap * N) * 2), d_kg(size_t(cap * N) * 2), d_ku(size_t(cap * N) * 2);
     DeviceBuffer d_q(size_t(cap * N)), d_s(size_t(cap * kbN) * 4);
     for (DeviceBuffer* b : {&d_h, &d_kg, &d_ku, &d_q, &d_s}) b->fill_bytes(0xFF);
@@ -640,7 +609,7 @@ void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows,
     const fp8::KeptGateUp kept = all ? fp8::KeptGateUp{d_kg.as<bf16_t>(), d_ku.as<bf16_t>(), d_slot.as<int32_t>()}
                                      : fp8::KeptGateUp{};
     fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_g.as<uint8_t>(), d_gs.as<float>(),
-                                     d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(), expert_rows,
+                                     d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
                                      h_out ? d_h.as<bf16_t>() : nullptr, nullptr, nullptr, kept,
                                      quantized ? fp8::QuantizedH{d_q.as<uint8_t>(), d_s.as<float>(), report}
                                                : fp8::QuantizedH{});
@@ -740,13 +709,11 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] {
-              fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 130, offset, nullptr, out, nullptr, nullptr);
-            }).find("multiple of 8"),
+  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 130, offset, out, nullptr, nullptr); })
+                .find("multiple of 8"),
             std::string::npos);
-  EXPECT_NE(message([&] {
-              fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 136, offset, nullptr, out + 1, nullptr, nullptr);
-            }).find("128-byte aligned"),
+  EXPECT_NE(message([&] { fp8::grouped_gemm_block_scaled(q, s, 128, 128, q, s, 1, 136, offset, out + 1, nullptr, nullptr); })
+                .find("128-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
               fp8::grouped_weight_grad_block_scaled(q, s, 200, q, s, 136, 128, 1, offset, out, out + 4096, 120, nullptr,
@@ -759,13 +726,12 @@ TEST_F(Fp8Gemm, Bf16OutputsAreCheckedBeforeLaunch) {
             }).find("16-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out + 8, nullptr,
-                                               nullptr);
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, out + 8, nullptr, nullptr);
             }).find("128-byte aligned"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, nullptr, out, nullptr,
-                                               nullptr, fp8::KeptGateUp{out + 65536 + 4, out + 131072, offset});
+              fp8::grouped_swiglu_block_scaled(q, s, 128, 128, q, s, q, s, 1, 136, offset, out, nullptr, nullptr,
+                                               fp8::KeptGateUp{out + 65536 + 4, out + 131072, offset});
             }).find("16-byte aligned"),
             std::string::npos);
 }

@@ -188,20 +188,15 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 // blocks_of(K)]) times expert e's b ([experts, N, K] E4M3, 128×128 block scales [experts, blocks_of(N),
 // blocks_of(K)]), rounded to bf16 into the same rows of out [capacity, N]. expert_offset (device,
 // [experts + 1]) is the schedule's: every expert's rows padded to whole 128-row blocks, the padding rows
-// of a zeros with finite scales (they come out as zeros). Row blocks past expert_offset[experts] are not
-// written, nor any when expert_offset[experts] > capacity (a schedule over capacity). expert_rows
-// (device, [experts], the schedule's rows before padding; may be null): where a row block's rows 64-127
-// are all padding, they are not multiplied (a half tile: the same outputs bit for bit where the weights
-// are finite; with a NaN or an infinity, zeros in those padding rows rather than NaN). pair_rows: the
-// tiles in pairs of an expert's row blocks reading the same weights at once (tiles.h; the same outputs,
-// bit for bit).
+// of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written, nor any
+// when expert_offset[experts] > capacity (a schedule over capacity). pair_rows: the tiles in pairs of
+// an expert's row blocks reading the same weights at once (tiles.h; the same outputs, bit for bit).
 // A gathered by the kernel itself where `gather` is on (TileGather above): from this rank's token tiles
 // only (the dgrad of down at R = 1); remote sources are an Error.
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
-                               const int32_t* expert_offset, const int32_t* expert_rows, bf16_t* out,
-                               DeviceStatus* status, cudaStream_t stream, const TileGather& gather = {},
-                               bool pair_rows = false);
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
+                               const TileGather& gather = {}, bool pair_rows = false);
 
 // Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
 // gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
@@ -230,9 +225,8 @@ struct QuantizedH {
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream,
-                                 KeptGateUp kept = {}, const QuantizedH& hq = {}, const TileGather& gather = {},
-                                 bool pair_rows = false);
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
+                                 const QuantizedH& hq = {}, const TileGather& gather = {}, bool pair_rows = false);
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

@@ -31,9 +31,9 @@ template <Form kForm, class Out, int kGather = kGatherNone>
 void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b2, const float* a_scales,
             const float* b_scales, const float* b2_scales, const CUtensorMap& tma_out, const CUtensorMap& tma_out2,
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
-            const int32_t* expert_rows, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
-            int32_t split = 0, const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {},
-            const RowSources& sources = {}, bool pair_rows = false) {
+            DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
+            const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
+            bool pair_rows = false) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -64,7 +64,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
   gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
       tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
-      expert_offset, int32_t(experts), expert_rows, status, kept, split, swiglu, gather, sources, pair_rows);
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -124,13 +124,13 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
   check_sizes(M, N, K);
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, K, kTileN);
   launch<Form::kDense>(gemm::make_tma_2d_bytes(a, M, K, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
-                       CUtensorMap{}, CUtensorMap{}, out, M, N, K, nullptr, 0, nullptr, status, stream);
+                       CUtensorMap{}, CUtensorMap{}, out, M, N, K, nullptr, 0, status, stream);
 }
 
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
-                               const int32_t* expert_offset, const int32_t* expert_rows, bf16_t* out,
-                               DeviceStatus* status, cudaStream_t stream, const TileGather& gather, bool pair_rows) {
+                               const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
+                               const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   check_bf16_outputs(N, {{out, "out", 128}});
@@ -142,19 +142,19 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
   if (!gather.on()) {
     launch<Form::kGrouped>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out, capacity, N, K,
-                           expert_offset, experts, expert_rows, status, stream, {}, 0, {}, {}, {}, pair_rows);
+                           expert_offset, experts, status, stream, {}, 0, {}, {}, {}, pair_rows);
     return;
   }
   launch<Form::kGrouped, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out,
-                                               capacity, N, K, expert_offset, experts, expert_rows, status, stream, {},
-                                               0, {}, row_gather(gather, a, K), {}, pair_rows);
+                                               capacity, N, K, expert_offset, experts, status, stream, {}, 0, {},
+                                               row_gather(gather, a, K), {}, pair_rows);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
-                                 const int32_t* expert_rows, bf16_t* h, DeviceStatus* status, cudaStream_t stream,
-                                 KeptGateUp kept, const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
+                                 bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
+                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
@@ -184,19 +184,18 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
     launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
-                          K, expert_offset, experts, expert_rows, status, stream, kept, 0, outputs, {}, {},
-                          pair_rows);
+                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
     return;
   }
   const gemm::RowGather g = row_gather(gather, a, K);
   if (gather.sources.remote()) {
     launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                 tma_codes, h, capacity, N, K, expert_offset, experts, expert_rows,
-                                                 status, stream, kept, 0, outputs, g, gather.sources, pair_rows);
+                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                 kept, 0, outputs, g, gather.sources, pair_rows);
   } else {
     launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                tma_codes, h, capacity, N, K, expert_offset, experts, expert_rows,
-                                                status, stream, kept, 0, outputs, g, {}, pair_rows);
+                                                tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                kept, 0, outputs, g, {}, pair_rows);
   }
 }
 
@@ -218,7 +217,7 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
   launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
-                            tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, nullptr, status, stream, {},
+                            tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},
                             int32_t(split));
 }
 

@@ -48,18 +48,10 @@ constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTi
 template <Form kForm>
 constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * kBlock);
 
-// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile). rows: the
-// grouped forms' rows of the tile that are not padding, where the kernel knows its experts' rows (else,
-// and in the other forms, every row counts).
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
 struct Tile {
   int32_t m0, n0, expert, kb_begin, kb_end;
-  int32_t rows = kTileM;
 };
-
-// Whether consumer warpgroup c's 64 rows of the tile are all padding (a half tile: an expert's last row
-// block holding 64 rows or fewer): it then computes nothing, its sums staying the zeros that the padding
-// rows' products give (the grouped forms' padding rows of A are zeros with finite scales).
-LYNX_HD bool idle_half(const Tile& tile, int c) { return 64 * c >= tile.rows; }
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
 // grouped form and the weight gradient where columns n0 + 128 .. lie below N (the producer loads, and
@@ -147,7 +139,8 @@ struct TileSpace {
     }
   }
 
-  // The grouped forms: a row of tile t's expert, and tile t of that expert.
+  // The grouped forms: a row of tile t's expert (the kernel's consumers find the expert a warp at a
+  // time, gemm::expert_of_row_warp), and tile t of that expert.
   LYNX_HD int32_t search_row(int32_t t) const { return t / n_tiles * kTileM; }
   LYNX_HD Tile at(int32_t t, int32_t expert) const {
     Tile tile = without_expert(t);
@@ -158,17 +151,6 @@ struct TileSpace {
       const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
       tile.n0 = i / rows * kOutN<kForm>;
       tile.m0 = (first + 2 * group + i % rows) * kTileM;
-    }
-    return tile;
-  }
-
-  // Tile t with `rows` from the experts' rows before padding (expert_rows, the schedule's; null: every
-  // row counts): the end of its expert's rows less its first row, at most kTileM.
-  LYNX_HD Tile with_rows(int32_t t, const int32_t* expert_rows) const {
-    Tile tile = (*this)[t];
-    if (kScheduleRows<kForm> && expert_rows != nullptr) {
-      const int32_t end = expert_offset[tile.expert] + expert_rows[tile.expert];
-      tile.rows = end - tile.m0 < kTileM ? end - tile.m0 : kTileM;
     }
     return tile;
   }

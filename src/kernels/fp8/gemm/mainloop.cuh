@@ -95,15 +95,6 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
 #pragma unroll
     for (int e = 0; e < 64; ++e) to[e] = fmaf(d[e], (e % 4) < 2 ? s0 : s1, to[e]);
   };
-  // A half tile's idle warpgroup passes each stage on, but only once it has landed: an arrival ahead of
-  // the load would count toward the phase that frees the stage's previous K block.
-  if (kScheduleRows<kForm> && idle_half(tile, c)) {
-    for (int32_t i = 0; i < n; ++i) {
-      wait_full(i);
-      release(i);
-    }
-    return;
-  }
   float pa[64];
   if constexpr (kWeightGrad) {
     // NOTES: one half's products at a time through one temporary, leaving the overlap to the other
