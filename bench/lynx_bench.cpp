@@ -91,7 +91,7 @@ const char* kUsage =
     "             layer in bf16 and in FP8\n"
     "             (Config::precision, docs/fp8.md) on the same problem, FP8 y and dx checked against bf16's,\n"
     "             forward and forward+backward timed in --rounds interleaved rounds, with quantize_weights\n"
-    "             (once per optimizer step) beside them\n"
+    "             (once per optimizer step) beside them; --pass forward: the forwards alone, FP8 y checked\n"
     "  LYNX_BENCH_TIMES=1 in the environment prints every timed run's ms on stderr (bench/timing.h)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -190,6 +190,10 @@ Options parse(int argc, char** argv) {
   }
   if (!o.keep_context && (o.passes.size() != 1 || o.passes[0] != "forward")) {
     usage_error("--context drop times the forward pass only: add --pass forward");
+  }
+  if (o.fp8 && o.ranks.empty() && o.passes.size() == 1 && o.passes[0] == "backward") {
+    usage_error("--precision fp8 times the forward (--pass forward) or the forward and forward+backward, not the "
+                "backward alone");
   }
   if (o.graph && o.fp8 && o.ranks.empty()) {
     usage_error("--launch graph times the passes of the default mode or of --ranks, not --precision fp8 alone");
@@ -390,15 +394,24 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
   ResultsJson json = results_json(o, gpu);
   bool ok = true;
   for_each_table(o, [&](const std::string& name, Problem& p, Regime regime) {
-    const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock);
+    const bool forward_only = o.passes.size() == 1 && o.passes[0] == "forward";
+    const PrecisionResult r = time_precisions(p, protocol(o, regime), o.rounds, &clock, forward_only);
     const bool good = r.finite && r.dissimilarity < kFp8MaxDissimilarity && r.dx_dissimilarity < kFp8MaxDxDissimilarity;
     ok = ok && good;
-    std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n", name.c_str(),
-                routing_name(o.routings.front()), regime_name(regime), r.dissimilarity, r.dx_dissimilarity,
-                good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
-    std::printf("FP8 output bits (FNV-1a of y, dx, d_topk_weights and the weight gradients): %016llx, with bf16 "
-                "weight gradients %016llx\n",
-                static_cast<unsigned long long>(r.fp8_bits), static_cast<unsigned long long>(r.fp8_bf16_wgrad_bits));
+    if (forward_only) {
+      std::printf("\n%s, %s routing, %s: FP8 against bf16, forward alone, dissimilarity of y %.2e (%s)\n",
+                  name.c_str(), routing_name(o.routings.front()), regime_name(regime), r.dissimilarity,
+                  good ? "ok" : r.finite ? "FAILED: above 2^-8" : "FAILED: not finite");
+      std::printf("FP8 output bits (FNV-1a of y): %016llx\n", static_cast<unsigned long long>(r.fp8_bits));
+    } else {
+      std::printf("\n%s, %s routing, %s: FP8 against bf16, dissimilarity of y %.2e, of dx %.2e (%s)\n",
+                  name.c_str(), routing_name(o.routings.front()), regime_name(regime), r.dissimilarity,
+                  r.dx_dissimilarity,
+                  good ? "ok" : r.finite ? "FAILED: above 2^-8 (y) or 2^-6/3 (dx)" : "FAILED: not finite");
+      std::printf("FP8 output bits (FNV-1a of y, dx, d_topk_weights and the weight gradients): %016llx, with bf16 "
+                  "weight gradients %016llx\n",
+                  static_cast<unsigned long long>(r.fp8_bits), static_cast<unsigned long long>(r.fp8_bf16_wgrad_bits));
+    }
     std::printf("%-24s %9s %9s %6s\n", "what", "ms", "vs bf16", "MHz");
     for (const PrecisionRow& row : r.rows) {
       // Each pass against the same pass in bf16; quantize_weights is no pass to compare.
@@ -418,6 +431,7 @@ int run_precision_mode(const Options& o, const std::string& gpu, const GpuClock&
                    << ", \"what\": " << json_string(row.what) << ", \"ms\": " << row.ms
                    << ", \"sm_mhz\": " << row.clocks.median_mhz << ", \"dissimilarity\": " << r.dissimilarity
                    << ", \"dx_dissimilarity\": " << r.dx_dissimilarity
+                   << ", \"forward_only\": " << (forward_only ? "true" : "false")
                    << ", \"fp8_bits\": " << json_string(hex_digest(r.fp8_bits))
                    << ", \"fp8_bf16_wgrad_bits\": " << json_string(hex_digest(r.fp8_bf16_wgrad_bits))
                    << ", \"check\": " << json_string(good ? "ok" : "FAILED") << "}";

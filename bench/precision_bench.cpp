@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 
 #include "common/bf16.h"
@@ -56,7 +57,8 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds, const GpuClock* clock) {
+PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds, const GpuClock* clock,
+                                bool forward_only) {
   Config bf16_config, fp8_config;
   bf16_config.backend = fp8_config.backend = Backend::kFused;
   fp8_config.precision = Precision::kFp8Block;
@@ -71,50 +73,60 @@ PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds
   const Gradients grads = p.gradients();
   const TensorView y = p.y(), dy = p.dy();
   quantize_weights(fp8, in.weights, nullptr);
-  // Each precision's y and dx, from outputs poisoned with NaN.
+  // Each precision's y and dx (dx empty forward only), from outputs poisoned with NaN.
   auto outputs = [&](Workspace& ws) {
     LYNX_CUDA(cudaMemset(y.data, 0xFF, size_t(y.numel()) * 2));
     LYNX_CUDA(cudaMemset(grads.dx.data, 0xFF, size_t(grads.dx.numel()) * 2));
     forward(ws, in, y, nullptr);
-    backward(ws, in, dy, grads, nullptr);
+    if (!forward_only) backward(ws, in, dy, grads, nullptr);
     ws.check(nullptr);
-    return std::make_pair(values(y), values(grads.dx));
+    return std::make_pair(values(y), forward_only ? std::vector<double>{} : values(grads.dx));
   };
   const auto want = outputs(bf16), got = outputs(fp8);
   PrecisionResult r{};
   const auto all_outputs = [&] {
-    return digest({y, grads.dx, grads.d_topk_weights, grads.dw_gate, grads.dw_up, grads.dw_down});
+    return forward_only ? digest({y}) : digest({y, grads.dx, grads.d_topk_weights, grads.dw_gate, grads.dw_up,
+                                                grads.dw_down});
   };
   r.fp8_bits = all_outputs();
-  outputs(fp8_bf16_wgrad);
-  r.fp8_bf16_wgrad_bits = all_outputs();
+  if (!forward_only) {
+    outputs(fp8_bf16_wgrad);
+    r.fp8_bf16_wgrad_bits = all_outputs();
+  }
   r.finite = all_finite(got.first) && all_finite(got.second);
   r.dissimilarity = dissimilarity(got.first, want.first);
   r.dx_dissimilarity = dissimilarity(got.second, want.second);
+  const std::function<void()> passes[] = {
+      [&] { forward(bf16, in, y, nullptr); },
+      [&] { forward(fp8, in, y, nullptr); },
+      [&] {
+        forward(bf16, in, y, nullptr);
+        backward(bf16, in, dy, grads, nullptr);
+      },
+      [&] {
+        forward(fp8, in, y, nullptr);
+        backward(fp8, in, dy, grads, nullptr);
+      },
+      [&] {
+        forward(fp8_bf16_wgrad, in, y, nullptr);
+        backward(fp8_bf16_wgrad, in, dy, grads, nullptr);
+      },
+      [&] { quantize_weights(fp8, in.weights, nullptr); }};
   const char* names[] = {"forward bf16", "forward fp8", "fwd+bwd bf16", "fwd+bwd fp8", "fwd+bwd fp8, bf16 wgrad",
                          "quantize_weights"};
-  constexpr int kRows = 6;
-  std::vector<double> ms[kRows];
-  ClockSummary clocks[kRows];
+  const std::vector<int> timed = forward_only ? std::vector<int>{0, 1, 5} : std::vector<int>{0, 1, 2, 3, 4, 5};
+  std::vector<double> ms[6];
+  ClockSummary clocks[6];
   for (int round = 0; round < rounds; ++round) {
-    const Timing t[kRows] = {
-        time_pass([&] { forward(bf16, in, y, nullptr); }, protocol, nullptr, clock),
-        time_pass([&] { forward(fp8, in, y, nullptr); }, protocol, nullptr, clock),
-        time_pass([&] { forward(bf16, in, y, nullptr); backward(bf16, in, dy, grads, nullptr); }, protocol, nullptr,
-                  clock),
-        time_pass([&] { forward(fp8, in, y, nullptr); backward(fp8, in, dy, grads, nullptr); }, protocol, nullptr,
-                  clock),
-        time_pass([&] {
-          forward(fp8_bf16_wgrad, in, y, nullptr);
-          backward(fp8_bf16_wgrad, in, dy, grads, nullptr);
-        }, protocol, nullptr, clock),
-        time_pass([&] { quantize_weights(fp8, in.weights, nullptr); }, protocol, nullptr, clock)};
-    for (int i = 0; i < kRows; ++i) ms[i].push_back(t[i].ms), clocks[i] = t[i].clocks;
+    for (const int i : timed) {
+      const Timing t = time_pass(passes[i], protocol, nullptr, clock);
+      ms[i].push_back(t.ms), clocks[i] = t.clocks;
+    }
   }
   bf16.check(nullptr);
   fp8.check(nullptr);
   fp8_bf16_wgrad.check(nullptr);
-  for (int i = 0; i < kRows; ++i) r.rows.push_back({names[i], median(ms[i]), clocks[i]});
+  for (const int i : timed) r.rows.push_back({names[i], median(ms[i]), clocks[i]});
   return r;
 }
 

@@ -28,7 +28,7 @@ struct PrecisionResult {
   bool finite;              // every FP8 y and dx value finite (the outputs were poisoned with NaN)
   // FNV-1a digests of every output's bits (y, dx, d_topk_weights, dw_gate, dw_up, dw_down) of the FP8
   // pass and of the FP8 pass with bf16 weight gradients: builds whose kernels differ only in how they
-  // compute the same values (tiles, fused steps) give the same digests.
+  // compute the same values (tiles, fused steps) give the same digests. Forward only: y's, and no second.
   uint64_t fp8_bits, fp8_bf16_wgrad_bits;
 };
 
@@ -38,6 +38,8 @@ struct PrecisionResult {
 constexpr double kFp8MaxDissimilarity = 1.0 / 256.0;
 constexpr double kFp8MaxDxDissimilarity = 1.0 / 192.0;
 
-PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds, const GpuClock* clock);
+// forward_only: the forwards and quantize_weights alone, y checked and digested (no backward is run).
+PrecisionResult time_precisions(Problem& p, const Protocol& protocol, int rounds, const GpuClock* clock,
+                                bool forward_only);
 
 }  // namespace lynx::bench
