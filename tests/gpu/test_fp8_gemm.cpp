@@ -140,9 +140,10 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
 
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
 // of the reference's two products. pair_rows: the tiles in pairs of an expert's row blocks, and every
-// output (h, kept g and u) also bit for bit the plain order's.
+// output (h, kept g and u) also bit for bit the plain order's. every: the rows of an expert checked
+// against the reference, every `every`-th and its last (every row's padding and finiteness checked).
 void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false,
-                                      bool pair_rows = false) {
+                                      bool pair_rows = false, int64_t every = 1) {
   const auto seed = fresh_seed();
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
@@ -195,16 +196,17 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     EXPECT_TRUE(same(plain_g, kept_g)) << "kept g";
     EXPECT_TRUE(same(plain_u, kept_u)) << "kept u";
   }
-  // A kept row against the reference's g or u of [n, N] (relative Frobenius error over the expert's rows).
+  // The kept rows `pick` of an expert against the reference's g or u of them, [pick.size(), N] (relative
+  // Frobenius error over those rows).
   const auto expect_kept = [&](const std::vector<HostBf16>& kept, const std::vector<double>& want, int64_t first,
-                               int64_t n, const char* what) {
+                               const std::vector<int64_t>& pick, const char* what) {
     double err = 0.0, norm = 0.0;
-    for (int64_t r = 0; r < n; ++r) {
-      const int32_t to = slot[size_t(first + r)];
+    for (size_t p = 0; p < pick.size(); ++p) {
+      const int32_t to = slot[size_t(first + pick[p])];
       if (to < 0) continue;
       for (int64_t c = 0; c < N; ++c) {
-        const double g = to_double(kept[size_t(to * N + c)]), w = want[size_t(r * N + c)];
-        ASSERT_TRUE(std::isfinite(g)) << what << " row " << r << " column " << c;
+        const double g = to_double(kept[size_t(to * N + c)]), w = want[p * size_t(N) + size_t(c)];
+        ASSERT_TRUE(std::isfinite(g)) << what << " row " << pick[p] << " column " << c;
         err += (g - w) * (g - w);
         norm += w * w;
       }
@@ -217,25 +219,36 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     SCOPED_TRACE("expert " + std::to_string(e));
     const int64_t first = offset[size_t(e)], n = rows[size_t(e)];
     if (n > 0) {
+      std::vector<int64_t> pick;  // the expert's rows checked against the reference
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % every == 0 || i == n - 1) pick.push_back(i);
+      }
       ref::fp8::Quantized qe;
-      qe.rows = n, qe.cols = K;
-      qe.q.assign(qa.q.begin() + first * K, qa.q.begin() + (first + n) * K);
-      qe.scales.assign(qa.scales.begin() + first * kb, qa.scales.begin() + (first + n) * kb);
+      qe.rows = int64_t(pick.size()), qe.cols = K;
+      for (const int64_t i : pick) {
+        qe.q.insert(qe.q.end(), qa.q.begin() + (first + i) * K, qa.q.begin() + (first + i + 1) * K);
+        const auto scales = qa.scales.begin() + (first + i) * kb;
+        qe.scales.insert(qe.scales.end(), scales, scales + kb);
+      }
       std::vector<double> want = ref::fp8::fp8_gemm(qe, qb[0][size_t(e)]);
       if (swiglu) {
         const std::vector<double> u = ref::fp8::fp8_gemm(qe, qb[1][size_t(e)]);
-        expect_kept(kept_g, want, first, n, "kept g");
-        expect_kept(kept_u, u, first, n, "kept u");
+        expect_kept(kept_g, want, first, pick, "kept g");
+        expect_kept(kept_u, u, first, pick, "kept u");
         for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] / (1.0 + std::exp(-want[i])) * u[i];
       }
       double err = 0.0, norm = 0.0;
-      for (int64_t i = 0; i < n * N; ++i) {
-        const double g = to_double(got[size_t(first * N + i)]);
-        ASSERT_TRUE(std::isfinite(g)) << "row " << i / N << " column " << i % N;
-        err += (g - want[size_t(i)]) * (g - want[size_t(i)]);
-        norm += want[size_t(i)] * want[size_t(i)];
+      for (size_t p = 0; p < pick.size(); ++p) {
+        for (int64_t c = 0; c < N; ++c) {
+          const double g = to_double(got[size_t((first + pick[p]) * N + c)]), w = want[p * size_t(N) + size_t(c)];
+          err += (g - w) * (g - w);
+          norm += w * w;
+        }
       }
       EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
+      for (int64_t i = first * N; i < (first + n) * N; ++i) {
+        ASSERT_TRUE(std::isfinite(to_double(got[size_t(i)]))) << "row " << i / N - first << " column " << i % N;
+      }
     }
     for (int64_t i = (first + n) * N; i < int64_t(offset[size_t(e + 1)]) * N; ++i) {
       ASSERT_EQ(got[size_t(i)].bits & 0x7FFF, 0) << "padding row " << i / N - first - n;
@@ -418,6 +431,14 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
   expect_grouped_matches_reference(rows, 384, 256, true, true);     // 3 column tiles
   expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, true);  // many tiles per CTA
   expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, true);
+}
+// More than 32 tiles a CTA (4896 and 9792 tiles: the tiles each consumer warp finds 32 at a time, the
+// stages' phases carried from tile to tile), plain and paired; every 61st row and each expert's last
+// against the reference.
+TEST_F(Fp8Gemm, GroupedManyTilesPerCta) {
+  const std::vector<int64_t> rows = {9000, 6000, 77, 4000, 0, 130};
+  expect_grouped_matches_reference(rows, 8192, 256, false, false, 61);
+  expect_grouped_matches_reference(rows, 8192, 256, true, true, 61);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);

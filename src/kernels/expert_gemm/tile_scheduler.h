@@ -67,59 +67,6 @@ LYNX_HD int32_t expert_of_row(const int32_t* expert_offset, int32_t experts, int
   return lo;
 }
 
-// The same search by a warp, 32 offsets a round: log32(E) loads one after another instead of log2(E)
-// (each a global load's latency where a tile starts). A round narrows [lo, lo + span), which holds the
-// expert, to the last of the candidates lo + step·l (lanes l = 0 .. 31, those inside) whose offsets are
-// at or below the row: `count` of them, a prefix (the offsets ascend; lane 0's, offset[lo], always is).
-LYNX_HD int32_t expert_search_step(int32_t span) { return (span + 31) / 32; }
-LYNX_HD void narrow_expert_range(int32_t& lo, int32_t& span, int32_t step, int32_t count) {
-  const int32_t skipped = step * (count - 1);
-  lo += skipped;
-  span = span - skipped < step ? span - skipped : step;
-}
-// The offset lane `lane` reads in the warp search's first round, the same for every row (lo = 0, span =
-// experts): expert_offset[step · lane], or INT32_MAX for a lane past the experts (at or below no row).
-LYNX_HD int32_t expert_search_first_offset(const int32_t* expert_offset, int32_t experts, int32_t lane) {
-  const int32_t step = expert_search_step(experts);
-  return experts > 1 && step * lane < experts ? expert_offset[step * lane] : INT32_MAX;
-}
-
-#ifdef __CUDACC__
-// expert_of_row_warp's rounds from [lo, lo + span), which holds the expert.
-__device__ __forceinline__ int32_t expert_search_rounds_warp(const int32_t* expert_offset, int32_t lo, int32_t span,
-                                                             int32_t row) {
-  const int32_t lane = int32_t(threadIdx.x % 32);
-  while (span > 1) {
-    const int32_t step = expert_search_step(span);
-    const int32_t candidate = lo + step * lane;
-    const bool at_or_below = step * lane < span && expert_offset[candidate] <= row;
-    narrow_expert_range(lo, span, step, __popc(__ballot_sync(0xffffffffu, at_or_below)));
-  }
-  return lo;
-}
-
-// expert_of_row by every lane of a warp, with the same row.
-__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row) {
-  return expert_search_rounds_warp(expert_offset, 0, experts, row);
-}
-
-// This lane's expert_search_first_offset, which a kernel may read once for all its searches.
-__device__ __forceinline__ int32_t expert_search_first_round(const int32_t* expert_offset, int32_t experts) {
-  return expert_search_first_offset(expert_offset, experts, int32_t(threadIdx.x % 32));
-}
-
-// expert_of_row_warp with the lane's expert_search_first_round given, so that the search loads
-// log32(E) - 1 times (none for E <= 32).
-__device__ __forceinline__ int32_t expert_of_row_warp(const int32_t* expert_offset, int32_t experts, int32_t row,
-                                                      int32_t first_round) {
-  int32_t lo = 0, span = experts;
-  if (span > 1) {
-    narrow_expert_range(lo, span, expert_search_step(span), __popc(__ballot_sync(0xffffffffu, first_round <= row)));
-  }
-  return expert_search_rounds_warp(expert_offset, lo, span, row);
-}
-#endif
-
 // Tiles of the launch. Row modes: only the row blocks in use (none when the schedule is over
 // capacity: it placed no rows). Weight grad: every (expert, row block, column block).
 // The first row block of expert e among the tiles' (row modes), with or without folded tails.

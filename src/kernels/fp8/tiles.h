@@ -139,8 +139,7 @@ struct TileSpace {
     }
   }
 
-  // The grouped forms: a row of tile t's expert (the kernel's consumers find the expert a warp at a
-  // time, gemm::expert_of_row_warp), and tile t of that expert.
+  // The grouped forms: a row of tile t's expert, and tile t of that expert.
   LYNX_HD int32_t search_row(int32_t t) const { return t / n_tiles * kTileM; }
   LYNX_HD Tile at(int32_t t, int32_t expert) const {
     Tile tile = without_expert(t);

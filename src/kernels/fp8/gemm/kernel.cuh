@@ -105,23 +105,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = warpgroup - 1;
   int32_t it = 0;      // K blocks consumed before this tile
   bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
-  // NOTES: tiles[t]'s binary search is seven global loads in turn at 128 experts, and the tile's first
-  // B scales wait for it: each tile's start held ~17% of the down GEMM's warp samples (ncu source
-  // counters, H100, 2026-12-05). A warp's search is two loads in turn, and its first round reads the
-  // same offsets for every tile: read once here, a tile's search is one load (up to 1024 experts).
-  // Before that, ~11% of the down GEMM's samples still waited there (H100, 2026-12-06).
-  const int32_t first_round =
-      kScheduleRows<kForm> ? gemm::expert_search_first_round(tiles.expert_offset, tiles.experts) : 0;
-  // The grouped forms' tile once its expert is found (a warp at a time); the others' from t alone.
-  const auto tile_of = [&](int32_t t) {
+  // NOTES: a tile's expert is a binary search over the experts' offsets, and the tile's first B scales
+  // wait for it: each tile's start held ~17% of the down GEMM's warp samples with seven loads in turn
+  // (ncu source counters, H100, 2026-12-05), ~11% with a warp's search of 32 offsets a round
+  // (2026-12-06). Each consumer warp finds its CTA's next 32 tiles at once instead, a lane's binary
+  // search each, their loads in flight together, and a tile takes its corner and expert from its lane
+  // by shuffle: no load where a tile starts. FP8 forward 0.927 ms against 0.946-0.952 at qwen3-30b-a3b,
+  // 4.98-4.99 against 5.01-5.02 at deepseek-v3, the same bits (H100, 2026-12-07, docs/fp8.md).
+  const int lane = int(threadIdx.x) % 32;
+  Tile batch{0, 0, 0, 0, 0};  // lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x)
+  // Tile t, the CTA's j-th: the grouped forms' from the warp's batch; the others' from t alone.
+  const auto tile_of = [&](int32_t t, int32_t j) {
     if constexpr (kScheduleRows<kForm>) {
-      return tiles.at(t, gemm::expert_of_row_warp(tiles.expert_offset, tiles.experts, tiles.search_row(t), first_round));
+      if (j % 32 == 0) {
+        const int64_t mine = int64_t(t) + int64_t(lane) * gridDim.x;
+        if (mine < tiles.count) batch = tiles[int32_t(mine)];
+      }
+      Tile tile = tiles.without_expert(t);
+      tile.m0 = __shfl_sync(0xffffffffu, batch.m0, j % 32);
+      tile.n0 = __shfl_sync(0xffffffffu, batch.n0, j % 32);
+      tile.expert = __shfl_sync(0xffffffffu, batch.expert, j % 32);
+      return tile;
     } else {
       return tiles.without_expert(t);
     }
   };
-  for (int32_t t = blockIdx.x; t < tiles.count; t += gridDim.x) {
-    const Tile tile = tile_of(t);
+  for (int32_t t = blockIdx.x, j = 0; t < tiles.count; t += gridDim.x, ++j) {
+    const Tile tile = tile_of(t, j);
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
     // at the tile's start instead, but where the kernel pulls rows from other ranks: there the four more
