@@ -73,13 +73,14 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     x = _views.aligned(hidden_states.contiguous())
     ids, tw = top_k_index.contiguous(), top_k_weights.float().contiguous()
     down = self.down_proj.contiguous()
+    tag = workspace_tag(self)
     if not ops.gradient_wanted(x, tw, self.gate_up_proj, down):  # generation, evaluation: no context kept
-        backend, capacity, _, _, _, precision = _op_config(config, workspace_tag(self))
+        backend, capacity, _, _, _, precision = _op_config(config, tag)
         gate, up = _halves(self.gate_up_proj)
-        y = ops.moe_forward_keeping_none(x, ids, tw, gate, up, down, None, None, None, backend, capacity,
-                                         workspace_tag(self), 0, precision)
+        y = ops.moe_forward_keeping_none(x, ids, tw, gate, up, down, None, None, None, backend, capacity, tag, 0,
+                                         precision)
     else:
-        y = _Experts.apply(x, ids, tw, self.gate_up_proj, down, workspace_tag(self), config)
+        y = _Experts.apply(x, ids, tw, self.gate_up_proj, down, tag, config)
     return y.to(hidden_states.dtype)
 
 
