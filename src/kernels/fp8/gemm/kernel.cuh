@@ -110,8 +110,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (ncu source counters, H100, 2026-12-05), ~11% with a warp's search of 32 offsets a round
   // (2026-12-06). Each consumer warp finds its CTA's next 32 tiles at once instead, a lane's binary
   // search each, their loads in flight together, and a tile takes its corner and expert from its lane
-  // by shuffle: no load where a tile starts. FP8 forward 0.927 ms against 0.946-0.952 at qwen3-30b-a3b,
-  // 4.98-4.99 against 5.01-5.02 at deepseek-v3, the same bits (H100, 2026-12-07, docs/fp8.md).
+  // by shuffle: no load where a tile starts. FP8 forward 0.939-0.943 ms against 0.960-0.965 at
+  // qwen3-30b-a3b (1980 MHz), the same bits (H100, 2026-12-07,
+  // bench/results/2026-12-07-h100-db0f1f6-fp8-tile-search-log.txt).
   const int lane = int(threadIdx.x) % 32;
   Tile batch{0, 0, 0, 0, 0};  // lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x)
   // Tile t, the CTA's j-th: the grouped forms' from the warp's batch; the others' from t alone.
