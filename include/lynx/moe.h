@@ -233,6 +233,7 @@ void share_quantized_weights(Workspace& from, Workspace& to);
 
 // Pure host function: Workspace::forward_context_bytes() of a workspace made with (shape, config) and
 // config.caller_context (its value is ignored here): what a ForwardContext needs, with no device.
+// Throws where config.save_forward_context is false (no context to size).
 int64_t forward_context_bytes(const LayerShape& shape, const Config& config);
 
 // The same three calls with the context in `ctx` (Config::caller_context; recompute_forward_context and
