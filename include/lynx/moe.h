@@ -27,7 +27,9 @@ namespace lynx {
 
 // Expert weights, nn.Linear layout ("out × in", row-major, contiguous).
 // The routed experts' weights are bf16, or (Config::precision == kFp8Block) the E4M3 tensors last given
-// to set_quantized_weights.
+// to set_quantized_weights. bf16 w_gate and w_up (and the gradients dw_gate and dw_up) may also have
+// their experts at a stride of their own (strides {s, H, 1}, s ≥ I·H and a multiple of 8): the two
+// halves of a concatenated [E_loc, 2I, H] gate_up tensor are taken as they lie, without copies.
 struct ExpertWeights {
   TensorView w_gate;   // [E_loc, I, H] bf16 (or e4m3)
   TensorView w_up;     // [E_loc, I, H] bf16 (or e4m3)
@@ -37,7 +39,8 @@ struct ExpertWeights {
   TensorView ws_down;  // [H, I_s] bf16, absent when shape.shared_intermediate == 0
 };
 
-// The inputs of one layer call on this rank. All tensors are device memory, contiguous, 16-byte
+// The inputs of one layer call on this rank. All tensors are device memory, contiguous (but for the
+// expert stride above), 16-byte
 // aligned; the expert weights (and their gradients) 128-byte aligned, as TMA needs. Where the memory
 // lives is not checked (alignment, shapes and overlaps are): on systems where the GPU reads host memory
 // (Grace Hopper, HMM) a pointer's kind says nothing about whether the kernels can read it, so a query

@@ -15,10 +15,10 @@ from lynx.functional import Config, _op_config
 
 
 class _Experts(torch.autograd.Function):
-    """lynx's experts over gate_up_proj [E, 2I, H] (gate first). NOTES: lynx takes gate and up as
-    contiguous [E, I, H] tensors, so the two halves are copied for the forward and again for the
-    backward: what autograd keeps until the backward is the parameter itself, not the copies (2/3 of
-    the experts' weight bytes per layer, 768 MiB at qwen3-30b-a3b)."""
+    """lynx's experts over gate_up_proj [E, 2I, H] (gate first): lynx reads gate and up as the
+    parameter's two halves, where they lie (strided views, no copies), and writes their gradient as one
+    [E, 2I, H] tensor (ops.JOINED_GATE_UP); in FP8 the E4M3 copies are made again only when the
+    parameter has changed (its version counter, which its views share)."""
 
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag, config):
@@ -36,12 +36,12 @@ class _Experts(torch.autograd.Function):
         gate, up = _halves(gate_up)
         # Frozen experts (gate_up_proj and down_proj not requiring grad): no expert weight gradients.
         experts = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dx, d_topk, d_gate, d_up, d_down = ops.moe_backward_from(
+        dx, d_topk, d_gate_up, _, d_down = ops.moe_backward_from(
             dy.to(torch.bfloat16).contiguous(), context, x, topk_ids, topk_weights, gate, up, down,
-            None, None, None, *ctx.config, ops.EXPERT_WEIGHT_GRADS if experts else 0)[:5]
+            None, None, None, *ctx.config, ops.EXPERT_WEIGHT_GRADS | ops.JOINED_GATE_UP if experts else 0)[:5]
         if not experts:
             return dx, None, d_topk, None, None, None, None
-        return dx, None, d_topk, torch.cat([d_gate, d_up], dim=1), d_down, None, None
+        return dx, None, d_topk, d_gate_up, d_down, None, None
 
 
 # Each experts module's workspace tag, released with the module. NOTES: kept here, not as an attribute
@@ -60,8 +60,12 @@ def workspace_tag(module) -> int:
 
 
 def _halves(gate_up):
+    """gate and up: views of gate_up_proj, each [E, I, H] with its experts 2·I·H elements apart. NOTES: a
+    parameter that is not laid out [E, 2I, H] row-major (a transposed or sliced one) is copied first."""
+    if not gate_up.is_contiguous():
+        gate_up = gate_up.contiguous()
     I = gate_up.shape[1] // 2
-    return gate_up[:, :I].contiguous(), gate_up[:, I:].contiguous()
+    return gate_up[:, :I], gate_up[:, I:]
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
@@ -84,8 +88,6 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     return y.to(hidden_states.dtype)
 
 
-# NOTES: FP8 quantises gate and up again at every call (their halves are fresh copies, so their version
-# counters cannot tell that the parameter is unchanged).
 _FP8 = Config(precision="fp8_block")
 
 

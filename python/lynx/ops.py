@@ -91,10 +91,29 @@ _FP8_CAPTURED = False
 BOTH_COPIES, FORWARD_COPIES, BACKWARD_COPIES = 0, 1, 2
 
 
+class _Owner:
+    """A weak reference to the tensor that owns a weight's memory, equal to another to the same tensor
+    while it lives."""
+
+    def __init__(self, t):
+        self.ref = weakref.ref(t)
+
+    def __eq__(self, other):
+        return isinstance(other, _Owner) and self.ref() is not None and self.ref() is other.ref()
+
+
+def _weight_key(t):
+    """What the E4M3 copies of weight t are compared by: the tensor that owns its memory (t, or the one t
+    is a view of: lynx.hf gives gate and up as fresh views of gate_up_proj at each call), its address and
+    strides, and its version counter (a view shares its base's)."""
+    return (_Owner(t if t._base is None else t._base), t.data_ptr(), tuple(t.stride()), t._version)
+
+
 def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     """FP8: makes the workspace's E4M3 copies of the expert weights that a pass reads (`copies`: the
     forward's or the backward's; lynx::quantize_weights) unless they are of these very tensors, at the
-    same addresses, unchanged since (weak references, data pointers and version counters, as the
+    same addresses, unchanged since (weak references to them or to the tensors they view, data pointers,
+    strides and version counters, as the
     context's inputs are compared in functional.Workspace): layers sharing a workspace quantise in each
     pass only what it reads. NOTES: always inside a CUDA graph capture (a replay must requantise what
     the optimizer has changed in place since, which no host check sees), and on every call once an FP8
@@ -124,8 +143,7 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     untracked = _FP8_CAPTURED or any(t.is_inference() for t in now)
     kept = state.weights or {}  # copies -> the weights they were made from
     made = kept.get(copies)
-    same = (not untracked and made is not None and
-            all(ref() is t and t.data_ptr() == p and t._version == v for (ref, p, v), t in zip(made, now)))
+    same = not untracked and made is not None and all(_weight_key(t) == k for k, t in zip(made, now))
     if not same:
         # NOTES: a forward whose workspace's backward copies are of the weights at these addresses (as they
         # were before an optimizer step) makes both: its backward will read these weights' too, and both
@@ -133,10 +151,10 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
         # (lynx::Fp8Copies::kBoth). Where that guess is wrong, the backward still checks its own.
         theirs = kept.get(BACKWARD_COPIES)
         both = (copies == FORWARD_COPIES and not untracked and theirs is not None and
-                all(p == t.data_ptr() for (_, p, _), t in zip(theirs, now)))
+                all(k[1:3] == _weight_key(t)[1:3] for k, t in zip(theirs, now)))
         _C.quantize_weights(ws, inputs, stream, BOTH_COPIES if both else copies)
         state.prequantized = False  # the copies are (or are becoming) of bf16 weights
-        key = tuple((weakref.ref(t), t.data_ptr(), t._version) for t in now)
+        key = tuple(_weight_key(t) for t in now)
         state.weights = None if untracked else {**kept, copies: key, **({BACKWARD_COPIES: key} if both else {})}
 
 
@@ -150,6 +168,10 @@ def _context_bytes(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, ep_
 # experts) and comes back as [0] tensors.
 EXPERT_WEIGHT_GRADS, SHARED_WEIGHT_GRADS = 1, 2
 ALL_WEIGHT_GRADS = EXPERT_WEIGHT_GRADS | SHARED_WEIGHT_GRADS
+# With EXPERT_WEIGHT_GRADS: the gate and up gradients as one [E, 2I, H] tensor, gate first, in dw_gate's
+# place (dw_up then [0]), written by lynx as its two halves: the gradient of a concatenated gate_up
+# weight without a copy (lynx.hf).
+JOINED_GATE_UP = 4
 
 
 def weight_grads_needed(needs_input_grad) -> int:
@@ -172,7 +194,11 @@ def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_
     grads = _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, weight_grads)
     names = ("dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")
     computed = _computed(ws_gate is not None, weight_grads)
-    return grads, tuple(_views.view(g, n) if c else None for g, n, c in zip(grads, names, computed))
+    targets = list(grads)
+    if computed[2] and weight_grads & JOINED_GATE_UP:
+        I = w_gate.shape[1]
+        targets[2:4] = grads[2][:, :I], grads[2][:, I:]
+    return grads, tuple(_views.view(g, n) if c else None for g, n, c in zip(targets, names, computed))
 
 
 @torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
@@ -274,8 +300,11 @@ def _empty_gradients(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_d
     def empty(i, like, dtype):
         return torch.empty(like.shape, dtype=dtype, device=like.device) if computed[i] else x.new_empty(0)
 
-    return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device),
-            *(empty(i, w, torch.bfloat16) for i, w in enumerate((w_gate, w_up, w_down), 2)),
+    experts = tuple(empty(i, w, torch.bfloat16) for i, w in enumerate((w_gate, w_up, w_down), 2))
+    if computed[2] and weight_grads & JOINED_GATE_UP:
+        E, I, H = w_gate.shape
+        experts = (torch.empty((E, 2 * I, H), dtype=torch.bfloat16, device=x.device), x.new_empty(0), experts[2])
+    return (torch.empty_like(x), torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device), *experts,
             *(empty(i, w, None if w is None else w.dtype) for i, w in enumerate((ws_gate, ws_up, ws_down), 5)))
 
 

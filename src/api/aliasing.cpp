@@ -9,25 +9,44 @@
 namespace lynx::api {
 namespace {
 
+// Bytes [begin + i·period, + length) for i < count: a contiguous view is one piece; an [E, rows, cols] view
+// whose experts lie at a stride of their own (validate.cpp) is a piece an expert.
 struct Span {
   const char* name;
-  uintptr_t begin, end;  // bytes [begin, end)
+  uintptr_t begin, length, period;
+  int64_t count;
+  uintptr_t end() const { return begin + uintptr_t(count - 1) * period + length; }
 };
 
-// The present views among `named`, as byte ranges (contiguous views: numel · dtype size).
+// The present views among `named`, as byte ranges (validated views: contiguous, or experts at a stride).
 std::vector<Span> spans(std::initializer_list<std::pair<const char*, const TensorView*>> named) {
   std::vector<Span> out;
   for (const auto& [name, v] : named) {
     if (!v->present()) continue;
     const auto begin = reinterpret_cast<uintptr_t>(v->data);
-    out.push_back({name, begin, begin + uintptr_t(v->numel() * dtype_size(v->dtype))});
+    const auto size = uintptr_t(dtype_size(v->dtype));
+    if (v->rank == 3 && v->shape[0] > 1 && !v->is_contiguous()) {
+      out.push_back({name, begin, uintptr_t(v->shape[1] * v->shape[2]) * size, uintptr_t(v->strides[0]) * size,
+                     v->shape[0]});
+    } else {
+      out.push_back({name, begin, uintptr_t(v->numel()) * size, 0, 1});
+    }
   }
   return out;
 }
 
-// Empty spans overlap nothing.
+// Empty spans overlap nothing. NOTES: two spans of pieces at one period (the halves of a concatenated
+// gate_up tensor, say) overlap where their pieces' offsets within the period do; otherwise their
+// extents are compared, which may see an overlap between the pieces of two strided views that have none
+// (such a layout is then refused).
 bool overlap(const Span& a, const Span& b) {
-  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+  if (a.length == 0 || b.length == 0 || a.count == 0 || b.count == 0) return false;
+  if (!(a.begin < b.end() && b.begin < a.end())) return false;
+  if (a.count > 1 && b.count > 1 && a.period == b.period && a.length <= a.period && b.length <= a.period) {
+    const uintptr_t p = a.period, shift = ((b.begin % p) + p - (a.begin % p)) % p;  // b's offset after a's
+    return shift < a.length || shift + b.length > p;
+  }
+  return true;
 }
 
 void check(const std::vector<Span>& outputs, const std::vector<Span>& inputs) {
@@ -54,7 +73,7 @@ std::vector<Span> gradient_spans(const Gradients& g) {
 
 Span context_span(ContextBytes ctx) {
   const auto begin = reinterpret_cast<uintptr_t>(ctx.data);
-  return {"ctx.data", begin, begin + uintptr_t(ctx.bytes)};
+  return {"ctx.data", begin, uintptr_t(ctx.bytes), 0, 1};
 }
 
 // What the call reads (dy absent in a forward).

@@ -61,7 +61,7 @@ inline void require_quantized_weights(const Workspace::Impl& w, const LayerInput
     throw Error("weights", "config.precision is fp8_block: call quantize_weights (or set_quantized_weights) before "
                            "the first " + std::string(forward ? "forward" : "backward") + ", making " + which);
   }
-  const QuantizedWeightsKey given{x.w_gate.data, x.w_up.data, x.w_down.data, dtype, true};
+  const QuantizedWeightsKey given = QuantizedWeightsKey::of(x, dtype);
   if (!(made == given)) {
     throw Error("weights", dtype == DType::kE4M3
                                ? "are not the tensors set_quantized_weights was given: call it with these weights"

@@ -30,8 +30,23 @@ std::string shape_str(std::initializer_list<int64_t> shape) {
 constexpr uintptr_t kAlignment = 16;
 constexpr uintptr_t kTmaAlignment = 128;
 
+// NOTES: the routed experts' bf16 gate and up weights and their gradients may also lie with their experts
+// at a stride of their own (rows contiguous within an expert): the two halves of a concatenated
+// [E, 2I, H] gate_up tensor, as Hugging Face's experts hold them, without copies. A stride of at least
+// I·H elements keeps the experts apart; a multiple of 8 keeps each expert's matrix 16-byte aligned where
+// the base is (TMA's global strides are 16-byte multiples, the quantising kernels load 16 bytes at once).
+bool expert_strided(const TensorView& v) {
+  if (v.rank != 3 || v.dtype != DType::kBF16 || v.shape[0] < 2) return false;
+  const int64_t rows = v.shape[1], cols = v.shape[2];
+  return (cols == 1 || v.strides[2] == 1) && (rows == 1 || v.strides[1] == cols) && v.strides[0] >= rows * cols &&
+         v.strides[0] % 8 == 0;
+}
+
+enum class Layout { kContiguous, kExpertStrided };
+
 void check_tensor(const TensorView& v, const std::string& name, std::initializer_list<DType> dtypes,
-                  std::initializer_list<int64_t> shape, uintptr_t alignment = kAlignment) {
+                  std::initializer_list<int64_t> shape, uintptr_t alignment = kAlignment,
+                  Layout layout = Layout::kContiguous) {
   if (!v.present()) throw Error(name, "is required but absent (null data pointer)");
   bool dtype_ok = false;
   std::string expected_dtypes;
@@ -47,7 +62,16 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
   int d = 0;
   for (int64_t s : shape) shape_ok = shape_ok && v.shape[d++] == s;
   if (!shape_ok) throw Error(name, "shape must be " + shape_str(shape) + ", got " + shape_str(v));
-  if (!v.is_contiguous()) throw Error(name, "must be contiguous row-major (innermost stride 1, no padding)");
+  if (layout == Layout::kExpertStrided && v.dtype == DType::kBF16) {
+    if (!v.is_contiguous() && !expert_strided(v)) {
+      throw Error(name, "must be contiguous row-major, or its experts at a stride of their own (a multiple of 8 "
+                        "elements, at least I·H) with each expert's rows contiguous, got strides [" +
+                            std::to_string(v.strides[0]) + ", " + std::to_string(v.strides[1]) + ", " +
+                            std::to_string(v.strides[2]) + "]");
+    }
+  } else if (!v.is_contiguous()) {
+    throw Error(name, "must be contiguous row-major (innermost stride 1, no padding)");
+  }
   if (reinterpret_cast<uintptr_t>(v.data) % alignment != 0) {
     throw Error(name, "data pointer must be " + std::to_string(alignment) + "-byte aligned");
   }
@@ -83,8 +107,8 @@ void check_absent(const TensorView& v, const std::string& name) {
 void check_weights(const LayerShape& s, const ExpertWeights& w, std::initializer_list<DType> routed) {
   validate_shape(s);
   const int64_t H = s.hidden, I = s.intermediate, E_loc = s.local_experts();
-  check_tensor(w.w_gate, "w_gate", routed, {E_loc, I, H}, kTmaAlignment);
-  check_tensor(w.w_up, "w_up", routed, {E_loc, I, H}, kTmaAlignment);
+  check_tensor(w.w_gate, "w_gate", routed, {E_loc, I, H}, kTmaAlignment, Layout::kExpertStrided);
+  check_tensor(w.w_up, "w_up", routed, {E_loc, I, H}, kTmaAlignment, Layout::kExpertStrided);
   check_tensor(w.w_down, "w_down", routed, {E_loc, H, I}, kTmaAlignment);
   if (s.shared_intermediate > 0) {
     const int64_t Is = s.shared_intermediate;
@@ -137,8 +161,8 @@ void validate_gradients(const LayerShape& s, const TensorView& dy, const Gradien
   check_tensor(g.dx, "dx", {DType::kBF16}, {T, H});
   check_tensor(g.d_topk_weights, "d_topk_weights", {DType::kF32}, {T, k});
   if (gradient_group_given({{&g.dw_gate, "dw_gate"}, {&g.dw_up, "dw_up"}, {&g.dw_down, "dw_down"}})) {
-    check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
-    check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment);
+    check_tensor(g.dw_gate, "dw_gate", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment, Layout::kExpertStrided);
+    check_tensor(g.dw_up, "dw_up", {DType::kBF16}, {E_loc, I, H}, kTmaAlignment, Layout::kExpertStrided);
     check_tensor(g.dw_down, "dw_down", {DType::kBF16}, {E_loc, H, I}, kTmaAlignment);
   }
   if (s.shared_intermediate > 0) {

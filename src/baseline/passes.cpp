@@ -33,8 +33,8 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s) 
   std::vector<blas::Gemm> products;
   for (int64_t e = 0; e < E_loc; ++e) {
     const int64_t o = offset[e];
-    const auto* wg = data_of<const bf16_t>(in.weights.w_gate) + e * I * H;
-    const auto* wu = data_of<const bf16_t>(in.weights.w_up) + e * I * H;
+    const auto* wg = data_of<const bf16_t>(in.weights.w_gate) + e * expert_stride(in.weights.w_gate);
+    const auto* wu = data_of<const bf16_t>(in.weights.w_up) + e * expert_stride(in.weights.w_up);
     // [rows_e, H] · [I, H]ᵀ -> [rows_e, I]
     products.push_back({false, true, rows[e], to_int(I), to_int(H), w.un.xg + o * H, to_int(H), wg, to_int(H),
                         w.un.g + o * I, to_int(I)});
@@ -100,16 +100,16 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     da.push_back({false, false, n, to_int(I), to_int(H), dyg + o * H, to_int(H), wd + e * H * I, to_int(I),
                   w.un.da + o * I, to_int(I)});
     // [n, I] · [I, H] -> [n, H], the up term accumulated onto the gate term
-    dx_gate.push_back({false, false, n, to_int(H), to_int(I), w.un.dg + o * I, to_int(I), wg + e * I * H, to_int(H),
+    dx_gate.push_back({false, false, n, to_int(H), to_int(I), w.un.dg + o * I, to_int(I), wg + e * expert_stride(in.weights.w_gate), to_int(H),
                        dxe + o * H, to_int(H), 0.0f});
-    dx_up.push_back({false, false, n, to_int(H), to_int(I), w.un.du + o * I, to_int(I), wu + e * I * H, to_int(H),
+    dx_up.push_back({false, false, n, to_int(H), to_int(I), w.un.du + o * I, to_int(I), wu + e * expert_stride(in.weights.w_up), to_int(H),
                      dxe + o * H, to_int(H), 1.0f});
     // Weight gradients, K = n rows of the expert: [I, n] · [n, H], [I, n] · [n, H], [H, n] · [n, I]
     if (!wants_expert_weight_grads(grads)) continue;
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.dg + o * I, to_int(I), w.un.xg + o * H, to_int(H),
-                     data_of<bf16_t>(grads.dw_gate) + e * I * H, to_int(H)});
+                     data_of<bf16_t>(grads.dw_gate) + e * expert_stride(grads.dw_gate), to_int(H)});
     wgrad.push_back({true, false, to_int(I), to_int(H), n, w.un.du + o * I, to_int(I), w.un.xg + o * H, to_int(H),
-                     data_of<bf16_t>(grads.dw_up) + e * I * H, to_int(H)});
+                     data_of<bf16_t>(grads.dw_up) + e * expert_stride(grads.dw_up), to_int(H)});
     wgrad.push_back({true, false, to_int(H), to_int(I), n, dyg + o * H, to_int(H), w.un.h + o * I, to_int(I),
                      data_of<bf16_t>(grads.dw_down) + e * H * I, to_int(I)});
   }

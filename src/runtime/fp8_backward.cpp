@@ -148,7 +148,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     }
     fp8::grouped_weight_grad_block_scaled(dgu_q, dgu_scales, 2 * I, f.xg, f.xg_scales, H, cap, E,
                                           w.schedule.expert_offset, data_of<bf16_t>(grads.dw_gate),
-                                          data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s);
+                                          data_of<bf16_t>(grads.dw_up), I, w.stall_report_device, s,
+                                          {expert_stride(grads.dw_gate), expert_stride(grads.dw_up)});
   }
 }
 

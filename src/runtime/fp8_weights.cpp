@@ -11,7 +11,7 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   const LayerShape& sh = w.shape;
   const int64_t E = sh.local_experts(), H = sh.hidden, I = sh.intermediate;
   Fp8Buffers& f = w.f8;
-  const QuantizedWeightsKey made{weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kBF16, true};
+  const QuantizedWeightsKey made = QuantizedWeightsKey::of(weights, DType::kBF16);
   const bool forward = copies != Fp8Copies::kBackward, backward = copies != Fp8Copies::kForward;
   Fp8WeightStore& store = *w.fp8_store;
   if (forward) store.forward.valid = false;  // until every copy is queued
@@ -19,6 +19,7 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   const auto gate = data_of<const bf16_t>(weights.w_gate), up = data_of<const bf16_t>(weights.w_up),
              down = data_of<const bf16_t>(weights.w_down);
   const fp8::NonfiniteReport up_report = report(w, Fp8Tensor::kUp);
+  const fp8::BatchStrides gate_up_strides{expert_stride(weights.w_gate), expert_stride(weights.w_up)};
   // NOTES: both copies of a matrix from one read of it where each block of the transposed matrix is the
   // transpose of one block (always for w_down; for [w_gate; w_up]ᵀ where I % 128 == 0), the same bits:
   // a third less memory traffic than reading the bf16 weights once for each copy. w_gate and w_up before
@@ -26,15 +27,16 @@ void quantize_weights(Workspace::Impl& w, const ExpertWeights& weights, Fp8Copie
   if (forward && backward && I % fp8::kBlock == 0) {
     fp8::quantize_blocks_and_transposed(gate, I, up, I, E, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales,
                                         f.w_gate_up_t, f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s,
-                                        &up_report);
+                                        &up_report, gate_up_strides);
   } else {
     if (forward) {
-      fp8::quantize_blocks(gate, E, I, H, f.w_gate, f.w_gate_scales, report(w, Fp8Tensor::kGate), s);
-      fp8::quantize_blocks(up, E, I, H, f.w_up, f.w_up_scales, up_report, s);
+      fp8::quantize_blocks(gate, E, I, H, f.w_gate, f.w_gate_scales, report(w, Fp8Tensor::kGate), s,
+                           gate_up_strides.src0);
+      fp8::quantize_blocks(up, E, I, H, f.w_up, f.w_up_scales, up_report, s, gate_up_strides.src1);
     }
     if (backward) {
       fp8::quantize_blocks_transposed(gate, I, up, I, E, H, f.w_gate_up_t, f.w_gate_up_t_scales,
-                                      report(w, Fp8Tensor::kGate), s, &up_report);
+                                      report(w, Fp8Tensor::kGate), s, &up_report, gate_up_strides);
     }
   }
   if (forward && backward) {
@@ -72,7 +74,8 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
                                       f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-  store.forward = store.backward = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
+  store.forward = store.backward = {weights.w_gate.data, weights.w_up.data,         weights.w_down.data, DType::kE4M3,
+                                    true,                weights.w_gate.strides[0], weights.w_up.strides[0]};
 }
 
 }  // namespace lynx::fp8pass

@@ -49,6 +49,8 @@ void weight_grad_gate_up(Workspace::Impl& w, const Gradients& grads, cudaStream_
   wg.split = I;
   wg.out = data_of<bf16_t>(grads.dw_gate);
   wg.out2 = data_of<bf16_t>(grads.dw_up);
+  wg.out_stride = expert_stride(grads.dw_gate);
+  wg.out2_stride = expert_stride(grads.dw_up);
   gemm::expert_weight_grad(wg, s);
 }
 
@@ -143,6 +145,8 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   g.k = 2 * I;
   g.b0 = data_of<const bf16_t>(in.weights.w_gate);
   g.b1 = data_of<const bf16_t>(in.weights.w_up);
+  g.b0_stride = expert_stride(in.weights.w_gate);
+  g.b1_stride = expert_stride(in.weights.w_up);
   g.k_split = I;
   g.n = H;
   g.out = dxe;

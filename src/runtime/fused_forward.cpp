@@ -61,6 +61,8 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   a.k = w.shape.hidden;
   a.b0 = data_of<const bf16_t>(in.weights.w_gate);
   a.b1 = data_of<const bf16_t>(in.weights.w_up);
+  a.b0_stride = expert_stride(in.weights.w_gate);
+  a.b1_stride = expert_stride(in.weights.w_up);
   a.n = w.shape.intermediate;
   a.out = w.un.h;
   // NOTES: without a saved context the gate and up products are not stored: a third of the gate/up

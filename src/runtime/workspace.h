@@ -86,7 +86,11 @@ struct QuantizedWeightsKey {
   const void* w_down = nullptr;
   DType dtype = DType::kBF16;
   bool valid = false;
+  int64_t gate_stride = 0, up_stride = 0;  // the views' expert strides (a view's data pointer is not all of it)
   bool operator==(const QuantizedWeightsKey&) const = default;
+  static QuantizedWeightsKey of(const ExpertWeights& w, DType dtype) {
+    return {w.w_gate.data, w.w_up.data, w.w_down.data, dtype, true, w.w_gate.strides[0], w.w_up.strides[0]};
+  }
 };
 
 // The routed experts' E4M3 copies (the weight fields of `buffers`; its scratch fields unused) and what

@@ -168,8 +168,14 @@ TEST(Validation, StridesAndAlignment) {
   std::swap(in.x.strides[0], in.x.strides[1]);  // a transposed view
   expect_error([&] { validate_inputs(s, in); }, "x", "contiguous");
   in = good_inputs(s);
-  in.weights.w_gate.strides[0] += 8;  // padded experts
-  expect_error([&] { validate_inputs(s, in); }, "w_gate", "contiguous");
+  in.weights.w_gate.strides[0] += 4;  // experts padded by 4 elements: not 16-byte aligned
+  expect_error([&] { validate_inputs(s, in); }, "w_gate", "a multiple of 8");
+  in = good_inputs(s);
+  in.weights.w_gate.strides[0] += 8;  // padded by 8: every expert 16-byte aligned
+  EXPECT_NO_THROW(validate_inputs(s, in));
+  in = good_inputs(s);
+  in.weights.w_down.strides[0] += 8;  // only gate and up (and their gradients) may have an expert stride
+  expect_error([&] { validate_inputs(s, in); }, "w_down", "contiguous");
   in = good_inputs(s);
   in.x.data = static_cast<char*>(in.x.data) + 2;
   expect_error([&] { validate_inputs(s, in); }, "x", "aligned");
@@ -187,6 +193,50 @@ TEST(Validation, StridesAndAlignment) {
   g.dw_up.data = static_cast<char*>(g.dw_up.data) + 32;
   expect_error([&] { validate_gradients(s, make_view(fake(21), DType::kBF16, {s.tokens, s.hidden}), g); }, "dw_up",
                "128-byte aligned");
+}
+
+// The halves of one concatenated [E, 2I, H] gate_up tensor (and of its gradient), gate first.
+void gate_up_halves(TensorView& gate, TensorView& up, void* base, int64_t E, int64_t I, int64_t H) {
+  gate = make_view(base, DType::kBF16, {E, I, H});
+  up = make_view(static_cast<char*>(base) + 2 * I * H, DType::kBF16, {E, I, H});
+  gate.strides[0] = up.strides[0] = 2 * I * H;
+}
+
+TEST(Validation, GateAndUpMayBeHalvesOfOneTensor) {
+  const LayerShape s = small_shape();
+  const int64_t T = s.tokens, H = s.hidden, I = s.intermediate, E = s.local_experts();
+  const auto far = [](int i) -> void* { return reinterpret_cast<void*>((uintptr_t(i) + 1) << 24); };
+  LayerInputs in = good_inputs(s, far);
+  Gradients g = good_gradients(s, far);
+  gate_up_halves(in.weights.w_gate, in.weights.w_up, far(3), E, I, H);
+  gate_up_halves(g.dw_gate, g.dw_up, far(12), E, I, H);
+  const TensorView dy = make_view(far(21), DType::kBF16, {T, H});
+  EXPECT_NO_THROW(validate_inputs(s, in));
+  EXPECT_NO_THROW(validate_weights(s, in.weights));
+  EXPECT_NO_THROW(validate_gradients(s, dy, g));
+  EXPECT_NO_THROW(api::check_forward_aliasing(in, make_view(far(20), DType::kBF16, {T, H})));
+  EXPECT_NO_THROW(api::check_backward_aliasing(in, dy, g));
+
+  // Each expert's rows must be contiguous, and its matrix may not reach the next expert's.
+  LayerInputs bad = in;
+  bad.weights.w_up.strides[1] = 2 * H;
+  expect_error([&] { validate_inputs(s, bad); }, "w_up", "rows contiguous");
+  bad = in;
+  bad.weights.w_gate.strides[0] = I * H - 8;
+  expect_error([&] { validate_inputs(s, bad); }, "w_gate", "at least I·H");
+  // e4m3 weights (set_quantized_weights') have no expert stride.
+  bad = in;
+  bad.weights.w_gate.dtype = bad.weights.w_up.dtype = bad.weights.w_down.dtype = DType::kE4M3;
+  expect_error([&] { validate_inputs(s, bad); }, "w_gate", "contiguous");
+
+  // Interleaved gradients overlapping one another, or the weights they are the gradients of.
+  Gradients overlapping = g;
+  overlapping.dw_up.data = static_cast<char*>(g.dw_up.data) - 128;
+  expect_error([&] { api::check_backward_aliasing(in, dy, overlapping); }, "dw_gate", "shares memory with dw_up");
+  overlapping = g;
+  gate_up_halves(overlapping.dw_gate, overlapping.dw_up, far(3), E, I, H);
+  expect_error([&] { api::check_backward_aliasing(in, dy, overlapping); }, "dw_gate",
+               "shares memory with the input w_gate");
 }
 
 TEST(Validation, MissingAndUnexpectedTensors) {

@@ -118,6 +118,12 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>
 Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, const std::vector<HostBf16>& dy,
                   bool recompute = false);
 
+// The layer's gate and up weights given as the halves of one [E, 2I, H] tensor whose experts lie 64
+// elements apart (gate rows, up rows, a gap), and its gate and up gradients likewise into a poisoned
+// tensor: forward and backward (after quantize_weights from the halves, where `config` is FP8) give the
+// bits of contiguous weights and gradients, and leave the gaps and the weights untouched.
+void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config);
+
 // A backward with a weight-gradient group left out (the routed experts' three, the shared expert's, or
 // both) gives every other output the bits of the whole backward
 // (which other tests check against the reference). The workspace's FP8 copies, if any, must be made

@@ -594,6 +594,16 @@ TEST_F(Fp8Layer, WeightGradientsLeftOut) {
   }
 }
 
+// Both quantisations of gate and up from one read (I % 128 == 0) and apart (I = 192), and the bf16
+// weight gradients, from the halves of one gate_up tensor.
+TEST_F(Fp8Layer, GateAndUpAsHalvesOfOneTensor) {
+  expect_gate_up_halves_give_the_same_bits({200, 256, 128, 8, 2, 64}, fp8_config());
+  expect_gate_up_halves_give_the_same_bits({130, 320, 192, 6, 3, 0}, fp8_config());
+  Config bf16_wgrads = fp8_config();
+  bf16_wgrads.bf16_weight_grads = true;
+  expect_gate_up_halves_give_the_same_bits({200, 256, 128, 8, 2, 64}, bf16_wgrads);
+}
+
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};
   const HostLayer L(c, fresh_seed());

@@ -27,6 +27,8 @@ TEST_P(Layer, MatchesReference) {
   check_against_reference({200, 128, 64, 8, 2, 64}, seed, config());
 }
 
+TEST_P(Layer, GateAndUpAsHalvesOfOneTensor) { expect_gate_up_halves_give_the_same_bits({200, 128, 64, 8, 2, 64}, config()); }
+
 TEST_P(Layer, NoSharedExpertAndTopOne) {
   const auto seed = fresh_seed();
   check_against_reference({130, 128, 128, 4, 1, 0}, seed, config());

@@ -96,3 +96,27 @@ def test_qwen3_moe_without_gradients_keeps_no_context(monkeypatch, implementatio
     lynx.check()
     assert calls == ["none"]
     assert torch.equal(got, want.detach())
+
+
+def test_fp8_experts_quantise_their_weights_again_only_when_they_change(monkeypatch):
+    """experts_implementation="lynx_fp8" reads gate and up as views of gate_up_proj (no copies): their E4M3
+    copies are made at the first forward and backward, not again while the parameters are unchanged,
+    and again (both copies at once) once an update has changed them in place."""
+    import lynx
+    from lynx import ops
+
+    model, ids = tiny_model()
+    model.set_experts_implementation("lynx_fp8")
+    calls = []
+    quantize = lynx._C.quantize_weights
+    monkeypatch.setattr(lynx._C, "quantize_weights", lambda *a: (calls.append(a[-1]), quantize(*a))[1])
+    for _ in range(3):
+        model(ids, labels=ids).loss.backward()
+    assert calls == [ops.FORWARD_COPIES, ops.BACKWARD_COPIES]
+    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+    with torch.no_grad():
+        for m in experts:
+            m.gate_up_proj.mul_(0.5)
+    model(ids, labels=ids).loss.backward()
+    lynx.check()
+    assert calls == [ops.FORWARD_COPIES, ops.BACKWARD_COPIES, ops.BOTH_COPIES]

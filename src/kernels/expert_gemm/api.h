@@ -43,6 +43,7 @@ struct ExpertGemmArgs {
   const bf16_t* b0 = nullptr;             // [experts, n, K]  (gate, or the only weight); n-major: [experts, k_split, n]
   const bf16_t* b1 = nullptr;             // [experts, n, K]  (up; SwiGLU only); n-major: [experts, K - k_split, n]
   int64_t k_split = 0;                    // n-major with b1: K rows [0, k_split) come from b0, the rest from b1
+  int64_t b0_stride = 0, b1_stride = 0;   // elements from one expert's matrix to the next (0: contiguous)
   int64_t experts = 0;
   int64_t n = 0;                          // multiple of 64
   const int32_t* expert_offset = nullptr; // [experts + 1] device; [experts] = rows used (padded total)
@@ -125,6 +126,7 @@ struct WeightGradArgs {
                                           // 64-row block holding rows (null: the whole padded block)
   bf16_t* out = nullptr;
   bf16_t* out2 = nullptr;
+  int64_t out_stride = 0, out2_stride = 0;  // elements from one expert's matrix to the next (0: contiguous)
   DeviceStatus* status = nullptr;
   int32_t* tickets = nullptr;  // as ExpertGemmArgs::tickets
   int sm_count = 0;

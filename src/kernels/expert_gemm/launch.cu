@@ -189,9 +189,11 @@ void launch_rows(const ExpertGemmArgs& args, cudaStream_t stream) {
   m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
   m.a_fold = make_tma_2d(args.a, args.capacity, args.k, kFoldRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(kMode);
-  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK, fb);
-  m.b1 = Config<kMode>::kSwiGLU ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK, fb) : m.b0;
-  m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK, fb);
+  m.b0 = make_tma_3d(args.b0, args.experts, args.n, args.k, kBlockN, kBlockK, fb, args.b0_stride);
+  m.b1 = Config<kMode>::kSwiGLU
+             ? make_tma_3d(args.b1, args.experts, args.n, args.k, kBlockN, kBlockK, fb, args.b1_stride)
+             : m.b0;
+  m.b_half = make_tma_3d(args.b0, args.experts, args.n, args.k, 128, kBlockK, fb, args.b0_stride);
   m.c0 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.out_gate_up = Config<kMode>::kSwiGLU && args.out_gate != nullptr;
   m.c1 = m.c2 = m.c0;
@@ -213,8 +215,8 @@ void launch_rows<Mode::kRowsMnB>(const ExpertGemmArgs& args, cudaStream_t stream
   m.a_quarter = make_tma_2d(args.a, args.capacity, args.k, kQuarterRows, kBlockK);
   m.a_fold = make_tma_2d(args.a, args.capacity, args.k, kFoldRows, kBlockK);
   constexpr L2Fetch fb = weights_fetch(Mode::kRowsMnB);
-  m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64, fb);
-  m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64, fb) : m.b0;
+  m.b0 = m.b_half = make_tma_3d(args.b0, args.experts, k0, args.n, 64, 64, fb, args.b0_stride);
+  m.b1 = args.b1 ? make_tma_3d(args.b1, args.experts, args.k - k0, args.n, 64, 64, fb, args.b1_stride) : m.b0;
   m.c0 = m.c1 = m.c2 = make_tma_2d(args.out, args.capacity, args.n, 64, 64);
   p.k_split = static_cast<int32_t>(k0);
   launch<Mode::kRowsMnB>(m, p, args.sm_count, stream);
@@ -252,8 +254,10 @@ void expert_weight_grad(const WeightGradArgs& args, cudaStream_t stream) {
   Maps m;
   m.a = m.a_half = m.a_quarter = m.a_fold = make_tma_2d_chunks(args.a, args.capacity, args.m, kBlockK, kBlockM / 64);
   m.b0 = m.b1 = m.b_half = make_tma_2d_chunks(args.b, args.capacity, args.n, kBlockK, kBlockN / 64);
-  m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64);
-  m.c1 = m.c2 = args.out2 ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64) : m.c0;
+  m.c0 = make_tma_3d(args.out, args.experts, out_rows, args.n, 64, 64, L2Fetch::k256B, args.out_stride);
+  m.c1 = m.c2 = args.out2
+                    ? make_tma_3d(args.out2, args.experts, out_rows, args.n, 64, 64, L2Fetch::k256B, args.out2_stride)
+                    : m.c0;
   Params p{};
   p.grid.expert_offset = args.expert_offset;
   p.grid.experts = static_cast<int32_t>(args.experts);

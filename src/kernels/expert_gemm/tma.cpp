@@ -83,9 +83,9 @@ CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int
 }
 
 CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols,
-                        L2Fetch fetch) {
+                        L2Fetch fetch, int64_t batch_stride) {
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batches)};
-  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(cols) * 2 * cuuint64_t(rows)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(batch_stride > 0 ? batch_stride : cols * rows) * 2};
   const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
   return encode(base, 3, dims, strides, box, fetch);
 }

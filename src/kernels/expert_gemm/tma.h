@@ -33,8 +33,9 @@ CUtensorMap make_tma_3d_bytes(const void* base, int64_t batches, int64_t rows, i
 CUtensorMap make_tma_2d_chunks(const void* base, int64_t rows, int64_t cols, int box_rows, int chunks);
 
 // A row-major [batches, rows, cols] bf16 tensor, loaded in [1, box_rows, box_cols] boxes; rows past
-// `rows` inside a box read as zero (never the next batch's rows).
+// `rows` inside a box read as zero (never the next batch's rows). batch_stride: elements from one batch's
+// matrix to the next (0: rows · cols; else a multiple of 8).
 CUtensorMap make_tma_3d(const void* base, int64_t batches, int64_t rows, int64_t cols, int box_rows, int box_cols,
-                        L2Fetch fetch = L2Fetch::k256B);
+                        L2Fetch fetch = L2Fetch::k256B, int64_t batch_stride = 0);
 
 }  // namespace lynx::gemm

@@ -47,9 +47,16 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
                      cudaStream_t stream);
 
 // quantize_blocks of each of `batch` matrices [rows, cols] stored one after another (the experts'
-// weights [E, rows, cols]): q [batch, rows, cols], scales [batch, blocks_of(rows), blocks_of(cols)].
+// weights [E, rows, cols]), or batch_stride elements apart: q [batch, rows, cols], scales [batch,
+// blocks_of(rows), blocks_of(cols)].
 void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
-                     NonfiniteReport report, cudaStream_t stream);
+                     NonfiniteReport report, cudaStream_t stream, int64_t batch_stride = 0);
+
+// Elements from one matrix of a batch to the next in each bf16 source of the functions below (0: its
+// matrices one after another), e.g. the halves of a concatenated [E, 2I, H] gate_up tensor.
+struct BatchStrides {
+  int64_t src0 = 0, src1 = 0;
+};
 
 // The transposed operand of a dgrad GEMM, quantised in 128×128 blocks of the transposed matrix: per
 // matrix m of `batch`, q[m][r][c] = E4M3(src(c, r) / scale) with src(c, r) = src0[m][c][r] for c < n0,
@@ -60,7 +67,7 @@ void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols,
 // src1 and with `report1` given, through *report1.
 void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
                                 int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
-                                const NonfiniteReport* report1 = nullptr);
+                                const NonfiniteReport* report1 = nullptr, BatchStrides strides = {});
 
 // quantize_blocks of each source and quantize_blocks_transposed of the pair from one read of the
 // sources: q0, scales0 as quantize_blocks(src0, batch, n0, rows) makes them, q1, scales1 likewise of src1
@@ -70,7 +77,7 @@ void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* sr
 void quantize_blocks_and_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
                                     int64_t rows, uint8_t* q0, float* scales0, uint8_t* q1, float* scales1,
                                     uint8_t* qt, float* scales_t, NonfiniteReport report, cudaStream_t stream,
-                                    const NonfiniteReport* report1 = nullptr);
+                                    const NonfiniteReport* report1 = nullptr, BatchStrides strides = {});
 
 // The same from E4M3 sources with a scale per 128×128 block (quantize_blocks' layout: src0 [batch, n0,
 // rows] with scales0 [batch, blocks_of(n0), blocks_of(rows)], likewise src1): src(c, r) = value(c, r) ·
@@ -235,11 +242,12 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
 // whole 128-row blocks; rounded to bf16, rows [0, split) of each expert's output into out [experts,
 // split, N], the others into out2 [experts, M − split, N] (split = M: out only; else a multiple of 64,
 // with out2 given). An expert without rows, or every expert after a schedule over capacity
-// (expert_offset[experts] > capacity), gets zeros.
+// (expert_offset[experts] > capacity), gets zeros. out_strides: elements from one expert's output matrix
+// to the next in out (src0) and out2 (src1), 0 where they follow one another.
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
                                       const float* b_scales, int64_t N, int64_t capacity, int64_t experts,
                                       const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,
-                                      DeviceStatus* status, cudaStream_t stream);
+                                      DeviceStatus* status, cudaStream_t stream, BatchStrides out_strides = {});
 
 // Load the quantisation kernels and the GEMM kernels into the current context (common/kernel_loading.h
 // says why).

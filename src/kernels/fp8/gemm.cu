@@ -202,7 +202,7 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
 void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, const uint8_t* b,
                                       const float* b_scales, int64_t N, int64_t capacity, int64_t experts,
                                       const int32_t* expert_offset, bf16_t* out, bf16_t* out2, int64_t split,
-                                      DeviceStatus* status, cudaStream_t stream) {
+                                      DeviceStatus* status, cudaStream_t stream, BatchStrides out_strides) {
   check_sizes(M, N, capacity);
   check_grouped(capacity, experts, expert_offset);
   if (split <= 0 || split > M || (split < M && (out2 == nullptr || split % 64 != 0))) {
@@ -213,8 +213,14 @@ void grouped_weight_grad_block_scaled(const uint8_t* a, const float* a_scales, i
   if (reinterpret_cast<uintptr_t>(a_scales) % 16 != 0 || reinterpret_cast<uintptr_t>(b_scales) % 16 != 0) {
     throw Error("a_scales, b_scales", "must be 16-byte aligned");
   }
-  const CUtensorMap tma_out = gemm::make_tma_3d(out, experts, split, N, 64, 64);
-  const CUtensorMap tma_out2 = split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64) : tma_out;
+  if (out_strides.src0 % 8 != 0 || out_strides.src1 % 8 != 0) {
+    throw Error("out_strides", "must be multiples of 8 elements (TMA's 16-byte global strides)");
+  }
+  const CUtensorMap tma_out =
+      gemm::make_tma_3d(out, experts, split, N, 64, 64, gemm::L2Fetch::k256B, out_strides.src0);
+  const CUtensorMap tma_out2 =
+      split < M ? gemm::make_tma_3d(out2, experts, M - split, N, 64, 64, gemm::L2Fetch::k256B, out_strides.src1)
+                : tma_out;
   const CUtensorMap tma_b = gemm::make_tma_2d_bytes(b, N, capacity, kTileN);
   launch<Form::kWeightGrad>(gemm::make_tma_2d_bytes(a, M, capacity, kTileM), tma_b, tma_b, a_scales, b_scales, nullptr,
                             tma_out, tma_out2, out, M, N, capacity, expert_offset, experts, status, stream, {},

@@ -99,12 +99,12 @@ __device__ __forceinline__ void block_max(uint32_t (&m)[kValues], uint32_t (&war
 // lane j holds columns c0 + 8j .. c0 + 8j + 7 of rows r0 + h + 16i (i < 8), their codes written back as
 // one 8-byte store each. `vector`: cols % 8 == 0, w 16-byte and q 8-byte aligned.
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
-    quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t rows, int64_t cols, uint8_t* __restrict__ q,
-                           float* __restrict__ scales, NonfiniteReport report, bool vector) {
+    quantize_blocks_kernel(const __nv_bfloat16* __restrict__ w, int64_t w_stride, int64_t rows, int64_t cols,
+                           uint8_t* __restrict__ q, float* __restrict__ scales, NonfiniteReport report, bool vector) {
   __shared__ uint32_t warp_max[1][kBlockWarps];
   const int64_t kb = blocks_of(cols);
   const int64_t matrix = blockIdx.y;
-  w += matrix * rows * cols;
+  w += matrix * w_stride;
   q += matrix * rows * cols;
   scales += matrix * blocks_of(rows) * kb;
   const int h = int(threadIdx.x) / 16;
@@ -132,13 +132,15 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
 }
 
 // The source matrices of quantize_blocks_transposed: bf16 values, or E4M3 values with a scale per
-// 128×128 block (value · scale; no scales for bf16).
+// 128×128 block (value · scale; no scales for bf16); stride0, stride1: elements from one matrix of the
+// batch to the next.
 template <class T>
 struct BlockSource {
   const T* m0;
   const float* scales0;
   const T* m1;
   const float* scales1;
+  int64_t stride0 = 0, stride1 = 0;
 };
 using Bf16Source = BlockSource<__nv_bfloat16>;
 using Fp8Source = BlockSource<uint8_t>;
@@ -196,11 +198,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
       v[i] = {make_uint2(0, 0), 0.0f};
       if (c < cols) {
         const float* s = second ? src.scales1 : src.scales0;
-        v[i].code = load8_codes((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector);
+        v[i].code = load8_codes((second ? src.m1 : src.m0) + matrix * (second ? src.stride1 : src.stride0) + at * rows,
+                                r, rows, vector);
         v[i].scale = s[(matrix * blocks_of(n) + at / kBlock) * blocks_of(rows) + r0 / kBlock];
       }
     } else {
-      v[i].bits = c < cols ? load8_bits((second ? src.m1 : src.m0) + (matrix * n + at) * rows, r, rows, vector)
+      v[i].bits = c < cols ? load8_bits((second ? src.m1 : src.m0) + matrix * (second ? src.stride1 : src.stride0) +
+                                            at * rows,
+                                        r, rows, vector)
                            : make_uint4(0, 0, 0, 0);
     }
   }
@@ -274,13 +279,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
 }  // namespace
 
 void quantize_blocks(const bf16_t* w, int64_t batch, int64_t rows, int64_t cols, uint8_t* q, float* scales,
-                     NonfiniteReport report, cudaStream_t stream) {
+                     NonfiniteReport report, cudaStream_t stream, int64_t batch_stride) {
   const int64_t blocks = blocks_of(rows) * blocks_of(cols);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
-  const bool vector = cols % 8 == 0 && aligned(w, 16) && aligned(q, 8);
+  const int64_t stride = batch_stride > 0 ? batch_stride : rows * cols;
+  const bool vector = cols % 8 == 0 && stride % 8 == 0 && aligned(w, 16) && aligned(q, 8);
   quantize_blocks_kernel<<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(w), rows, cols, q, scales, report, vector);
+      reinterpret_cast<const __nv_bfloat16*>(w), stride, rows, cols, q, scales, report, vector);
   LYNX_CHECK_LAUNCH();
 }
 
@@ -291,17 +297,21 @@ void quantize_blocks(const bf16_t* w, int64_t rows, int64_t cols, uint8_t* q, fl
 
 namespace {
 
+// src's strides: the given ones, 0 meaning its matrices one after another.
 template <bool kStraight = false, class Source>
-void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
+void launch_blocks_transposed(Source src, int64_t n0, int64_t n1, int64_t batch, int64_t rows, uint8_t* q,
                               float* scales, NonfiniteReport report, cudaStream_t stream,
                               const NonfiniteReport* report1, StraightCopies straight = {}) {
   const int64_t blocks = blocks_of(rows) * blocks_of(n0 + n1);
   if (blocks == 0 || batch == 0) return;
   if (batch > 65535) throw Error("batch", "at most 65535 matrices (the grid's y), got " + std::to_string(batch));
   if (n1 > 0 && src.m1 == nullptr) throw Error("src1", "is null with n1 > 0");
-  // Rows of 8-value multiples start aligned to 8 values where both sources do; likewise q's rows.
+  if (src.stride0 <= 0) src.stride0 = n0 * rows;
+  if (src.stride1 <= 0) src.stride1 = n1 * rows;
+  // Rows of 8-value multiples start aligned to 8 values where both sources' matrices do; likewise q's rows.
   constexpr uintptr_t kVector = 8 * sizeof(*src.m0);
-  const bool vector = rows % 8 == 0 && aligned(src.m0, kVector) && aligned(src.m1, kVector);
+  const bool vector = rows % 8 == 0 && src.stride0 % 8 == 0 && src.stride1 % 8 == 0 && aligned(src.m0, kVector) &&
+                      aligned(src.m1, kVector);
   const bool vector_out = (n0 + n1) % 16 == 0 && aligned(q, 16);
   quantize_blocks_transposed_kernel<Source, kStraight><<<dim3(unsigned(blocks), unsigned(batch)), kBlockThreads, 0, stream>>>(
       src, n0, n1, rows, q, scales, report, report1 ? *report1 : report, vector, vector_out, straight);
@@ -312,16 +322,16 @@ void launch_blocks_transposed(const Source& src, int64_t n0, int64_t n1, int64_t
 
 void quantize_blocks_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
                                 int64_t rows, uint8_t* q, float* scales, NonfiniteReport report, cudaStream_t stream,
-                                const NonfiniteReport* report1) {
+                                const NonfiniteReport* report1, BatchStrides strides) {
   const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), nullptr,
-                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr};
+                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr, strides.src0, strides.src1};
   launch_blocks_transposed(src, n0, n1, batch, rows, q, scales, report, stream, report1);
 }
 
 void quantize_blocks_and_transposed(const bf16_t* src0, int64_t n0, const bf16_t* src1, int64_t n1, int64_t batch,
                                     int64_t rows, uint8_t* q0, float* scales0, uint8_t* q1, float* scales1,
                                     uint8_t* qt, float* scales_t, NonfiniteReport report, cudaStream_t stream,
-                                    const NonfiniteReport* report1) {
+                                    const NonfiniteReport* report1, BatchStrides strides) {
   if (n1 > 0 && n0 % kBlock != 0) {
     throw Error("n0", "must be a multiple of 128 with a second source (a block would straddle them), got " +
                           std::to_string(n0));
@@ -330,7 +340,7 @@ void quantize_blocks_and_transposed(const bf16_t* src0, int64_t n0, const bf16_t
     throw Error("q0", "each source's straight copy and scales must be given");
   }
   const Bf16Source src{reinterpret_cast<const __nv_bfloat16*>(src0), nullptr,
-                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr};
+                       reinterpret_cast<const __nv_bfloat16*>(src1), nullptr, strides.src0, strides.src1};
   const StraightCopies straight{q0, scales0, q1, scales1, rows % 8 == 0 && aligned(q0, 8) && aligned(q1, 8)};
   launch_blocks_transposed<true>(src, n0, n1, batch, rows, qt, scales_t, report, stream, report1, straight);
 }
