@@ -201,6 +201,15 @@ def _gradient_buffers(x, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_
     return grads, tuple(_views.view(g, n) if c else None for g, n, c in zip(targets, names, computed))
 
 
+def _forward(ws, inputs, x, w_gate, w_up, w_down, precision):
+    """y of lynx::forward on workspace ws, its FP8 forward copies made first where needed (_fp8_weights)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
+    _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
+    _workspaces.check_if_temporary(ws, _stream(x))
+    return y
+
+
 @torch.library.custom_op("lynx::moe_forward_saving", mutates_args=())
 def moe_forward_saving(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                        w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
@@ -247,11 +256,7 @@ def moe_forward_keeping_none(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     _validate(inputs, x, topk_ids, w_gate, ws_gate, ep_group)
     with torch.cuda.device(x.device):
         ws = _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, tag, ep_group, precision)
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
-        _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
-        _workspaces.check_if_temporary(ws, _stream(x))
-    return y
+        return _forward(ws, inputs, x, w_gate, w_up, w_down, precision)
 
 
 @moe_forward_keeping_none.register_fake
@@ -317,11 +322,7 @@ def moe_forward(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
     with torch.cuda.device(x.device):
         ws = _workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity, save_forward_context, tag,
                         ep_group, precision)
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, _stream(x), FORWARD_COPIES)
-        _C.forward(ws, inputs, _views.view(y, "y"), _stream(x))
-        _workspaces.check_if_temporary(ws, _stream(x))
-    return y
+        return _forward(ws, inputs, x, w_gate, w_up, w_down, precision)
 
 
 @moe_forward.register_fake

@@ -352,6 +352,27 @@ def test_int64_ids_and_bitwise_determinism():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8_block"])
+def test_gate_and_up_as_views_of_one_tensor(precision):
+    """w_gate and w_up as the halves of one [E, 2I, H] tensor (strided views, as lynx.hf gives them): y and
+    every gradient have the bits of the same call on contiguous copies, the halves' gradient flowing
+    into the joined tensor."""
+    x, ids, tw, w, s = make(T=200, H=128, I=128, E=8, k=2)
+    gate_up = torch.cat([w[0], w[1]], dim=1).requires_grad_()
+    down = w[2].requires_grad_()
+    gate, up = w[0].requires_grad_(), w[1].requires_grad_()
+    dy = torch.randn(200, 128, device="cuda", dtype=torch.bfloat16)
+    config = lynx.Config(precision=precision)
+    want = lynx.moe(x, ids, tw, gate, up, down, config=config, workspace_tag=61)
+    want_grads = torch.autograd.grad(want, [gate, up, down], dy)
+    got = lynx.moe(x, ids, tw, gate_up[:, :128], gate_up[:, 128:], down, config=config, workspace_tag=62)
+    got_grads = torch.autograd.grad(got, [gate_up, down], dy)
+    lynx.check()
+    assert torch.equal(got, want)
+    assert torch.equal(got_grads[0], torch.cat(want_grads[:2], dim=1))
+    assert torch.equal(got_grads[1], want_grads[2])
+
+
 def test_torch_compile_fullgraph():
     x, ids, tw, w, s = make(T=256, H=128, I=128, E=8, k=2)
 
