@@ -28,7 +28,7 @@ namespace lynx {
 // Expert weights, nn.Linear layout ("out × in", row-major, contiguous).
 // The routed experts' weights are bf16, or (Config::precision == kFp8Block) the E4M3 tensors last given
 // to set_quantized_weights. bf16 w_gate and w_up (and the gradients dw_gate and dw_up) may also have
-// their experts at a stride of their own (strides {s, H, 1}, s ≥ I·H and a multiple of 8): the two
+// their experts at a stride of their own (strides {s, H, 1}, s ≥ I·H, a multiple of 64): the two
 // halves of a concatenated [E_loc, 2I, H] gate_up tensor are taken as they lie, without copies.
 struct ExpertWeights {
   TensorView w_gate;   // [E_loc, I, H] bf16 (or e4m3)

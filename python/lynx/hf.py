@@ -18,7 +18,8 @@ class _Experts(torch.autograd.Function):
     """lynx's experts over gate_up_proj [E, 2I, H] (gate first): lynx reads gate and up as the
     parameter's two halves, where they lie (strided views, no copies), and writes their gradient as one
     [E, 2I, H] tensor (ops.JOINED_GATE_UP); in FP8 the E4M3 copies are made again only when the
-    parameter has changed (its version counter, which its views share)."""
+    parameter has changed (its version counter, which its views share; docs/python.md says where the
+    views arrive as tensors of their own)."""
 
     @staticmethod
     def forward(ctx, x, topk_ids, topk_weights, gate_up, down, tag, config):
@@ -61,9 +62,12 @@ def workspace_tag(module) -> int:
 
 def _halves(gate_up):
     """gate and up: views of gate_up_proj, each [E, I, H] with its experts 2·I·H elements apart. NOTES: a
-    parameter that is not laid out [E, 2I, H] row-major (a transposed or sliced one) is copied first."""
+    parameter that is not laid out [E, 2I, H] row-major (a transposed or sliced one), or not 128-byte
+    aligned as lynx wants its expert weights, is copied first."""
     if not gate_up.is_contiguous():
         gate_up = gate_up.contiguous()
+    elif not torch.compiler.is_compiling() and gate_up.data_ptr() % 128 != 0:  # (a traced tensor has no address)
+        gate_up = gate_up.clone()
     I = gate_up.shape[1] // 2
     return gate_up[:, :I], gate_up[:, I:]
 

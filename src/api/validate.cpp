@@ -33,13 +33,16 @@ constexpr uintptr_t kTmaAlignment = 128;
 // NOTES: the routed experts' bf16 gate and up weights and their gradients may also lie with their experts
 // at a stride of their own (rows contiguous within an expert): the two halves of a concatenated
 // [E, 2I, H] gate_up tensor, as Hugging Face's experts hold them, without copies. A stride of at least
-// I·H elements keeps the experts apart; a multiple of 8 keeps each expert's matrix 16-byte aligned where
-// the base is (TMA's global strides are 16-byte multiples, the quantising kernels load 16 bytes at once).
+// I·H elements keeps the experts apart; a multiple of 64 (128 bytes) keeps each expert's matrix as aligned
+// as the base must be (TMA's global strides are 16-byte multiples below 2^40 bytes).
+constexpr int64_t kExpertStrideMultiple = 64;
+constexpr int64_t kMaxExpertStride = int64_t(1) << 38;
+
 bool expert_strided(const TensorView& v) {
   if (v.rank != 3 || v.dtype != DType::kBF16 || v.shape[0] < 2) return false;
   const int64_t rows = v.shape[1], cols = v.shape[2];
   return (cols == 1 || v.strides[2] == 1) && (rows == 1 || v.strides[1] == cols) && v.strides[0] >= rows * cols &&
-         v.strides[0] % 8 == 0;
+         v.strides[0] % kExpertStrideMultiple == 0 && v.strides[0] < kMaxExpertStride;
 }
 
 enum class Layout { kContiguous, kExpertStrided };
@@ -64,8 +67,8 @@ void check_tensor(const TensorView& v, const std::string& name, std::initializer
   if (!shape_ok) throw Error(name, "shape must be " + shape_str(shape) + ", got " + shape_str(v));
   if (layout == Layout::kExpertStrided && v.dtype == DType::kBF16) {
     if (!v.is_contiguous() && !expert_strided(v)) {
-      throw Error(name, "must be contiguous row-major, or its experts at a stride of their own (a multiple of 8 "
-                        "elements, at least I·H) with each expert's rows contiguous, got strides [" +
+      throw Error(name, "must be contiguous row-major, or its experts at a stride of their own (a multiple of 64 "
+                        "elements, at least I·H, below 2^38) with each expert's rows contiguous, got strides [" +
                             std::to_string(v.strides[0]) + ", " + std::to_string(v.strides[1]) + ", " +
                             std::to_string(v.strides[2]) + "]");
     }

@@ -74,8 +74,7 @@ void set_quantized_weights(Workspace::Impl& w, const Fp8ExpertWeights& weights, 
   const fp8::NonfiniteReport up = report(w, Fp8Tensor::kUp);
   fp8::quantize_blocks_transposed_fp8(f.w_gate, f.w_gate_scales, I, f.w_up, f.w_up_scales, I, E, H, f.w_gate_up_t,
                                       f.w_gate_up_t_scales, report(w, Fp8Tensor::kGate), s, &up);
-  store.forward = store.backward = {weights.w_gate.data, weights.w_up.data,         weights.w_down.data, DType::kE4M3,
-                                    true,                weights.w_gate.strides[0], weights.w_up.strides[0]};
+  store.forward = store.backward = {weights.w_gate.data, weights.w_up.data, weights.w_down.data, DType::kE4M3, true};
 }
 
 }  // namespace lynx::fp8pass

@@ -86,10 +86,13 @@ struct QuantizedWeightsKey {
   const void* w_down = nullptr;
   DType dtype = DType::kBF16;
   bool valid = false;
-  int64_t gate_stride = 0, up_stride = 0;  // the views' expert strides (a view's data pointer is not all of it)
+  // The bf16 views' expert strides (a view's data pointer is not all of it; 0 where one expert makes it
+  // moot); e4m3 weights are contiguous.
+  int64_t gate_stride = 0, up_stride = 0;
   bool operator==(const QuantizedWeightsKey&) const = default;
   static QuantizedWeightsKey of(const ExpertWeights& w, DType dtype) {
-    return {w.w_gate.data, w.w_up.data, w.w_down.data, dtype, true, w.w_gate.strides[0], w.w_up.strides[0]};
+    const auto stride = [&](const TensorView& v) { return dtype == DType::kBF16 && v.shape[0] > 1 ? v.strides[0] : 0; };
+    return {w.w_gate.data, w.w_up.data, w.w_down.data, dtype, true, stride(w.w_gate), stride(w.w_up)};
   }
 };
 

@@ -168,11 +168,14 @@ TEST(Validation, StridesAndAlignment) {
   std::swap(in.x.strides[0], in.x.strides[1]);  // a transposed view
   expect_error([&] { validate_inputs(s, in); }, "x", "contiguous");
   in = good_inputs(s);
-  in.weights.w_gate.strides[0] += 4;  // experts padded by 4 elements: not 16-byte aligned
-  expect_error([&] { validate_inputs(s, in); }, "w_gate", "a multiple of 8");
+  in.weights.w_gate.strides[0] += 8;  // experts padded by 8 elements: not 128-byte aligned
+  expect_error([&] { validate_inputs(s, in); }, "w_gate", "a multiple of 64");
   in = good_inputs(s);
-  in.weights.w_gate.strides[0] += 8;  // padded by 8: every expert 16-byte aligned
+  in.weights.w_gate.strides[0] += 64;  // padded by 64: every expert 128-byte aligned, as the base
   EXPECT_NO_THROW(validate_inputs(s, in));
+  in = good_inputs(s);
+  in.weights.w_gate.strides[0] = int64_t(1) << 38;  // beyond what a TMA stride holds
+  expect_error([&] { validate_inputs(s, in); }, "w_gate", "below 2^38");
   in = good_inputs(s);
   in.weights.w_down.strides[0] += 8;  // only gate and up (and their gradients) may have an expert stride
   expect_error([&] { validate_inputs(s, in); }, "w_down", "contiguous");
@@ -222,7 +225,7 @@ TEST(Validation, GateAndUpMayBeHalvesOfOneTensor) {
   bad.weights.w_up.strides[1] = 2 * H;
   expect_error([&] { validate_inputs(s, bad); }, "w_up", "rows contiguous");
   bad = in;
-  bad.weights.w_gate.strides[0] = I * H - 8;
+  bad.weights.w_gate.strides[0] = I * H - 64;
   expect_error([&] { validate_inputs(s, bad); }, "w_gate", "at least I·H");
   // e4m3 weights (set_quantized_weights') have no expert stride.
   bad = in;
