@@ -213,6 +213,42 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, cons
   return out.to_host_outputs();
 }
 
+GateUpHalves::GateUpHalves(const HostLayer& L)
+    : c(L.c), n(c.I * c.H), stride(2 * n + kGap), host(size_t(c.E * stride), float_to_bf16(-3.0f)),
+      grads(size_t(c.E * stride) * 2) {
+  for (int64_t e = 0; e < c.E; ++e) {
+    std::copy_n(L.w_gate.begin() + e * n, n, host.begin() + e * stride);
+    std::copy_n(L.w_up.begin() + e * n, n, host.begin() + e * stride + n);
+  }
+  weights = to_device(host);
+  grads.fill_bytes(0xFF);
+}
+
+void GateUpHalves::views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g) const {
+  const auto halves = [&](void* base, TensorView& gate, TensorView& up) {
+    gate = make_view(static_cast<HostBf16*>(base) + e0 * stride, DType::kBF16, {E, c.I, c.H});
+    up = make_view(static_cast<HostBf16*>(base) + e0 * stride + n, DType::kBF16, {E, c.I, c.H});
+    gate.strides[0] = up.strides[0] = stride;
+  };
+  halves(weights.get(), w.w_gate, w.w_up);
+  halves(grads.get(), g.dw_gate, g.dw_up);
+}
+
+void GateUpHalves::expect_gradients_and_weights(Outputs& got) const {
+  const std::vector<HostBf16> dgu = to_host<HostBf16>(grads, host.size());
+  got.dw_gate.assign(size_t(c.E * n), HostBf16{});
+  got.dw_up.assign(size_t(c.E * n), HostBf16{});
+  int64_t gap_written = 0;
+  for (int64_t e = 0; e < c.E; ++e) {
+    std::copy_n(dgu.begin() + e * stride, n, got.dw_gate.begin() + e * n);
+    std::copy_n(dgu.begin() + e * stride + n, n, got.dw_up.begin() + e * n);
+    for (int64_t i = 2 * n; i < stride; ++i) gap_written += dgu[size_t(e * stride + i)].bits != 0xFFFF;
+  }
+  EXPECT_EQ(gap_written, 0) << "elements written between the experts' gradients";
+  const std::vector<HostBf16> after = to_host<HostBf16>(weights, host.size());
+  EXPECT_EQ(std::memcmp(after.data(), host.data(), host.size() * sizeof(HostBf16)), 0) << "the weights changed";
+}
+
 void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -225,47 +261,21 @@ void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& confi
     if (fp8) quantize_weights(ws, L.inputs().weights, nullptr);
     want = run_layer(ws, L, dy);
   }
-  const int64_t n = c.I * c.H, stride = 2 * n + 64;  // an expert's matrix; gate, up and a gap
-  const auto halves = [&](void* base, TensorView& gate, TensorView& up) {
-    gate = make_view(base, DType::kBF16, {c.E, c.I, c.H});
-    up = make_view(static_cast<HostBf16*>(base) + n, DType::kBF16, {c.E, c.I, c.H});
-    gate.strides[0] = up.strides[0] = stride;
-  };
-  const HostBf16 gap_value = float_to_bf16(-3.0f);
-  std::vector<HostBf16> joined(size_t(c.E * stride), gap_value);
-  for (int64_t e = 0; e < c.E; ++e) {
-    std::copy_n(L.w_gate.begin() + e * n, n, joined.begin() + e * stride);
-    std::copy_n(L.w_up.begin() + e * n, n, joined.begin() + e * stride + n);
-  }
-  DeviceBuffer d_joined = to_device(joined);
+  const GateUpHalves joined(L);
   LayerInputs in = L.inputs();
-  halves(d_joined.get(), in.weights.w_gate, in.weights.w_up);
-  Workspace ws(L.shape, config);
-  if (fp8) quantize_weights(ws, in.weights, nullptr);
   OutputBuffers out(c);
   out.poison();
-  DeviceBuffer d_dgu(size_t(c.E * stride) * 2);
-  d_dgu.fill_bytes(0xFF);
   Gradients g = out.grads();
-  halves(d_dgu.get(), g.dw_gate, g.dw_up);
+  joined.views(0, c.E, in.weights, g);
+  Workspace ws(L.shape, config);
+  if (fp8) quantize_weights(ws, in.weights, nullptr);
   DeviceBuffer d_dy = to_device(dy);
   forward(ws, in, out.y_view(), nullptr);
   backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
   ws.check(nullptr);
   Outputs got = out.to_host_outputs();
-  const std::vector<HostBf16> dgu = to_host<HostBf16>(d_dgu, size_t(c.E * stride));
-  got.dw_gate.assign(size_t(c.E * n), HostBf16{});
-  got.dw_up.assign(size_t(c.E * n), HostBf16{});
-  int64_t gap_written = 0;
-  for (int64_t e = 0; e < c.E; ++e) {
-    std::copy_n(dgu.begin() + e * stride, n, got.dw_gate.begin() + e * n);
-    std::copy_n(dgu.begin() + e * stride + n, n, got.dw_up.begin() + e * n);
-    for (int64_t i = 2 * n; i < stride; ++i) gap_written += dgu[size_t(e * stride + i)].bits != 0xFFFF;
-  }
+  joined.expect_gradients_and_weights(got);
   EXPECT_EQ(first_difference(got, want), "");
-  EXPECT_EQ(gap_written, 0) << "elements written between the experts' gradients";
-  const std::vector<HostBf16> after = to_host<HostBf16>(d_joined, joined.size());
-  EXPECT_EQ(std::memcmp(after.data(), joined.data(), joined.size() * sizeof(HostBf16)), 0) << "the weights changed";
 }
 
 void expect_weight_grads_can_be_left_out(Workspace& ws, const HostLayer& L) {

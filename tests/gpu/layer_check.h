@@ -118,6 +118,24 @@ Outputs run_layer(Workspace& ws, const HostLayer& L, const std::vector<HostBf16>
 Outputs run_layer(Workspace& ws, const HostLayer& L, const LayerInputs& in, const std::vector<HostBf16>& dy,
                   bool recompute = false);
 
+// A layer's gate and up weights as the halves of one [E, 2I + kGap, H]-like device tensor: expert e's
+// gate rows at e · stride, its up rows right after, then a gap of kGap elements (-3); and a poisoned
+// tensor of the same layout for their gradients.
+struct GateUpHalves {
+  static constexpr int64_t kGap = 64;
+  const Case c;
+  const int64_t n, stride;  // an expert's matrix; from one expert's gate rows to the next's
+  std::vector<HostBf16> host;
+  DeviceBuffer weights, grads;
+
+  explicit GateUpHalves(const HostLayer& L);
+  // Experts [e0, e0 + E) as w's w_gate and w_up and g's dw_gate and dw_up.
+  void views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g) const;
+  // got's dw_gate and dw_up from the gradients' halves (contiguous), after checking that nothing was
+  // written into the gaps and that the weights are unchanged.
+  void expect_gradients_and_weights(Outputs& got) const;
+};
+
 // The layer's gate and up weights given as the halves of one [E, 2I, H] tensor whose experts lie 64
 // elements apart (gate rows, up rows, a gap), and its gate and up gradients likewise into a poisoned
 // tensor: forward and backward (after quantize_weights from the halves, where `config` is FP8) give the

@@ -137,6 +137,33 @@ TEST_F(Ranks, FewerTokensOnSomeRanks) {
   }
 }
 
+// Each rank's gate and up weights and their gradients as halves of one tensor (GateUpHalves: experts a
+// stride apart), bf16 and FP8: R = 1's bits.
+TEST_F(Ranks, GateAndUpAsHalvesOfOneTensor) {
+  const Case c{256, 128, 128, 8, 2, 64};
+  const int32_t R = 2;
+  for (const Precision precision : {Precision::kBf16, Precision::kFp8Block}) {
+    Config config;
+    config.precision = precision;
+    SCOPED_TRACE(precision == Precision::kBf16 ? "bf16" : "fp8");
+    const HostLayer L(c, fresh_seed());
+    const std::vector<HostBf16> dy = random_dy(c);
+    const Outputs want = run_virtual_ranks(L, R, dy, config);
+    const GateUpHalves joined(L);
+    VirtualGroup g(L, R, dy, config);
+    for (int32_t r = 0; r < R; ++r) {
+      joined.views(r * (c.E / R), c.E / R, g.in[r].weights, g.grads[r]);
+      if (precision == Precision::kFp8Block) quantize_weights(*g.ws[r], g.in[r].weights, nullptr);
+    }
+    g.forward(nullptr);
+    g.backward(nullptr);
+    g.check(nullptr);
+    Outputs got = gather_outputs(L, g.global, g.slices);
+    joined.expect_gradients_and_weights(got);
+    EXPECT_EQ(first_routed_difference(got, want), "");
+  }
+}
+
 TEST_F(Ranks, OneExpertPerRank) { check_every_r({256, 128, 128, 4, 2, 0}, {4}); }
 
 TEST_F(Ranks, OneTokenPerRank) { check_every_r({4, 128, 64, 8, 2, 64}, {4}); }
