@@ -99,10 +99,12 @@ void backward(Workspace::Impl& w, const LayerInputs& in, const TensorView& dy, c
     // [n, H] · [H, I] -> [n, I]
     da.push_back({false, false, n, to_int(I), to_int(H), dyg + o * H, to_int(H), wd + e * H * I, to_int(I),
                   w.un.da + o * I, to_int(I)});
+    const bf16_t* wg_e = wg + e * expert_stride(in.weights.w_gate);
+    const bf16_t* wu_e = wu + e * expert_stride(in.weights.w_up);
     // [n, I] · [I, H] -> [n, H], the up term accumulated onto the gate term
-    dx_gate.push_back({false, false, n, to_int(H), to_int(I), w.un.dg + o * I, to_int(I), wg + e * expert_stride(in.weights.w_gate), to_int(H),
+    dx_gate.push_back({false, false, n, to_int(H), to_int(I), w.un.dg + o * I, to_int(I), wg_e, to_int(H),
                        dxe + o * H, to_int(H), 0.0f});
-    dx_up.push_back({false, false, n, to_int(H), to_int(I), w.un.du + o * I, to_int(I), wu + e * expert_stride(in.weights.w_up), to_int(H),
+    dx_up.push_back({false, false, n, to_int(H), to_int(I), w.un.du + o * I, to_int(I), wu_e, to_int(H),
                      dxe + o * H, to_int(H), 1.0f});
     // Weight gradients, K = n rows of the expert: [I, n] · [n, H], [I, n] · [n, H], [H, n] · [n, I]
     if (!wants_expert_weight_grads(grads)) continue;
