@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """lynx.hf's experts at one shape (--shape, compare_torch.py's names; qwen3-30b-a3b by default), bf16 and
-FP8: the forward (autograd on) and forward+backward of one experts module as Transformers calls it, with
+FP8: the forward (autograd on; and under torch.no_grad, as in generation) and forward+backward of one
+experts module as Transformers calls it, with
 gate and up read as views of gate_up_proj ("views", what lynx.hf does), beside the same calls with the two
 halves copied to contiguous tensors for each pass ("copies": how lynx.hf called lynx before it took
 views, less that path's torch.cat of the gate and up gradients; in FP8 the fresh copies also make lynx
@@ -71,7 +72,12 @@ def main():
             forward().backward(dy)
             lynx.hf._halves = views
 
-        return {"forward": forward, "forward+backward": forward_backward}
+        def forward_no_grad():
+            with torch.no_grad():
+                forward()
+            lynx.hf._halves = views
+
+        return {"forward": forward, "forward, no grad": forward_no_grad, "forward+backward": forward_backward}
 
     results = {}
     for r in range(args.rounds):
@@ -81,18 +87,18 @@ def main():
                     ms = median_ms(fn, args.warmup, args.iters)
                     lynx.hf._halves = views
                     results.setdefault((precision, path, name), []).append(ms)
-                    print(f"round {r}: {precision} {path:6} {name:16} {ms:.3f} ms", flush=True)
+                    print(f"round {r}: {precision} {path:6} {name:17} {ms:.3f} ms", flush=True)
     lynx.check()
     print(f"\n{args.shape}, T = {T}: medians of {args.rounds} rounds, ms (copies / views)")
     rows = []
     for precision in ("bf16", "fp8"):
-        for name in ("forward", "forward+backward"):
+        for name in ("forward", "forward, no grad", "forward+backward"):
             c = statistics.median(results[(precision, "copies", name)])
             v = statistics.median(results[(precision, "views", name)])
             rows.append({"precision": precision, "pass": name, "copies_ms": c, "views_ms": v,
                          "copies_rounds": results[(precision, "copies", name)],
                          "views_rounds": results[(precision, "views", name)]})
-            print(f"{precision} {name:16} {c:8.3f} {v:8.3f}  {c / v:.2f}x")
+            print(f"{precision} {name:17} {c:8.3f} {v:8.3f}  {c / v:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": args.shape, "tokens": T, "commit": _commit(), "gpu": torch.cuda.get_device_name(),
