@@ -36,11 +36,15 @@ SHAPES = {  # name: (T, H, I, E, k)
 
 
 def _commit():
-    """The commit of the checkout this script lives in (it may run from another directory)."""
+    """The commit of the checkout this script lives in (it may run from another directory), marked -dirty
+    where its tracked files differ from it (as lynx-bench marks its build's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        out = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short=12",
-                              "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             check=True)
+        changed = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, check=True)
+        return out.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 
