@@ -10,10 +10,6 @@ T* data_of(const TensorView& v) {
   return static_cast<T*>(v.data);
 }
 
-// Elements from one expert's matrix to the next in an [E, rows, cols] view: rows · cols where contiguous;
-// the routed gate and up weights and their gradients may have a stride of their own (validate.cpp).
-inline int64_t expert_stride(const TensorView& v) { return v.shape[0] > 1 ? v.strides[0] : v.shape[1] * v.shape[2]; }
-
 // Whether a backward computes the routed experts' weight gradients, and the shared expert's: the caller
 // gives all three of a group or none (validate_gradients), e.g. none for frozen experts.
 inline bool wants_expert_weight_grads(const Gradients& g) { return g.dw_gate.present(); }

@@ -80,19 +80,23 @@ struct Fp8Buffers {
 
 // The weights the FP8 copies were made from (pointer identity, as ContextKey compares): bf16 ones
 // (quantize_weights) or pre-quantised e4m3 ones (set_quantized_weights); and whether any were.
+// Elements from one expert's matrix to the next in an [E, rows, cols] view: rows · cols where contiguous;
+// the routed gate and up weights and their gradients may have a stride of their own (validate.cpp).
+inline int64_t expert_stride(const TensorView& v) { return v.shape[0] > 1 ? v.strides[0] : v.shape[1] * v.shape[2]; }
+
 struct QuantizedWeightsKey {
   const void* w_gate = nullptr;
   const void* w_up = nullptr;
   const void* w_down = nullptr;
   DType dtype = DType::kBF16;
   bool valid = false;
-  // The bf16 views' expert strides (a view's data pointer is not all of it; 0 where one expert makes it
-  // moot); e4m3 weights are contiguous.
+  // The bf16 views' expert strides (a view's data pointer is not all of it); e4m3 weights are contiguous.
   int64_t gate_stride = 0, up_stride = 0;
   bool operator==(const QuantizedWeightsKey&) const = default;
   static QuantizedWeightsKey of(const ExpertWeights& w, DType dtype) {
-    const auto stride = [&](const TensorView& v) { return dtype == DType::kBF16 && v.shape[0] > 1 ? v.strides[0] : 0; };
-    return {w.w_gate.data, w.w_up.data, w.w_down.data, dtype, true, stride(w.w_gate), stride(w.w_up)};
+    const bool bf16 = dtype == DType::kBF16;
+    return {w.w_gate.data, w.w_up.data, w.w_down.data, dtype, true, bf16 ? expert_stride(w.w_gate) : 0,
+            bf16 ? expert_stride(w.w_up) : 0};
   }
 };
 
