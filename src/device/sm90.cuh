@@ -292,6 +292,11 @@ __device__ __forceinline__ float ld_shared(const float* p) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_addr(p)));
   return v;
 }
+__device__ __forceinline__ uint2 ld_shared_u32x2(const uint32_t* p) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(smem_addr(p)));
+  return v;
+}
 __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr(p)));
@@ -303,6 +308,12 @@ __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v) {  // v's low byte
+  asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Brings the 128-byte line holding p into L2, without waiting or a register.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // `bytes` contiguous bytes from global to shared memory, completing on `bar` as the tensor loads do
 // (bytes a multiple of 16; both addresses 16-byte aligned).

@@ -57,12 +57,6 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
       dequantized_rows(w, dyg, s);
     }
   }
-  // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
-  if (!omitted(Stage::kDgradDown, w.backward_calls)) {
-    fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
-                                   w.schedule.expert_offset, w.un.da, w.stall_report_device, s, dy_gather,
-                                   w.plan.fp8_pair_rows);
-  }
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
   // quantisations below read whole 128-row blocks.
@@ -70,26 +64,50 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // the dgrad of gate/up as they are written, rather than read back by quantize_tiles: the same bits.
   const bool dgu_with_swiglu = I % fp8::kBlock == 0 && !omitted(Stage::kSwigluBackward, w.backward_calls) &&
                                !omitted(Stage::kDgradGateUp, w.backward_calls);
-  // NOTES: one rank with FP8 weight gradients: the SwiGLU backward also writes the weight gradients'
-  // transposed operands (glue::swiglu_backward_fp8, 128-row blocks), dg | du's into fb.dgu's memory,
-  // and no bf16 rows of dg | du or of w·silu(g)⊙u: some 0.6 GB less memory traffic a backward at
-  // qwen3-30b-a3b, by count, for the same bits.
+  // NOTES: one rank with FP8 weight gradients: the SwiGLU backward runs in the epilogue of the dgrad of
+  // down (fp8::grouped_gemm_swiglu_backward_block_scaled), which also writes the weight gradients'
+  // transposed operands (128-row blocks), dg | du's into fb.dgu's memory, and no bf16 rows of da, dg | du
+  // or w·silu(g)⊙u: the bits of the GEMM, the row kernel and the transposes apart (docs/fp8.md).
   const bool transposed_with_swiglu = dgu_with_swiglu && w.ranks() == 1 && wgrads && !bf16_wgrads &&
+                                      !omitted(Stage::kDgradDown, w.backward_calls) &&
                                       !omitted(Stage::kWgradDown, w.backward_calls) &&
                                       !omitted(Stage::kWgradGateUp, w.backward_calls);
   uint8_t* dgu_t = reinterpret_cast<uint8_t*>(dgu);                 // [2I, cap] codes
   float* dgu_t_scales = reinterpret_cast<float*>(dgu_t + 2 * I * cap);  // [cap / 128, pitch(2I)]
-  if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
-    float* d_topk = data_of<float>(grads.d_topk_weights);
-    if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
-    glue::QuantizedDgu codes;
-    if (dgu_with_swiglu) codes = {f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu)};
-    if (transposed_with_swiglu) {
-      glue::swiglu_backward_fp8(d_topk, w.un.da, w.un.g, w.un.u, data_of<const float>(in.topk_weights), slots, total,
-                                cap, I, w.gate_up_by_slot, codes,
-                                {dgu_t, dgu_t_scales, report(w, Fp8Tensor::kDgu)},
-                                {f.h, f.h_scales, report(w, Fp8Tensor::kH)}, s);
-    } else {
+  float* d_topk = data_of<float>(grads.d_topk_weights);
+  if (w.ranks() > 1) d_topk = w.in_region<float>(w.layout.d_topk_rows);
+  if (transposed_with_swiglu) {
+    // da = dy_row · w_down[e] as below, each tile turned into the SwiGLU backward's codes; d_topk_weights
+    // from the rows' chunk sums, in da's memory (never written as bf16 rows here).
+    fp8::SwiGLUBackwardOutputs o;
+    o.g = w.un.g;
+    o.u = w.un.u;
+    o.by_slot = w.gate_up_by_slot;
+    o.topk_weights = data_of<const float>(in.topk_weights);
+    o.row_token_slot = slots;
+    o.dgu = f.dgu;
+    o.dgu_scales = f.dgu_scales;
+    o.dgu_t = dgu_t;
+    o.dgu_t_scales = dgu_t_scales;
+    o.hw_t = f.h;
+    o.hw_t_scales = f.h_scales;
+    o.chunk_sums = d_topk != nullptr ? reinterpret_cast<float*>(w.un.da) : nullptr;
+    o.dgu_report = report(w, Fp8Tensor::kDgu);
+    o.hw_report = report(w, Fp8Tensor::kH);
+    fp8::grouped_gemm_swiglu_backward_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
+                                                   w.schedule.expert_offset, o, w.stall_report_device, s, dy_gather,
+                                                   w.plan.fp8_pair_rows);
+    if (d_topk != nullptr) glue::sum_row_chunks(d_topk, o.chunk_sums, I / fp8::kBlock, slots, total, cap, s);
+  } else {
+    // da = dy_row · w_down[e]: [rows, H] tiles times w_downᵀ [I, H] blocks.
+    if (!omitted(Stage::kDgradDown, w.backward_calls)) {
+      fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
+                                     w.schedule.expert_offset, w.un.da, w.stall_report_device, s, dy_gather,
+                                     w.plan.fp8_pair_rows);
+    }
+    if (!omitted(Stage::kSwigluBackward, w.backward_calls)) {
+      glue::QuantizedDgu codes;
+      if (dgu_with_swiglu) codes = {f.dgu, f.dgu_scales, report(w, Fp8Tensor::kDgu)};
       glue::swiglu_backward(dgu, dgu + I, 2 * I, w.un.h, d_topk, w.un.da, w.un.g, w.un.u,
                             data_of<const float>(in.topk_weights), slots, total, cap, I, s,
                             w.row_sources(comm::kWeights), w.gate_up_by_slot, true, codes);

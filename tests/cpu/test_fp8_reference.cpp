@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "kernels/fp8/scale_exponent.h"
 #include "reference/fp8.h"
 #include "reference/fp8_layer.h"
 #include "reference/reference.h"
@@ -61,6 +63,17 @@ TEST(Fp8Reference, RoundsToNearestEvenAndSaturates) {
   for (int i = 0; i < 200000; ++i) {
     const float x = (rng() % 2 ? -1.0f : 1.0f) * std::ldexp(mant(rng), expo(rng));
     ASSERT_EQ(to_e4m3(x), nearest_code(x)) << "x = " << x;
+  }
+}
+
+// The branch-free exponent of the GPU's column scales (kernels/fp8/scale_exponent.h) gives pow2_scale's
+// scale for every finite bf16 magnitude.
+TEST(Fp8Reference, Bf16ScaleExponentsArePow2Scales) {
+  for (uint32_t m = 0; m < 0x7F80u; ++m) {
+    const uint32_t bits = m << 16;
+    float amax = 0.0f;
+    std::memcpy(&amax, &bits, 4);
+    ASSERT_EQ(std::ldexp(1.0f, lynx::fp8::scale_exponent_of_bf16_bits(m)), pow2_scale(amax)) << "bits " << m;
   }
 }
 

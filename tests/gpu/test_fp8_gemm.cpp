@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "gpu/layer_check.h"
 #include "kernels/expert_gemm/api.h"
 #include "kernels/fp8/api.h"
+#include "kernels/glue/api.h"
 #include "lynx/error.h"
 #include "reference/fp8.h"
 
@@ -709,6 +711,174 @@ TEST_F(Fp8Gemm, GroupedSwiGLUQuantisesH) {
 }
 TEST_F(Fp8Gemm, GroupedSwiGLUQuantisedHReportsNonFinite) {
   expect_quantised_h_matches_quantize_tiles({150, 60}, 256, 512, true);
+}
+
+// The dgrad of down with the SwiGLU backward in its epilogue (grouped_gemm_swiglu_backward_block_scaled,
+// then glue::sum_row_chunks) against the kernels apart: the plain grouped form's da, glue::swiglu_backward
+// with row codes, transpose_tiles of its dg | du and hw. Every byte and scale of every output compared:
+// dg | du's row codes and scales in the schedule's rows, the transposed codes and scales of its row
+// blocks (the block past the total left as it was by both), d_topk_weights of every slot (the slots no
+// row takes left as they were). g and u at the rows' slots (slots shuffled) or at the rows; padding rows
+// (each expert's last block's) zeros. bad: an infinity in one row's g, reported as dg | du's by both,
+// the scales alike.
+void expect_swiglu_backward_matches_the_kernels_apart(const std::vector<int64_t>& rows, int64_t N, int64_t K,
+                                                      bool by_slot, bool pair_rows = false, bool bad = false) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size()), chunks = N / 128;
+  SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
+               std::to_string(seed) + (by_slot ? ", g and u by slot" : ", g and u by row") +
+               (pair_rows ? ", tile pairs" : "") + (bad ? ", an infinity in g" : ""));
+  GroupedOperands ops = grouped_operands(rows, N, K, 1, seed);
+  const int64_t total = ops.total, cap = ops.cap, blocks = cap / 128;
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  // The rows' slots: each expert's rows a shuffled slot each, its padding rows -1; S slots, a few unused.
+  const int64_t S = total + 64;
+  std::vector<int32_t> perm(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) perm[size_t(i)] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> slot(static_cast<size_t>(cap), -1);
+  for (int64_t e = 0, n = 0; e < E; ++e) {
+    for (int64_t r = 0; r < rows[size_t(e)]; ++r) slot[size_t(ops.offset[size_t(e)] + r)] = perm[size_t(n++)];
+  }
+  const int64_t gu_rows = by_slot ? S : cap;
+  std::vector<HostBf16> g = random_bf16(rng, gu_rows * N, 2.0), u = random_bf16(rng, gu_rows * N, 1.0);
+  const int64_t bad_row = ops.offset[0] + 3, bad_col = N - 5;
+  if (bad) {
+    g[size_t((by_slot ? slot[size_t(bad_row)] : bad_row) * N + bad_col)] =
+        float_to_bf16(std::numeric_limits<float>::infinity());
+  }
+  std::vector<float> weights(static_cast<size_t>(S));
+  for (float& w : weights) w = float(std::uniform_real_distribution<double>(0.1, 1.0)(rng));
+  DeviceBuffer d_a = to_device(ops.qa.q), d_as = to_device(ops.qa.scales), d_offset = to_device(ops.offset),
+               d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]), d_slot = to_device(slot),
+               d_g = to_device(g), d_u = to_device(u), d_w = to_device(weights);
+  const int32_t* d_total = d_offset.as<int32_t>() + E;
+  const int64_t pitch2 = fp8::scale_pitch(2 * N), pitch1 = fp8::scale_pitch(N);
+  DeviceStatus* status = nullptr;
+  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
+  DeviceStatus* status_device = nullptr;
+  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  struct Run {
+    std::vector<uint8_t> q, dgu_t, hw_t;
+    std::vector<float> s, dgu_t_s, hw_t_s, d_topk;
+    DeviceStatus status;
+  };
+  const auto run = [&](bool fused) {
+    DeviceBuffer d_q(size_t(cap * 2 * N)), d_s(size_t(cap * 2 * chunks) * 4), d_dgu_t(size_t(2 * N * cap)),
+        d_dgu_t_s(size_t(blocks * pitch2) * 4), d_hw_t(size_t(N * cap)), d_hw_t_s(size_t(blocks * pitch1) * 4),
+        d_dtopk(size_t(S) * 4), d_da(size_t(cap * N) * 2), d_dgu(size_t(cap * 2 * N) * 2), d_hw(size_t(cap * N) * 2);
+    for (DeviceBuffer* b : {&d_q, &d_dgu_t, &d_hw_t}) b->fill_bytes(0x7F);
+    for (DeviceBuffer* b : {&d_s, &d_dgu_t_s, &d_hw_t_s, &d_dtopk, &d_da, &d_dgu, &d_hw}) b->fill_bytes(0xFF);
+    *status = DeviceStatus{};
+    const fp8::NonfiniteReport dgu_report{nullptr, status_device, 1, 0}, hw_report{nullptr, status_device, 2, 0};
+    if (fused) {
+      fp8::SwiGLUBackwardOutputs o;
+      o.g = d_g.as<bf16_t>();
+      o.u = d_u.as<bf16_t>();
+      o.by_slot = by_slot;
+      o.topk_weights = d_w.as<float>();
+      o.row_token_slot = d_slot.as<int32_t>();
+      o.dgu = d_q.as<uint8_t>();
+      o.dgu_scales = d_s.as<float>();
+      o.dgu_t = d_dgu_t.as<uint8_t>();
+      o.dgu_t_scales = d_dgu_t_s.as<float>();
+      o.hw_t = d_hw_t.as<uint8_t>();
+      o.hw_t_scales = d_hw_t_s.as<float>();
+      o.chunk_sums = reinterpret_cast<float*>(d_da.as<bf16_t>());
+      o.dgu_report = dgu_report;
+      o.hw_report = hw_report;
+      fp8::grouped_gemm_swiglu_backward_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(),
+                                                     d_bs.as<float>(), E, N, d_offset.as<int32_t>(), o, nullptr,
+                                                     nullptr, {}, pair_rows);
+      glue::sum_row_chunks(d_dtopk.as<float>(), o.chunk_sums, chunks, d_slot.as<int32_t>(), d_total, cap, nullptr);
+    } else {
+      fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
+                                     E, N, d_offset.as<int32_t>(), d_da.as<bf16_t>(), nullptr, nullptr);
+      bf16_t* dgu = d_dgu.as<bf16_t>();
+      glue::swiglu_backward(dgu, dgu + N, 2 * N, d_hw.as<bf16_t>(), d_dtopk.as<float>(), d_da.as<bf16_t>(),
+                            d_g.as<bf16_t>(), d_u.as<bf16_t>(), d_w.as<float>(), d_slot.as<int32_t>(), d_total, cap, N,
+                            nullptr, {}, by_slot, true, glue::QuantizedDgu{d_q.as<uint8_t>(), d_s.as<float>(), dgu_report});
+      fp8::transpose_tiles(dgu, cap, 2 * N, d_total, d_dgu_t.as<uint8_t>(), d_dgu_t_s.as<float>(), dgu_report, nullptr);
+      fp8::transpose_tiles(d_hw.as<bf16_t>(), cap, N, d_total, d_hw_t.as<uint8_t>(), d_hw_t_s.as<float>(), hw_report,
+                           nullptr);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    return Run{to_host<uint8_t>(d_q, size_t(cap * 2 * N)),          to_host<uint8_t>(d_dgu_t, size_t(2 * N * cap)),
+               to_host<uint8_t>(d_hw_t, size_t(N * cap)),            to_host<float>(d_s, size_t(cap * 2 * chunks)),
+               to_host<float>(d_dgu_t_s, size_t(blocks * pitch2)), to_host<float>(d_hw_t_s, size_t(blocks * pitch1)),
+               to_host<float>(d_dtopk, size_t(S)),                   *status};
+  };
+  const Run want = run(false), got = run(true), again = run(true);
+  LYNX_TEST_CUDA(cudaFreeHost(status));
+  const auto f32 = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  EXPECT_EQ(want.status.code, bad ? int32_t(StatusCode::kNonFiniteInput) : 0);
+  EXPECT_EQ(got.status.code, want.status.code);
+  if (bad) {
+    EXPECT_EQ(got.status.a, 1) << "reported as dg | du's";
+  }
+  // Row codes and scales: rows below the total (a NaN scale's codes unspecified), none past it.
+  int64_t nan_scales = 0;
+  for (int64_t r = 0; r < cap; ++r) {
+    for (int64_t b = 0; b < 2 * chunks; ++b) {
+      const float ws = want.s[size_t(r * 2 * chunks + b)], gs = got.s[size_t(r * 2 * chunks + b)];
+      ASSERT_EQ(f32(gs), f32(ws)) << "row scale, row " << r << " tile " << b;
+      if (std::isnan(ws)) {
+        ++nan_scales;
+        continue;
+      }
+      for (int64_t c = 128 * b; c < 128 * b + 128; ++c) {
+        ASSERT_EQ(got.q[size_t(r * 2 * N + c)], want.q[size_t(r * 2 * N + c)]) << "row code, row " << r << " column " << c;
+      }
+    }
+  }
+  // Transposed codes and scales: a column tile whose scale is NaN has unspecified codes.
+  const auto expect_transposed = [&](const std::vector<uint8_t>& gq, const std::vector<uint8_t>& wq,
+                                     const std::vector<float>& gsc, const std::vector<float>& wsc, int64_t cols,
+                                     int64_t pitch, const char* what) {
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float ws = wsc[size_t(blk * pitch + c)];
+        ASSERT_EQ(f32(gsc[size_t(blk * pitch + c)]), f32(ws)) << what << " scale, block " << blk << " column " << c;
+        if (std::isnan(ws)) {
+          ++nan_scales;
+          continue;
+        }
+        for (int64_t r = 128 * blk; r < 128 * blk + 128; ++r) {
+          ASSERT_EQ(gq[size_t(c * cap + r)], wq[size_t(c * cap + r)]) << what << " code, column " << c << " row " << r;
+        }
+      }
+    }
+  };
+  expect_transposed(got.dgu_t, want.dgu_t, got.dgu_t_s, want.dgu_t_s, 2 * N, pitch2, "dg | du transposed");
+  expect_transposed(got.hw_t, want.hw_t, got.hw_t_s, want.hw_t_s, N, pitch1, "hw transposed");
+  EXPECT_EQ(got.dgu_t[size_t(total)], 0x7F) << "the block past the total written";
+  for (int64_t i = 0; i < S; ++i) ASSERT_EQ(f32(got.d_topk[size_t(i)]), f32(want.d_topk[size_t(i)])) << "d_topk " << i;
+  EXPECT_EQ(f32(got.d_topk[size_t(perm[size_t(S - 1)])]), 0xFFFFFFFFu) << "a slot no row takes written";
+  if (bad) {
+    EXPECT_GT(nan_scales, 0) << "the infinity reached no scale";
+  } else {
+    EXPECT_EQ(nan_scales, 0);
+  }
+  // The same bits a second time.
+  EXPECT_EQ(again.q, got.q);
+  EXPECT_EQ(again.dgu_t, got.dgu_t);
+  EXPECT_EQ(again.hw_t, got.hw_t);
+  for (int64_t i = 0; i < S; ++i) ASSERT_EQ(f32(again.d_topk[size_t(i)]), f32(got.d_topk[size_t(i)]));
+}
+
+TEST_F(Fp8Gemm, GroupedSwiGLUBackwardEqualsTheKernelsApart) {
+  expect_swiglu_backward_matches_the_kernels_apart({200, 0, 128, 1, 300}, 384, 1024, true);  // a one-half tile
+  expect_swiglu_backward_matches_the_kernels_apart({77, 129}, 128, 2880, false);            // halves alone
+  expect_swiglu_backward_matches_the_kernels_apart({200, 130, 5}, 768, 512, true, true);     // tile pairs
+  // 48 row blocks × 3 tiles: more than the SMs, so CTAs take several (the boxes and the epochs carried).
+  expect_swiglu_backward_matches_the_kernels_apart({3000, 2000, 1000}, 768, 256, false);
+}
+TEST_F(Fp8Gemm, GroupedSwiGLUBackwardReportsNonFinite) {
+  expect_swiglu_backward_matches_the_kernels_apart({150, 60}, 256, 512, true, false, true);
 }
 
 TEST_F(Fp8Gemm, GroupedWeightGrad) { expect_weight_grad_matches_reference({130, 0, 300, 64}, 200, 384, 64); }

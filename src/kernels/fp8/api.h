@@ -205,6 +205,45 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
                                const TileGather& gather = {}, bool pair_rows = false);
 
+// What the dgrad of down with the SwiGLU backward in its epilogue makes of da (below): for each row r of
+// the schedule, with w its router weight (topk_weights[row_token_slot[r]], 1 where topk_weights is
+// null) and g, u its kept pre-activations (at row row_token_slot[r] of g and u [T·k, N] where by_slot,
+// else at row r of [capacity, N]): dg, du and hw = w·silu(g)⊙u as glue::swiglu_backward computes them
+// (bf16; zeros in padding rows), never written as such, but quantised: dg | du in 1×128 tiles along
+// the rows (dgu [capacity, 2N] codes, dgu_scales [capacity, 2N / 128]: quantize_tiles' bits), and dg |
+// du and hw in 128-row tiles along the columns, transposed (dgu_t [2N, capacity], dgu_t_scales [capacity
+// / 128, scale_pitch(2N)]; hw_t [N, capacity], hw_t_scales [capacity / 128, scale_pitch(N)]:
+// transpose_tiles' bits), and each row's sums of da·silu(g)·u over its 128-column chunks into
+// chunk_sums [capacity, N / 128] (padding rows not written; glue::sum_row_chunks makes d_topk_weights
+// of them; null: not made). A row tile of dg | du or a column tile of dg | du that is not finite is
+// reported through dgu_report, one of hw through hw_report, its scale NaN.
+struct SwiGLUBackwardOutputs {
+  const bf16_t* g = nullptr;
+  const bf16_t* u = nullptr;
+  bool by_slot = false;
+  const float* topk_weights = nullptr;     // [T·k] device
+  const int32_t* row_token_slot = nullptr;  // [capacity] device
+  uint8_t* dgu = nullptr;
+  float* dgu_scales = nullptr;
+  uint8_t* dgu_t = nullptr;
+  float* dgu_t_scales = nullptr;
+  uint8_t* hw_t = nullptr;
+  float* hw_t_scales = nullptr;
+  float* chunk_sums = nullptr;
+  NonfiniteReport dgu_report{}, hw_report{};
+};
+
+// The dgrad of down with the SwiGLU backward in its epilogue: da = grouped_gemm_block_scaled's product
+// (rounded to bf16, as that writes it) of a ([capacity, K] tiles: dy's rows) and b ([experts, N, K]
+// blocks: w_downᵀ), turned into SwiGLUBackwardOutputs' codes tile by tile: no da, dg, du or hw rows in
+// memory. N % 128 == 0; every output 16-byte aligned, g and u 4-byte aligned. Otherwise as
+// grouped_gemm_block_scaled (gather: this rank's token tiles only).
+void grouped_gemm_swiglu_backward_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                                               const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
+                                               const int32_t* expert_offset, const SwiGLUBackwardOutputs& out,
+                                               DeviceStatus* status, cudaStream_t stream,
+                                               const TileGather& gather = {}, bool pair_rows = false);
+
 // Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
 // gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
 struct KeptGateUp {

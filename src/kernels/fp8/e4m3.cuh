@@ -11,10 +11,9 @@
 
 #include "common/status.h"
 #include "kernels/fp8/api.h"
+#include "kernels/fp8/scale_exponent.h"
 
 namespace lynx::fp8::e4m3 {
-
-constexpr int kMinScaleExponent = -126;  // scales stay normal floats
 
 // 2^e as a float, for e in [-126, 127].
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }

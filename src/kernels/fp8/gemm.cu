@@ -33,7 +33,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
             const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
-            bool pair_rows = false) {
+            bool pair_rows = false, const CUtensorMap& tma_out3 = {}, const SwiGLUBackwardOutputs& dswiglu = {}) {
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -62,9 +62,13 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   // in every round (tiles.h).
   const int64_t ctas = std::min<int64_t>(tiles, sms);
   const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
+  // The SwiGLU backward's epilogue numbers a CTA's halves in 16 bits (swiglu_backward_epilogue.cuh).
+  if (kForm == Form::kSwiGLUBackward && (tiles + grid.x - 1) / grid.x >= 32768) {
+    throw Error("capacity", "too many tiles for the SwiGLU backward's epilogue (32768 a CTA at most)");
+  }
   gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
       tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
-      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows);
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows, tma_out3, dswiglu);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -148,6 +152,48 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
   launch<Form::kGrouped, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out,
                                                capacity, N, K, expert_offset, experts, status, stream, {}, 0, {},
                                                row_gather(gather, a, K), {}, pair_rows);
+}
+
+void grouped_gemm_swiglu_backward_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
+                                               const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
+                                               const int32_t* expert_offset, const SwiGLUBackwardOutputs& out,
+                                               DeviceStatus* status, cudaStream_t stream, const TileGather& gather,
+                                               bool pair_rows) {
+  check_sizes(capacity, N, K);
+  check_grouped(capacity, experts, expert_offset);
+  if (N % kTileN != 0) throw Error("N", "must be a multiple of 128, got " + std::to_string(N));
+  if (out.g == nullptr || out.u == nullptr || out.row_token_slot == nullptr) {
+    throw Error("out", "g, u and row_token_slot are needed");
+  }
+  if (reinterpret_cast<uintptr_t>(out.g) % 4 != 0 || reinterpret_cast<uintptr_t>(out.u) % 4 != 0) {
+    throw Error("out.g, out.u", "must be 4-byte aligned");
+  }
+  for (const void* q : {static_cast<const void*>(out.dgu), static_cast<const void*>(out.dgu_scales),
+                        static_cast<const void*>(out.dgu_t), static_cast<const void*>(out.dgu_t_scales),
+                        static_cast<const void*>(out.hw_t), static_cast<const void*>(out.hw_t_scales)}) {
+    if (q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 != 0) {
+      throw Error("out", "the codes and scales of dg | du and hw are needed, 16-byte aligned");
+    }
+  }
+  if (gather.sources.remote()) {
+    throw Error("gather.sources", "the grouped form gathers this rank's token tiles only (R = 1), not remote ones");
+  }
+  const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
+  const CUtensorMap tma_b = gemm::make_tma_3d_bytes(b, experts, N, K, kTileN);
+  const CUtensorMap tma_rows = gemm::make_tma_2d_bytes(out.dgu, capacity, 2 * N, 64);
+  const CUtensorMap tma_dgu_t = gemm::make_tma_2d_bytes(out.dgu_t, 2 * N, capacity, kTileN);
+  const CUtensorMap tma_hw_t = gemm::make_tma_2d_bytes(out.hw_t, N, capacity, kTileN);
+  bf16_t* none = nullptr;
+  if (!gather.on()) {
+    launch<Form::kSwiGLUBackward>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_rows, tma_dgu_t, none,
+                                  capacity, N, K, expert_offset, experts, status, stream, {}, 0, {}, {}, {}, pair_rows,
+                                  tma_hw_t, out);
+    return;
+  }
+  launch<Form::kSwiGLUBackward, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_rows,
+                                                      tma_dgu_t, none, capacity, N, K, expert_offset, experts, status,
+                                                      stream, {}, 0, {}, row_gather(gather, a, K), {}, pair_rows,
+                                                      tma_hw_t, out);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,

@@ -22,8 +22,9 @@ constexpr int kTileN = 128;  // columns of one wgmma half of a tile: one B scale
 // kWeightGrad, per expert a [128, 256] tile of Σ over its rows of A·Bᵀ, K being the
 // schedule's rows: A [M, capacity] and B [N, capacity] are the transposed row buffers in 1×128 tiles
 // along the rows (scales [capacity / 128, scale_pitch(M or N)]: B's scale is per column), the K loop
-// runs over the expert's row blocks only (none: a zero tile).
-enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
+// runs over the expert's row blocks only (none: a zero tile). kSwiGLUBackward: kGrouped's tiles (the
+// dgrad of down), its epilogue the SwiGLU backward (gemm/swiglu_backward_epilogue.cuh).
+enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad, kSwiGLUBackward };
 
 // NOTES: the grouped forms (the forward's GEMMs and the dgrads, the layer's bulk) take [128, 256] tiles:
 // a K block's 48 KB of operands feed 4.2 M multiply-adds, where a [128, 128] tile's 32 KB feed 2.1 M,
@@ -38,7 +39,10 @@ enum class Form { kDense, kGrouped, kSwiGLU, kWeightGrad };
 // (bench/results/2026-12-06-h100-3a8cd4b-fp8-wgrad-256-log.txt).
 // The forms over the experts' rows in schedule order (a tile's rows are one expert's).
 template <Form kForm>
-constexpr bool kScheduleRows = kForm == Form::kGrouped || kForm == Form::kSwiGLU;
+constexpr bool kScheduleRows = kForm == Form::kGrouped || kForm == Form::kSwiGLU || kForm == Form::kSwiGLUBackward;
+// The forms whose tiles are kGrouped's: a [128, 256] tile of A·Bᵀ, B [experts, N, K].
+template <Form kForm>
+constexpr bool kGroupedTiles = kForm == Form::kGrouped || kForm == Form::kSwiGLUBackward;
 template <Form kForm>
 constexpr int kHalves = kScheduleRows<kForm> || kForm == Form::kWeightGrad ? 2 : 1;  // 128-column halves a tile
 // Output columns per tile (kSwiGLU: h's, each from a gate and an up column).
@@ -75,7 +79,7 @@ LYNX_HD uint32_t stage_bytes(const Tile& tile, int32_t N) {
 template <Form kForm>
 LYNX_HD int64_t b_scale_row(const Tile& tile, int32_t N, int32_t k_blocks, int h) {
   const int64_t first = (int64_t(tile.expert) * blocks_of(N) + tile.n0 / kBlock) * k_blocks;
-  return kForm == Form::kGrouped && h == 1 && second_half<kForm>(tile, N) ? first + k_blocks : first;
+  return kGroupedTiles<kForm> && h == 1 && second_half<kForm>(tile, N) ? first + k_blocks : first;
 }
 
 // The quantising gate/up epilogue's codes (gemm/epilogue.cuh, quantize_h_piece): the offset in its [64

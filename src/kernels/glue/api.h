@@ -67,29 +67,11 @@ void swiglu_backward(bf16_t* dg, bf16_t* du, int64_t out_pitch, bf16_t* hw, floa
                      const RowSources& weight_sources = {}, bool gate_up_by_slot = false,
                      bool every_padding_row = false, const QuantizedDgu& codes = {});
 
-// One rank's SwiGLU backward for FP8 weight gradients: the bits of swiglu_backward with `rows` (the row
-// codes of dg | du) and d_topk_weights, followed by fp8::transpose_tiles of its bf16 dg | du into
-// `dgu_cols` and of its hw into `hw_cols`, without writing those bf16 rows. Rows of the schedule
-// (row_token_slot, *total_rows; padding rows zeros, as with every_padding_row), g and u at the row, or at
-// its slot with `gate_up_by_slot`; width % 128 == 0 and capacity % 128 == 0. dgu_cols: [2·width,
-// capacity] codes and [capacity / 128, fp8::scale_pitch(2·width)] scales; hw_cols: [width, capacity] and
-// [capacity / 128, fp8::scale_pitch(width)]; 16-byte aligned; a column of 128 rows that is not finite is
-// reported through its report, a row tile through rows.report. The schedule's total must be a multiple
-// of 128 (every expert's rows are whole 128-row blocks), as the bits of transpose_tiles past it are
-// those of whatever the bf16 rows held there; here such rows count as zeros. Where hw alone is not
-// finite (dg | du finite in its rows), the status may name hw before another row block's dg | du, which
-// the kernels apart never do; the codes and scales are the same.
-struct TransposedCodes {
-  uint8_t* q = nullptr;
-  float* scales = nullptr;
-  fp8::NonfiniteReport report;
-};
-// Loads its kernels and raises their shared-memory limit on the current device (load_kernels calls it).
-void load_swiglu_backward_fp8_kernels();
-void swiglu_backward_fp8(float* d_topk_weights, const bf16_t* da, const bf16_t* g, const bf16_t* u,
-                         const float* topk_weights, const int32_t* row_token_slot, const int32_t* total_rows,
-                         int64_t capacity, int64_t width, bool gate_up_by_slot, const QuantizedDgu& rows,
-                         const TransposedCodes& dgu_cols, const TransposedCodes& hw_cols, cudaStream_t stream);
+// d_topk_weights[slot] of each row of the schedule (row_token_slot, *total_rows; padding rows left out)
+// from its 128-column chunks' sums chunk_sums [capacity, chunks] (the dgrad of down's FP8 epilogue,
+// fp8::SwiGLUBackwardOutputs), added in swiglu_backward's order (swiglu_backward.cuh): its bits.
+void sum_row_chunks(float* d_topk_weights, const float* chunk_sums, int64_t chunks, const int32_t* row_token_slot,
+                    const int32_t* total_rows, int64_t capacity, cudaStream_t stream);
 
 // out[t, :] = base[t, :] + Σ_{j=0..k-1} w[t, j] · rows[slot_row[t*k + j], :], in this order, in fp32.
 // base may be null (zero); topk_weights may be null (w = 1); slot_row entries of -1 are skipped.

@@ -170,8 +170,8 @@ __global__ void swiglu_forward_kernel(Vec8* h, const Vec8* g, const Vec8* u, con
 // NOTES: with one 128-thread block per row the grid was the schedule's capacity (~82k blocks at
 // qwen3-30b-a3b, a fifth of them past the rows in use), a quarter of the threads idled at I = 768
 // (96 vectors per row), and each row's d_topk_weights sum took two block barriers. A lane loads
-// kSwigluVecs vectors of each input before it computes any. The sum is reduced in a fixed order (each
-// lane's vectors in order, then a shuffle tree), so it is bitwise reproducible.
+// kSwigluVecs vectors of each input before it computes any. The sum is reduced in swiglu_backward.cuh's
+// fixed order (that of the dgrad of down's FP8 epilogue), so it is bitwise reproducible.
 // 3 vectors a lane: a row of I = 768 in one step. At 5 blocks per SM (20 rows in flight) ptxas fits it
 // in 96 registers; with 2 vectors at 6 or 8 blocks, and with no minimum of blocks, it spilled.
 constexpr int kSwigluWarps = 4;
@@ -226,34 +226,44 @@ __global__ void __launch_bounds__(kSwigluWarps * 32, kRemote || kBySlot || kQuan
     // g and u of the row (at its slot with kBySlot).
     const Vec8* g_row = g + (kBySlot ? int64_t(slot) : row) * vecs_per_row;
     const Vec8* u_row = u + (kBySlot ? int64_t(slot) : row) * vecs_per_row;
-    for (int64_t v0 = lane; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
+    // Every lane through every step (the sum's shuffles): vector v0 + lane + 32q, where it exists.
+    for (int64_t v0 = 0; v0 < vecs_per_row; v0 += 32 * kSwigluVecs) {
       Vec8 dav[kSwigluVecs], gv[kSwigluVecs], uv[kSwigluVecs];
 #pragma unroll
       for (int q = 0; q < kSwigluVecs; ++q) {
-        const int64_t v = v0 + 32 * q;
+        const int64_t v = v0 + lane + 32 * q;
         if (v < vecs_per_row) dav[q] = da[row * vecs_per_row + v], gv[q] = g_row[v], uv[q] = u_row[v];
       }
 #pragma unroll
       for (int q = 0; q < kSwigluVecs; ++q) {
-        const int64_t v = v0 + 32 * q;
-        if (v >= vecs_per_row) break;
-        Vec8 dgv, duv, hwv;
-        swiglu_backward_vector(dav[q], gv[q], uv[q], w, dot, dgv, duv, hwv);
-        dg[row * out_vecs_per_row + v] = dgv;
-        du[row * out_vecs_per_row + v] = duv;
-        if (hw) hw[row * vecs_per_row + v] = hwv;
-        if constexpr (kQuantize) {
-          store_dgu_codes(codes, out_vecs_per_row, row, v, dgv, lane);
-          store_dgu_codes(codes, out_vecs_per_row, row, vecs_per_row + v, duv, lane);
+        const int64_t v = v0 + lane + 32 * q;
+        if (v0 + 32 * q >= vecs_per_row) break;  // the warp alike
+        float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (v < vecs_per_row) {
+          Vec8 dgv, duv, hwv;
+          swiglu_backward_vector(dav[q], gv[q], uv[q], w, dots, dgv, duv, hwv);
+          dg[row * out_vecs_per_row + v] = dgv;
+          du[row * out_vecs_per_row + v] = duv;
+          if (hw) hw[row * vecs_per_row + v] = hwv;
+          if constexpr (kQuantize) {
+            store_dgu_codes(codes, out_vecs_per_row, row, v, dgv, lane);
+            store_dgu_codes(codes, out_vecs_per_row, row, vecs_per_row + v, duv, lane);
+          }
+        }
+        if (d_topk_weights) {  // the chunks of lanes 0-15 and 16-31, in order (swiglu_backward.cuh)
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+#pragma unroll
+            for (int o = 1; o < 16; o <<= 1) dots[p] = __fadd_rn(dots[p], __shfl_xor_sync(0xffffffffu, dots[p], o));
+          }
+          const float chunk = chunk_sum(dots[0], dots[1], dots[2], dots[3]);
+          dot = __fadd_rn(dot, __shfl_sync(0xffffffffu, chunk, 0));
+          if (v0 + 32 * q + 16 < vecs_per_row) dot = __fadd_rn(dot, __shfl_sync(0xffffffffu, chunk, 16));
         }
       }
     }
-    if (d_topk_weights) {
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      // At R > 1 the sum stays with the row (its source pulls it in the combine).
-      if (lane == 0) d_topk_weights[kRemote ? row : slot] = dot;
-    }
+    // At R > 1 the sum stays with the row (its source pulls it in the combine).
+    if (d_topk_weights && lane == 0) d_topk_weights[kRemote ? row : slot] = dot;
   }
 }
 
@@ -340,11 +350,36 @@ __global__ void combine_kernel(Vec8* __restrict__ out, const Vec8* __restrict__ 
   }
 }
 
+// One thread a row: its chunks' sums added in order to 0 (swiglu_backward.cuh).
+__global__ void sum_row_chunks_kernel(float* __restrict__ d_topk_weights, const float* __restrict__ chunk_sums,
+                                      int64_t chunks, const int32_t* __restrict__ row_token_slot,
+                                      const int32_t* __restrict__ total_rows, int64_t capacity) {
+  const int64_t total = *total_rows;
+  if (total > capacity) return;  // a schedule over capacity placed no rows
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < total;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t slot = row_token_slot[row];
+    if (slot < 0) continue;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) dot = __fadd_rn(dot, chunk_sums[row * chunks + c]);
+    d_topk_weights[slot] = dot;
+  }
+}
+
 }  // namespace
 
-void load_kernels() {
-  load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>));
-  load_swiglu_backward_fp8_kernels();  // its own translation unit's module
+void load_kernels() { load_module_of(reinterpret_cast<const void*>(&combine_kernel<false>)); }
+
+void sum_row_chunks(float* d_topk_weights, const float* chunk_sums, int64_t chunks, const int32_t* row_token_slot,
+                    const int32_t* total_rows, int64_t capacity, cudaStream_t stream) {
+  if (chunks <= 0 || !chunk_sums || !row_token_slot || !total_rows) {
+    throw Error("chunk_sums", "the chunk sums, their count, the row slots and the total are needed");
+  }
+  if (capacity == 0 || !d_topk_weights) return;
+  const int grid = static_cast<int>(std::min<int64_t>((capacity + 255) / 256, 132 * 8));
+  sum_row_chunks_kernel<<<grid, 256, 0, stream>>>(d_topk_weights, chunk_sums, chunks, row_token_slot, total_rows,
+                                                  capacity);
+  LYNX_CHECK_LAUNCH();
 }
 
 void gather_rows(bf16_t* dst, const bf16_t* src, const int32_t* row_token_slot, const int32_t* total_rows,

@@ -1,5 +1,4 @@
-// Eight bf16 values as one 16-byte access: the glue kernels' unit of a row (glue.cu,
-// swiglu_backward_fp8.cu).
+// Eight bf16 values as one 16-byte access: the glue kernels' unit of a row (glue.cu).
 #pragma once
 
 #include <cuda_bf16.h>

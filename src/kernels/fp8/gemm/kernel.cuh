@@ -14,7 +14,8 @@
 // tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
 // tiles the down GEMM reads: a tile's 128 columns of h are one such tile of each of its rows.
 // Its roles, a file each: storage.cuh (threads, registers, shared memory, arguments), producer.cuh,
-// mainloop.cuh (the consumers' K-block loop), epilogue.cuh; this file the kernel and the gather's end.
+// mainloop.cuh (the consumers' K-block loop), epilogue.cuh, swiglu_backward_epilogue.cuh (the dgrad of
+// down's, kSwiGLUBackward); this file the kernel and the gather's end.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include "kernels/fp8/gemm/mainloop.cuh"
 #include "kernels/fp8/gemm/producer.cuh"
 #include "kernels/fp8/gemm/storage.cuh"
+#include "kernels/fp8/gemm/swiglu_backward_epilogue.cuh"
 #include "kernels/fp8/tiles.h"
 
 namespace lynx::fp8::impl {
@@ -65,16 +67,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
-                RowSources sources, bool pair_rows) {
-  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU ||
-                    (kForm == Form::kGrouped && kGather == kGatherLocal),
+                RowSources sources, bool pair_rows, const __grid_constant__ CUtensorMap tma_out3,
+                const __grid_constant__ SwiGLUBackwardOutputs dswiglu) {
+  static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU || (kGroupedTiles<kForm> && kGather == kGatherLocal),
                 "only the grouped forms gather their rows, and only gate/up's from other ranks");
   extern __shared__ uint8_t raw[];
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
                           status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
-                          gather, sources};
+                          gather, sources, &dswiglu, &tma_out3};
   // NOTES: broadcast from lane 0, so that ptxas knows it is the same in every lane of a warp and keeps
   // what derives from it (the consumers' A descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
@@ -87,6 +89,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbarrier_init(&smem.empty[s], kConsumerThreads);
     }
     sm90::fence_barrier_init();
+  }
+  if constexpr (kForm == Form::kSwiGLUBackward) {  // epoch 0: below every half's
+    for (int i = int(threadIdx.x); i < 3 * kTileN; i += kThreads) (&smem.column_max[0][0])[i] = 0;
   }
   __syncthreads();
 
@@ -142,10 +147,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kPreloadSlots && p.kept.gate != nullptr) {
       kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
     }
+    SwiGLUBackwardRows rows{};
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc);
+    if constexpr (kForm == Form::kSwiGLUBackward) rows = swiglu_backward_rows(dswiglu, tile, c);
     it += tile.kb_end - tile.kb_begin;
-    epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
+    if constexpr (kForm == Form::kSwiGLUBackward) {
+      swiglu_backward_epilogue(smem, p, tile, c, acc, rows, j);
+    } else {
+      epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
+    }
     // (the weight gradient's warpgroup stores nothing where its rows lie past M)
     if (kForm != Form::kWeightGrad || tile.m0 + 64 * c < p.M) previous_second = second_half<kForm>(tile, p.N);
   }

@@ -53,7 +53,7 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
         sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
         sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
                           tile.expert);
-      } else if constexpr (kForm == Form::kGrouped) {  // B rows n0 .. + 127, then (second) n0 + 128 .. + 255
+      } else if constexpr (kGroupedTiles<kForm>) {  // B rows n0 .. + 127, then (second) n0 + 128 .. + 255
         sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
         if (second) {
           sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),

@@ -51,10 +51,34 @@ struct SharedStorage {
   uint64_t full[kStages];   // producer -> consumers: the stage's bytes have landed
   uint64_t empty[kStages];  // consumers -> producer: every consumer thread is done with the stage
 };
+// NOTES: the dgrad of down with the SwiGLU backward in its epilogue: the grouped form's three stages,
+// and for the epilogue, in place of the bf16 pieces, a 128-column half's codes: dg, du and hw
+// transposed (a [128 columns, 128 rows] byte box each, for one TMA store of both warpgroups' rows) and
+// each warpgroup's dg and du row codes ([64 rows, 128 columns] boxes), and the columns' largest
+// magnitudes over the tile's rows. All but 464 bytes of the 227 KB.
+template <>
+struct SharedStorage<Form::kSwiGLUBackward> {
+  static constexpr int kStages = 3;
+  alignas(1024) uint8_t a[kStages][kTileM * kBlock];
+  alignas(1024) uint8_t b[kStages][2 * kTileN * kBlock];
+  // dg, du, hw: box row c (column c of the half) holds rows 0-127, 128-byte swizzle (chunk k of box
+  // row c at chunk k ^ (c % 8)).
+  alignas(1024) uint8_t codes_t[3][kTileN * kTileM];
+  // [warpgroup][dg, du]: [64 rows, 128 columns] bytes, 128-byte swizzle (tiles.h, code_offset).
+  alignas(1024) uint8_t codes_rows[2][2][64 * kTileN];
+  // dg, du, hw: column c's largest magnitude (bf16 bits) in the low 16 bits, the half's epoch above.
+  uint32_t column_max[3][kTileN];
+  float scale_a[1][4];  // (the weight gradient's, unused)
+  float scale_b[1][4];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+
 template <Form kForm>
 constexpr int kSmem = int(sizeof(SharedStorage<kForm>)) + 1024;  // and the 1024-byte alignment
 static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 * 1024 &&
-                  kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024,
+                  kSmem<Form::kSwiGLU> <= 227 * 1024 && kSmem<Form::kWeightGrad> <= 227 * 1024 &&
+                  kSmem<Form::kSwiGLUBackward> <= 227 * 1024,
               "shared memory");
 
 // The gate/up form's outputs of h (KernelArgs says what each means).
@@ -86,6 +110,11 @@ struct KernelArgs {
   NonfiniteReport h_report;
   gemm::RowGather gather;  // a grouped form gathering A itself (kGather)
   RowSources sources;      // kGather == kGatherRemote: each row from its source rank
+  // kSwiGLUBackward: the SwiGLU backward's inputs and outputs (api.h), its codes' maps: dg | du's row
+  // codes by tma_out ([64, 128] boxes), dg | du transposed by tma_out2 and hw transposed by tma_out3
+  // ([128, 128] boxes).
+  const SwiGLUBackwardOutputs* dswiglu;
+  const CUtensorMap* tma_out3;
 };
 
 // A grouped form's A: in place, or gathered by the producer warpgroup's warps 1-3 (row_gather.cuh)
