@@ -141,7 +141,7 @@ __device__ __forceinline__ void swiglu_backward_half(SwiGLUBackwardSmem& smem, c
       m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
       const bool finite = m < kInfBits;
-      const int e = finite ? scale_exponent_of_bf16_bits(m) : 0;
+      const int e = scale_exponent_of_bf16_bits(m) & -int(finite);
       row_inv[t][r] = pow2(-e);
       if (q == 0) {
         if (!finite) report_nonfinite(o.dgu_report);
@@ -207,8 +207,9 @@ __device__ __forceinline__ void swiglu_backward_half(SwiGLUBackwardSmem& smem, c
     ColumnScales cs;
     cs.finite0 = m0 < kInfBits;
     cs.finite1 = m1 < kInfBits;
-    cs.e0 = cs.finite0 ? scale_exponent_of_bf16_bits(m0) : 0;
-    cs.e1 = cs.finite1 ? scale_exponent_of_bf16_bits(m1) : 0;
+    // (0 where not finite, by a mask: a conditional call made each a branch)
+    cs.e0 = scale_exponent_of_bf16_bits(m0) & -int(cs.finite0);
+    cs.e1 = scale_exponent_of_bf16_bits(m1) & -int(cs.finite1);
     return cs;
   };
 #pragma unroll
