@@ -153,7 +153,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kForm == Form::kSwiGLUBackward) rows = swiglu_backward_rows(dswiglu, tile, c);
     it += tile.kb_end - tile.kb_begin;
     if constexpr (kForm == Form::kSwiGLUBackward) {
-      swiglu_backward_epilogue(smem, p, tile, c, acc, rows, j);
+      const bool more = t + int32_t(gridDim.x) < tiles.count;
+      const Tile next = more ? tile_of(t + int32_t(gridDim.x), j + 1) : tile;
+      swiglu_backward_epilogue(smem, p, tile, c, acc, rows, j, more ? &next : nullptr);
     } else {
       epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
     }

@@ -265,27 +265,42 @@ __device__ __forceinline__ void swiglu_backward_half(SwiGLUBackwardSmem& smem, c
   }
 }
 
-// The tile's halves (the second where it has columns). `tile_index`: the tile's number in the CTA's run.
+// Half h's g and u of the thread's rows on their way to L2: lanes q = 0, 1 the two 128-byte lines of g
+// of a row, 2 and 3 those of u.
+__device__ __forceinline__ void prefetch_gate_up(const SwiGLUBackwardOutputs& o, const Tile& tile, int c, int32_t N,
+                                                 const SwiGLUBackwardRows& rows, int h) {
+  const int q = int(threadIdx.x) % 4;
+  const int32_t row0 = tile.m0 + 64 * c + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int32_t s = rows.slot[r];
+    if (s < 0) continue;
+    const int64_t at = (o.by_slot ? int64_t(s) : int64_t(row0 + 8 * r)) * N + tile.n0 + kTileN * h + 64 * (q % 2);
+    sm90::prefetch_l2((q < 2 ? o.g : o.u) + at);
+  }
+}
+
+// The tile's halves (the second where it has columns). `tile_index`: the tile's number in the CTA's run;
+// `next`: the CTA's next tile, if any, whose first half's g and u go to L2 once this one is done.
+// NOTES: the first half's g and u were read from DRAM at the epilogue's start, its work waiting for
+// them; the next tile's on their way to L2 during its K loop (~15 µs at qwen3-30b-a3b) and the second
+// half's during the first half's work are read from L2.
 template <class Out>
 __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& smem, const KernelArgs<Out>& p,
                                                          const Tile& tile, int c, const float (&acc)[2][64],
-                                                         const SwiGLUBackwardRows& rows, int32_t tile_index) {
+                                                         const SwiGLUBackwardRows& rows, int32_t tile_index,
+                                                         const Tile* next) {
   const SwiGLUBackwardOutputs& o = *p.dswiglu;
-  const int q = int(threadIdx.x) % 4;
   const bool second = second_half<Form::kSwiGLUBackward>(tile, p.N);
+  SwiGLUBackwardRows next_rows{{-1, -1}};
+  if (next != nullptr) next_rows = swiglu_backward_rows(o, *next, c);
   float w[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int32_t s = rows.slot[r];
     w[r] = s >= 0 && o.topk_weights != nullptr ? __ldg(o.topk_weights + s) : 1.0f;
-    // The second half's g and u on their way to L2 while the first is computed: lanes q = 0, 1 the
-    // two 128-byte lines of g, 2 and 3 those of u.
-    if (second && s >= 0) {
-      const int32_t row = tile.m0 + 64 * c + 16 * ((int(threadIdx.x) % 128) / 32) + (int(threadIdx.x) % 32) / 4 + 8 * r;
-      const int64_t at = (o.by_slot ? int64_t(s) : int64_t(row)) * p.N + tile.n0 + kTileN + 64 * (q % 2);
-      sm90::prefetch_l2((q < 2 ? o.g : o.u) + at);
-    }
   }
+  if (second) prefetch_gate_up(o, tile, c, p.N, rows, 1);
   // da rounded to bf16, as the plain grouped form stores it: word 2j + r of half h holds columns 8j +
   // 2q, + 1 of row r (half the registers of the fp32 sums, which the first half's work needs).
   uint32_t da[2][32];
@@ -297,6 +312,7 @@ __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& sme
   const uint32_t epoch = 2 * uint32_t(tile_index) + 1;
   swiglu_backward_half<0>(smem, p, tile, c, da, rows.slot, w, epoch);
   if (second) swiglu_backward_half<1>(smem, p, tile, c, da, rows.slot, w, epoch + 1);
+  if (next != nullptr) prefetch_gate_up(o, *next, c, p.N, next_rows, 0);
 }
 
 }  // namespace lynx::fp8::impl
