@@ -826,8 +826,8 @@ void expect_swiglu_backward_matches_the_kernels_apart(const std::vector<int64_t>
     for (int64_t b = 0; b < 2 * chunks; ++b) {
       const float ws = want.s[size_t(r * 2 * chunks + b)], gs = got.s[size_t(r * 2 * chunks + b)];
       ASSERT_EQ(f32(gs), f32(ws)) << "row scale, row " << r << " tile " << b;
-      if (std::isnan(ws)) {
-        ++nan_scales;
+      if (std::isnan(ws)) {  // a tile that is not finite, or past the total (left as it was)
+        nan_scales += r < total;
         continue;
       }
       for (int64_t c = 128 * b; c < 128 * b + 128; ++c) {
@@ -843,8 +843,8 @@ void expect_swiglu_backward_matches_the_kernels_apart(const std::vector<int64_t>
       for (int64_t c = 0; c < cols; ++c) {
         const float ws = wsc[size_t(blk * pitch + c)];
         ASSERT_EQ(f32(gsc[size_t(blk * pitch + c)]), f32(ws)) << what << " scale, block " << blk << " column " << c;
-        if (std::isnan(ws)) {
-          ++nan_scales;
+        if (std::isnan(ws)) {  // as above
+          nan_scales += 128 * blk < total;
           continue;
         }
         for (int64_t r = 128 * blk; r < 128 * blk + 128; ++r) {
