@@ -57,11 +57,11 @@ __device__ __forceinline__ uint32_t transposed_offset(int col, int row) {
 // A word's two bf16 magnitudes (kMagnitudeBits of each half).
 __device__ __forceinline__ uint32_t magnitudes(uint32_t w) { return w & 0x7FFF7FFFu; }
 
-// One 128-column half h of the tile (columns col0 = n0 + 128h ..), `epoch` its number in the CTA's run
-// (from 1; below 2^16).
-template <int h, class Out>
+// One 128-column half h of the tile (columns col0 = n0 + 128h ..), its da in `da` (as bf16 pairs: word
+// 2j + r holds columns 8j + 2q, + 1 of row r), `epoch` its number in the CTA's run (from 1; below 2^16).
+template <class Out>
 __device__ __forceinline__ void swiglu_backward_half(SwiGLUBackwardSmem& smem, const KernelArgs<Out>& p,
-                                                     const Tile& tile, int c, const uint32_t (&da)[2][32],
+                                                     const Tile& tile, int c, int h, const uint32_t (&da)[32],
                                                      const int32_t (&slot)[2], const float (&w)[2],
                                                      uint32_t epoch) {
   using namespace e4m3;
@@ -99,7 +99,7 @@ __device__ __forceinline__ void swiglu_backward_half(SwiGLUBackwardSmem& smem, c
       const int j = j0 + jj;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float2 a = bf16_pair(da[h][2 * j + r]);
+        const float2 a = bf16_pair(da[2 * j + r]);
         const glue::SwigluPair s = glue::swiglu_backward_pair(a, bf16_pair(gw[r][jj]), bf16_pair(uw[r][jj]), w[r]);
         const bool live = slot[r] >= 0;
         v[0][r][j] = live ? gemm::impl::bf16x2_bits(s.dg) : 0u;
@@ -309,9 +309,18 @@ __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& sme
 #pragma unroll
     for (int i = 0; i < 32; ++i) da[h][i] = gemm::impl::bf16x2_bits(make_float2(acc[h][2 * i], acc[h][2 * i + 1]));
   }
+  // NOTES: one half's code run twice, the second half's da moved into the first's registers. With a copy
+  // of the code for each half (~6 k instructions each: fully unrolled over 16 column groups, 3 tensors and 2
+  // rows) the kernel's 12.9 k took ~1.5 ms at qwen3-30b-a3b where ~13 µs a tile would issue (H100,
+  // 2026-12-07, d1363d4): more code than the instruction caches hold, by suspicion (not yet profiled);
+  // this way 7.4 k.
   const uint32_t epoch = 2 * uint32_t(tile_index) + 1;
-  swiglu_backward_half<0>(smem, p, tile, c, da, rows.slot, w, epoch);
-  if (second) swiglu_backward_half<1>(smem, p, tile, c, da, rows.slot, w, epoch + 1);
+#pragma unroll 1
+  for (int h = 0; h < (second ? 2 : 1); ++h) {
+    swiglu_backward_half(smem, p, tile, c, h, da[0], rows.slot, w, epoch + uint32_t(h));
+#pragma unroll
+    for (int i = 0; i < 32; ++i) da[0][i] = da[1][i];
+  }
   if (next != nullptr) prefetch_gate_up(o, *next, c, p.N, next_rows, 0);
 }
 
