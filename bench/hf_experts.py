@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """lynx.hf's experts at one shape (--shape, compare_torch.py's names; qwen3-30b-a3b by default), bf16 and
 FP8: the forward (autograd on; and under torch.no_grad, as in generation) and forward+backward of one
-experts module as Transformers calls it, with
-gate and up read as views of gate_up_proj ("views", what lynx.hf does), beside the same calls with the two
-halves copied to contiguous tensors for each pass ("copies": how lynx.hf called lynx before it took
-views, less that path's torch.cat of the gate and up gradients; in FP8 the fresh copies also make lynx
-quantise the weights again at every call). Medians of CUDA-event timings of --iters calls after
+experts module as Transformers calls it, with gate and up read as views of gate_up_proj ("views", what
+lynx.hf does), beside the same calls with the two halves copied to contiguous tensors for each pass
+("copies": how lynx.hf called lynx before it took views, less that path's torch.cat of the gate and up
+gradients; in FP8 the fresh copies also make lynx quantise the weights again at every call). Medians of CUDA-event timings of --iters calls after
 --warmup, in --rounds rounds, the four (precision, path) pairs interleaved in each; the module's
 parameters unchanged throughout, as between two optimizer steps."""
 

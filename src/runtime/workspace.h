@@ -78,12 +78,12 @@ struct Fp8Buffers {
   float* dgu_scales;     // [cap, 2I/128↑]
 };
 
-// The weights the FP8 copies were made from (pointer identity, as ContextKey compares): bf16 ones
-// (quantize_weights) or pre-quantised e4m3 ones (set_quantized_weights); and whether any were.
 // Elements from one expert's matrix to the next in an [E, rows, cols] view: rows · cols where contiguous;
 // the routed gate and up weights and their gradients may have a stride of their own (validate.cpp).
 inline int64_t expert_stride(const TensorView& v) { return v.shape[0] > 1 ? v.strides[0] : v.shape[1] * v.shape[2]; }
 
+// The weights the FP8 copies were made from (pointer identity, as ContextKey compares): bf16 ones
+// (quantize_weights) or pre-quantised e4m3 ones (set_quantized_weights); and whether any were.
 struct QuantizedWeightsKey {
   const void* w_gate = nullptr;
   const void* w_up = nullptr;
