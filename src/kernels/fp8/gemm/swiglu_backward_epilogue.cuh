@@ -300,7 +300,7 @@ __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& sme
     const int32_t s = rows.slot[r];
     w[r] = s >= 0 && o.topk_weights != nullptr ? __ldg(o.topk_weights + s) : 1.0f;
   }
-  if (second) prefetch_gate_up(o, tile, c, p.N, rows, 1);
+  if (second && tile_index == 0) prefetch_gate_up(o, tile, c, p.N, rows, 1);
   // da rounded to bf16, as the plain grouped form stores it: word 2j + r of half h holds columns 8j +
   // 2q, + 1 of row r (half the registers of the fp32 sums, which the first half's work needs).
   uint32_t da[2][32];
@@ -321,7 +321,10 @@ __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& sme
 #pragma unroll
     for (int i = 0; i < 32; ++i) da[0][i] = da[1][i];
   }
-  if (next != nullptr) prefetch_gate_up(o, *next, c, p.N, next_rows, 0);
+  if (next != nullptr) {
+    prefetch_gate_up(o, *next, c, p.N, next_rows, 0);
+    if (second_half<Form::kSwiGLUBackward>(*next, p.N)) prefetch_gate_up(o, *next, c, p.N, next_rows, 1);
+  }
 }
 
 }  // namespace lynx::fp8::impl
