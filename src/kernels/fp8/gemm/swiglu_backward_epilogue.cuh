@@ -282,9 +282,9 @@ __device__ __forceinline__ void prefetch_gate_up(const SwiGLUBackwardOutputs& o,
 
 // The tile's halves (the second where it has columns). `tile_index`: the tile's number in the CTA's run;
 // `next`: the CTA's next tile, if any, whose first half's g and u go to L2 once this one is done.
-// NOTES: the first half's g and u were read from DRAM at the epilogue's start, its work waiting for
-// them; the next tile's on their way to L2 during its K loop (~15 µs at qwen3-30b-a3b) and the second
-// half's during the first half's work are read from L2.
+// NOTES: both halves of the next tile's g and u go to L2 during its K loop (~15 µs at qwen3-30b-a3b);
+// against the second half's fetched during the first half's work, no change (1b6741b, H100): the loads
+// wait on L2, not DRAM.
 template <class Out>
 __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& smem, const KernelArgs<Out>& p,
                                                          const Tile& tile, int c, const float (&acc)[2][64],
@@ -312,8 +312,8 @@ __device__ __forceinline__ void swiglu_backward_epilogue(SwiGLUBackwardSmem& sme
   // NOTES: one half's code run twice, the second half's da moved into the first's registers. With a copy
   // of the code for each half (~6 k instructions each: fully unrolled over 16 column groups, 3 tensors and 2
   // rows) the kernel's 12.9 k took ~1.5 ms at qwen3-30b-a3b where ~13 µs a tile would issue (H100,
-  // 2026-12-07, d1363d4): more code than the instruction caches hold, by suspicion (not yet profiled);
-  // this way 7.4 k.
+  // 2026-12-07, d1363d4), 46% of its warp samples waiting for instructions; this way 7.4 k, 2.4% so
+  // (bench/results/2026-12-07-h100-c58cafc-fp8-swiglu-epilogue-stalls-log.txt on main).
   const uint32_t epoch = 2 * uint32_t(tile_index) + 1;
 #pragma unroll 1
   for (int h = 0; h < (second ? 2 : 1); ++h) {
