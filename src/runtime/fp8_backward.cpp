@@ -45,10 +45,23 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   // other ranks' (pulled once already, into f8.xg, for the dgrad of down): dŷ's rows are dequantised
   // from f8.xg instead, as for bf16 weight gradients, rather than pulled a second time.
   const bool dy_rows = wgrads && (bf16_wgrads || w.ranks() > 1);
+  // NOTES: one rank's FP8 dw_down, where a kernel gathers dy's tiles for da: that kernel's loads also
+  // make dŷ's transposed tiles (transpose_gathered_tiles keeping the gathered ones), into the dy rows'
+  // memory, unused at one rank with FP8 weight gradients until dx's rows fill it after dw_down; one pass
+  // over dy's tiles fewer, the same bits.
+  const bool dy_t_with_gather = w.ranks() == 1 && wgrads && !bf16_wgrads &&
+                                w.plan.da_gather != plan::GatherPlace::kInGemm &&
+                                !omitted(Stage::kDyGather, w.backward_calls) &&
+                                !omitted(Stage::kWgradDown, w.backward_calls);
+  uint8_t* dy_t = reinterpret_cast<uint8_t*>(dyg);                 // [H, cap] codes
+  float* dy_t_scales = reinterpret_cast<float*>(dy_t + H * cap);   // [cap / 128, pitch(H)]
   bf16_t* dgu = w.fb.dgu;     // [cap, 2I] dg | du per row (zeros on padding rows)
   enqueue_shared_backward(w, in, dy, grads, s);
   fp8::TileGather dy_gather;
-  if (!omitted(Stage::kDyGather, w.backward_calls)) {
+  if (dy_t_with_gather) {
+    quantize_tokens(w, dy, Fp8Tensor::kDy, s);
+    transposed_token_tiles(w, Fp8Tensor::kDy, dy_t, dy_t_scales, s, {f.xg, f.xg_scales});
+  } else if (!omitted(Stage::kDyGather, w.backward_calls)) {
     dy_gather = dy_tiles_for_da(w, dy, s);
     // One rank's dŷ rows straight from its tokens' tiles in f8.x.
     if (dy_rows && w.ranks() == 1) {
@@ -101,16 +114,18 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   } else if (wgrads && !omitted(Stage::kWgradDown, w.backward_calls)) {  // dw_down = dŷ rowsᵀ · w·silu(g)⊙u
     // Its operands transposed and quantised in 1×128 tiles along the rows, into buffers the forward
     // and the dgrad of down are done with (each at least that large); so below for dw_gate | dw_up.
-    // dŷ's straight from dy's tiles in f8.x at R = 1.
+    // dŷ's straight from dy's tiles in f8.x at R = 1 (made with their gather, or here).
+    uint8_t* dyq = dy_t_with_gather ? dy_t : f.xg;
+    float* dyq_scales = dy_t_with_gather ? dy_t_scales : f.xg_scales;
     if (dy_rows) {
       fp8::transpose_tiles(dyg, cap, H, total, f.xg, f.xg_scales, report(w, Fp8Tensor::kDy), s);
-    } else {
+    } else if (!dy_t_with_gather) {
       transposed_token_tiles(w, Fp8Tensor::kDy, f.xg, f.xg_scales, s);
     }
     if (!transposed_with_swiglu) {
       fp8::transpose_tiles(w.un.h, cap, I, total, f.h, f.h_scales, report(w, Fp8Tensor::kH), s);
     }
-    fp8::grouped_weight_grad_block_scaled(f.xg, f.xg_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
+    fp8::grouped_weight_grad_block_scaled(dyq, dyq_scales, H, f.h, f.h_scales, I, cap, E, w.schedule.expert_offset,
                                           data_of<bf16_t>(grads.dw_down), nullptr, H, w.stall_report_device, s);
   }
   // dx_row = [dg | du] · [w_gate[e]; w_up[e]]: tiles over K = 2I times [w_gate; w_up]ᵀ [H, 2I] blocks.

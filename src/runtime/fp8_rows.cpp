@@ -73,10 +73,11 @@ fp8::TileGather tiles_for_gemm_gather(Workspace::Impl& w, const TensorView& rows
 // schedule row, transposed and quantised along the rows into q, scales (fp8::transpose_gathered_tiles),
 // the bits transpose_tiles gives from the rows dequantised (dequantized_rows), without those [capacity,
 // H] bf16 rows.
-void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s) {
+void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s,
+                            const fp8::GatheredTiles& kept) {
   const LayerShape& sh = w.shape;
   fp8::transpose_gathered_tiles(w.f8.x, w.f8.x_scales, w.schedule.row_token_slot, w.device_total_rows(),
-                                w.problem.capacity, sh.top_k, sh.hidden, q, scales, report(w, what), s);
+                                w.problem.capacity, sh.top_k, sh.hidden, q, scales, report(w, what), s, kept);
 }
 
 // f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled, which the weight gradients

@@ -32,8 +32,9 @@ fp8::TileGather tiles_for_gemm_gather(Workspace::Impl& w, const TensorView& rows
                                       cudaStream_t s);
 
 // A weight gradient's operand from one rank's tokens' tiles (f8.x): transposed and quantised along the
-// rows into q, scales.
-void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s);
+// rows into q, scales; with `kept`, the tiles in schedule order there too (gather_tiles' bits).
+void transposed_token_tiles(const Workspace::Impl& w, Fp8Tensor what, uint8_t* q, float* scales, cudaStream_t s,
+                            const fp8::GatheredTiles& kept = {});
 
 // f8.xg's rows as bf16, into `out`: x̂ or dŷ, the rows as they travelled.
 void dequantized_rows(const Workspace::Impl& w, bf16_t* out, cudaStream_t s);

@@ -701,7 +701,8 @@ TEST_F(Fp8Quantize, SwigluBackwardInOnePassEqualsTheKernelsApart) {
 // The weight gradients' operands straight from one rank's token tiles (transpose_gathered_tiles): the
 // bits of gathering, dequantising and transpose_tiles in turn; rows of `cols` a multiple of 4 (4-byte
 // loads) and not; whole 128-row blocks below the schedule's total (padding rows among them), the block
-// past it not written.
+// past it not written. The gathered tiles it keeps on request: gather_tiles' bytes and scales, the rows
+// past the total not written.
 void expect_transposed_gathered_tiles_match(int64_t cols, uint64_t seed) {
   SCOPED_TRACE("cols " + std::to_string(cols) + " seed " + std::to_string(seed));
   const int64_t T = 150, k = 2, cap = 384, total = 256, pitch = fp8::scale_pitch(cols);
@@ -729,13 +730,55 @@ void expect_transposed_gathered_tiles_match(int64_t cols, uint64_t seed) {
     o.s.fill_bytes(0xFF);
     return o;
   };
-  Out want = make_out(), got = make_out();
+  Out want = make_out(), got = make_out(), got_keeping = make_out();
+  const int64_t kb = fp8::blocks_of(cols);
+  const auto make_gathered = [&] {
+    Out o{DeviceBuffer(size_t(cap * cols)), DeviceBuffer(size_t(cap * kb) * 4)};
+    o.q.fill_bytes(0xFF);
+    o.s.fill_bytes(0xFF);
+    return o;
+  };
+  Out gathered = make_gathered(), kept = make_gathered();
   fp8::transpose_tiles(d_rows.as<bf16_t>(), cap, cols, d_total.as<int32_t>(), want.q.as<uint8_t>(), want.s.as<float>(),
                        {}, nullptr);
   fp8::transpose_gathered_tiles(d_all.as<uint8_t>(), d_all_s.as<float>(), d_one_slots.as<int32_t>(),
                                 d_total.as<int32_t>(), cap, k, cols, got.q.as<uint8_t>(), got.s.as<float>(), {},
                                 nullptr);
+  fp8::gather_tiles(gathered.q.as<uint8_t>(), gathered.s.as<float>(), d_all.as<uint8_t>(), d_all_s.as<float>(),
+                    d_one_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k, cols, nullptr);
+  fp8::transpose_gathered_tiles(d_all.as<uint8_t>(), d_all_s.as<float>(), d_one_slots.as<int32_t>(),
+                                d_total.as<int32_t>(), cap, k, cols, got_keeping.q.as<uint8_t>(),
+                                got_keeping.s.as<float>(), {}, nullptr,
+                                {kept.q.as<uint8_t>(), kept.s.as<float>()});
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  // Keeping the gathered tiles changes nothing of the transposed ones; those kept are gather_tiles'.
+  EXPECT_EQ(to_host<uint8_t>(got_keeping.q, size_t(cols * cap)), to_host<uint8_t>(got.q, size_t(cols * cap)));
+  const std::vector<float> keeping_s = to_host<float>(got_keeping.s, size_t(cap / 128 * pitch));
+  const std::vector<float> plain_s = to_host<float>(got.s, size_t(cap / 128 * pitch));
+  for (size_t i = 0; i < plain_s.size(); ++i) ASSERT_EQ(bits(keeping_s[i]), bits(plain_s[i])) << "scale " << i;
+  const std::vector<uint8_t> gq = to_host<uint8_t>(gathered.q, size_t(cap * cols));
+  const std::vector<uint8_t> kq = to_host<uint8_t>(kept.q, size_t(cap * cols));
+  const std::vector<float> gs = to_host<float>(gathered.s, size_t(cap * kb));
+  const std::vector<float> ks = to_host<float>(kept.s, size_t(cap * kb));
+  // Each kept row: its token's tile (the host's quantisation), zeros and scales of 1 for a padding row,
+  // the poison past the total; and gather_tiles' bits wherever it wrote.
+  for (int64_t r = 0; r < cap; ++r) {
+    const int32_t slot = two.one_rank_slots[size_t(r)];
+    const int64_t token = slot < 0 ? -1 : slot / k;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      const uint8_t expected = r >= total ? 0xFF : token < 0 ? 0 : two.tiles.q[size_t(token * cols + c)];
+      ASSERT_EQ(kq[i], expected) << "kept tile byte of row " << r << " column " << c;
+      ASSERT_EQ(kq[i], gq[i]) << "kept tile byte of row " << r << " column " << c << " against gather_tiles";
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      const size_t i = size_t(r * kb + b);
+      const uint32_t expected = r >= total ? 0xFFFFFFFFu : token < 0 ? bits(1.0f)
+                                                                     : bits(two.tiles.scales[size_t(token * kb + b)]);
+      ASSERT_EQ(bits(ks[i]), expected) << "kept scale of row " << r << " block " << b;
+      ASSERT_EQ(bits(ks[i]), bits(gs[i])) << "kept scale of row " << r << " block " << b << " against gather_tiles";
+    }
+  }
   const std::vector<uint8_t> wq = to_host<uint8_t>(want.q, size_t(cols * cap));
   const std::vector<float> ws = to_host<float>(want.s, size_t(cap / 128 * pitch));
   const std::vector<uint8_t> q = to_host<uint8_t>(got.q, size_t(cols * cap));

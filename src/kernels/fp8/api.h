@@ -124,14 +124,22 @@ void gather_tiles(uint8_t* dst, float* dst_scales, const uint8_t* src, const flo
                   const int32_t* row_token_slot, const int32_t* total_rows, int64_t capacity, int64_t top_k,
                   int64_t cols, cudaStream_t stream, const TileSources& sources = {}, NonfiniteReport report = {});
 
+// Gathered tiles in schedule order: bytes [capacity, cols], scales [capacity, blocks_of(cols)].
+struct GatheredTiles {
+  uint8_t* q = nullptr;
+  float* scales = nullptr;
+};
+
 // transpose_tiles from one rank's token rows in 1×128 tiles (src [T, cols] bytes, scales [T,
 // blocks_of(cols)]: gather_tiles' local source), gathered into schedule order on the way: the bits of
 // gather_tiles, dequantize_tiles and transpose_tiles in turn, without their two [capacity, cols]
 // buffers. It reads whole 128-row blocks below *total_rows: every row there holds a slot or -1 (the
-// schedule's padding rows do).
+// schedule's padding rows do). With `kept` it also writes the gathered tiles there, gather_tiles' bytes
+// and scales (its dst and dst_scales), from the same loads: a grouped GEMM's A in schedule order.
 void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
                               const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
-                              float* scales, NonfiniteReport report, cudaStream_t stream);
+                              float* scales, NonfiniteReport report, cudaStream_t stream,
+                              const GatheredTiles& kept = {});
 
 // gather_tiles' scales alone (a grouped GEMM gathers the bytes itself: TileGather below).
 void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_t* row_token_slot,

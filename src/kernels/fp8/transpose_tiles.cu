@@ -48,6 +48,8 @@ struct Bf16Rows {
   }
 
   __device__ __forceinline__ static uint2 bf16x4(Loaded v) { return v; }
+  __device__ __forceinline__ void keep_scale(int64_t, int64_t, int64_t, const Source&, int32_t) const {}
+  __device__ __forceinline__ void keep(int64_t, int64_t, int64_t, const Loaded&, int32_t) const {}
 };
 
 // The same from token rows in 1×128 E4M3 tiles, gathered into schedule order on the way: schedule row r
@@ -60,7 +62,8 @@ struct GatheredTileRows {
   const float* src_scales;
   const int32_t* row_token_slot;
   uint32_t top_k;
-  bool vector;  // cols % 4 == 0 and src 4-byte aligned: one 4-byte load
+  bool vector;  // cols % 4 == 0 and src (and kept.q) 4-byte aligned: one 4-byte load (and store)
+  GatheredTiles kept;  // where the gathered tiles go too, as gather_tiles writes them (none: null)
 
   struct __align__(16) Source {
     const uint8_t* row;  // null: a padding row
@@ -97,6 +100,27 @@ struct GatheredTileRows {
     const __nv_bfloat162 hi = __floats2bfloat162_rn(v23.x * v.scale, v23.y * v.scale);
     return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
+
+  // Row r's scale of the column block at c0 into kept (1 for a padding row, as gather_tiles); kept's rows
+  // from the schedule's total on are not written.
+  __device__ __forceinline__ void keep_scale(int64_t r, int64_t c0, int64_t cols, const Source& s,
+                                             int32_t total) const {
+    if (kept.q == nullptr || r >= total) return;
+    kept.scales[r * blocks_of(cols) + c0 / kBlock] = s.row == nullptr ? 1.0f : s.scale;
+  }
+  // Row r's codes of columns c .. c + 3 below cols into kept (zeros for a padding row).
+  __device__ __forceinline__ void keep(int64_t r, int64_t c, int64_t cols, const Loaded& v, int32_t total) const {
+    if (kept.q == nullptr || r >= total || c >= cols) return;
+    uint8_t* d = kept.q + r * cols + c;
+    if (vector) {
+      *reinterpret_cast<uint32_t*>(d) = v.codes;
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (c + i < cols) d[i] = uint8_t(v.codes >> (8 * i));
+    }
+  }
 };
 
 // One CTA of 128 threads per 128 rows × 128 columns of x. The block is staged in shared memory (thread t
@@ -118,6 +142,7 @@ __global__ void __launch_bounds__(kBlock)
   if (total > capacity || r0 >= total) return;  // every thread alike: no row here was placed
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   sources[t] = x.source(r0 + t, c0, cols);
+  x.keep_scale(r0 + t, c0, cols, sources[t], total);
   __syncthreads();
   // NOTES: a group's loads all issued before the first is staged: that many in flight a thread.
   constexpr int kLoadsAtOnce = 16;
@@ -127,6 +152,7 @@ __global__ void __launch_bounds__(kBlock)
     for (int i = 0; i < kLoadsAtOnce; ++i) v[i] = x.load4(sources[warp + 4 * (i0 + i)], c0 + 4 * lane, cols);
 #pragma unroll
     for (int i = 0; i < kLoadsAtOnce; ++i) {
+      x.keep(r0 + warp + 4 * (i0 + i), c0 + 4 * lane, cols, v[i], total);
       *reinterpret_cast<uint2*>(&block[warp + 4 * (i0 + i)][4 * lane]) = Rows::bf16x4(v[i]);
     }
   }
@@ -177,13 +203,15 @@ void transpose_tiles(const bf16_t* x, int64_t capacity, int64_t cols, const int3
 
 void transpose_gathered_tiles(const uint8_t* src, const float* src_scales, const int32_t* row_token_slot,
                               const int32_t* total_rows, int64_t capacity, int64_t top_k, int64_t cols, uint8_t* q,
-                              float* scales, NonfiniteReport report, cudaStream_t stream) {
+                              float* scales, NonfiniteReport report, cudaStream_t stream, const GatheredTiles& kept) {
   if (src == nullptr || src_scales == nullptr || row_token_slot == nullptr || top_k <= 0) {
     throw Error("src", "its scales, the row slots and a positive top_k are needed");
   }
+  if ((kept.q == nullptr) != (kept.scales == nullptr)) throw Error("kept", "its bytes and its scales, or neither");
   // Slots are int32s: a top_k of 2^31 or more puts every slot in token 0, as 2^31 does.
   const uint32_t k = uint32_t(std::min<int64_t>(top_k, int64_t(1) << 31));
-  const GatheredTileRows rows{src, src_scales, row_token_slot, k, cols % 4 == 0 && aligned(src, 4)};
+  const bool vector = cols % 4 == 0 && aligned(src, 4) && aligned(kept.q, 4);
+  const GatheredTileRows rows{src, src_scales, row_token_slot, k, vector, kept};
   launch_transpose_tiles(rows, capacity, cols, total_rows, q, scales, report, stream);
 }
 
