@@ -297,6 +297,21 @@ __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr(p)));
   return v;
 }
+// A read-only global load the compiler treats as varying across the warp, so that a warp-uniform value
+// stays in a vector register rather than moving to a uniform one (R2UR, which waits for the load where
+// the compiler places it), and which stays where it is among the other asm (wgmma issues and waits).
+__device__ __forceinline__ float ld_global_nc(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_shared_x4(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
 
 // A store at a shared-memory address (smem_addr): 32-bit addresses, where generic pointers into
 // a dynamic shared-memory struct are 64-bit registers that ptxas may keep live across a whole kernel.

@@ -54,9 +54,10 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 // Stores the boxes of warpgroup `wg`'s epilogue piece at schedule rows row .. row + 63 row by row, once
 // all of its threads have written them: piece row r to row slot[row + r] of to.dst (nowhere where it is
 // -1), from column col; 16-byte chunks at or past n are not stored. `slots`: piece_slots(to, row).
-// NOTES: each thread copies the 16-byte chunk thread % 8 of four rows out of the swizzled piece with
-// plain loads and stores; the next piece's barrier (store_piece*) comes after every thread's last read
-// of this one. Its slots are loaded before the piece is staged: loaded here, row by row, their latency
+// NOTES: each thread copies the 16-byte chunk thread % 8 of four rows out of the swizzled piece, with
+// shared loads (a generic load, which the piece's reference made of them, held each global store on the
+// long scoreboard: ~11% of the FP8 gate/up kernel's warp samples, ncu, H100, 2026-12-07) and plain
+// stores; the next piece's barrier (store_piece*) comes after every thread's last read of this one. Its slots are loaded before the piece is staged: loaded here, row by row, their latency
 // cost the forward 3% at qwen3-30b-a3b (2026-12-04, f635d05). A piece goes out row by row or with
 // TMA by its kernel's code, not by a run-time choice, and this loop is not unrolled: either made ptxas
 // serialise the gate/up kernels' wgmma ("insufficient register resources", C7511; tools/sass-check).
@@ -75,7 +76,7 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 #pragma unroll
     for (int b = 0; b < kPieceBoxes; ++b) {
       if (col + 64 * b + 8 * c >= n) break;  // chunks past n (the FP8 GEMMs' N need only be a multiple of 8)
-      out[8 * b] = *reinterpret_cast<const uint4*>(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
+      out[8 * b] = sm90::ld_shared_x4(&buf[b][r * 64 + ((c ^ (r % 8)) * 8)]);
     }
   }
 }
