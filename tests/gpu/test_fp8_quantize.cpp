@@ -807,6 +807,17 @@ TEST_F(Fp8Quantize, TransposedGatheredTilesEqualThePathThroughBf16) {
   const auto seed = fresh_seed();
   expect_transposed_gathered_tiles_match(320, seed);
   expect_transposed_gathered_tiles_match(130, seed ^ 1);  // rows not a multiple of 4: one byte at a time
+  // Kept tiles need their bytes and their scales: one without the other is refused before launch.
+  DeviceBuffer d(size_t(4096));
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{128});
+  for (const bool bytes_only : {true, false}) {
+    const fp8::GatheredTiles half{bytes_only ? d.as<uint8_t>() : nullptr, bytes_only ? nullptr : d.as<float>()};
+    EXPECT_THROW(fp8::transpose_gathered_tiles(d.as<uint8_t>(), d.as<float>(), d_total.as<int32_t>(),
+                                               d_total.as<int32_t>(), 128, 1, 8, d.as<uint8_t>(), d.as<float>(), {},
+                                               nullptr, half),
+                 Error)
+        << (bytes_only ? "bytes without scales" : "scales without bytes");
+  }
 }
 
 // A token's tile with a NaN scale (its source found a NaN or an infinity), gathered by
