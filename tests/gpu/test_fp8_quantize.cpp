@@ -724,21 +724,16 @@ void expect_transposed_gathered_tiles_match(int64_t cols, uint64_t seed) {
   struct Out {
     DeviceBuffer q, s;
   };
-  const auto make_out = [&] {
-    Out o{DeviceBuffer(size_t(cols * cap)), DeviceBuffer(size_t(cap / 128 * pitch) * 4)};
-    o.q.fill_bytes(0xFF);
-    o.s.fill_bytes(0xFF);
-    return o;
-  };
-  Out want = make_out(), got = make_out(), got_keeping = make_out();
+  // Poisoned outputs of `scales` floats: transposed ([cap / 128, pitch]) or gathered ([cap, kb]).
   const int64_t kb = fp8::blocks_of(cols);
-  const auto make_gathered = [&] {
-    Out o{DeviceBuffer(size_t(cap * cols)), DeviceBuffer(size_t(cap * kb) * 4)};
+  const auto make_out = [&](int64_t scales) {
+    Out o{DeviceBuffer(size_t(cols * cap)), DeviceBuffer(size_t(scales) * 4)};
     o.q.fill_bytes(0xFF);
     o.s.fill_bytes(0xFF);
     return o;
   };
-  Out gathered = make_gathered(), kept = make_gathered();
+  Out want = make_out(cap / 128 * pitch), got = make_out(cap / 128 * pitch), got_keeping = make_out(cap / 128 * pitch);
+  Out gathered = make_out(cap * kb), kept = make_out(cap * kb);
   fp8::transpose_tiles(d_rows.as<bf16_t>(), cap, cols, d_total.as<int32_t>(), want.q.as<uint8_t>(), want.s.as<float>(),
                        {}, nullptr);
   fp8::transpose_gathered_tiles(d_all.as<uint8_t>(), d_all_s.as<float>(), d_one_slots.as<int32_t>(),
