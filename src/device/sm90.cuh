@@ -292,6 +292,13 @@ __device__ __forceinline__ float ld_shared(const float* p) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_addr(p)));
   return v;
 }
+// Lane `src`'s v in every lane, issued where it stands among the other asm (a wgmma's issue and wait):
+// a shuffle the compiler hoisted above a wgmma's issue would hold that issue for v's load.
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+  float out;
+  asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(out) : "f"(v), "r"(src));
+  return out;
+}
 __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr(p)));

@@ -143,23 +143,45 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
       release(i);  // once its scales are read
     }
   } else if constexpr (kH == 2) {
-    // Each K block's halves one after another through pa; the scales a block ahead (their loads'
-    // latency behind this block's products). Nothing orders the two warpgroups: while one waits for
-    // its group and promotes it, the other's may run.
-    Scales next = n > 0 ? scales_of(0) : Scales{};
+    // Each K block's halves one after another through pa. Nothing orders the two warpgroups: while one
+    // waits for its group and promotes it, the other's may run.
+    // NOTES: the B scales of 16 K blocks at a time in one register, lane l holding block 16q + l % 16's of
+    // half l / 16, taken by shuffle where a promotion needs them (the next 16 loaded 8 blocks ahead); the
+    // rows' A scales of the tile's first block into the registers it uses, each next block's behind this
+    // block's first group. Loaded a block ahead as warp-uniform values, a B scale went into a uniform
+    // register right after its load (R2UR), and the carried scales were copied out (a move): at a tile's
+    // start both waited for the loads before its first wgmma, ~10% of the down GEMM's warp samples (ncu,
+    // H100, 2026-12-07, bench/results/2026-12-07-h100-9b377e1-fp8-gemm-tile-start-log.txt).
+    float b_lane = 0.0f, b_ahead = 0.0f;
+    const auto load_b = [&](int32_t q, float& b) {
+      const int32_t i = 16 * q + lane % 16;
+      if (i < n) {
+        b = lane < 16 ? p.b_scales[b_scale_row + tile.kb_begin + i] : b2_scales[b2_scale_row + tile.kb_begin + i];
+      }
+    };
+    const auto a_scales_of = [&](int32_t i) {
+      const int32_t kb = tile.kb_begin + i;
+      const auto a_scale = [&](int32_t row) { return row < M ? p.a_scales[int64_t(row) * k_blocks + kb] : 0.0f; };
+      return make_float2(a_scale(row0), a_scale(row1));
+    };
+    load_b(0, b_lane);
+    float2 a = n > 0 ? a_scales_of(0) : float2{}, a_next{};
     for (int32_t i = 0; i < n; ++i) {
-      const Scales sc = next;
-      if (i + 1 < n) next = scales_of(i + 1);
+      if (i > 0) a = a_next;
       wait_full(i);
       issue_half(pa, i, 0);
+      if (i + 1 < n) a_next = a_scales_of(i + 1);
+      if (i % 16 == 0 && i > 0) b_lane = b_ahead;
+      if (i % 16 == 8) load_b(i / 16 + 1, b_ahead);
+      const float b = sm90::shfl_idx(b_lane, i % 16), b2 = sm90::shfl_idx(b_lane, 16 + i % 16);
       sm90::wgmma_wait<0>();
       if (!second) release(i);
-      promote(acc[0], pa, sc.a0 * sc.b, sc.a1 * sc.b);
+      promote(acc[0], pa, a.x * b, a.y * b);
       if (second) {
         issue_half(pa, i, 1);
         sm90::wgmma_wait<0>();
         release(i);
-        promote(acc[1], pa, sc.a0 * sc.b2, sc.a1 * sc.b2);
+        promote(acc[1], pa, a.x * b2, a.y * b2);
       }
     }
   } else {
