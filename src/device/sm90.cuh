@@ -299,6 +299,14 @@ __device__ __forceinline__ float shfl_idx(float v, int src) {
   asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(out) : "f"(v), "r"(src));
   return out;
 }
+// v copied where this stands among the other asm (after a wgmma's wait): the copy waits for v's load there,
+// not where the compiler would have put it.
+__device__ __forceinline__ float pinned(float v) {
+  float out;
+  asm volatile("mov.b32 %0, %1;" : "=f"(out) : "f"(v));
+  return out;
+}
+__device__ __forceinline__ float2 pinned(float2 v) { return make_float2(pinned(v.x), pinned(v.y)); }
 __device__ __forceinline__ float2 ld_shared_x2(const float* p) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr(p)));

@@ -167,11 +167,9 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     load_b(0, b_lane);
     float2 a = n > 0 ? a_scales_of(0) : float2{}, a_next{};
     for (int32_t i = 0; i < n; ++i) {
-      if (i > 0) a = a_next;
       wait_full(i);
       issue_half(pa, i, 0);
       if (i + 1 < n) a_next = a_scales_of(i + 1);
-      if (i % 16 == 0 && i > 0) b_lane = b_ahead;
       if (i % 16 == 8) load_b(i / 16 + 1, b_ahead);
       const float b = sm90::shfl_idx(b_lane, i % 16), b2 = sm90::shfl_idx(b_lane, 16 + i % 16);
       sm90::wgmma_wait<0>();
@@ -183,6 +181,10 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
         release(i);
         promote(acc[1], pa, a.x * b2, a.y * b2);
       }
+      // NOTES: the next block's scales taken over here, after this block's last wait, not at the loop's top:
+      // there (a select on i > 0) the copy waited for their loads before the next block's first wgmma.
+      a = sm90::pinned(a_next);
+      if (i % 16 == 15) b_lane = sm90::pinned(b_ahead);
     }
   } else {
     // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
