@@ -224,32 +224,35 @@ GateUpHalves::GateUpHalves(const HostLayer& L)
   grads.fill_bytes(0xFF);
 }
 
-void GateUpHalves::views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g) const {
-  const auto halves = [&](void* base, TensorView& gate, TensorView& up) {
-    gate = make_view(static_cast<HostBf16*>(base) + e0 * stride, DType::kBF16, {E, c.I, c.H});
-    up = make_view(static_cast<HostBf16*>(base) + e0 * stride + n, DType::kBF16, {E, c.I, c.H});
-    gate.strides[0] = up.strides[0] = stride;
+void GateUpHalves::views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g, bool up_too) const {
+  const auto half = [&](void* base, int64_t offset, TensorView& v) {
+    v = make_view(static_cast<HostBf16*>(base) + e0 * stride + offset, DType::kBF16, {E, c.I, c.H});
+    v.strides[0] = stride;
   };
-  halves(weights.get(), w.w_gate, w.w_up);
-  halves(grads.get(), g.dw_gate, g.dw_up);
+  half(weights.get(), 0, w.w_gate);
+  half(grads.get(), 0, g.dw_gate);
+  if (up_too) {
+    half(weights.get(), n, w.w_up);
+    half(grads.get(), n, g.dw_up);
+  }
 }
 
-void GateUpHalves::expect_gradients_and_weights(Outputs& got) const {
+void GateUpHalves::expect_gradients_and_weights(Outputs& got, bool up_too) const {
   const std::vector<HostBf16> dgu = to_host<HostBf16>(grads, host.size());
   got.dw_gate.assign(size_t(c.E * n), HostBf16{});
-  got.dw_up.assign(size_t(c.E * n), HostBf16{});
+  if (up_too) got.dw_up.assign(size_t(c.E * n), HostBf16{});
   int64_t gap_written = 0;
   for (int64_t e = 0; e < c.E; ++e) {
     std::copy_n(dgu.begin() + e * stride, n, got.dw_gate.begin() + e * n);
-    std::copy_n(dgu.begin() + e * stride + n, n, got.dw_up.begin() + e * n);
-    for (int64_t i = 2 * n; i < stride; ++i) gap_written += dgu[size_t(e * stride + i)].bits != 0xFFFF;
+    if (up_too) std::copy_n(dgu.begin() + e * stride + n, n, got.dw_up.begin() + e * n);
+    for (int64_t i = up_too ? 2 * n : n; i < stride; ++i) gap_written += dgu[size_t(e * stride + i)].bits != 0xFFFF;
   }
   EXPECT_EQ(gap_written, 0) << "elements written between the experts' gradients";
   const std::vector<HostBf16> after = to_host<HostBf16>(weights, host.size());
   EXPECT_EQ(std::memcmp(after.data(), host.data(), host.size() * sizeof(HostBf16)), 0) << "the weights changed";
 }
 
-void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config) {
+void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config, bool gate_only) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const HostLayer L(c, seed);
@@ -266,7 +269,7 @@ void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& confi
   OutputBuffers out(c);
   out.poison();
   Gradients g = out.grads();
-  joined.views(0, c.E, in.weights, g);
+  joined.views(0, c.E, in.weights, g, !gate_only);
   Workspace ws(L.shape, config);
   if (fp8) quantize_weights(ws, in.weights, nullptr);
   DeviceBuffer d_dy = to_device(dy);
@@ -274,7 +277,7 @@ void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& confi
   backward(ws, in, make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), g, nullptr);
   ws.check(nullptr);
   Outputs got = out.to_host_outputs();
-  joined.expect_gradients_and_weights(got);
+  joined.expect_gradients_and_weights(got, !gate_only);
   EXPECT_EQ(first_difference(got, want), "");
 }
 

@@ -129,18 +129,22 @@ struct GateUpHalves {
   DeviceBuffer weights, grads;
 
   explicit GateUpHalves(const HostLayer& L);
-  // Experts [e0, e0 + E) as w's w_gate and w_up and g's dw_gate and dw_up.
-  void views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g) const;
-  // got's dw_gate and dw_up from the gradients' halves (contiguous), after checking that nothing was
-  // written into the gaps and that the weights are unchanged.
-  void expect_gradients_and_weights(Outputs& got) const;
+  // Experts [e0, e0 + E) as w's w_gate and g's dw_gate, and, with `up_too`, as w's w_up and g's dw_up
+  // (else those stay as given: contiguous, another stride than the gate's).
+  void views(int64_t e0, int64_t E, ExpertWeights& w, Gradients& g, bool up_too = true) const;
+  // got's dw_gate (and, with `up_too`, dw_up) from the gradients' halves (contiguous), after checking
+  // that nothing was written into the gaps (nor, without `up_too`, into the up halves) and that the
+  // weights are unchanged.
+  void expect_gradients_and_weights(Outputs& got, bool up_too = true) const;
 };
 
 // The layer's gate and up weights given as the halves of one [E, 2I, H] tensor whose experts lie 64
 // elements apart (gate rows, up rows, a gap), and its gate and up gradients likewise into a poisoned
 // tensor: forward and backward (after quantize_weights from the halves, where `config` is FP8) give the
-// bits of contiguous weights and gradients, and leave the gaps and the weights untouched.
-void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config);
+// bits of contiguous weights and gradients, and leave the gaps and the weights untouched. With
+// `gate_only`, only the gate and its gradient are such halves, the up weight and gradient contiguous:
+// the two at different expert strides.
+void expect_gate_up_halves_give_the_same_bits(const Case& c, const Config& config, bool gate_only = false);
 
 // A backward with a weight-gradient group left out (the routed experts' three, the shared expert's, or
 // both) gives every other output the bits of the whole backward

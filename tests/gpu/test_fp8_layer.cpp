@@ -604,6 +604,14 @@ TEST_F(Fp8Layer, GateAndUpAsHalvesOfOneTensor) {
   expect_gate_up_halves_give_the_same_bits({200, 256, 128, 8, 2, 64}, bf16_wgrads);
 }
 
+// The gate a strided half, the up weight contiguous (different expert strides: each quantised from its
+// own); one expert given as halves.
+TEST_F(Fp8Layer, GateAndUpAtDifferentStrides) {
+  expect_gate_up_halves_give_the_same_bits({200, 256, 128, 8, 2, 64}, fp8_config(), true);
+  expect_gate_up_halves_give_the_same_bits({130, 320, 192, 6, 3, 0}, fp8_config(), true);
+  expect_gate_up_halves_give_the_same_bits({90, 256, 128, 1, 1, 0}, fp8_config());
+}
+
 TEST_F(Fp8Layer, SameBitsEveryCall) {
   const Case c{400, 256, 192, 8, 4, 64};
   const HostLayer L(c, fresh_seed());

@@ -29,6 +29,13 @@ TEST_P(Layer, MatchesReference) {
 
 TEST_P(Layer, GateAndUpAsHalvesOfOneTensor) { expect_gate_up_halves_give_the_same_bits({200, 128, 64, 8, 2, 64}, config()); }
 
+// The gate a strided half, the up weight contiguous: the two at different expert strides; and one expert
+// given as a half (an [1, I, H] view whose expert stride is never stepped).
+TEST_P(Layer, GateAndUpAtDifferentStrides) {
+  expect_gate_up_halves_give_the_same_bits({200, 128, 64, 8, 2, 64}, config(), true);
+  expect_gate_up_halves_give_the_same_bits({90, 128, 64, 1, 1, 0}, config());
+}
+
 TEST_P(Layer, NoSharedExpertAndTopOne) {
   const auto seed = fresh_seed();
   check_against_reference({130, 128, 128, 4, 1, 0}, seed, config());
