@@ -78,6 +78,8 @@ struct Limits {
   static constexpr int64_t kMaxTopK = 32;
   static constexpr int32_t kMaxRanks = 64;
   static constexpr int64_t kMaxRoutedRows = (int64_t(1) << 31) - 1;  // rows are int32-indexed
+  // Precision::kFp8Block: the schedule's rows (the FP8 GEMMs' M, and K of their weight gradients) below 2^30.
+  static constexpr int64_t kMaxFp8ScheduleRows = (int64_t(1) << 30) - 128;
 };
 
 // What the device offers that the heuristics depend on.

@@ -112,6 +112,11 @@ ResolvedConfig resolve_config(const LayerShape& shape, const Config& c, const De
           "unknown precision " + str(static_cast<int64_t>(c.precision)));
   if (c.precision == Precision::kFp8Block) {
     require(r.backend == Backend::kFused, "config.precision", "fp8_block needs the fused backend");
+    // NOTES: refused here, not at the first forward's GEMM launch (fp8/gemm.cu takes M and K below 2^30).
+    require(r.schedule_capacity <= Limits::kMaxFp8ScheduleRows, "config.schedule_capacity",
+            "fp8_block schedules at most " + str(Limits::kMaxFp8ScheduleRows) + " rows; " +
+                (c.schedule_capacity == 0 ? "this shape can need " + str(worst) + " (give a smaller capacity)"
+                                          : "got " + str(c.schedule_capacity)));
   }
   r.precision = c.precision;
   require(!c.bf16_weight_grads || c.precision == Precision::kFp8Block, "config.bf16_weight_grads",

@@ -47,6 +47,27 @@ TEST(Config, WorstCaseRows) {
   EXPECT_EQ(worst_case_schedule_rows(s), 128);
 }
 
+// fp8_block's GEMMs take fewer schedule rows than bf16's: a shape whose worst case exceeds them is refused
+// at resolution in FP8 (not at the first forward), unless a capacity within them is given.
+TEST(Config, Fp8ScheduleRowsAreBounded) {
+  LayerShape s = qwen3();
+  s.tokens = 1 << 20;
+  s.top_k = 16;
+  s.num_experts = 1024;
+  s.num_ranks = 64;
+  ASSERT_GT(worst_case_schedule_rows(s), Limits::kMaxFp8ScheduleRows);
+  ASSERT_LE(worst_case_schedule_rows(s), Limits::kMaxRoutedRows + 1 - kTileRows);
+  Config c;
+  EXPECT_EQ(resolve_config(s, c, DeviceInfo{}).schedule_capacity, worst_case_schedule_rows(s));
+  c.precision = Precision::kFp8Block;
+  expect_error([&] { resolve_config(s, c, DeviceInfo{}); }, "config.schedule_capacity");
+  c.schedule_capacity = Limits::kMaxFp8ScheduleRows + kTileRows;
+  expect_error([&] { resolve_config(s, c, DeviceInfo{}); }, "config.schedule_capacity");
+  c.schedule_capacity = Limits::kMaxFp8ScheduleRows;
+  EXPECT_EQ(resolve_config(s, c, DeviceInfo{}).schedule_capacity, Limits::kMaxFp8ScheduleRows);
+  EXPECT_EQ(Limits::kMaxFp8ScheduleRows % kTileRows, 0);
+}
+
 TEST(Config, DefaultsAreConsistent) {
   for (int32_t sms : {78, 114, 132}) {
     const ResolvedConfig r = resolve_config(qwen3(), Config{}, DeviceInfo{sms, int64_t(80) << 30});
