@@ -58,6 +58,7 @@ Overrides read_environment() {
   o.schedule_min_warps = env_count("LYNX_SCHEDULE_MIN_WARPS", 16, "warps");
   o.baseline_gemm = env_choice("LYNX_UNFUSED_GEMM", {"loop", "grouped"});
   o.fp8_pair_rows = env_switch("LYNX_FP8_PAIR_ROWS");
+  o.fp8_wide_tiles = env_switch("LYNX_FP8_WIDE_TILES");
   o.x_rows_again = env_choice("LYNX_X_ROWS_AGAIN", {"kernel", "dgrad-down", "dgrad-gate-up"});
   o.virtual_serial = env_choice("LYNX_VIRTUAL_RANKS", {"streams", "serial"});
   return o;

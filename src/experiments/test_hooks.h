@@ -36,6 +36,9 @@ inline void set_gemm_fold(Workspace& ws, int32_t v) { force(ws, &plan::Overrides
 // Takes the FP8 grouped GEMMs' tiles in pairs of an expert's row blocks (1), in the plain order (0), or
 // by the rule (-1).
 inline void set_fp8_pair_rows(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::fp8_pair_rows, v); }
+// Computes the FP8 grouped GEMMs' half blocks in wide tiles where their tiles are not in pairs (1 or -1),
+// or in plain tiles (0).
+inline void set_fp8_wide_tiles(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::fp8_wide_tiles, v); }
 // Walks every expert GEMM's tiles in order from the ticket (1), as the static round robin (0), or by
 // the rule (-1).
 inline void set_gemm_order(Workspace& ws, int32_t v) { force(ws, &plan::Overrides::gemm_order, v); }

@@ -20,6 +20,7 @@ ContextSizes context_sizes(const LayerShape& s, int64_t cap, Backend backend) {
           4 * (E + 1),
           4 * E,
           4 * (E + 1),
+          4 * (E + 1),
           4 * s.tokens * s.top_k,
           2 * s.tokens * Is,
           2 * s.tokens * Is,
@@ -30,7 +31,7 @@ ContextSizes context_sizes(const LayerShape& s, int64_t cap, Backend backend) {
 
 int64_t context_block_bytes(const ContextSizes& s) {
   int64_t total = 0;
-  for (const int64_t b : {s.row_token_slot, s.row_src_rank, s.expert_offset, s.expert_rows, s.block_offset, s.slot_row,
+  for (const int64_t b : {s.row_token_slot, s.row_src_rank, s.expert_offset, s.expert_rows, s.block_offset, s.half_block_offset, s.slot_row,
                           s.gs, s.us, s.xg, s.g, s.u}) {
     total += lent_bytes(b);
   }

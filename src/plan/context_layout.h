@@ -12,7 +12,7 @@ namespace lynx::plan {
 
 // Bytes of each buffer, in placement order.
 struct ContextSizes {
-  int64_t row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, slot_row;  // the schedule
+  int64_t row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, half_block_offset, slot_row;  // the schedule
   int64_t gs, us;    // the shared expert's gate and up products (0 without one)
   int64_t xg, g, u;  // gathered x rows (R > 1 only; one rank gathers them again), gate and up products
 };

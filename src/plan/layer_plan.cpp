@@ -23,6 +23,7 @@ void check(const Overrides& f) {
   check_forced(f.gemm_half_tiles >= -1 && f.gemm_half_tiles <= 1, "gemm_half_tiles", "-1, 0 or 1");
   check_forced(f.gemm_gather >= -1 && f.gemm_gather <= 1, "gemm_gather", "-1, 0 or 1");
   check_forced(f.fp8_pair_rows >= -1 && f.fp8_pair_rows <= 1, "fp8_pair_rows", "-1, 0 or 1");
+  check_forced(f.fp8_wide_tiles >= -1 && f.fp8_wide_tiles <= 1, "fp8_wide_tiles", "-1, 0 or 1");
   check_forced(f.gather_token_major >= -1 && f.gather_token_major <= 1, "gather_token_major", "-1, 0 or 1");
   check_forced(f.x_rows_again >= -1 && f.x_rows_again <= 2, "x_rows_again", "-1, 0, 1 or 2");
   check_forced(f.gather_lookahead >= 0, "gather_lookahead", "0 (the rule) or more row blocks");
@@ -97,6 +98,7 @@ LayerPlan make_layer_plan(const LayerShape& shape, const DeviceProps& device, co
   p.dx = row_launch(shape, 2 * I, false, forced);
   const int64_t routed = shape.tokens * shape.top_k, experts = shape.local_experts();
   p.fp8_pair_rows = forced.fp8_pair_rows >= 0 ? forced.fp8_pair_rows == 1 : fp8_pair_row_blocks(routed, experts);
+  p.fp8_wide_tiles = fp8_wide_half_blocks(p.fp8_pair_rows) && forced.fp8_wide_tiles != 0;
   p.weight_grad_in_order = forced.gemm_order >= 0 ? forced.gemm_order == 1
                                                   : choose_tile_order(routed, experts, false).in_order;
   p.schedule = make_schedule_plan(shape.tokens, shape.top_k, experts, shape.num_ranks, device.schedule.sm_count,

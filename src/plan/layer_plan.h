@@ -50,6 +50,7 @@ struct LayerPlan {
   gemm::RowLaunch dx;             // backward: [dg | du]·[w_gate; w_up], K = 2I
   bool weight_grad_in_order = true;  // the weight-gradient launches' tile order
   bool fp8_pair_rows = false;        // the FP8 grouped launches' tiles in pairs of row blocks (fp8/tiles.h)
+  bool fp8_wide_tiles = false;       // the FP8 grouped launches' half blocks in wide tiles (fp8/tiles.h)
   sched::SchedulePlan schedule{};    // the schedule kernel's grid
   int32_t baseline_gemm = -1;        // the baseline's GEMM strategy: -1 the rule, else forced (Overrides)
 };

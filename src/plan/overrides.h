@@ -25,6 +25,7 @@ struct Overrides {
   int32_t virtual_serial = -1;      // virtual ranks: 1 every rank's steps on the caller's stream, one rank after
                                     // another; 0 (default) each rank on its own stream   LYNX_VIRTUAL_RANKS=serial|streams
   int32_t fp8_pair_rows = -1;       // the FP8 grouped GEMMs' tiles in pairs of row blocks  LYNX_FP8_PAIR_ROWS
+  int32_t fp8_wide_tiles = -1;      // 0: the FP8 grouped GEMMs' half blocks in plain tiles  LYNX_FP8_WIDE_TILES
   int32_t x_rows_again = -1;        // one rank's x rows for the weight gradients: 0 a kernel, 1 beside the dgrad of
                                     // down (where it gathers no dy rows; else a kernel), 2 beside the dgrad of
                                     // gate/up                  LYNX_X_ROWS_AGAIN=kernel|dgrad-down|dgrad-gate-up

@@ -84,6 +84,11 @@ inline bool fold_tails(int64_t routed_rows, int64_t experts) { return row_blocks
 inline bool fp8_pair_row_blocks(int64_t routed_rows, int64_t experts) {
   return row_blocks_per_expert(routed_rows, experts) < 2;
 }
+
+// NOTES: the FP8 grouped GEMMs' half blocks (an expert's last row block holding at most 64 rows) in wide
+// tiles (kernels/fp8/tiles.h) wherever their tiles are not in pairs: a pair's tiles share their B reads
+// by running in step, which a wide tile, with twice a plain tile's columns, would not keep.
+inline bool fp8_wide_half_blocks(bool pair_rows) { return !pair_rows; }
 inline TileOrder static_tiles(int64_t blocks_per_expert) {
   int32_t g = 1;
   while (g < 16 && 2 * g <= blocks_per_expert) g *= 2;

@@ -74,7 +74,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
   if (!omitted(Stage::kDgradDown, w.backward_calls)) {
     fp8::grouped_gemm_block_scaled(f.xg, f.xg_scales, cap, H, f.w_down_t, f.w_down_t_scales, E, I,
                                    w.schedule.expert_offset, w.un.da, w.stall_report_device, s, dy_gather,
-                                   w.plan.fp8_pair_rows);
+                                   w.plan.fp8_pair_rows, half_blocks(w));
   }
   // dg | du, w · silu(g)⊙u (into h), d_topk_weights: as in bf16 (at R > 1 each row's router weight is its
   // source rank's, and its d_topk_weights stays with the row), with zeros in every padding row: the
@@ -135,7 +135,7 @@ void backward_compute(Workspace::Impl& w, const LayerInputs& in, const TensorVie
     }
     fp8::grouped_gemm_block_scaled(f.dgu, f.dgu_scales, cap, 2 * I, f.w_gate_up_t, f.w_gate_up_t_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_b, w.stall_report_device, s, {},
-                                   w.plan.fp8_pair_rows);
+                                   w.plan.fp8_pair_rows, half_blocks(w));
   }
   if (w.ranks() == 1) {
     fused::dx_combine(w, grads, s);

@@ -53,7 +53,7 @@ void forward_context(Workspace::Impl& w, const LayerInputs& in, cudaStream_t s, 
   if (!omitted(Stage::kGateUp, w.forward_calls) && (keep_context || down)) {
     fp8::grouped_swiglu_block_scaled(f.xg, f.xg_scales, cap, H, f.w_gate, f.w_gate_scales, f.w_up, f.w_up_scales, E,
                                      I, w.schedule.expert_offset, nullptr, w.stall_report_device, s, kept, hq, gather,
-                                     w.plan.fp8_pair_rows);
+                                     w.plan.fp8_pair_rows, half_blocks(w));
   }
   if (w.ranks() > 1 && keep_context) dequantized_rows(w, w.un.xg, s);
   w.context = ContextKey::of(in);
@@ -86,7 +86,7 @@ void forward(Workspace::Impl& w, const LayerInputs& in, const TensorView& y, cud
   if (!omitted(Stage::kDown, w.forward_calls)) {
     fp8::grouped_gemm_block_scaled(f.h, f.h_scales, cap, I, f.w_down, f.w_down_scales, E, H,
                                    w.schedule.expert_offset, w.un.rows_a, w.stall_report_device, s, {},
-                                   w.plan.fp8_pair_rows);
+                                   w.plan.fp8_pair_rows, half_blocks(w));
   }
   enqueue_shared_down(w, in, s);
   fused::compute_ends(w, s);

@@ -14,6 +14,12 @@ namespace lynx::fp8pass {
 // A NaN or an infinity in `what`, reported through this rank's status word (Workspace::check).
 fp8::NonfiniteReport report(const Workspace::Impl& w, Fp8Tensor what);
 
+// The schedule's half blocks where the plan computes them in wide tiles (the grouped GEMMs'
+// half_block_offset), else null.
+inline const int32_t* half_blocks(const Workspace::Impl& w) {
+  return w.plan.fp8_wide_tiles ? w.schedule.half_block_offset : nullptr;
+}
+
 // R > 1, the open step: this rank's tokens of `rows` (x, or dy) quantised once per token in 1×128 tiles
 // into its shared region's token rows, where the ranks whose experts need them pull them.
 void stage_tiles(Workspace::Impl& w, const TensorView& rows, Fp8Tensor what, cudaStream_t s);

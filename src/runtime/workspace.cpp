@@ -190,6 +190,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
     context_buffer(schedule.expert_offset, E_loc + 1);
     context_buffer(schedule.expert_rows, E_loc);
     context_buffer(schedule.block_offset, E_loc + 1);
+    context_buffer(schedule.half_block_offset, E_loc + 1);
     // NOTES: at R > 1 the other ranks write slot_row into the region, where the next forward's schedule
     // writes it again: a caller's context keeps a copy (fused_forward.cpp, close), which the combines read.
     if (config.caller_context) {

@@ -51,7 +51,8 @@ TEST(EnvironmentOverrides, ReadsEveryVariable) {
                            {"LYNX_GEMM_GATHER", "0"},      {"LYNX_GEMM_GATHER_TOKENS", "1"},
                            {"LYNX_GEMM_GATHER_AHEAD", "5"}, {"LYNX_SCHEDULE_MIN_WARPS", "2"},
                            {"LYNX_UNFUSED_GEMM", "grouped"}, {"LYNX_X_ROWS_AGAIN", "dgrad-gate-up"},
-                           {"LYNX_VIRTUAL_RANKS", "serial"}, {"LYNX_FP8_PAIR_ROWS", "1"}};
+                           {"LYNX_VIRTUAL_RANKS", "serial"}, {"LYNX_FP8_PAIR_ROWS", "1"},
+                           {"LYNX_FP8_WIDE_TILES", "0"}};
   for (const auto& v : vars) ASSERT_EQ(setenv(v[0], v[1], 1), 0);
   const plan::Overrides& o = plan::environment_overrides();
   for (const auto& v : vars) unsetenv(v[0]);
@@ -69,6 +70,7 @@ TEST(EnvironmentOverrides, ReadsEveryVariable) {
   EXPECT_EQ(o.x_rows_again, 2);
   EXPECT_EQ(o.virtual_serial, 1);
   EXPECT_EQ(o.fp8_pair_rows, 1);
+  EXPECT_EQ(o.fp8_wide_tiles, 0);
   EXPECT_EQ(o.gemm_sm_count, 0);  // a test hook only
 }
 

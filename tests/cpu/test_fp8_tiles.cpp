@@ -15,13 +15,18 @@
 namespace lynx::fp8::impl {
 namespace {
 
-// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty).
-std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows) {
-  std::vector<int32_t> offsets(size_t(experts + 1), 0);
+// Padded expert offsets (each expert's rows rounded up to whole 128-row blocks; some experts empty) and,
+// in `half_blocks`, the schedule's half_block_offset (stated here without schedule/core.h: the experts
+// before e whose last block holds 1-64 rows).
+std::vector<int32_t> random_offsets(std::mt19937& rng, int32_t experts, int32_t max_rows,
+                                    std::vector<int32_t>* half_blocks = nullptr) {
+  std::vector<int32_t> offsets(size_t(experts + 1), 0), halves(size_t(experts + 1), 0);
   for (int32_t e = 0; e < experts; ++e) {
     const int32_t n = rng() % 4 == 0 ? 0 : int32_t(rng() % uint32_t(max_rows + 1));
     offsets[size_t(e + 1)] = offsets[size_t(e)] + (n + kTileM - 1) / kTileM * kTileM;
+    halves[size_t(e + 1)] = halves[size_t(e)] + (n % kTileM >= 1 && n % kTileM <= 64 ? 1 : 0);
   }
+  if (half_blocks != nullptr) *half_blocks = halves;
   return offsets;
 }
 
@@ -53,33 +58,44 @@ void expect_pairs(const TileSpace<kForm>& tiles, const std::vector<int32_t>& off
   EXPECT_EQ(shared_b, expected_b);
 }
 
-// Every (row block, column) of the grouped forms' output computed once, by the tile of the row block's
-// expert; a half computed exactly where it holds a column below N; its stage's bytes; its B scales.
-// pair_rows: the same, in pairs of an expert's row blocks (expect_pairs).
+// Every (64-row half of a row block, column) of the grouped forms' output computed once, by a warpgroup
+// of a tile of the row block's expert; a half computed exactly where it holds a column below N; its
+// stage's bytes; its B scales. pair_rows: the same, in pairs of an expert's row blocks (expect_pairs).
+// wide: with the schedule's half blocks, each computed in wide tiles, their second 64 rows by none, an
+// expert's tiles after those of the experts before it.
 template <Form kForm>
-void expect_grouped_tiles(std::mt19937& rng, int trial, bool pair_rows = false) {
+void expect_grouped_tiles(std::mt19937& rng, int trial, bool pair_rows = false, bool wide = false) {
   const int32_t experts = 1 + int32_t(rng() % 24);
-  const std::vector<int32_t> offsets = random_offsets(rng, experts, 600);
+  std::vector<int32_t> half_blocks;
+  const std::vector<int32_t> offsets = random_offsets(rng, experts, 600, &half_blocks);
   const int32_t total = offsets[size_t(experts)];
   const int32_t capacity = trial % 7 == 0 && total > 0 ? total - kTileM : total + kTileM * int32_t(rng() % 3);
   const int32_t N = 8 * (1 + int32_t(rng() % 400)), K = 16 * (1 + int32_t(rng() % 300));
   SCOPED_TRACE("trial " + std::to_string(trial) + " N " + std::to_string(N) + " K " + std::to_string(K) +
                " total " + std::to_string(total) + " capacity " + std::to_string(capacity));
-  const TileSpace<kForm> tiles(capacity, N, K, offsets.data(), experts, pair_rows);
+  const TileSpace<kForm> tiles(capacity, N, K, offsets.data(), experts, pair_rows, wide ? half_blocks.data() : nullptr);
   if (total > capacity) {  // a schedule over capacity placed no rows: no tiles
     EXPECT_EQ(tiles.count, 0);
     return;
   }
   const int32_t blocks = total / kTileM, k_blocks = int32_t(blocks_of(K));
   ASSERT_EQ(tiles.m_tiles, blocks);
-  // The outputs: [row block, column] (gate/up: [row block, g or u, column], each tile's two halves the
-  // same columns of g and u).
+  const bool wide_tiles = wide && !pair_rows;
+  ASSERT_EQ(tiles.count, tiles.n_tiles * blocks - (wide_tiles ? tiles.n_tiles / 2 * half_blocks[size_t(experts)] : 0));
+  // The row blocks that are half blocks (an expert's last, holding 1-64 rows).
+  std::vector<bool> half_block(size_t(blocks), false);
+  for (int32_t e = 0; e < experts; ++e) {
+    if (half_blocks[size_t(e + 1)] > half_blocks[size_t(e)]) half_block[size_t(offsets[size_t(e + 1)] / kTileM - 1)] = true;
+  }
+  // The outputs: [64-row half of a row block, column] (gate/up: [half, g or u, column], each tile's two
+  // halves the same columns of g and u).
   constexpr size_t kParts = kForm == Form::kSwiGLU ? 2 : 1;
-  std::vector<int> hits(size_t(blocks) * kParts * size_t(N), 0);
-  const auto hit = [&](const Tile& tile, int h, int32_t c) -> int& {
+  std::vector<int> hits(size_t(2 * blocks) * kParts * size_t(N), 0);
+  const auto hit = [&](int32_t row, int h, int32_t c) -> int& {
     const size_t part = kParts == 2 ? size_t(h) : 0;
-    return hits[(size_t(tile.m0 / kTileM) * kParts + part) * size_t(N) + size_t(c)];
+    return hits[(size_t(row / 64) * kParts + part) * size_t(N) + size_t(c)];
   };
+  int32_t last_expert = 0;
   for (int32_t t = 0; t < tiles.count; ++t) {
     const Tile tile = tiles[t];
     ASSERT_EQ(tile.m0 % kTileM, 0);
@@ -89,26 +105,50 @@ void expect_grouped_tiles(std::mt19937& rng, int trial, bool pair_rows = false) 
     ASSERT_TRUE(offsets[size_t(tile.expert)] <= tile.m0 && tile.m0 < offsets[size_t(tile.expert + 1)]);
     ASSERT_EQ(tile.kb_begin, 0);
     ASSERT_EQ(tile.kb_end, k_blocks);
-    const bool second = second_half<kForm>(tile, N);
-    for (int h = 0; h < 2; ++h) {
-      const auto [first, end] = half_columns<kForm>(tile, h, N);
-      if (h == 1 && kForm == Form::kGrouped) {  // computed exactly where it holds a column below N
-        ASSERT_EQ(second, first < N);
-      }
-      // Half h's B scale block ([experts, blocks_of(N), k_blocks]): the block of its first column, or,
-      // not computed, the first half's (the consumers load both halves' scales either way).
-      const int64_t row = b_scale_row<kForm>(tile, N, k_blocks, h);
-      ASSERT_LE(row + k_blocks, int64_t(experts) * blocks_of(N) * k_blocks);
-      if (h == 1 && !second) {
-        ASSERT_EQ(row, b_scale_row<kForm>(tile, N, k_blocks, 0));
-        continue;
-      }
-      ASSERT_EQ(row, (int64_t(tile.expert) * blocks_of(N) + first / kBlock) * k_blocks);
-      for (int32_t c = first; c < end; ++c) ++hit(tile, h, c);
+    ASSERT_GE(tile.expert, last_expert) << "tile " << t;
+    last_expert = tile.expert;
+    // Wide exactly on half blocks (with wide tiles), two parts but where one column tile is left.
+    const bool on_half = half_block[size_t(tile.m0 / kTileM)];
+    ASSERT_EQ(tile.wide > 0, wide_tiles && on_half) << "tile " << t;
+    if (tile.wide > 0) {
+      ASSERT_EQ(tile.n0 % (2 * kOutN<kForm>), 0);
+      ASSERT_EQ(tile.wide, std::min(2, tiles.n_tiles - tile.n0 / kOutN<kForm>));
     }
-    ASSERT_EQ(stage_bytes<kForm>(tile, N), uint32_t((kTileM + (second ? 2 : 1) * kTileN) * kBlock));
+    ASSERT_EQ(stages_per_block(tile), std::max(1, tile.wide));
+    for (int c = 0; c < 2; ++c) {
+      ASSERT_EQ(computes(tile, c), tile.wide != 1 || c == 0);
+      if (!computes(tile, c)) continue;
+      const Tile part = part_of<kForm>(tile, c);
+      ASSERT_EQ(part.n0, tile.n0 + (tile.wide > 0 ? c * kOutN<kForm> : 0));
+      ASSERT_LT(part.n0, N);
+      const int32_t row = first_row(part, c);
+      ASSERT_EQ(row, tile.m0 + (tile.wide > 0 ? 0 : 64 * c));
+      const bool second = second_half<kForm>(part, N);
+      for (int h = 0; h < 2; ++h) {
+        const auto [first, end] = half_columns<kForm>(part, h, N);
+        if (h == 1 && kForm == Form::kGrouped) {  // computed exactly where it holds a column below N
+          ASSERT_EQ(second, first < N);
+        }
+        // Half h's B scale block ([experts, blocks_of(N), k_blocks]): the block of its first column, or,
+        // not computed, the first half's (the consumers load both halves' scales either way).
+        const int64_t scales = b_scale_row<kForm>(part, N, k_blocks, h);
+        ASSERT_LE(scales + k_blocks, int64_t(experts) * blocks_of(N) * k_blocks);
+        if (h == 1 && !second) {
+          ASSERT_EQ(scales, b_scale_row<kForm>(part, N, k_blocks, 0));
+          continue;
+        }
+        ASSERT_EQ(scales, (int64_t(tile.expert) * blocks_of(N) + first / kBlock) * k_blocks);
+        for (int32_t col = first; col < end; ++col) ++hit(row, h, col);
+      }
+      ASSERT_EQ(stage_bytes<kForm>(part, N), uint32_t((kTileM + (second ? 2 : 1) * kTileN) * kBlock));
+    }
   }
-  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "output element " << i;
+  // Once each, but a half block's second 64 rows: by none in wide tiles.
+  for (size_t i = 0; i < hits.size(); ++i) {
+    const size_t half = i / (kParts * size_t(N));
+    const bool skipped = wide_tiles && half % 2 == 1 && half_block[half / 2];
+    ASSERT_EQ(hits[i], skipped ? 0 : 1) << "output element " << i;
+  }
   if (pair_rows && tiles.n_tiles % 2 == 0) expect_pairs(tiles, offsets);
 }
 
@@ -120,6 +160,22 @@ TEST(Fp8Tiles, GroupedCoverEveryOutputOnce) {
 TEST(Fp8Tiles, GateUpCoverEveryOutputOnce) {
   std::mt19937 rng(12);
   for (int trial = 0; trial < 200; ++trial) expect_grouped_tiles<Form::kSwiGLU>(rng, trial);
+}
+
+TEST(Fp8Tiles, WideTilesCoverEveryOutputOnceButHalfBlocksSecondRows) {
+  std::mt19937 rng(15);
+  for (int trial = 0; trial < 200; ++trial) {
+    expect_grouped_tiles<Form::kGrouped>(rng, trial, false, true);
+    expect_grouped_tiles<Form::kSwiGLU>(rng, trial, false, true);
+  }
+}
+
+TEST(Fp8Tiles, PairedRowBlocksTakeNoWideTiles) {
+  std::mt19937 rng(16);
+  for (int trial = 0; trial < 100; ++trial) {
+    expect_grouped_tiles<Form::kGrouped>(rng, trial, true, true);
+    expect_grouped_tiles<Form::kSwiGLU>(rng, trial, true, true);
+  }
 }
 
 TEST(Fp8Tiles, PairedRowBlocksCoverEveryOutputOnceAndShareB) {

@@ -60,6 +60,7 @@ TEST(LayerPlan, Qwen3) {
   EXPECT_EQ(p.schedule.chunks, 128);
   EXPECT_EQ(p.baseline_gemm, -1);
   EXPECT_FALSE(p.fp8_pair_rows);  // four row blocks an expert
+  EXPECT_TRUE(p.fp8_wide_tiles);  // where tiles are not in pairs
 }
 
 // Where one rank gathers the x rows again: beside the dgrad of down unless that GEMM gathers its dy
@@ -100,6 +101,7 @@ TEST(LayerPlan, DeepseekV3) {
   EXPECT_TRUE(p.dx.clusters);
   EXPECT_TRUE(p.weight_grad_in_order);
   EXPECT_TRUE(p.fp8_pair_rows);  // 128 rows an expert on average
+  EXPECT_FALSE(p.fp8_wide_tiles);  // not with tile pairs
 }
 
 // mixtral-8x7b: 16 row blocks per expert: in order, groups of 16; every K at least 4096: paired.
@@ -144,6 +146,11 @@ TEST(LayerPlan, OverridesReplaceTheirChoice) {
   Overrides plain;
   plain.fp8_pair_rows = 0;
   EXPECT_FALSE(make_layer_plan(kDeepseekV3, h200(), plain).fp8_pair_rows);
+  EXPECT_TRUE(make_layer_plan(kDeepseekV3, h200(), plain).fp8_wide_tiles);  // plain tiles: wide ones too
+  EXPECT_FALSE(p.fp8_wide_tiles);  // qwen3-30b-a3b's tiles forced into pairs
+  Overrides no_wide;
+  no_wide.fp8_wide_tiles = 0;
+  EXPECT_FALSE(make_layer_plan(kQwen3, h200(), no_wide).fp8_wide_tiles);
   EXPECT_EQ(p.schedule.warps, 16);
   EXPECT_EQ(baseline_gemm_strategy(p, 4, 1e6), GemmStrategy::kGrouped);
   EXPECT_EQ(baseline_gemm_strategy(make_layer_plan(kQwen3, h200()), 4, 1e6), GemmStrategy::kLoop);
@@ -212,6 +219,9 @@ TEST(LayerPlan, OverridesOutOfRangeAreErrors) {
   o = {};
   o.fp8_pair_rows = 2;
   expect_error(o, "fp8_pair_rows");
+  o = {};
+  o.fp8_wide_tiles = 2;
+  expect_error(o, "fp8_wide_tiles");
 }
 
 // The block a workspace with a shared expert takes while it is made (lynx/allocator.h gives these

@@ -20,7 +20,7 @@ using test::Routing;
 
 // What rank r must compute, stated without schedule_core.h.
 struct Expected {
-  std::vector<int32_t> expert_rows, expert_offset, block_offset;
+  std::vector<int32_t> expert_rows, expert_offset, block_offset, half_block_offset;
   int64_t total = 0;
   std::vector<std::vector<std::vector<int32_t>>> lists;  // [E_loc][R]: flat indices t*k+j, increasing
   std::vector<int32_t> row_token_slot, row_src_rank, slot_row;  // when it fits
@@ -55,6 +55,12 @@ Expected expect(const Routing& g, int32_t r, int64_t capacity) {
     const int32_t rows = x.expert_rows[e], tail = rows % 128;
     const int32_t blocks = (rows + 127) / 128 - (rows > 128 && tail >= 1 && tail <= 16 ? 1 : 0);
     x.block_offset[e + 1] = x.block_offset[e] + blocks;
+  }
+  // The FP8 GEMMs' half blocks: an expert's last block holding 1-64 rows.
+  x.half_block_offset.assign(size_t(E_loc) + 1, 0);
+  for (int64_t e = 0; e < E_loc; ++e) {
+    const int32_t tail = x.expert_rows[e] % 128;
+    x.half_block_offset[e + 1] = x.half_block_offset[e] + (tail >= 1 && tail <= 64 ? 1 : 0);
   }
 
   x.row_token_slot.assign(std::max<int64_t>(capacity, 0), -1);
@@ -98,6 +104,7 @@ void build_and_check(const Routing& g, int32_t r, int64_t capacity, const std::s
   EXPECT_EQ(first_difference(got.expert_rows, want.expert_rows), "") << "expert_rows";
   EXPECT_EQ(first_difference(got.expert_offset, want.expert_offset), "") << "expert_offset";
   EXPECT_EQ(first_difference(got.block_offset, want.block_offset), "") << "block_offset";
+  EXPECT_EQ(first_difference(got.half_block_offset, want.half_block_offset), "") << "half_block_offset";
   for (int64_t e = 0; e < E_loc && e + 1 < int64_t(got.expert_offset.size()); ++e) {
     EXPECT_EQ(got.expert_offset[e] % 128, 0);
     EXPECT_GE(got.expert_offset[e + 1] - got.expert_offset[e], got.expert_rows[e]);
@@ -157,7 +164,7 @@ void check_all_ranks(const Routing& g, const std::string& what) {
     build_schedule_host(g.problem(r, g.worst_case_capacity()), g.ptrs.data(), b);
     EXPECT_TRUE(a.row_token_slot == b.row_token_slot && a.row_src_rank == b.row_src_rank &&
                 a.expert_offset == b.expert_offset && a.expert_rows == b.expert_rows &&
-                a.block_offset == b.block_offset && a.slot_row == b.slot_row)
+                a.block_offset == b.block_offset && a.half_block_offset == b.half_block_offset && a.slot_row == b.slot_row)
         << what << ": two builds differ, rank " << r;
   }
 }

@@ -142,12 +142,15 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
 // of the reference's two products. pair_rows: the tiles in pairs of an expert's row blocks, and every
 // output (h, kept g and u) also bit for bit the plain order's. every: the rows of an expert checked
 // against the reference, every `every`-th and its last (every row's padding and finiteness checked).
+// wide: each expert's last row block of at most 64 rows in wide tiles (half_block_offset), every output
+// bit for bit the plain tiles' but the rows of such a block past 64, not written.
 void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t N, int64_t K, bool swiglu = false,
-                                      bool pair_rows = false, int64_t every = 1) {
+                                      bool pair_rows = false, int64_t every = 1, bool wide = false) {
   const auto seed = fresh_seed();
   const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K);
   SCOPED_TRACE("E " + std::to_string(E) + " N " + std::to_string(N) + " K " + std::to_string(K) + " seed " +
-               std::to_string(seed) + (swiglu ? " swiglu" : "") + (pair_rows ? " paired" : ""));
+               std::to_string(seed) + (swiglu ? " swiglu" : "") + (pair_rows ? " paired" : "") +
+               (wide ? " wide" : ""));
   const GroupedOperands ops = grouped_operands(rows, N, K, swiglu ? 2 : 1, seed);
   const std::vector<int32_t>& offset = ops.offset;
   const int64_t total = ops.total, cap = ops.cap;
@@ -155,7 +158,16 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   const auto& qb = ops.qb;
   const auto& b_q = ops.b_q;
   const auto& b_scales = ops.b_scales;
+  // The half blocks (the schedule's half_block_offset) and, in wide tiles, the rows no tile computes.
+  std::vector<int32_t> halves(size_t(E + 1), 0);
+  std::vector<bool> unwritten(size_t(cap), false);
+  for (int64_t e = 0; e < E; ++e) {
+    const bool half = rows[size_t(e)] % 128 >= 1 && rows[size_t(e)] % 128 <= 64;
+    halves[size_t(e + 1)] = halves[size_t(e)] + (half ? 1 : 0);
+    for (int64_t r = offset[size_t(e + 1)] - 64; wide && half && r < offset[size_t(e + 1)]; ++r) unwritten[size_t(r)] = true;
+  }
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
+  DeviceBuffer d_halves = to_device(halves);
   DeviceBuffer d_b = to_device(b_q[0]), d_bs = to_device(b_scales[0]);
   DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
   DeviceBuffer d_out(size_t(cap * N) * 2);
@@ -167,34 +179,45 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
   d_kept_g.fill_bytes(0xFF);
   d_kept_u.fill_bytes(0xFF);
-  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair) {
+  const auto run = [&](DeviceBuffer& out, DeviceBuffer& kept_g, DeviceBuffer& kept_u, bool pair, bool wide_tiles) {
+    const int32_t* half_blocks = wide_tiles ? d_halves.as<int32_t>() : nullptr;
     if (swiglu) {
       fp8::grouped_swiglu_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(),
                                        d_bs.as<float>(), d_u.as<uint8_t>(), d_us.as<float>(), E, N,
                                        d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr,
                                        fp8::KeptGateUp{kept_g.as<bf16_t>(), kept_u.as<bf16_t>(), d_slot.as<int32_t>()},
-                                       {}, {}, pair);
+                                       {}, {}, pair, half_blocks);
     } else {
       fp8::grouped_gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
-                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, {}, pair);
+                                     E, N, d_offset.as<int32_t>(), out.as<bf16_t>(), nullptr, nullptr, {}, pair,
+                                     half_blocks);
     }
     LYNX_TEST_CUDA(cudaDeviceSynchronize());
   };
-  run(d_out, d_kept_g, d_kept_u, pair_rows);
+  run(d_out, d_kept_g, d_kept_u, pair_rows, wide);
   const std::vector<HostBf16> got = to_host<HostBf16>(d_out, size_t(cap * N));
   const std::vector<HostBf16> kept_g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
   const std::vector<HostBf16> kept_u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
-  if (pair_rows) {  // the plain order's outputs, poisoned the same way: the same bytes
+  if (pair_rows || wide) {  // the plain tiles' outputs, poisoned the same way: the same bytes
     DeviceBuffer plain(size_t(cap * N) * 2), plain_g(size_t(cap * N) * 2), plain_u(size_t(cap * N) * 2);
     for (DeviceBuffer* b : {&plain, &plain_g, &plain_u}) b->fill_bytes(0xFF);
-    run(plain, plain_g, plain_u, false);
-    const auto same = [&](DeviceBuffer& b, const std::vector<HostBf16>& paired) {
+    run(plain, plain_g, plain_u, false, false);
+    // Row r of `other` (kept: kept row r, that of schedule row cap − 1 − r) against the plain tiles', but
+    // poison where wide tiles compute no row.
+    const auto same = [&](DeviceBuffer& b, const std::vector<HostBf16>& other, bool kept) {
       const std::vector<HostBf16> v = to_host<HostBf16>(b, size_t(cap * N));
-      return std::memcmp(v.data(), paired.data(), v.size() * sizeof(HostBf16)) == 0;
+      for (int64_t r = 0; r < cap; ++r) {
+        const bool poison = unwritten[size_t(kept ? cap - 1 - r : r)];
+        for (int64_t c = 0; c < N; ++c) {
+          const uint16_t want = poison ? uint16_t(0xFFFF) : v[size_t(r * N + c)].bits;
+          if (other[size_t(r * N + c)].bits != want) return false;
+        }
+      }
+      return true;
     };
-    EXPECT_TRUE(same(plain, got)) << "out: the paired order's bits differ from the plain order's";
-    EXPECT_TRUE(same(plain_g, kept_g)) << "kept g";
-    EXPECT_TRUE(same(plain_u, kept_u)) << "kept u";
+    EXPECT_TRUE(same(plain, got, false)) << "out: the bits differ from the plain tiles'";
+    EXPECT_TRUE(same(plain_g, kept_g, true)) << "kept g";
+    EXPECT_TRUE(same(plain_u, kept_u, true)) << "kept u";
   }
   // The kept rows `pick` of an expert against the reference's g or u of them, [pick.size(), N] (relative
   // Frobenius error over those rows).
@@ -251,7 +274,11 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
       }
     }
     for (int64_t i = (first + n) * N; i < int64_t(offset[size_t(e + 1)]) * N; ++i) {
-      ASSERT_EQ(got[size_t(i)].bits & 0x7FFF, 0) << "padding row " << i / N - first - n;
+      if (unwritten[size_t(i / N)]) {
+        ASSERT_EQ(got[size_t(i)].bits, 0xFFFF) << "padding row " << i / N - first - n << " of a half block: written";
+      } else {
+        ASSERT_EQ(got[size_t(i)].bits & 0x7FFF, 0) << "padding row " << i / N - first - n;
+      }
     }
   }
   for (int64_t i = total * N; i < cap * N; ++i) ASSERT_EQ(got[size_t(i)].bits, 0xFFFF) << "past the rows: written";
@@ -267,7 +294,7 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
     for (int64_t c = 0; c < N; ++c) {
       for (const auto* k : {&kept_g, &kept_u}) {
         const uint16_t bits = (*k)[size_t(to * N + c)].bits;
-        if (!kept) {
+        if (!kept || unwritten[size_t(r)]) {
           ASSERT_EQ(bits, 0xFFFF) << "kept row " << to << " written, column " << c;
         } else if (padding) {
           ASSERT_EQ(bits & 0x7FFF, 0) << "kept row " << to << " of a padding row, column " << c;
@@ -435,13 +462,29 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
   expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, true);  // many tiles per CTA
   expect_grouped_matches_reference({4000, 129, 700}, 256, 384, true, true);
 }
+
+// Wide tiles (each expert's last row block of at most 64 rows; tiles.h) against the reference and the
+// plain tiles' bits: half blocks of 30, 1, 44 and 64 rows, blocks of 72 and 65 that are not; column tiles
+// odd (a last wide tile of one part) and even, the last one half; gate/up and the grouped form.
+TEST_F(Fp8Gemm, GroupedWideTiles) {
+  const std::vector<int64_t> rows = {200, 0, 158, 1, 300, 64, 65};
+  expect_grouped_matches_reference(rows, 384, 640, false, false, 1, true);  // 2 column tiles, the last half
+  expect_grouped_matches_reference(rows, 640, 256, false, false, 1, true);  // 3
+  expect_grouped_matches_reference(rows, 200, 384, false, false, 1, true);  // 1
+  expect_grouped_matches_reference(rows, 384, 640, true, false, 1, true);   // 3 of 128
+  expect_grouped_matches_reference(rows, 200, 256, true, false, 1, true);   // 2, the last of 72 columns
+  expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, false, 1, true);  // many tiles per CTA
+}
+
 // More than 32 tiles a CTA (4896 and 9792 tiles: the tiles each consumer warp finds 32 at a time, the
-// stages' phases carried from tile to tile), plain and paired; every 61st row and each expert's last
-// against the reference.
+// stages' phases carried from tile to tile), plain, paired and in wide tiles; every 61st row and each
+// expert's last against the reference.
 TEST_F(Fp8Gemm, GroupedManyTilesPerCta) {
   const std::vector<int64_t> rows = {9000, 6000, 77, 4000, 0, 130};
   expect_grouped_matches_reference(rows, 8192, 256, false, false, 61);
   expect_grouped_matches_reference(rows, 8192, 256, true, true, 61);
+  expect_grouped_matches_reference(rows, 8192, 256, false, false, 61, true);
+  expect_grouped_matches_reference(rows, 8192, 256, true, false, 61, true);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLUEdges) {
   expect_grouped_matches_reference({77, 129, 0}, 192, 2880, true);

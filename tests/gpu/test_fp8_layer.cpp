@@ -336,6 +336,42 @@ TEST_F(Fp8Layer, PairedRowBlocksGiveThePlainOrdersBits) {
   }
 }
 
+// An expert's last row block of at most 64 rows (a half block) in wide tiles (every FP8 grouped launch
+// of the forward and backward) gives the plain tiles' bits, the row buffers poisoned first (the rows of
+// a half block past 64 are written by neither GEMM): at one rank with gate/up's rows gathered in the
+// GEMM, with the context recomputed, with bf16 weight gradients, and at two ranks (rows pulled from the
+// other rank). 300 rows an expert on average, most ending in a half block; I of 384 (gate/up 3 column
+// tiles of 128: a wide tile of one part; da 2 of 256), H of 640 (down and dx 3 of 256).
+TEST_F(Fp8Layer, WideTilesGiveThePlainTilesBits) {
+  const auto tiles = [](int32_t wide) {
+    return [wide](Workspace& ws) {
+      test_hooks::poison_row_buffers(ws);
+      test_hooks::set_gather_token_major(ws, 0);
+      test_hooks::set_gemm_gather(ws, 1);
+      test_hooks::set_fp8_pair_rows(ws, 0);
+      test_hooks::set_fp8_wide_tiles(ws, wide);
+      EXPECT_EQ(ws.impl().plan.fp8_wide_tiles, wide == 1);
+    };
+  };
+  const Case c{600, 640, 384, 8, 4, 0};
+  const HostLayer L(c, fresh_seed());
+  const std::vector<HostBf16> dy = random_dy(c);
+  Config bf16_grads = fp8_config();
+  bf16_grads.bf16_weight_grads = true;
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "context recomputed" : "context kept");
+    const Outputs plain = run_virtual_ranks(L, 1, dy, fp8_config(), recompute, tiles(0));
+    for (const int32_t R : {1, 2}) {
+      SCOPED_TRACE("R = " + std::to_string(R));
+      EXPECT_EQ(first_difference(plain, run_virtual_ranks(L, R, dy, fp8_config(), recompute, tiles(1))), "");
+    }
+  }
+  EXPECT_EQ(first_difference(run_virtual_ranks(L, 1, dy, bf16_grads, false, tiles(0)),
+                             run_virtual_ranks(L, 1, dy, bf16_grads, false, tiles(1))),
+            "")
+      << "bf16 weight gradients";
+}
+
 // Three ranks, H and I past a multiple of 128, the context recomputed, bf16 weight gradients.
 TEST_F(Fp8Layer, BitwiseEqualAtThreeRanksRecomputed) {
   Config config = fp8_config();

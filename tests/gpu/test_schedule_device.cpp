@@ -34,12 +34,14 @@ struct Stream {
 
 // What one device build left in every buffer, guards included.
 struct DeviceOutput {
-  std::vector<int32_t> row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, slot_row, scratch;
+  std::vector<int32_t> row_token_slot, row_src_rank, expert_offset, expert_rows, block_offset, half_block_offset, slot_row,
+      scratch;
   DeviceStatus status{};
 
   bool operator==(const DeviceOutput& o) const {
     return row_token_slot == o.row_token_slot && row_src_rank == o.row_src_rank && expert_offset == o.expert_offset &&
-           expert_rows == o.expert_rows && block_offset == o.block_offset && slot_row == o.slot_row &&
+           expert_rows == o.expert_rows && block_offset == o.block_offset && half_block_offset == o.half_block_offset &&
+           slot_row == o.slot_row &&
            std::memcmp(&status, &o.status, sizeof(status)) == 0;
   }
 };
@@ -61,6 +63,7 @@ class DeviceSchedule {
         expert_offset_(bytes(g.local_experts() + 1)),
         expert_rows_(bytes(g.local_experts())),
         block_offset_(bytes(g.local_experts() + 1)),
+        half_block_offset_(bytes(g.local_experts() + 1)),
         slot_row_(bytes(g.entries())),
         scratch_(bytes(plan_.scratch_ints())),
         status_(sizeof(DeviceStatus)) {
@@ -79,7 +82,7 @@ class DeviceSchedule {
 
   // Fills every buffer (and the scratch) with `poison` bytes and the status with `status`.
   void poison(int byte, const DeviceStatus& status = DeviceStatus{}) {
-    for (DeviceBuffer* b : {&row_token_slot_, &row_src_rank_, &expert_offset_, &expert_rows_, &block_offset_, &slot_row_,
+    for (DeviceBuffer* b : {&row_token_slot_, &row_src_rank_, &expert_offset_, &expert_rows_, &block_offset_, &half_block_offset_, &slot_row_,
                            &scratch_}) {
       b->fill_bytes(byte);
     }
@@ -88,7 +91,7 @@ class DeviceSchedule {
 
   void enqueue(cudaStream_t stream) const {
     DeviceBuffers b{row_token_slot_.as<int32_t>(), row_src_rank_.as<int32_t>(), expert_offset_.as<int32_t>(),
-                    expert_rows_.as<int32_t>(), block_offset_.as<int32_t>(), slot_row_.as<int32_t>(),
+                    expert_rows_.as<int32_t>(), block_offset_.as<int32_t>(), half_block_offset_.as<int32_t>(), slot_row_.as<int32_t>(),
                     scratch_.as<int32_t>(),
                     status_.as<DeviceStatus>()};
     build_schedule_device(p_, plan_, routing_, b, stream);
@@ -108,6 +111,7 @@ class DeviceSchedule {
     o.expert_offset = ints(expert_offset_);
     o.expert_rows = ints(expert_rows_);
     o.block_offset = ints(block_offset_);
+    o.half_block_offset = ints(half_block_offset_);
     o.slot_row = ints(slot_row_);
     o.scratch = ints(scratch_);
     LYNX_TEST_CUDA(cudaMemcpy(&o.status, status_.get(), sizeof(o.status), cudaMemcpyDeviceToHost));
@@ -122,7 +126,8 @@ class DeviceSchedule {
 
   Problem p_;
   SchedulePlan plan_;
-  DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, block_offset_, slot_row_, scratch_, status_;
+  DeviceBuffer row_token_slot_, row_src_rank_, expert_offset_, expert_rows_, block_offset_, half_block_offset_, slot_row_,
+      scratch_, status_;
   std::vector<DeviceBuffer> ids_;
   DeviceRouting routing_{};
 };
@@ -161,6 +166,8 @@ void check_output(const DeviceOutput& d, const HostSchedule& h, const HostResult
   EXPECT_EQ(compare(d.expert_rows, {}, E_loc, E_loc + kGuard, fill), "") << "expert_rows guard";
   EXPECT_EQ(compare(d.block_offset, h.block_offset, 0, E_loc + 1), "") << "block_offset";
   EXPECT_EQ(compare(d.block_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "block_offset guard";
+  EXPECT_EQ(compare(d.half_block_offset, h.half_block_offset, 0, E_loc + 1), "") << "half_block_offset";
+  EXPECT_EQ(compare(d.half_block_offset, {}, E_loc + 1, E_loc + 1 + kGuard, fill), "") << "half_block_offset guard";
   const int64_t scratch_ints = plan_of(p).scratch_ints();
   EXPECT_EQ(compare(d.scratch, {}, scratch_ints, scratch_ints + kGuard, fill), "") << "scratch guard";
   // The build's last block sets its barrier and arrival counters back for the next build.

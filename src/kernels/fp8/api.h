@@ -206,12 +206,16 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 // of a zeros (they come out as zeros). Row blocks past expert_offset[experts] are not written, nor any
 // when expert_offset[experts] > capacity (a schedule over capacity). pair_rows: the tiles in pairs of
 // an expert's row blocks reading the same weights at once (tiles.h; the same outputs, bit for bit).
+// half_block_offset (device, [experts + 1], the schedule's; not with pair_rows): each expert's last row
+// block that holds at most 64 rows is computed in wide tiles (tiles.h; the same outputs, bit for bit),
+// and its rows past 64 (padding rows no kernel reads) are not written.
 // A gathered by the kernel itself where `gather` is on (TileGather above): from this rank's token tiles
 // only (the dgrad of down at R = 1); remote sources are an Error.
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               const TileGather& gather = {}, bool pair_rows = false);
+                               const TileGather& gather = {}, bool pair_rows = false,
+                               const int32_t* half_block_offset = nullptr);
 
 // Where the gate/up form also keeps g and u (bf16, for the backward): row r's go to row slot[r] of
 // gate and up ([rows, N] each; nowhere when slot[r] < 0). All three null: not kept.
@@ -241,7 +245,8 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {},
-                                 const QuantizedH& hq = {}, const TileGather& gather = {}, bool pair_rows = false);
+                                 const QuantizedH& hq = {}, const TileGather& gather = {}, bool pair_rows = false,
+                                 const int32_t* half_block_offset = nullptr);
 
 // The weight-gradient form (the recipe's wgrad): per expert e, out[e] = Σ over its rows r of
 // A[:, r] · B[:, r]ᵀ, [M, N], K being the schedule's rows: a [M, capacity] and b [N, capacity] E4M3 are

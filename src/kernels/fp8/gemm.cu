@@ -33,7 +33,10 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
             Out* out, int64_t M, int64_t N, int64_t K, const int32_t* expert_offset, int64_t experts,
             DeviceStatus* status, cudaStream_t stream, KeptGateUp kept = {}, int32_t split = 0,
             const SwiGLUOutputs& swiglu = {}, const gemm::RowGather& gather = {}, const RowSources& sources = {},
-            bool pair_rows = false) {
+            bool pair_rows = false, const int32_t* half_block_offset = nullptr) {
+  if (pair_rows && half_block_offset != nullptr) {
+    throw Error("half_block_offset", "wide tiles and tile pairs do not go together: give one or neither");
+  }
   // With N even the dense form stores two adjacent columns at once (store_pair): its output is then
   // aligned to two elements.
   if constexpr (kForm == Form::kDense) {
@@ -64,7 +67,7 @@ void launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMa
   const dim3 grid(unsigned(pair_rows && ctas > 1 ? ctas & ~int64_t(1) : ctas));
   gemm_kernel<kForm, Out, kGather><<<grid, kThreads, kSmem<kForm>, stream>>>(
       tma_a, tma_b, tma_b2, a_scales, b_scales, b2_scales, tma_out, tma_out2, out, int32_t(M), int32_t(N), int32_t(K),
-      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows);
+      expert_offset, int32_t(experts), status, kept, split, swiglu, gather, sources, pair_rows, half_block_offset);
   LYNX_CUDA(cudaGetLastError());
 }
 
@@ -130,7 +133,7 @@ void gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t M, int64
 void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                const uint8_t* b, const float* b_scales, int64_t experts, int64_t N,
                                const int32_t* expert_offset, bf16_t* out, DeviceStatus* status, cudaStream_t stream,
-                               const TileGather& gather, bool pair_rows) {
+                               const TileGather& gather, bool pair_rows, const int32_t* half_block_offset) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   check_bf16_outputs(N, {{out, "out", 128}});
@@ -142,19 +145,20 @@ void grouped_gemm_block_scaled(const uint8_t* a, const float* a_scales, int64_t 
   const CUtensorMap tma_out = gemm::make_tma_2d(out, capacity, N, 64, 64);
   if (!gather.on()) {
     launch<Form::kGrouped>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out, capacity, N, K,
-                           expert_offset, experts, status, stream, {}, 0, {}, {}, {}, pair_rows);
+                           expert_offset, experts, status, stream, {}, 0, {}, {}, {}, pair_rows, half_block_offset);
     return;
   }
   launch<Form::kGrouped, bf16_t, kGatherLocal>(tma_a, tma_b, tma_b, a_scales, b_scales, nullptr, tma_out, tma_out, out,
                                                capacity, N, K, expert_offset, experts, status, stream, {}, 0, {},
-                                               row_gather(gather, a, K), {}, pair_rows);
+                                               row_gather(gather, a, K), {}, pair_rows, half_block_offset);
 }
 
 void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_t capacity, int64_t K,
                                  const uint8_t* gate, const float* gate_scales, const uint8_t* up,
                                  const float* up_scales, int64_t experts, int64_t N, const int32_t* expert_offset,
                                  bf16_t* h, DeviceStatus* status, cudaStream_t stream, KeptGateUp kept,
-                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows) {
+                                 const QuantizedH& hq, const TileGather& gather, bool pair_rows,
+                                 const int32_t* half_block_offset) {
   check_sizes(capacity, N, K);
   check_grouped(capacity, experts, expert_offset);
   if (kept.gate != nullptr && (kept.up == nullptr || kept.slot == nullptr)) {
@@ -184,18 +188,19 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
     launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
-                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
+                          K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows,
+                          half_block_offset);
     return;
   }
   const gemm::RowGather g = row_gather(gather, a, K);
   if (gather.sources.remote()) {
     launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
                                                  tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                 kept, 0, outputs, g, gather.sources, pair_rows);
+                                                 kept, 0, outputs, g, gather.sources, pair_rows, half_block_offset);
   } else {
     launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
-                                                kept, 0, outputs, g, {}, pair_rows);
+                                                kept, 0, outputs, g, {}, pair_rows, half_block_offset);
   }
 }
 

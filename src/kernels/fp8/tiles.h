@@ -48,10 +48,31 @@ constexpr int32_t kOutN = kForm == Form::kSwiGLU ? kTileN : kHalves<kForm> * kTi
 template <Form kForm>
 constexpr uint32_t kStageBytes = uint32_t((kTileM + kHalves<kForm> * kTileN) * kBlock);
 
-// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile).
+// One output tile: its corner, its expert, and the K blocks it sums (none: a zero tile). wide (grouped
+// forms): 0, a [128, kOutN] tile of which consumer warpgroup c computes rows [m0 + 64c, + 64); else a
+// half block's wide tile (TileSpace), of which warpgroup c < wide computes rows [m0, m0 + 64) of the
+// kOutN columns from n0 + c · kOutN (part_of), from stages of its own.
 struct Tile {
-  int32_t m0, n0, expert, kb_begin, kb_end;
+  int32_t m0, n0, expert, kb_begin, kb_end, wide;
 };
+
+// Part c of a wide tile (c < tile.wide): its columns, a tile of their own for the producer's loads and
+// the consumer's scales; a [128, kOutN] tile itself.
+template <Form kForm>
+LYNX_HD Tile part_of(const Tile& tile, int c) {
+  Tile part = tile;
+  if (tile.wide > 0) part.n0 += c * kOutN<kForm>;
+  return part;
+}
+
+// The stages a tile takes per K block: one that both warpgroups read, or one for each part of a wide tile.
+LYNX_HD int32_t stages_per_block(const Tile& tile) { return tile.wide > 0 ? tile.wide : 1; }
+
+// The first of the 64 output rows consumer warpgroup c computes of `tile`.
+LYNX_HD int32_t first_row(const Tile& tile, int c) { return tile.wide > 0 ? tile.m0 : tile.m0 + 64 * c; }
+
+// Whether consumer warpgroup c computes anything of `tile` (a wide tile of one part leaves warpgroup 1 out).
+LYNX_HD bool computes(const Tile& tile, int c) { return tile.wide == 0 || c < tile.wide; }
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
 // grouped form and the weight gradient where columns n0 + 128 .. lie below N (the producer loads, and
@@ -109,19 +130,31 @@ LYNX_HD uint32_t code_offset(int warp, int lane, int j, int r) {
 // each pair on a cluster of two CTAs that load one half of the shared B (or A) tile each and multicast
 // it (branch fp8-multicast, 4f8dcd8): 5.15 ms, and 1.376-1.380 against 1.360-1.362 at 4096, 7168,
 // 2048, 64 experts, k = 2; the L2 already serves the pair's second read.
+// With `half_block_offset` (the schedule's; grouped forms, not in pairs) an expert's half block (its
+// last row block, holding 1 .. 64 rows: schedule/core.h) takes ⌈n_tiles / 2⌉ wide tiles instead of
+// n_tiles: its columns two tiles' worth at a time, each consumer warpgroup the block's 64 rows of one
+// tile's columns (Tile::wide). Expert e's tiles, whole row blocks first in the plain order, then its
+// wide tiles, start at n_tiles · B_e − ⌊n_tiles / 2⌋ · h_e (h_e: the half blocks before e).
+// NOTES: a [128, kOutN] tile of a half block spends one warpgroup on padding rows, a whole tile's time
+// for half its products. With uniform routing at qwen3-30b-a3b (512 ± 23 rows an expert) about half the
+// experts end in one (63 of 575 row blocks): 3261 gate/up tiles instead of 3450, 4348 down tiles instead
+// of 4600. A wide tile's K block takes two stages (A's rows twice, each warpgroup its own B), so its
+// operands cost twice the L2 reads of a plain tile's.
 template <Form kForm>
 struct TileSpace {
   int32_t n_tiles, m_tiles, count;
   const int32_t* expert_offset;
   int32_t experts, k_blocks;
   bool pair_rows;
+  const int32_t* half_block_offset;  // null: no wide tiles
 
   LYNX_HD TileSpace(int32_t M, int32_t N, int32_t K, const int32_t* offset, int32_t num_experts,
-                    bool pair_row_blocks = false)
+                    bool pair_row_blocks = false, const int32_t* half_blocks = nullptr)
       : expert_offset(offset),
         experts(num_experts),
         k_blocks(int32_t(blocks_of(K))),
-        pair_rows(kScheduleRows<kForm> && pair_row_blocks) {
+        pair_rows(kScheduleRows<kForm> && pair_row_blocks),
+        half_block_offset(kScheduleRows<kForm> && !pair_row_blocks ? half_blocks : nullptr) {
     n_tiles = (N + kOutN<kForm> - 1) / kOutN<kForm>;
     m_tiles = int32_t(blocks_of(M));
     if constexpr (kScheduleRows<kForm>) {
@@ -129,22 +162,54 @@ struct TileSpace {
       m_tiles = total > M ? 0 : int32_t(blocks_of(total));  // a schedule over capacity placed no rows
     }
     count = n_tiles * m_tiles * (kForm == Form::kWeightGrad ? num_experts : 1);
+    if (half_block_offset != nullptr && m_tiles > 0) count -= n_tiles / 2 * half_block_offset[num_experts];
   }
 
   LYNX_HD Tile operator[](int32_t t) const {
     if constexpr (kScheduleRows<kForm>) {
-      return at(t, gemm::expert_of_row(expert_offset, experts, search_row(t)));
+      return at(t, half_block_offset != nullptr ? expert_of_tile(t)
+                                                : gemm::expert_of_row(expert_offset, experts, search_row(t)));
     } else {
       return without_expert(t);
     }
   }
 
-  // The grouped forms: a row of tile t's expert, and tile t of that expert.
+  // The grouped forms: a row of tile t's expert (no wide tiles), and tile t of that expert.
   LYNX_HD int32_t search_row(int32_t t) const { return t / n_tiles * kTileM; }
+  // With wide tiles: expert e's first tile, and the expert of tile t (the last e whose first is <= t).
+  LYNX_HD int32_t first_tile(int32_t e) const {
+    return n_tiles * (expert_offset[e] / kTileM) - n_tiles / 2 * half_block_offset[e];
+  }
+  LYNX_HD int32_t expert_of_tile(int32_t t) const {
+    int32_t lo = 0, hi = experts;  // invariant: first_tile(lo) <= t < first_tile(hi) (= count)
+    while (hi - lo > 1) {
+      const int32_t mid = (lo + hi) / 2;
+      if (first_tile(mid) <= t) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
   LYNX_HD Tile at(int32_t t, int32_t expert) const {
     Tile tile = without_expert(t);
     tile.expert = expert;
-    if (pair_rows) {
+    if (half_block_offset != nullptr) {
+      const int32_t first = expert_offset[expert] / kTileM;
+      const int32_t whole = expert_offset[expert + 1] / kTileM - first -
+                            (half_block_offset[expert + 1] - half_block_offset[expert]);
+      const int32_t local = t - first_tile(expert);
+      if (local < whole * n_tiles) {
+        tile.m0 = (first + local / n_tiles) * kTileM;
+        tile.n0 = local % n_tiles * kOutN<kForm>;
+      } else {
+        const int32_t w = local - whole * n_tiles;  // the half block's w-th wide tile
+        tile.m0 = (first + whole) * kTileM;
+        tile.n0 = 2 * w * kOutN<kForm>;
+        tile.wide = n_tiles - 2 * w < 2 ? 1 : 2;
+      }
+    } else if (pair_rows) {
       const int32_t first = expert_offset[expert] / kTileM, blocks = expert_offset[expert + 1] / kTileM - first;
       const int32_t local = t - first * n_tiles, group = local / (2 * n_tiles), i = local - group * 2 * n_tiles;
       const int32_t rows = blocks - 2 * group < 2 ? 1 : 2;  // the group's row blocks
@@ -162,6 +227,7 @@ struct TileSpace {
     tile.expert = 0;
     tile.kb_begin = 0;
     tile.kb_end = k_blocks;
+    tile.wide = 0;
     if constexpr (kForm == Form::kWeightGrad) {
       // The expert's row blocks (its rows are padded to whole blocks); none over capacity: a zero tile.
       tile.expert = t / (n_tiles * m_tiles);

@@ -9,6 +9,8 @@
 //    s routed to e, in increasing t*k + j order; row q of L_s goes to position Σ_{s' < s} |L_s'| + q.
 //  * block_offset[e] = Σ_{e' < e} tile_blocks(rows of e'): where expert e's row blocks start in the
 //    expert GEMM's tiles when it folds tails (schedule_core.h). block_offset[E_loc] = all of them.
+//  * half_block_offset[e] = Σ_{e' < e} half_blocks(rows of e'): the experts before e whose last row
+//    block holds at most 64 rows (schedule_core.h; the FP8 GEMMs' wide tiles). [E_loc] = all of them.
 //  * Padding rows have row_token_slot = row_src_rank = -1.
 //  * slot_row[t*k + j] (for this rank's own tokens) is the row of (t, j) if its expert is local to this
 //    rank, else -1. With peer_slot_row (R > 1), the rank that computes (t, j) of source s writes its row
@@ -50,6 +52,7 @@ struct HostSchedule {
   std::vector<int32_t> expert_offset;   // [E_loc + 1]
   std::vector<int32_t> expert_rows;     // [E_loc]
   std::vector<int32_t> block_offset;    // [E_loc + 1]
+  std::vector<int32_t> half_block_offset;  // [E_loc + 1]
   std::vector<int32_t> slot_row;        // [T*k]
 };
 
@@ -68,6 +71,7 @@ struct DeviceBuffers {
   int32_t* expert_offset;   // [E_loc + 1]
   int32_t* expert_rows;     // [E_loc]
   int32_t* block_offset;    // [E_loc + 1]
+  int32_t* half_block_offset;  // [E_loc + 1]
   int32_t* slot_row;        // [T*k]
   int32_t* scratch;         // [SchedulePlan::scratch_ints()]
   DeviceStatus* status;

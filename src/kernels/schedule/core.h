@@ -32,11 +32,19 @@ LYNX_HD int64_t folded_tail_rows(int64_t rows) {
 }
 LYNX_HD int64_t tile_blocks(int64_t rows) { return padded_rows(rows) / kTileRows - (folded_tail_rows(rows) > 0 ? 1 : 0); }
 
+// Whether an expert's last row block holds 1 .. kHalfRows rows, its second 64-row half none: a half
+// block, which the FP8 grouped GEMMs compute in wide tiles (kernels/fp8/tiles.h). half_block_offset[e]
+// counts them over the experts before e.
+constexpr int64_t kHalfRows = 64;
+LYNX_HD int64_t half_blocks(int64_t rows) {
+  const int64_t tail = rows % kTileRows;
+  return tail > 0 && tail <= kHalfRows ? 1 : 0;
+}
+
 // Whether schedule row `row` lies in a 64-row half of its expert's block that holds no routed rows.
 // An expert's rows come first in its block, so such a half starts with a padding row. No kernel reads
 // those halves (half tiles load rows 0-63; the weight gradients' K stops at the last 64-row block with
 // rows), so none writes them either: ~117 MB per gather at deepseek-v3.
-constexpr int64_t kHalfRows = 64;
 LYNX_HD bool in_rowless_half(const int32_t* row_token_slot, int64_t row) {
   return row_token_slot[row - row % kHalfRows] < 0;
 }

@@ -24,18 +24,22 @@ HostResult build_schedule_host(const Problem& p, const int32_t* const* topk_ids,
   out.expert_rows.assign(E_loc, 0);
   out.expert_offset.assign(size_t(E_loc) + 1, 0);
   out.block_offset.assign(size_t(E_loc) + 1, 0);
-  int64_t total = 0, blocks = 0;
+  out.half_block_offset.assign(size_t(E_loc) + 1, 0);
+  int64_t total = 0, blocks = 0, half_blocks = 0;
   for (int32_t e = 0; e < E_loc; ++e) {
     int64_t rows = 0;
     for (int32_t s = 0; s < R; ++s) rows += source_rows[core::pair_index(e, s, R)];
     out.expert_rows[e] = static_cast<int32_t>(rows);
     out.expert_offset[e] = static_cast<int32_t>(total);
     out.block_offset[e] = static_cast<int32_t>(blocks);
+    out.half_block_offset[e] = static_cast<int32_t>(half_blocks);
     total += core::padded_rows(rows);
     blocks += core::tile_blocks(rows);
+    half_blocks += core::half_blocks(rows);
   }
   out.expert_offset[E_loc] = static_cast<int32_t>(total);
   out.block_offset[E_loc] = static_cast<int32_t>(blocks);
+  out.half_block_offset[E_loc] = static_cast<int32_t>(half_blocks);
 
   const size_t capacity = size_t(std::max<int64_t>(p.capacity, 0));
   out.row_token_slot.assign(capacity, -1);

@@ -52,6 +52,7 @@ struct Args {
   int32_t* expert_offset;
   int32_t* expert_rows;
   int32_t* block_offset;
+  int32_t* half_block_offset;
   int32_t* slot_row;
   int32_t* const* peer_slot_row;  // [R] device, or null (R = 1): every source rank's slot_row
   DeviceStatus* status;
@@ -199,7 +200,7 @@ __device__ void scan_columns(const Args& a) {
 
 // Phase 3, first part: every block computes the experts' padded offsets into `offset` (E_loc + 1, the
 // total last) from pair_rows (in shared memory); block (0, 0) also writes expert_rows, expert_offset
-// and the GEMM's block_offset, and reports an overflow (a = rows needed, b = capacity). Contiguous
+// and the GEMMs' block_offset and half_block_offset, and reports an overflow (a = rows needed, b = capacity). Contiguous
 // experts per thread, block scans.
 __device__ void expert_offsets(const Args& a, const int32_t* pair_rows, int32_t* offset) {
   const int32_t per_thread = (a.local_experts + blockDim.x - 1) / blockDim.x;
@@ -221,20 +222,27 @@ __device__ void expert_offsets(const Args& a, const int32_t* pair_rows, int32_t*
   if (threadIdx.x == 0) offset[a.local_experts] = static_cast<int32_t>(total);
   if (linear_block() != 0) return;
 
-  int64_t blocks = 0;
-  for (int32_t e = e_begin; e < e_end; ++e) blocks += core::tile_blocks(expert_rows(e));
-  int64_t total_blocks = 0;
+  int64_t blocks = 0, halves = 0;
+  for (int32_t e = e_begin; e < e_end; ++e) {
+    blocks += core::tile_blocks(expert_rows(e));
+    halves += core::half_blocks(expert_rows(e));
+  }
+  int64_t total_blocks = 0, total_halves = 0;
   int64_t block = block_exclusive_sum(blocks, &total_blocks);
+  int64_t half = block_exclusive_sum(halves, &total_halves);
   for (int32_t e = e_begin; e < e_end; ++e) {
     const int64_t rows = expert_rows(e);
     a.expert_rows[e] = static_cast<int32_t>(rows);
     a.expert_offset[e] = offset[e];
     a.block_offset[e] = static_cast<int32_t>(block);
+    a.half_block_offset[e] = static_cast<int32_t>(half);
     block += core::tile_blocks(rows);
+    half += core::half_blocks(rows);
   }
   if (threadIdx.x == 0) {
     a.expert_offset[a.local_experts] = static_cast<int32_t>(total);
     a.block_offset[a.local_experts] = static_cast<int32_t>(total_blocks);
+    a.half_block_offset[a.local_experts] = static_cast<int32_t>(total_halves);
     if (!core::fits_capacity(total, a.capacity) &&
         atomicCAS(&a.status->code, int32_t(StatusCode::kOk), int32_t(StatusCode::kCapacityOverflow)) ==
             int32_t(StatusCode::kOk)) {
@@ -429,6 +437,7 @@ Args make_args(const Problem& p, const SchedulePlan& plan, const DeviceRouting& 
   a.expert_offset = b.expert_offset;
   a.expert_rows = b.expert_rows;
   a.block_offset = b.block_offset;
+  a.half_block_offset = b.half_block_offset;
   a.slot_row = b.slot_row;
   a.peer_slot_row = b.peer_slot_row;
   a.status = b.status;

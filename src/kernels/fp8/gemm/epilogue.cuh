@@ -115,9 +115,9 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   }
 }
 
-// kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::piece_slots), loaded at
-// the tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
-// second half (the grouped form's pieces).
+// Warpgroup c's sums of `tile` (part_of(tile, c)) out. kept_slots: the slots of the kept g and u rows
+// this thread stores (gemm::impl::piece_slots), loaded at the tile's start; null: loaded here.
+// previous_second: whether the warpgroup's previous tile stored a second half (the grouped form's pieces).
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
                                          int c, const float (&acc)[kHalves<kForm>][64], const int4* kept_slots,
@@ -138,10 +138,10 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
       }
     }
   } else {
-    // The warpgroup's piece: rows [m0 + 64c, + 64), fragment column group j (columns 8j ..) of half h in
+    // The warpgroup's piece: rows [first_row, + 64), fragment column group j (columns 8j ..) of half h in
     // row half r at acc[h][4j + 2r], acc[h][4j + 2r + 1]. The TMA stores leave out rows and columns past
     // their tensor.
-    const int32_t row = m0 + 64 * c;
+    const int32_t row = first_row(tile, c);
     const auto pair = [&](int h, int i) { return make_float2(acc[h][i], acc[h][i + 1]); };
     if constexpr (kSwiGLU) {  // 128 columns: h = silu(g) ⊙ u from the gate's half and the up's
       const auto h = [&](int j, int r) {

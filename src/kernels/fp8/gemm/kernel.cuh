@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 Out* __restrict__ out,
                 int32_t M, int32_t N, int32_t K, const int32_t* __restrict__ expert_offset, int32_t experts,
                 DeviceStatus* status, KeptGateUp kept, int32_t split, SwiGLUOutputs swiglu, gemm::RowGather gather,
-                RowSources sources, bool pair_rows) {
+                RowSources sources, bool pair_rows, const int32_t* __restrict__ half_block_offset) {
   static_assert(kGather == kGatherNone || kForm == Form::kSwiGLU ||
                     (kForm == Form::kGrouped && kGather == kGatherLocal),
                 "only the grouped forms gather their rows, and only gate/up's from other ranks");
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // NOTES: broadcast from lane 0, so that ptxas knows it is the same in every lane of a warp and keeps
   // what derives from it (the consumers' A descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
-  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows);
+  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows, half_block_offset);
   // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
   if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
   if (threadIdx.x == 0) {
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int c = warpgroup - 1;
-  int32_t it = 0;      // K blocks consumed before this tile
+  int32_t it = 0;      // stages consumed before this tile
   bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
   // NOTES: a tile's expert is a binary search over the experts' offsets, and the tile's first B scales
   // wait for it: each tile's start held ~17% of the down GEMM's warp samples with seven loads in turn
@@ -114,25 +114,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   // qwen3-30b-a3b (1980 MHz), the same bits (H100, 2026-12-07,
   // bench/results/2026-12-07-h100-db0f1f6-fp8-tile-search-log.txt).
   const int lane = int(threadIdx.x) % 32;
-  Tile batch{0, 0, 0, 0, 0};  // lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x)
+  Tile batch{0, 0, 0, 0, 0, 0};  // lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x)
   // Tile t, the CTA's j-th: the grouped forms' from the warp's batch; the others' from t alone.
   const auto tile_of = [&](int32_t t, int32_t j) {
     if constexpr (kScheduleRows<kForm>) {
       if (j % 32 == 0) {
+        // NOTES: the tile space made again from the arguments, not kept across the tiles: kept, its
+        // fields spilled (the grouped form with its gather, 24 bytes).
+        const TileSpace<kForm> space(M, N, K, expert_offset, experts, pair_rows, half_block_offset);
         const int64_t mine = int64_t(t) + int64_t(lane) * gridDim.x;
-        if (mine < tiles.count) batch = tiles[int32_t(mine)];
+        if (mine < space.count) batch = space[int32_t(mine)];
       }
-      Tile tile = tiles.without_expert(t);
+      Tile tile{0, 0, 0, 0, tiles.k_blocks, 0};
       tile.m0 = __shfl_sync(0xffffffffu, batch.m0, j % 32);
       tile.n0 = __shfl_sync(0xffffffffu, batch.n0, j % 32);
       tile.expert = __shfl_sync(0xffffffffu, batch.expert, j % 32);
+      tile.wide = __shfl_sync(0xffffffffu, batch.wide, j % 32);
       return tile;
     } else {
       return tiles.without_expert(t);
     }
   };
   for (int32_t t = blockIdx.x, j = 0; t < tiles.count; t += gridDim.x, ++j) {
-    const Tile tile = tile_of(t, j);
+    const Tile whole = tile_of(t, j);
+    const int32_t stages = (whole.kb_end - whole.kb_begin) * stages_per_block(whole);
+    if (!computes(whole, c)) {  // a wide tile of one part: warpgroup 1 passes its stages by
+      it += stages;
+      continue;
+    }
+    const Tile tile = part_of<kForm>(whole, c);
     // NOTES: the kept rows' slots, loaded in the epilogue, held the gate/up kernel's first row stores for
     // a global load's latency: those stores took ~10% of its warp samples (ncu, H100, 2026-12-06). Loaded
     // at the tile's start instead, but where the kernel pulls rows from other ranks: there the four more
@@ -140,11 +150,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr bool kPreloadSlots = kForm == Form::kSwiGLU && kGather != kGatherRemote;
     int4 kept_slots = make_int4(-1, -1, -1, -1);
     if (kPreloadSlots && p.kept.gate != nullptr) {
-      kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
+      kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, first_row(tile, c));
     }
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc);
-    it += tile.kb_end - tile.kb_begin;
+    it += stages;
     epilogue(smem, p, tile, c, acc, kPreloadSlots ? &kept_slots : nullptr, previous_second);
     // (the weight gradient's warpgroup stores nothing where its rows lie past M)
     if (kForm != Form::kWeightGrad || tile.m0 + 64 * c < p.M) previous_second = second_half<kForm>(tile, p.N);

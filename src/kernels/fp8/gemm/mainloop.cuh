@@ -10,10 +10,11 @@
 
 namespace lynx::fp8::impl {
 
-// ---- consumers: warpgroup c + 1 computes rows [64c, 64c + 64) of each tile ----
-// Fragment of thread t of warpgroup c (warp w, lane l): acc[h][4j + r] is row 64c + 16w + l/4 + 8(r/2),
-// column 128h + 8j + 2(l%4) + r%2 of the tile (gate/up: h = 0 the gate's column 8j + .., 1 the up's),
-// j in [0, 16).
+// ---- consumers: warpgroup c + 1 computes rows [64c, 64c + 64) of each tile (of a wide tile, its
+// rows [0, 64) of part c) ----
+// Fragment of thread t of warpgroup c (warp w, lane l): acc[h][4j + r] is row first_row(tile, c) + 16w +
+// l/4 + 8(r/2), column 128h + 8j + 2(l%4) + r%2 of the part's columns (gate/up: h = 0 the gate's column
+// 8j + .., 1 the up's), j in [0, 16).
 
 // NOTES: in the wide forms and the weight gradient the two consumer warpgroups issue their wgmma
 // groups independently, sharing only the stages' barriers. They had issued them in turn (each group at a
@@ -23,7 +24,8 @@ namespace lynx::fp8::impl {
 // without turns against 81% with them, and the forward's GEMMs 4-7% less time under ncu (H100,
 // 2026-12-06; docs/fp8.md).
 
-// The tile's sums over its K blocks into acc (zeroed first). `it`: the K blocks consumed before it.
+// Warpgroup c's sums of `tile` (part_of(tile, c)) over its K blocks into acc (zeroed first). `it`: the
+// stages consumed before the tile; a wide tile's K block i is in stage it + wide · i + c.
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
@@ -34,11 +36,17 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   constexpr int kStages = SharedStorage<kForm>::kStages;
   const int32_t M = p.M, N = p.N, k_blocks = tiles.k_blocks;
   const int lane = int(threadIdx.x) % 32, warp = (int(threadIdx.x) % 128) / 32;
-  const int32_t row0 = tile.m0 + 64 * c + 16 * warp + lane / 4, row1 = row0 + 8;
+  const int32_t row0 = first_row(tile, c) + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
   const bool second = second_half<kForm>(tile, N);
+  // A wide tile's part: its own stages (each released by this warpgroup alone, a thread counting for two),
+  // A's first 64 rows of each.
+  const bool wide = tile.wide > 0;
+  const int32_t stride = stages_per_block(tile), base = it + (wide ? c : 0);
+  const uint32_t arrivals = wide ? 2u : 1u;
+  const int a_row = wide ? 0 : 64 * c;
   // Stage 0's descriptors: this warpgroup's 64 rows of A, and B.
-  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&smem.a[0][64 * c * kBlock]);
+  const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&smem.a[0][a_row * kBlock]);
   const uint64_t desc_b = sm90::smem_desc_k_major_sw128(&smem.b[0][0]);
   // The B scale blocks of the tile's halves (gate/up: the gate's in b_scales, the up's in b2_scales).
   const int64_t b_scale_row = fp8::impl::b_scale_row<kForm>(tile, N, k_blocks, 0);
@@ -57,7 +65,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   // (whose rows depend on c) a move into a uniform register too, ~40 instructions a group on the path
   // from a warpgroup's last promotion to its next wgmma (SASS, 2026-12-06).
   const auto issue_half = [&](float(&d)[64], int32_t i, int h) {
-    const int stage = (it + i) % kStages;
+    const int stage = (base + stride * i) % kStages;
     const uint64_t da0 = sm90::smem_desc_offset(desc_a, stage * int(sizeof(smem.a[0])));
     const uint64_t db0 = sm90::smem_desc_offset(desc_b, stage * int(sizeof(smem.b[0])) + h * int(kTileN * kBlock));
     sm90::wgmma_fence();
@@ -68,7 +76,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     sm90::wgmma_commit();
   };
   const auto wait_full = [&](int32_t i) {
-    const int32_t g = it + i;
+    const int32_t g = base + stride * i;
     sm90::mbarrier_wait(&smem.full[g % kStages], uint32_t(g / kStages) & 1, p.status, sm90::Wait::kFullStage, t);
   };
   const auto issue = [&](float(&d)[64], int32_t i) {
@@ -76,7 +84,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     issue_half(d, i, 0);
   };
   // Block i's stage back to the producer, once every wgmma reading it has completed.
-  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(it + i) % kStages]); };
+  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(base + stride * i) % kStages], arrivals); };
   // The forward forms' scales (a row's per K block, [M, K blocks]; the halves' B blocks), loaded from
   // global memory ahead of their use; the weight gradient's (per row of A and per column of B) come
   // with the stage.
@@ -128,7 +136,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     };
     for (int32_t i = 0; i < n; ++i) {
       wait_full(i);
-      const int stage = (it + i) % kStages;
+      const int stage = (it + i) % kStages;  // (never a wide tile)
       const float a0 = sm90::ld_shared(&smem.scale_a[stage][row]), a1 = sm90::ld_shared(&smem.scale_a[stage][row + 8]);
       const auto half = [&](float(&to)[64], int h) {
         float2 early[kEarlyScales];

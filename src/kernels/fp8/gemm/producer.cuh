@@ -12,7 +12,8 @@ namespace lynx::fp8::impl {
 
 // ---- producer: warpgroup 0's first thread ----
 // The tiles' K blocks into the ring of stages, running ahead into the next tile's while the consumers
-// finish a tile; the stages' phases counted over the CTA's whole run (`it`, the K blocks issued).
+// finish a tile; the stages' phases counted over the CTA's whole run (`it`, the stages filled). A wide
+// tile's K block fills a stage for each of its parts, in turn.
 template <Form kForm, class Out, int kGather>
 __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p) {
@@ -34,36 +35,35 @@ __device__ __forceinline__ void producer(SharedStorage<kForm>& smem, const TileS
     const int32_t lda = int32_t(scale_pitch(M)), ldb = int32_t(scale_pitch(N));
     const uint32_t a_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kTileM, lda - tile.m0)) : 0;
     const uint32_t b_scale_bytes = kWeightGrad ? 4 * uint32_t(min(kOutN<kForm>, ldb - tile.n0)) : 0;
-    const bool second = second_half<kForm>(tile, N);
-    const uint32_t bytes = stage_bytes<kForm>(tile, N);
-    for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb, ++it) {
-      const int stage = it % kStages;
-      // The stage's previous use (K block it - kStages) must be released by every consumer thread.
-      if (it >= kStages) {
-        sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, p.status, sm90::Wait::kEmptyStage, t);
-      }
-      // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
-      sm90::mbarrier_arrive_expect_tx(&smem.full[stage], bytes + a_scale_bytes + b_scale_bytes);
-      if constexpr (kWeightGrad) {
-        sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes, &smem.full[stage]);
-        sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes, &smem.full[stage]);
-      }
-      sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], kb * int32_t(kBlock), tile.m0);
-      if constexpr (kSwiGLU) {  // [128 gate rows; the same 128 up rows]
-        sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
-        sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b2, &smem.full[stage], kb * int32_t(kBlock), tile.n0,
-                          tile.expert);
-      } else if constexpr (kForm == Form::kGrouped) {  // B rows n0 .. + 127, then (second) n0 + 128 .. + 255
-        sm90::tma_load_3d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0, tile.expert);
-        if (second) {
-          sm90::tma_load_3d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),
-                            tile.n0 + kTileN, tile.expert);
+    for (int32_t kb = tile.kb_begin; kb < tile.kb_end; ++kb) {
+      for (int32_t part = 0; part < stages_per_block(tile); ++part, ++it) {
+        const Tile sub = part_of<kForm>(tile, part);
+        const bool second = second_half<kForm>(sub, N);
+        const int stage = it % kStages;
+        // The stage's previous use (it - kStages) must be released by every consumer thread.
+        if (it >= kStages) {
+          sm90::mbarrier_wait(&smem.empty[stage], uint32_t(it / kStages + 1) & 1, p.status, sm90::Wait::kEmptyStage, t);
         }
-      } else {  // dense, and the weight gradients' transposed rows (theirs in two halves, as the grouped form's)
-        sm90::tma_load_2d(smem.b[stage], p.tma_b, &smem.full[stage], kb * int32_t(kBlock), tile.n0);
-        if (kWeightGrad && second) {
-          sm90::tma_load_2d(smem.b[stage] + kTileN * kBlock, p.tma_b, &smem.full[stage], kb * int32_t(kBlock),
-                            tile.n0 + kTileN);
+        // NOTES: boxes past M, N or K are zero-filled by the TMA and still count their whole bytes.
+        sm90::mbarrier_arrive_expect_tx(&smem.full[stage], stage_bytes<kForm>(sub, N) + a_scale_bytes + b_scale_bytes);
+        if constexpr (kWeightGrad) {
+          sm90::bulk_load(smem.scale_a[stage], p.a_scales + int64_t(kb) * lda + tile.m0, a_scale_bytes,
+                          &smem.full[stage]);
+          sm90::bulk_load(smem.scale_b[stage], p.b_scales + int64_t(kb) * ldb + tile.n0, b_scale_bytes,
+                          &smem.full[stage]);
+        }
+        const int32_t k = kb * int32_t(kBlock);
+        sm90::tma_load_2d(smem.a[stage], p.tma_a, &smem.full[stage], k, tile.m0);
+        uint8_t* b = smem.b[stage];
+        if constexpr (kSwiGLU) {  // [128 gate rows; the same 128 up rows]
+          sm90::tma_load_3d(b, p.tma_b, &smem.full[stage], k, sub.n0, tile.expert);
+          sm90::tma_load_3d(b + kTileN * kBlock, p.tma_b2, &smem.full[stage], k, sub.n0, tile.expert);
+        } else if constexpr (kForm == Form::kGrouped) {  // B rows n0 .. + 127, then (second) n0 + 128 .. + 255
+          sm90::tma_load_3d(b, p.tma_b, &smem.full[stage], k, sub.n0, tile.expert);
+          if (second) sm90::tma_load_3d(b + kTileN * kBlock, p.tma_b, &smem.full[stage], k, sub.n0 + kTileN, tile.expert);
+        } else {  // dense, and the weight gradients' transposed rows (theirs in two halves, as the grouped form's)
+          sm90::tma_load_2d(b, p.tma_b, &smem.full[stage], k, tile.n0);
+          if (kWeightGrad && second) sm90::tma_load_2d(b + kTileN * kBlock, p.tma_b, &smem.full[stage], k, tile.n0 + kTileN);
         }
       }
     }
