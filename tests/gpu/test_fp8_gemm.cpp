@@ -465,7 +465,9 @@ TEST_F(Fp8Gemm, GroupedPairedRowBlocks) {
 
 // Wide tiles (each expert's last row block of at most 64 rows; tiles.h) against the reference and the
 // plain tiles' bits: half blocks of 30, 1, 44 and 64 rows, blocks of 72 and 65 that are not; column tiles
-// odd (a last wide tile of one part) and even, the last one half; gate/up and the grouped form.
+// odd (a last wide tile of one part) and even, the last one half; gate/up and the grouped form; and
+// several tiles a CTA after wide tiles of one part, 16 K blocks each (more than the stages: its second
+// warpgroup must keep in step), every 61st row against the reference.
 TEST_F(Fp8Gemm, GroupedWideTiles) {
   const std::vector<int64_t> rows = {200, 0, 158, 1, 300, 64, 65};
   expect_grouped_matches_reference(rows, 384, 640, false, false, 1, true);  // 2 column tiles, the last half
@@ -474,6 +476,9 @@ TEST_F(Fp8Gemm, GroupedWideTiles) {
   expect_grouped_matches_reference(rows, 384, 640, true, false, 1, true);   // 3 of 128
   expect_grouped_matches_reference(rows, 200, 256, true, false, 1, true);   // 2, the last of 72 columns
   expect_grouped_matches_reference({4000, 129, 700}, 1024, 256, false, false, 1, true);  // many tiles per CTA
+  const std::vector<int64_t> many = {9000, 6000, 77, 4000, 0, 130, 2000, 2100};
+  expect_grouped_matches_reference(many, 640, 2048, false, false, 61, true);
+  expect_grouped_matches_reference(many, 384, 2048, true, false, 61, true);
 }
 
 // More than 32 tiles a CTA (4896 and 9792 tiles: the tiles each consumer warp finds 32 at a time, the

@@ -340,8 +340,9 @@ TEST_F(Fp8Layer, PairedRowBlocksGiveThePlainOrdersBits) {
 // of the forward and backward) gives the plain tiles' bits, the row buffers poisoned first (the rows of
 // a half block past 64 are written by neither GEMM): at one rank with gate/up's rows gathered in the
 // GEMM, with the context recomputed, with bf16 weight gradients, and at two ranks (rows pulled from the
-// other rank). 300 rows an expert on average, most ending in a half block; I of 384 (gate/up 3 column
-// tiles of 128: a wide tile of one part; da 2 of 256), H of 640 (down and dx 3 of 256).
+// other rank). 1440 rows an expert on average, most ending in a half block, several tiles a CTA; I of 384
+// (gate/up 3 column tiles of 128: a wide tile of one part, and tiles after it; da 2 of 256), H of 640 (down
+// and dx 3 of 256).
 TEST_F(Fp8Layer, WideTilesGiveThePlainTilesBits) {
   const auto tiles = [](int32_t wide) {
     return [wide](Workspace& ws) {
@@ -353,7 +354,7 @@ TEST_F(Fp8Layer, WideTilesGiveThePlainTilesBits) {
       EXPECT_EQ(ws.impl().plan.fp8_wide_tiles, wide == 1);
     };
   };
-  const Case c{600, 640, 384, 8, 4, 0};
+  const Case c{2880, 640, 384, 8, 4, 0};
   const HostLayer L(c, fresh_seed());
   const std::vector<HostBf16> dy = random_dy(c);
   Config bf16_grads = fp8_config();

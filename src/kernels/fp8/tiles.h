@@ -71,7 +71,8 @@ LYNX_HD int32_t stages_per_block(const Tile& tile) { return tile.wide > 0 ? tile
 // The first of the 64 output rows consumer warpgroup c computes of `tile`.
 LYNX_HD int32_t first_row(const Tile& tile, int c) { return tile.wide > 0 ? tile.m0 : tile.m0 + 64 * c; }
 
-// Whether consumer warpgroup c computes anything of `tile` (a wide tile of one part leaves warpgroup 1 out).
+// Whether consumer warpgroup c computes anything of `tile` (a wide tile of one part leaves warpgroup 1 out:
+// it passes the tile's stages on, gemm/kernel.cuh).
 LYNX_HD bool computes(const Tile& tile, int c) { return tile.wide == 0 || c < tile.wide; }
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the

@@ -53,6 +53,17 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
   for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
 }
 
+// Stages [first, first + count) of the ring waited for and released, each for a whole consumer warpgroup
+// (128 arrivals), by one of its threads.
+template <int kStages>
+__device__ __forceinline__ void pass_stages(uint64_t* full, uint64_t* empty, int32_t first, int32_t count,
+                                         DeviceStatus* status, int32_t tile) {
+  for (int32_t i = first; i < first + count; ++i) {
+    sm90::mbarrier_wait(&full[i % kStages], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, tile);
+    sm90::mbarrier_arrive(&empty[i % kStages], 128u);
+  }
+}
+
 // Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ... With kGather, every CTA's warps 1-3
 // copy A's rows for all (a CTA without tiles too), and the last producer warp to finish zeroes the
 // gather's counters.
@@ -114,22 +125,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   // qwen3-30b-a3b (1980 MHz), the same bits (H100, 2026-12-07,
   // bench/results/2026-12-07-h100-db0f1f6-fp8-tile-search-log.txt).
   const int lane = int(threadIdx.x) % 32;
-  Tile batch{0, 0, 0, 0, 0, 0};  // lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x)
+  // Lane l: the CTA's tile number 32·⌊j / 32⌋ + l (tile t + l·gridDim.x), its wide count in m0's low bits
+  // (m0 is a multiple of 128).
+  int32_t batch_m0_wide = 0, batch_n0 = 0, batch_expert = 0;
   // Tile t, the CTA's j-th: the grouped forms' from the warp's batch; the others' from t alone.
   const auto tile_of = [&](int32_t t, int32_t j) {
     if constexpr (kScheduleRows<kForm>) {
       if (j % 32 == 0) {
-        // NOTES: the tile space made again from the arguments, not kept across the tiles: kept, its
-        // fields spilled (the grouped form with its gather, 24 bytes).
+        // NOTES: the tile space made again from the arguments, and a tile's fields packed, so that
+        // fewer registers live through the tiles: ptxas spilled up to 32 bytes a kernel otherwise.
         const TileSpace<kForm> space(M, N, K, expert_offset, experts, pair_rows, half_block_offset);
         const int64_t mine = int64_t(t) + int64_t(lane) * gridDim.x;
-        if (mine < space.count) batch = space[int32_t(mine)];
+        if (mine < space.count) {
+          const Tile found = space[int32_t(mine)];
+          batch_m0_wide = found.m0 + found.wide;
+          batch_n0 = found.n0;
+          batch_expert = found.expert;
+        }
       }
       Tile tile{0, 0, 0, 0, tiles.k_blocks, 0};
-      tile.m0 = __shfl_sync(0xffffffffu, batch.m0, j % 32);
-      tile.n0 = __shfl_sync(0xffffffffu, batch.n0, j % 32);
-      tile.expert = __shfl_sync(0xffffffffu, batch.expert, j % 32);
-      tile.wide = __shfl_sync(0xffffffffu, batch.wide, j % 32);
+      const int32_t m0_wide = __shfl_sync(0xffffffffu, batch_m0_wide, j % 32);
+      tile.m0 = m0_wide & ~(kTileM - 1);
+      tile.wide = m0_wide & (kTileM - 1);
+      tile.n0 = __shfl_sync(0xffffffffu, batch_n0, j % 32);
+      tile.expert = __shfl_sync(0xffffffffu, batch_expert, j % 32);
       return tile;
     } else {
       return tiles.without_expert(t);
@@ -138,7 +157,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t t = blockIdx.x, j = 0; t < tiles.count; t += gridDim.x, ++j) {
     const Tile whole = tile_of(t, j);
     const int32_t stages = (whole.kb_end - whole.kb_begin) * stages_per_block(whole);
-    if (!computes(whole, c)) {  // a wide tile of one part: warpgroup 1 passes its stages by
+    if (!computes(whole, c)) {  // a wide tile of one part: warpgroup 1 passes its stages on
+      // NOTES: waited for and released in turn (its first thread, for the warpgroup), as a consumer
+      // does: skipped, the warpgroup would run a whole tile ahead of the producer, and its next wait
+      // on a stage could take that stage's phase of an earlier round for the one it waits on (the
+      // barriers hold a phase's parity only). It did at qwen3-30b-a3b (da: 3 column tiles, 16 K blocks).
+      if (threadIdx.x % 128 == 0) pass_stages<Smem::kStages>(smem.full, smem.empty, it, stages, p.status, t);
       it += stages;
       continue;
     }

@@ -39,11 +39,11 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   const int32_t row0 = first_row(tile, c) + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
   const bool second = second_half<kForm>(tile, N);
-  // A wide tile's part: its own stages (each released by this warpgroup alone, a thread counting for two),
-  // A's first 64 rows of each.
+  // A wide tile's part: its own stages (of two parts, each released by this warpgroup alone, a thread
+  // counting for two; of one, warpgroup 1 passing them on), A's first 64 rows of each.
   const bool wide = tile.wide > 0;
   const int32_t stride = stages_per_block(tile), base = it + (wide ? c : 0);
-  const uint32_t arrivals = wide ? 2u : 1u;
+  const uint32_t arrivals = tile.wide == 2 ? 2u : 1u;
   const int a_row = wide ? 0 : 64 * c;
   // Stage 0's descriptors: this warpgroup's 64 rows of A, and B.
   const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&smem.a[0][a_row * kBlock]);
