@@ -53,14 +53,14 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
   for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
 }
 
-// Stages [first, first + count) of the ring waited for and released, each for a whole consumer warpgroup
-// (128 arrivals), by one of its threads.
+// Stages [first, first + count) of the ring waited for and released by a consumer thread that computes
+// nothing from them.
 template <int kStages>
 __device__ __forceinline__ void pass_stages(uint64_t* full, uint64_t* empty, int32_t first, int32_t count,
-                                         DeviceStatus* status, int32_t tile) {
+                                            DeviceStatus* status, int32_t tile) {
   for (int32_t i = first; i < first + count; ++i) {
     sm90::mbarrier_wait(&full[i % kStages], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, tile);
-    sm90::mbarrier_arrive(&empty[i % kStages], 128u);
+    sm90::mbarrier_arrive(&empty[i % kStages]);
   }
 }
 
@@ -158,11 +158,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile whole = tile_of(t, j);
     const int32_t stages = (whole.kb_end - whole.kb_begin) * stages_per_block(whole);
     if (!computes(whole, c)) {  // a wide tile of one part: warpgroup 1 passes its stages on
-      // NOTES: waited for and released in turn (its first thread, for the warpgroup), as a consumer
-      // does: skipped, the warpgroup would run a whole tile ahead of the producer, and its next wait
-      // on a stage could take that stage's phase of an earlier round for the one it waits on (the
-      // barriers hold a phase's parity only). It did at qwen3-30b-a3b (da: 3 column tiles, 16 K blocks).
-      if (threadIdx.x % 128 == 0) pass_stages<Smem::kStages>(smem.full, smem.empty, it, stages, p.status, t);
+      // NOTES: waited for and released in turn by every thread, as a consumer does: a thread that skipped
+      // them would run a whole tile ahead of the producer, and its next wait on a stage could take that
+      // stage's phase of an earlier round for the one it waits on (a barrier holds a phase's parity
+      // only). Skipped, or passed by one thread for the warpgroup, the FP8 backward at qwen3-30b-a3b (da:
+      // 3 column tiles, 16 K blocks) stalled; the tests' smaller launches did not.
+      pass_stages<Smem::kStages>(smem.full, smem.empty, it, stages, p.status, t);
       it += stages;
       continue;
     }
