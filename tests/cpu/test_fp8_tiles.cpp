@@ -1,12 +1,13 @@
 // The block-scaled FP8 GEMM's tiles (kernels/fp8/tiles.h) on random padded schedules: every output
 // element computed by exactly one tile and half, the halves that exist, the bytes a stage loads and the
-// B scale blocks each half reads.
+// B scale blocks each half reads; and a model of the kernel's ring of stages over a CTA's tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -115,6 +116,9 @@ void expect_grouped_tiles(std::mt19937& rng, int trial, bool pair_rows = false, 
       ASSERT_EQ(tile.wide, std::min(2, tiles.n_tiles - tile.n0 / kOutN<kForm>));
     }
     ASSERT_EQ(stages_per_block(tile), std::max(1, tile.wide));
+    Tile unpacked{0, tile.n0, tile.expert, tile.kb_begin, tile.kb_end, -1};
+    unpack_m0_wide(pack_m0_wide(tile), unpacked);
+    ASSERT_EQ(std::tie(unpacked.m0, unpacked.wide), std::tie(tile.m0, tile.wide)) << "tile " << t;
     for (int c = 0; c < 2; ++c) {
       ASSERT_EQ(computes(tile, c), tile.wide != 1 || c == 0);
       if (!computes(tile, c)) continue;
@@ -184,6 +188,223 @@ TEST(Fp8Tiles, PairedRowBlocksCoverEveryOutputOnceAndShareB) {
     expect_grouped_tiles<Form::kGrouped>(rng, trial, true);
     expect_grouped_tiles<Form::kSwiGLU>(rng, trial, true);
   }
+}
+
+// ---- the ring of stages (gemm/producer.cuh, gemm/kernel.cuh, gemm/mainloop.cuh) ----
+// The producer fills the stages of a CTA's tiles in order (K block i of a tile: stages_per_block of them,
+// part by part); stage g (counted over the CTA's run) goes to slot g % S, its round g / S. Each slot has
+// a full barrier (the producer's arrival and its TMA bytes) and an empty one (every consumer thread's
+// arrival: two units here, a warpgroup's 128 threads one unit). A wait sees a phase's parity only. The
+// model interleaves the producer, the landing of any stage in flight (in any order) and the two
+// consumer warpgroups at random, and reports the first wait that passes on a phase other than the one it
+// is meant for, a stage refilled before each consumer has released it, an arrival past a phase's count,
+// or a deadlock.
+
+// One consumer warpgroup's step: wait for stage `fill`, then release it with `units` arrivals.
+struct RingStep {
+  int32_t fill;
+  int units;
+};
+
+// How a consumer warpgroup takes a tile's stages.
+enum class RingRule {
+  kKernel,       // every stage in turn, one arrival each (those it computes nothing from too)
+  kOwnPartOnly,  // 1dd4993: of a wide tile of two parts, only its part's, each released alone (two units)
+  kSkipUnused,   // 9f7fe63: a wide tile's stages, of one part too, only by the warpgroup of their part (two units)
+};
+
+// Warpgroup c's steps over `tiles` (a CTA's, in order). kKernel as the kernel takes them: a tile it
+// computes nothing of passed on whole (kernel.cuh); else, per K block, the parts' stages in order, its
+// own (computes_part) where mainloop() computes it from, the other's passed on.
+std::vector<RingStep> consumer_steps(const std::vector<Tile>& tiles, int c, RingRule rule) {
+  std::vector<RingStep> steps;
+  int32_t it = 0;
+  for (const Tile& tile : tiles) {
+    const int32_t stride = stages_per_block(tile), n = tile.kb_end - tile.kb_begin;
+    for (int32_t i = 0; i < n; ++i) {
+      for (int part = 0; part < stride; ++part) {
+        const int32_t fill = it + stride * i + part;
+        const bool own = computes(tile, c) && computes_part(tile, c, part);
+        if (own) {
+          EXPECT_EQ(fill, it + (tile.wide > 0 ? c : 0) + stride * i) << "mainloop's stage of K block " << i;
+        }
+        if (rule == RingRule::kKernel || tile.wide == 0) {
+          steps.push_back({fill, 1});
+        } else if (tile.wide == 2 || rule == RingRule::kSkipUnused) {
+          if (own) steps.push_back({fill, 2});
+        } else {
+          steps.push_back({fill, 1});
+        }
+      }
+    }
+    it += n * stride;
+  }
+  return steps;
+}
+
+// One run of the ring over `tiles` with S slots, interleaved by `rng`: "" if it held, else what failed.
+// in_order: the stages land in the order issued.
+std::string run_ring(const std::vector<Tile>& tiles, int S, RingRule rule, std::mt19937& rng, bool in_order) {
+  int32_t fills = 0;
+  for (const Tile& tile : tiles) fills += (tile.kb_end - tile.kb_begin) * stages_per_block(tile);
+  const std::vector<RingStep> steps[2] = {consumer_steps(tiles, 0, rule), consumer_steps(tiles, 1, rule)};
+  std::vector<int32_t> full_phases(size_t(S), 0), empty_phases(size_t(S), 0), empty_pending(size_t(S), 2);
+  std::vector<int32_t> released(size_t(fills), 0), in_flight;
+  std::vector<bool> landing(size_t(S), false);
+  size_t next[2] = {0, 0};
+  bool waited[2] = {false, false};  // the warpgroup has passed its next step's wait
+  int32_t issued = 0;
+  // A wait for a barrier's phase `round` given `phases` completed (sm90::mbarrier_wait's parity).
+  const auto passes = [](int32_t phases, int32_t round) { return (phases & 1) != (round & 1); };
+  for (;;) {
+    // The agents that can move: 0 the producer, 1 a landing, 2 and 3 the consumer warpgroups.
+    std::vector<int> ready;
+    if (issued < fills && (issued < S || passes(empty_phases[size_t(issued % S)], issued / S - 1))) ready.push_back(0);
+    if (!in_flight.empty()) ready.push_back(1);
+    for (int c = 0; c < 2; ++c) {
+      if (next[c] == steps[c].size()) continue;
+      const int32_t g = steps[c][next[c]].fill;
+      if (waited[c] || passes(full_phases[size_t(g % S)], g / S)) ready.push_back(2 + c);
+    }
+    if (ready.empty()) {
+      if (issued == fills && in_flight.empty() && next[0] == steps[0].size() && next[1] == steps[1].size()) return "";
+      return "deadlock at stage " + std::to_string(issued);
+    }
+    const int agent = ready[rng() % ready.size()];
+    if (agent == 0) {
+      const int32_t g = issued++, s = g % S;
+      const std::string stage = "stage " + std::to_string(g);
+      if (g >= S && empty_phases[size_t(s)] != g / S) return "the producer's wait for " + stage + " passed on another phase";
+      if (g >= S && released[size_t(g - S)] != 2) return stage + " filled before its slot's previous stage was released";
+      if (landing[size_t(s)]) return stage + " filled while its slot's previous stage still lands";
+      landing[size_t(s)] = true;
+      in_flight.push_back(g);
+    } else if (agent == 1) {
+      const size_t k = in_order ? 0 : rng() % in_flight.size();
+      const int32_t s = in_flight[k] % S;
+      in_flight.erase(in_flight.begin() + std::ptrdiff_t(k));
+      landing[size_t(s)] = false;
+      ++full_phases[size_t(s)];
+    } else {
+      const int c = agent - 2;
+      const RingStep step = steps[c][next[c]];
+      const int32_t s = step.fill % S;
+      if (!waited[c]) {
+        if (full_phases[size_t(s)] != step.fill / S + 1) {
+          return "warpgroup " + std::to_string(c) + "'s wait for stage " + std::to_string(step.fill) +
+                 " passed on another phase";
+        }
+        waited[c] = true;
+      } else {
+        released[size_t(step.fill)] += step.units;
+        empty_pending[size_t(s)] -= step.units;
+        if (empty_pending[size_t(s)] < 0) return "arrivals past the count at stage " + std::to_string(step.fill);
+        if (empty_pending[size_t(s)] == 0) {
+          ++empty_phases[size_t(s)];
+          empty_pending[size_t(s)] = 2;
+        }
+        waited[c] = false;
+        ++next[c];
+      }
+    }
+  }
+}
+
+// CTA b's tiles of a grid of `grid` CTAs: the producer's (tiles[t]), checked against the consumers' (the
+// batch's fields, packed as kernel.cuh carries them, and every K block).
+template <Form kForm>
+std::vector<Tile> cta_tiles(const TileSpace<kForm>& tiles, int32_t b, int32_t grid) {
+  std::vector<Tile> out;
+  for (int32_t t = b; t < tiles.count; t += grid) {
+    const Tile found = tiles[t];
+    Tile consumer{0, found.n0, found.expert, 0, tiles.k_blocks, 0};
+    unpack_m0_wide(pack_m0_wide(found), consumer);
+    EXPECT_EQ(std::tie(consumer.m0, consumer.n0, consumer.expert, consumer.kb_begin, consumer.kb_end, consumer.wide),
+              std::tie(found.m0, found.n0, found.expert, found.kb_begin, found.kb_end, found.wide))
+        << "tile " << t;
+    out.push_back(found);
+  }
+  return out;
+}
+
+// The first failure of `runs` interleavings of CTA b's ring, "" if none.
+template <Form kForm>
+std::string first_ring_failure(const TileSpace<kForm>& tiles, int32_t b, int32_t grid, int S, RingRule rule, int runs,
+                               std::mt19937& rng, bool in_order = false) {
+  const std::vector<Tile> cta = cta_tiles(tiles, b, grid);
+  for (int r = 0; r < runs; ++r) {
+    const std::string failure = run_ring(cta, S, rule, rng, in_order);
+    if (!failure.empty()) return failure;
+  }
+  return "";
+}
+
+// The kernel's ring holds on random schedules in wide tiles (and plain, and paired), both forms, rings of
+// 2-6 slots (the grouped form has 3, gate/up 4: gemm/storage.cuh), several tiles a CTA; and at
+// qwen3-30b-a3b's da (128 experts of ~256 rows, half of them ending in a half block; N = I = 768, three
+// column tiles: a wide tile of one part after each of two; K = H = 2048, 16 K blocks; 132 CTAs). The
+// earlier rules fail: a warpgroup taking only its part's stages of a wide tile (1dd4993), there and at
+// qwen3-30b-a3b's dx (N = H = 2048, K = 2I = 1536: wide tiles of two parts only), though not where the
+// stages land in the order issued; and one skipping a wide tile of one part (9f7fe63), however they land.
+TEST(Fp8Tiles, RingTakesEveryStageInOrder) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t experts = 1 + int32_t(rng() % 8);
+    std::vector<int32_t> half_blocks;
+    const std::vector<int32_t> offsets = random_offsets(rng, experts, 600, &half_blocks);
+    const int32_t N = 8 * (1 + int32_t(rng() % 160)), K = 128 * (1 + int32_t(rng() % 18));
+    const int32_t grid = 1 + int32_t(rng() % 6);
+    const int S = 2 + trial % 5;
+    const int mode = trial % 3;  // wide tiles, plain, paired
+    SCOPED_TRACE("trial " + std::to_string(trial) + " N " + std::to_string(N) + " K " + std::to_string(K) +
+                 " grid " + std::to_string(grid) + " slots " + std::to_string(S));
+    const int32_t* halves = mode == 0 ? half_blocks.data() : nullptr;
+    const TileSpace<Form::kGrouped> grouped(offsets[size_t(experts)], N, K, offsets.data(), experts, mode == 2, halves);
+    const TileSpace<Form::kSwiGLU> gate_up(offsets[size_t(experts)], N, K, offsets.data(), experts, mode == 2, halves);
+    for (int32_t b = 0; b < std::min(grid, 3); ++b) {
+      EXPECT_EQ(first_ring_failure(grouped, b, grid, S, RingRule::kKernel, 4, rng), "") << "grouped, CTA " << b;
+      EXPECT_EQ(first_ring_failure(gate_up, b, grid, S, RingRule::kKernel, 4, rng), "") << "gate/up, CTA " << b;
+    }
+  }
+
+  // qwen3-30b-a3b: T = 4096, k = 8, 128 experts of 256 ± 40 rows, half of them ending in a half block.
+  constexpr int32_t kExperts = 128;
+  std::vector<int32_t> offsets(kExperts + 1, 0), halves(kExperts + 1, 0);
+  for (int32_t e = 0; e < kExperts; ++e) {
+    const int32_t rows = 216 + int32_t(rng() % 81);
+    offsets[size_t(e + 1)] = offsets[size_t(e)] + (rows + kTileM - 1) / kTileM * kTileM;
+    halves[size_t(e + 1)] = halves[size_t(e)] + (rows % kTileM >= 1 && rows % kTileM <= 64 ? 1 : 0);
+  }
+  const int32_t capacity = offsets[kExperts] + 64 * kTileM;
+  ASSERT_GT(offsets[kExperts], 32 * 1024);
+  ASSERT_GT(halves[kExperts], kExperts / 4);
+  const TileSpace<Form::kGrouped> da(capacity, 768, 2048, offsets.data(), kExperts, false, halves.data());
+  const TileSpace<Form::kGrouped> dx(capacity, 2048, 1536, offsets.data(), kExperts, false, halves.data());
+  int32_t one_part = 0, rules_found[2] = {0, 0}, skip_found_in_order = 0;
+  bool own_part_fails_dx = false;
+  for (int32_t b = 0; b < 132; ++b) {
+    const std::vector<Tile> cta = cta_tiles(da, b, 132);
+    bool wide = false;
+    for (const Tile& tile : cta) {
+      one_part += tile.wide == 1;
+      wide = wide || tile.wide > 0;
+    }
+    ASSERT_GE(cta.size(), 4u);
+    EXPECT_EQ(first_ring_failure(da, b, 132, 3, RingRule::kKernel, 8, rng), "") << "da, CTA " << b;
+    EXPECT_EQ(first_ring_failure(dx, b, 132, 3, RingRule::kKernel, 8, rng), "") << "dx, CTA " << b;
+    if (!wide) continue;
+    rules_found[0] += !first_ring_failure(da, b, 132, 3, RingRule::kOwnPartOnly, 8, rng).empty();
+    rules_found[1] += !first_ring_failure(da, b, 132, 3, RingRule::kSkipUnused, 8, rng).empty();
+    EXPECT_EQ(first_ring_failure(da, b, 132, 3, RingRule::kOwnPartOnly, 8, rng, true), "") << "da in order, CTA " << b;
+    EXPECT_EQ(first_ring_failure(dx, b, 132, 3, RingRule::kOwnPartOnly, 8, rng, true), "") << "dx in order, CTA " << b;
+    skip_found_in_order += !first_ring_failure(da, b, 132, 3, RingRule::kSkipUnused, 8, rng, true).empty();
+    own_part_fails_dx = own_part_fails_dx || !first_ring_failure(dx, b, 132, 3, RingRule::kOwnPartOnly, 8, rng).empty();
+  }
+  EXPECT_GT(one_part, 0);
+  EXPECT_GT(rules_found[0], 0) << "1dd4993's rule not found failing";
+  EXPECT_GT(rules_found[1], 0) << "9f7fe63's rule not found failing";
+  EXPECT_GT(skip_found_in_order, 0) << "9f7fe63's rule not found failing with the stages landing in order";
+  EXPECT_TRUE(own_part_fails_dx) << "1dd4993's rule not found failing at dx";
 }
 
 // The dense form's [128, 128] tiles cover [M, N] once; the weight gradient's [128, 256] ones (a second

@@ -66,7 +66,14 @@ LYNX_HD Tile part_of(const Tile& tile, int c) {
 }
 
 // The stages a tile takes per K block: one that both warpgroups read, or one for each part of a wide tile.
+// K block i's part p fills the ring's stage stages_per_block(tile) · i + p from the tile's first.
 LYNX_HD int32_t stages_per_block(const Tile& tile) { return tile.wide > 0 ? tile.wide : 1; }
+
+// Whether consumer warpgroup c computes from the stages of part `part` of `tile`: a plain tile's, both;
+// a wide tile's part c, warpgroup c alone. Every consumer thread still waits for every stage of the ring
+// in turn and releases each once, those it does not compute from as soon as they have landed
+// (gemm/kernel.cuh says why).
+LYNX_HD bool computes_part(const Tile& tile, int c, int part) { return tile.wide == 0 || part == c; }
 
 // The first of the 64 output rows consumer warpgroup c computes of `tile`.
 LYNX_HD int32_t first_row(const Tile& tile, int c) { return tile.wide > 0 ? tile.m0 : tile.m0 + 64 * c; }
@@ -74,6 +81,14 @@ LYNX_HD int32_t first_row(const Tile& tile, int c) { return tile.wide > 0 ? tile
 // Whether consumer warpgroup c computes anything of `tile` (a wide tile of one part leaves warpgroup 1 out:
 // it passes the tile's stages on, gemm/kernel.cuh).
 LYNX_HD bool computes(const Tile& tile, int c) { return tile.wide == 0 || c < tile.wide; }
+
+// A grouped tile's corner row and wide count in one word, as the consumer warps' tile batches carry them
+// (gemm/kernel.cuh): m0 is a multiple of kTileM, wide below it.
+LYNX_HD int32_t pack_m0_wide(const Tile& tile) { return tile.m0 + tile.wide; }
+LYNX_HD void unpack_m0_wide(int32_t packed, Tile& tile) {
+  tile.m0 = packed & ~(kTileM - 1);
+  tile.wide = packed & (kTileM - 1);
+}
 
 // Whether a tile computes its second 128-column half: always for gate/up (the up's columns); for the
 // grouped form and the weight gradient where columns n0 + 128 .. lie below N (the producer loads, and

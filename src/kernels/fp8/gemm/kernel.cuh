@@ -53,17 +53,6 @@ __device__ __forceinline__ void finish_gather_warp(const gemm::RowGather& g, con
   for (int32_t i = lane; i < gemm::kGatherSyncHeader + blocks; i += 32) g.sync[i] = 0;
 }
 
-// Stages [first, first + count) of the ring waited for and released by a consumer thread that computes
-// nothing from them.
-template <int kStages>
-__device__ __forceinline__ void pass_stages(uint64_t* full, uint64_t* empty, int32_t first, int32_t count,
-                                            DeviceStatus* status, int32_t tile) {
-  for (int32_t i = first; i < first + count; ++i) {
-    sm90::mbarrier_wait(&full[i % kStages], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, tile);
-    sm90::mbarrier_arrive(&empty[i % kStages]);
-  }
-}
-
 // Persistent: each CTA takes tiles t = blockIdx.x, + gridDim.x, ... With kGather, every CTA's warps 1-3
 // copy A's rows for all (a CTA without tiles too), and the last producer warp to finish zeroes the
 // gather's counters.
@@ -138,15 +127,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int64_t mine = int64_t(t) + int64_t(lane) * gridDim.x;
         if (mine < space.count) {
           const Tile found = space[int32_t(mine)];
-          batch_m0_wide = found.m0 + found.wide;
+          batch_m0_wide = pack_m0_wide(found);
           batch_n0 = found.n0;
           batch_expert = found.expert;
         }
       }
       Tile tile{0, 0, 0, 0, tiles.k_blocks, 0};
-      const int32_t m0_wide = __shfl_sync(0xffffffffu, batch_m0_wide, j % 32);
-      tile.m0 = m0_wide & ~(kTileM - 1);
-      tile.wide = m0_wide & (kTileM - 1);
+      unpack_m0_wide(__shfl_sync(0xffffffffu, batch_m0_wide, j % 32), tile);
       tile.n0 = __shfl_sync(0xffffffffu, batch_n0, j % 32);
       tile.expert = __shfl_sync(0xffffffffu, batch_expert, j % 32);
       return tile;
@@ -157,12 +144,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t t = blockIdx.x, j = 0; t < tiles.count; t += gridDim.x, ++j) {
     const Tile whole = tile_of(t, j);
     const int32_t stages = (whole.kb_end - whole.kb_begin) * stages_per_block(whole);
+    // NOTES: every consumer thread waits for every stage of the ring in turn and releases each once,
+    // those it computes nothing from too (here a wide tile of one part, warpgroup 1's; in the mainloop a
+    // wide tile's other part). A wait sees a phase's parity only: a wait on a stage's round r passes at
+    // once while its round r − 1 is pending, so the thread must have seen round r − 1 complete itself.
+    // The producer issues the stages in order but their TMA loads land in any order, so an earlier stage
+    // landed says nothing of another. Skipped by warpgroup 1 (9f7fe63), those stages let it run a tile
+    // ahead (a timed-out wait at qwen3-30b-a3b's backward). Taken by each warpgroup only where it
+    // computes from them, a wide tile's stages each released by their part's warpgroup alone (1dd4993),
+    // a warpgroup waited on stages whose previous round was the other part's, perhaps still landing (with
+    // the grouped form's 3 stages, nearly every wait of such a tile; with gate/up's 4, the first of the
+    // tile after it): it computed from bytes not yet landed and released the stage for the producer's
+    // next round meanwhile. A model of the ring with the loads landing in any order finds that in
+    // 1dd4993's protocol, and none in this one (Fp8Tiles.RingTakesEveryStageInOrder).
     if (!computes(whole, c)) {  // a wide tile of one part: warpgroup 1 passes its stages on
-      // NOTES: waited for and released in turn by every thread, as a consumer does: a thread that skipped
-      // them would run a whole tile ahead of the producer, and its next wait on a stage could take that
-      // stage's phase of an earlier round for the one it waits on (a barrier holds a phase's parity
-      // only). Skipped, or passed by one thread for the warpgroup, the FP8 backward at qwen3-30b-a3b (da:
-      // 3 column tiles, 16 K blocks) stalled; the tests' smaller launches did not.
       pass_stages<Smem::kStages>(smem.full, smem.empty, it, stages, p.status, t);
       it += stages;
       continue;

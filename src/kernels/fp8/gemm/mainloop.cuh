@@ -24,8 +24,20 @@ namespace lynx::fp8::impl {
 // without turns against 81% with them, and the forward's GEMMs 4-7% less time under ncu (H100,
 // 2026-12-06; docs/fp8.md).
 
+// Stages [first, first + count) of the ring waited for and released by a consumer thread that computes
+// nothing from them (gemm/kernel.cuh).
+template <int kStages>
+__device__ __forceinline__ void pass_stages(uint64_t* full, uint64_t* empty, int32_t first, int32_t count,
+                                            DeviceStatus* status, int32_t tile) {
+  for (int32_t i = first; i < first + count; ++i) {
+    sm90::mbarrier_wait(&full[i % kStages], uint32_t(i / kStages) & 1, status, sm90::Wait::kFullStage, tile);
+    sm90::mbarrier_arrive(&empty[i % kStages]);
+  }
+}
+
 // Warpgroup c's sums of `tile` (part_of(tile, c)) over its K blocks into acc (zeroed first). `it`: the
-// stages consumed before the tile; a wide tile's K block i is in stage it + wide · i + c.
+// stages consumed before the tile; a wide tile's K block i is in stage it + wide · i + c, and in one of
+// two parts the other part's, it + 2i + 1 − c, is passed on (waited for and released) in its turn.
 template <Form kForm, class Out>
 __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileSpace<kForm>& tiles,
                                          const KernelArgs<Out>& p, const Tile& tile, int32_t t, int32_t it, int c,
@@ -39,11 +51,9 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
   const int32_t row0 = first_row(tile, c) + 16 * warp + lane / 4, row1 = row0 + 8;
   const int32_t n = tile.kb_end - tile.kb_begin;
   const bool second = second_half<kForm>(tile, N);
-  // A wide tile's part: its own stages (of two parts, each released by this warpgroup alone, a thread
-  // counting for two; of one, warpgroup 1 passing them on), A's first 64 rows of each.
+  // A wide tile's part: its own stages, A's first 64 rows of each.
   const bool wide = tile.wide > 0;
   const int32_t stride = stages_per_block(tile), base = it + (wide ? c : 0);
-  const uint32_t arrivals = tile.wide == 2 ? 2u : 1u;
   const int a_row = wide ? 0 : 64 * c;
   // Stage 0's descriptors: this warpgroup's 64 rows of A, and B.
   const uint64_t desc_a = sm90::smem_desc_k_major_sw128(&smem.a[0][a_row * kBlock]);
@@ -84,7 +94,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     issue_half(d, i, 0);
   };
   // Block i's stage back to the producer, once every wgmma reading it has completed.
-  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(base + stride * i) % kStages], arrivals); };
+  const auto release = [&](int32_t i) { sm90::mbarrier_arrive(&smem.empty[(base + stride * i) % kStages]); };
   // The forward forms' scales (a row's per K block, [M, K blocks]; the halves' B blocks), loaded from
   // global memory ahead of their use; the weight gradient's (per row of A and per column of B) come
   // with the stage.
@@ -154,10 +164,19 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
     // Each K block's halves one after another through pa; the scales a block ahead (their loads'
     // latency behind this block's products). Nothing orders the two warpgroups: while one waits for
     // its group and promotes it, the other's may run.
+    // A wide tile of two parts: K block i's stage of the other part passed on, so that the warpgroup
+    // takes the ring's stages in order: warpgroup 1 passes part 0's before its own, warpgroup 0 part 1's
+    // after its own.
+    const bool pass_before = stride == 2 && !computes_part(tile, c, 0);
+    const bool pass_after = stride == 2 && !computes_part(tile, c, 1);
+    const auto pass = [&](int32_t i) {
+      pass_stages<kStages>(smem.full, smem.empty, it + 2 * i + 1 - c, 1, p.status, t);
+    };
     Scales next = n > 0 ? scales_of(0) : Scales{};
     for (int32_t i = 0; i < n; ++i) {
       const Scales sc = next;
       if (i + 1 < n) next = scales_of(i + 1);
+      if (pass_before) pass(i);
       wait_full(i);
       issue_half(pa, i, 0);
       sm90::wgmma_wait<0>();
@@ -169,6 +188,7 @@ __device__ __forceinline__ void mainloop(SharedStorage<kForm>& smem, const TileS
         release(i);
         promote(acc[1], pa, sc.a0 * sc.b2, sc.a1 * sc.b2);
       }
+      if (pass_after) pass(i);
     }
   } else {
     // NOTES: pipelined: block i + 1's group is issued before block i's products are promoted, so the
