@@ -78,9 +78,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // NOTES: broadcast from lane 0, so that ptxas knows it is the same in every lane of a warp and keeps
   // what derives from it (the consumers' A descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
-  const TileSpace<kForm> tiles(M, N, K, expert_offset, experts, pair_rows, half_block_offset);
+  // NOTES: each role makes the tile space after its setmaxnreg rather than sharing one made here: the
+  // values it held (count, K blocks, the half blocks' offsets) then lived into both roles, and ptxas
+  // spilled them in the gathering grouped form (24 bytes, a reload in the consumers' K loop; CUDA 13.0,
+  // 2026-12-07). The forms that leave early without tiles count them here too.
+  const auto tile_space = [&] {
+    return TileSpace<kForm>(M, N, K, expert_offset, experts, pair_rows, half_block_offset);
+  };
   // Every thread alike, before any barrier (a gathering CTA copies rows for the others, tiles or not).
-  if (kGather == kGatherNone && int32_t(blockIdx.x) >= tiles.count) return;
+  if (kGather == kGatherNone && int32_t(blockIdx.x) >= tile_space().count) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Smem::kStages; ++s) {
       sm90::mbarrier_init(&smem.full[s], 1);
@@ -94,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::setmaxnreg_dec<kProducerRegs>();
     const gemm::TileGrid grid{expert_offset, experts, 0, 0, 0, 0, M, false};
     if (threadIdx.x == 0) {
-      producer<kForm, Out, kGather>(smem, tiles, p);
+      producer<kForm, Out, kGather>(smem, tile_space(), p);
     } else if (kGather != kGatherNone && threadIdx.x >= 32) {
       gemm::gather_rows_warp<kGather == kGatherRemote, kFp8GatherVecsPerLane, true>(p.gather, grid, p.sources);
     }
@@ -102,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   sm90::setmaxnreg_inc<kConsumerRegs>();
+  const TileSpace<kForm> tiles = tile_space();
   const int c = warpgroup - 1;
   int32_t it = 0;      // stages consumed before this tile
   bool previous_second = false;  // the previous tile's second half stored (grouped, weight gradient)
