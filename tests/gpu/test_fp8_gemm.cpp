@@ -101,8 +101,9 @@ constexpr double kBf16OutTolerance = 3e-3;
 
 // The grouped forms' operands: experts of `rows` rows each in schedule order, each padded to whole
 // 128-row blocks (padding rows of A zeros), and one more block past the schedule's rows; A quantised in
-// 1×128 tiles, and `weights` sets of expert weights ([N, K] each) in 128×128 blocks: w = 0 the gate (or
-// the only one), w = 1 the up; b_q and b_scales every expert's one after another.
+// 1×128 tiles (with_a false: none, qa left empty, for the forms that gather A from token tiles), and
+// `weights` sets of expert weights ([N, K] each) in 128×128 blocks: w = 0 the gate (or the only one),
+// w = 1 the up; b_q and b_scales every expert's one after another.
 struct GroupedOperands {
   std::vector<int32_t> offset;
   int64_t total = 0, cap = 0;
@@ -112,7 +113,8 @@ struct GroupedOperands {
   std::vector<float> b_scales[2];
 };
 
-GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, int64_t K, int weights, uint64_t seed) {
+GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, int64_t K, int weights, uint64_t seed,
+                                 bool with_a = true) {
   GroupedOperands o;
   const int64_t E = int64_t(rows.size());
   o.offset.assign(size_t(E + 1), 0);
@@ -121,12 +123,14 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
   }
   o.total = o.offset[size_t(E)];
   o.cap = o.total + 128;
-  std::vector<float> a(size_t(o.cap * K), 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::vector<float> v = values(rows[size_t(e)], K, seed ^ uint64_t(e));
-    std::copy(v.begin(), v.end(), a.begin() + int64_t(o.offset[size_t(e)]) * K);
+  if (with_a) {
+    std::vector<float> a(size_t(o.cap * K), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float> v = values(rows[size_t(e)], K, seed ^ uint64_t(e));
+      std::copy(v.begin(), v.end(), a.begin() + int64_t(o.offset[size_t(e)]) * K);
+    }
+    o.qa = ref::fp8::quantize_tiles(a.data(), o.cap, K);
   }
-  o.qa = ref::fp8::quantize_tiles(a.data(), o.cap, K);
   for (int w = 0; w < weights; ++w) {
     for (int64_t e = 0; e < E; ++e) {
       const std::vector<float> v = values(N, K, seed ^ 0xb ^ (uint64_t(e) << 8) ^ (uint64_t(w) << 20));
@@ -136,6 +140,25 @@ GroupedOperands grouped_operands(const std::vector<int64_t>& rows, int64_t N, in
     }
   }
   return o;
+}
+
+// The schedule's half blocks of experts of `rows` rows each at `offset` (half_block_offset: each
+// expert's last row block holding 1 to 64 rows counted, [experts + 1]), and the rows of such blocks past
+// their 64, which wide tiles do not write ([cap]).
+struct HalfBlocks {
+  std::vector<int32_t> offset;
+  std::vector<bool> unwritten;
+};
+
+HalfBlocks half_blocks_of(const std::vector<int64_t>& rows, const std::vector<int32_t>& offset, int64_t cap) {
+  const int64_t E = int64_t(rows.size());
+  HalfBlocks h{std::vector<int32_t>(size_t(E + 1), 0), std::vector<bool>(size_t(cap), false)};
+  for (int64_t e = 0; e < E; ++e) {
+    const bool half = rows[size_t(e)] % 128 >= 1 && rows[size_t(e)] % 128 <= 64;
+    h.offset[size_t(e + 1)] = h.offset[size_t(e)] + (half ? 1 : 0);
+    for (int64_t r = offset[size_t(e + 1)] - 64; half && r < offset[size_t(e + 1)]; ++r) h.unwritten[size_t(r)] = true;
+  }
+  return h;
 }
 
 // swiglu: h = silu(g) · u of the gate and up products (grouped_swiglu_block_scaled), against the same
@@ -160,13 +183,9 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   const auto& b_q = ops.b_q;
   const auto& b_scales = ops.b_scales;
   // The half blocks (the schedule's half_block_offset) and, in wide tiles, the rows no tile computes.
-  std::vector<int32_t> halves(size_t(E + 1), 0);
-  std::vector<bool> unwritten(size_t(cap), false);
-  for (int64_t e = 0; e < E; ++e) {
-    const bool half = rows[size_t(e)] % 128 >= 1 && rows[size_t(e)] % 128 <= 64;
-    halves[size_t(e + 1)] = halves[size_t(e)] + (half ? 1 : 0);
-    for (int64_t r = offset[size_t(e + 1)] - 64; wide && half && r < offset[size_t(e + 1)]; ++r) unwritten[size_t(r)] = true;
-  }
+  const HalfBlocks half = half_blocks_of(rows, offset, cap);
+  const std::vector<int32_t>& halves = half.offset;
+  const std::vector<bool> unwritten = wide ? half.unwritten : std::vector<bool>(size_t(cap), false);
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
   DeviceBuffer d_halves = to_device(halves);
   DeviceBuffer d_b = to_device(b_q[0]), d_bs = to_device(b_scales[0]);
@@ -664,6 +683,233 @@ TEST_F(Fp8Gemm, GroupedGatherIsCheckedBeforeLaunch) {
   EXPECT_NE(message(unaligned).find("16-byte aligned"), std::string::npos) << message(unaligned);
 }
 
+// Where a grouped form's A comes from (expect_wide_tiles_give_plain_bits): in place (gathered
+// beforehand), gathered by the kernel from this rank's token tiles (TileGather::tokens), or from two
+// ranks' staged token tiles, a source rank drawn for each row (TileGather::sources; gate/up only).
+enum class RowsFrom { kInPlace, kThisRank, kTwoRanks };
+
+// The first row of `got` ([rows, width] elements) whose bytes are not those of the same row of `want`,
+// where a row for which `unwritten` holds must instead keep the poison (every byte 0xFF); -1 where none.
+template <class T, class Unwritten>
+int64_t first_row_unlike(const std::vector<T>& got, const std::vector<T>& want, int64_t width, Unwritten unwritten) {
+  const size_t n = size_t(width), bytes = n * sizeof(T);
+  const std::vector<uint8_t> poison(bytes, 0xFF);
+  for (size_t r = 0; r * n < got.size(); ++r) {
+    const void* w = unwritten(int64_t(r)) ? static_cast<const void*>(poison.data()) : want.data() + r * n;
+    if (std::memcmp(got.data() + r * n, w, bytes) != 0) return int64_t(r);
+  }
+  return -1;
+}
+
+// Wide tiles in the grouped forms that gather their own rows, and in the gate/up epilogue that quantises
+// h, against the plain tiles bit for bit: experts of `rows` rows each (schedule order, whole 128-row
+// blocks, one block more past the rows), each row the tiles of a token drawn from T tokens of top_k
+// slots (padding rows zeros), A taken `from` each source in turn. For each, the plain tiles on A gathered
+// on the host give the bytes wanted: the grouped form's out, or gate/up's h, kept g and u (row r's at
+// row cap − 1 − r, none for every third row) and h quantised (codes and scales). Then, where the kernel
+// gathers, one launch of the plain tiles gathering, and `runs` launches of the wide tiles (the gather's
+// lookahead 8 and 1 in turn; gate/up: every other one quantising h alone, no h, g or u), each into
+// outputs and an A poisoned afresh. Every launch: every byte of each output the wanted one's, but the
+// rows past 64 of a half block in wide tiles (those of h, its codes and scales, and the kept rows of
+// them), still poison; A's bytes those gathered on the host (the block past the rows untouched), the
+// gather's counters left zero; no wait stalled, nothing reported.
+void expect_wide_tiles_give_plain_bits(const std::vector<int64_t>& rows, int64_t T, int64_t N, int64_t K, bool swiglu,
+                                       const std::vector<RowsFrom>& froms, int runs) {
+  const auto seed = fresh_seed();
+  const int64_t E = int64_t(rows.size()), kb = fp8::blocks_of(K), kbN = fp8::blocks_of(N), top_k = 4;
+  SCOPED_TRACE("E " + std::to_string(E) + " T " + std::to_string(T) + " N " + std::to_string(N) + " K " +
+               std::to_string(K) + " seed " + std::to_string(seed) + (swiglu ? " swiglu" : ""));
+  const GroupedOperands ops = grouped_operands(rows, N, K, swiglu ? 2 : 1, seed, false);
+  const std::vector<int32_t>& offset = ops.offset;
+  const int64_t total = ops.total, cap = ops.cap;
+  const HalfBlocks half = half_blocks_of(rows, offset, cap);
+  // Each rank's token tiles (rank 1's only where a source reads them); each schedule row's token slot
+  // (-1: a padding row; 0 past the rows, never read) and source rank.
+  const bool two_ranks_read = std::find(froms.begin(), froms.end(), RowsFrom::kTwoRanks) != froms.end();
+  ref::fp8::Quantized tokens[2];
+  for (int rank = 0; rank < (two_ranks_read ? 2 : 1); ++rank) {
+    const std::vector<float> v = values(T, K, seed ^ 0x70 ^ (uint64_t(rank) << 32));
+    tokens[rank] = ref::fp8::quantize_tiles(v.data(), T, K);
+    ASSERT_TRUE(tokens[rank].finite);
+  }
+  std::mt19937_64 rng(seed ^ 0x51);
+  std::uniform_int_distribution<int32_t> any_slot(0, int32_t(T * top_k - 1)), any_rank(0, 1);
+  std::vector<int32_t> slot(size_t(cap), 0), src_rank(size_t(cap), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = offset[size_t(e)]; r < offset[size_t(e + 1)]; ++r) {
+      slot[size_t(r)] = r < offset[size_t(e)] + rows[size_t(e)] ? any_slot(rng) : -1;
+      src_rank[size_t(r)] = any_rank(rng);
+    }
+  }
+  // A as the gather leaves it (every row from rank 0, or each from its source rank), the block past the
+  // rows poison; and the rows' scales in place (padding rows 1, past the rows NaN).
+  struct HostA {
+    std::vector<uint8_t> q;
+    std::vector<float> scales;
+  };
+  const auto gathered_on_host = [&](bool two_ranks) {
+    HostA a{std::vector<uint8_t>(size_t(cap * K), 0xFF), std::vector<float>(size_t(cap * kb), std::nanf(""))};
+    for (int64_t r = 0; r < total; ++r) {
+      const auto q = a.q.begin() + r * K;
+      const auto scales = a.scales.begin() + r * kb;
+      if (slot[size_t(r)] < 0) {
+        std::fill(q, q + K, uint8_t(0));
+        std::fill(scales, scales + kb, 1.0f);
+        continue;
+      }
+      const ref::fp8::Quantized& from = tokens[two_ranks ? src_rank[size_t(r)] : 0];
+      const int64_t token = slot[size_t(r)] / top_k;
+      std::copy(from.q.begin() + token * K, from.q.begin() + (token + 1) * K, q);
+      std::copy(from.scales.begin() + token * kb, from.scales.begin() + (token + 1) * kb, scales);
+    }
+    return a;
+  };
+  DeviceBuffer d_offset = to_device(offset), d_halves = to_device(half.offset);
+  DeviceBuffer d_slot = to_device(slot), d_src_rank = to_device(src_rank);
+  DeviceBuffer d_tokens[2] = {to_device(tokens[0].q), two_ranks_read ? to_device(tokens[1].q) : DeviceBuffer(16)};
+  DeviceBuffer d_sources = to_device(std::vector<const void*>{d_tokens[0].get(), d_tokens[1].get()});
+  DeviceBuffer d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]);
+  DeviceBuffer d_u = swiglu ? to_device(ops.b_q[1]) : DeviceBuffer(16);
+  DeviceBuffer d_us = swiglu ? to_device(ops.b_scales[1]) : DeviceBuffer(16);
+  std::vector<int32_t> kept_slot(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) kept_slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  DeviceBuffer d_kept_slot = to_device(kept_slot);
+  DeviceBuffer d_sync(size_t(gemm::gather_sync_ints(cap)) * sizeof(int32_t));
+  d_sync.fill_bytes(0);
+  DeviceStatus* status = nullptr;
+  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
+  DeviceStatus* status_device = nullptr;
+  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const int64_t what = int64_t(Fp8Tensor::kH);
+  // A launch's outputs (out: the grouped form's, or h), and where it gathers, A and the counters after.
+  struct Launch {
+    std::vector<HostBf16> out, g, u;
+    std::vector<uint8_t> codes, a;
+    std::vector<float> scales;
+    std::vector<int32_t> sync;
+    DeviceStatus status;
+  };
+  // One launch on the A gathered beforehand (`pre`, its scales `a_scales`), or gathering A `from` its
+  // source into a poisoned buffer; every output poisoned first. all: gate/up's h and kept g and u too,
+  // beside the codes.
+  const auto launch = [&](const DeviceBuffer& pre, const DeviceBuffer& a_scales, RowsFrom from, bool wide,
+                          int32_t lookahead, bool all) {
+    const bool gathers = from != RowsFrom::kInPlace;
+    DeviceBuffer d_a(gathers ? size_t(cap * K) : 16), d_out(size_t(cap * N) * 2), d_kept_g(size_t(cap * N) * 2),
+        d_kept_u(size_t(cap * N) * 2), d_q(size_t(cap * N)), d_s(size_t(cap * kbN) * 4);
+    for (DeviceBuffer* b : {&d_a, &d_out, &d_kept_g, &d_kept_u, &d_q, &d_s}) b->fill_bytes(0xFF);
+    const uint8_t* a = gathers ? d_a.as<uint8_t>() : pre.as<uint8_t>();
+    fp8::TileGather gather;
+    if (gathers) {
+      gather.row_token_slot = d_slot.as<int32_t>();
+      gather.top_k = top_k;
+      gather.lookahead = lookahead;
+      gather.sync = d_sync.as<int32_t>();
+      if (from == RowsFrom::kThisRank) {
+        gather.tokens = d_tokens[0].as<uint8_t>();
+      } else {
+        gather.sources.base = d_sources.as<const void* const>();
+        gather.sources.row_src_rank = d_src_rank.as<int32_t>();
+      }
+    }
+    const int32_t* half_block_offset = wide ? d_halves.as<int32_t>() : nullptr;
+    *status = DeviceStatus{};
+    if (swiglu) {
+      const fp8::KeptGateUp kept =
+          all ? fp8::KeptGateUp{d_kept_g.as<bf16_t>(), d_kept_u.as<bf16_t>(), d_kept_slot.as<int32_t>()}
+              : fp8::KeptGateUp{};
+      const fp8::NonfiniteReport report{nullptr, status_device, what, 0};
+      const fp8::QuantizedH hq{d_q.as<uint8_t>(), d_s.as<float>(), report};
+      fp8::grouped_swiglu_block_scaled(a, a_scales.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(),
+                                       d_u.as<uint8_t>(), d_us.as<float>(), E, N, d_offset.as<int32_t>(),
+                                       all ? d_out.as<bf16_t>() : nullptr, status_device, nullptr, kept, hq, gather,
+                                       false, half_block_offset);
+    } else {
+      fp8::grouped_gemm_block_scaled(a, a_scales.as<float>(), cap, K, d_b.as<uint8_t>(), d_bs.as<float>(), E, N,
+                                     d_offset.as<int32_t>(), d_out.as<bf16_t>(), status_device, nullptr, gather, false,
+                                     half_block_offset);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    Launch l;
+    l.out = to_host<HostBf16>(d_out, size_t(cap * N));
+    if (swiglu) {
+      l.g = to_host<HostBf16>(d_kept_g, size_t(cap * N));
+      l.u = to_host<HostBf16>(d_kept_u, size_t(cap * N));
+      l.codes = to_host<uint8_t>(d_q, size_t(cap * N));
+      l.scales = to_host<float>(d_s, size_t(cap * kbN));
+    }
+    if (gathers) {
+      l.a = to_host<uint8_t>(d_a, size_t(cap * K));
+      l.sync = to_host<int32_t>(d_sync, size_t(gemm::gather_sync_ints(cap)));
+    }
+    l.status = *status;
+    return l;
+  };
+  for (const RowsFrom from : froms) {
+    const bool gathers = from != RowsFrom::kInPlace;
+    SCOPED_TRACE(!gathers ? "A in place"
+                          : from == RowsFrom::kThisRank ? "A gathered from this rank's tiles"
+                                                        : "A gathered from two ranks' tiles");
+    const HostA host_a = gathered_on_host(from == RowsFrom::kTwoRanks);
+    DeviceBuffer d_pre = to_device(host_a.q), d_scales = to_device(host_a.scales);
+    const Launch want = launch(d_pre, d_scales, RowsFrom::kInPlace, false, 0, true);
+    EXPECT_EQ(want.status.code, 0) << "plain tiles, A in place: " << want.status.a << " at " << want.status.b;
+    const int64_t nonfinite = std::count_if(want.out.begin(), want.out.begin() + total * N,
+                                            [](HostBf16 v) { return !std::isfinite(to_double(v)); });
+    EXPECT_EQ(nonfinite, 0) << "plain tiles: values not finite below the schedule's rows";
+    const auto none = [](int64_t) { return false; };
+    const auto check = [&](const Launch& got, bool wide, bool all) {
+      EXPECT_EQ(got.status.code, 0) << "a wait stalled or h reported: " << got.status.a << " at " << got.status.b;
+      const auto row_unwritten = [&](int64_t r) { return wide && half.unwritten[size_t(r)]; };
+      const auto kept_unwritten = [&](int64_t to) { return wide && half.unwritten[size_t(cap - 1 - to)]; };
+      if (all) {
+        EXPECT_EQ(first_row_unlike(got.out, want.out, N, row_unwritten), -1)
+            << (swiglu ? "h" : "out") << ": the first row unlike the plain tiles'";
+      }
+      if (swiglu && all) {
+        EXPECT_EQ(first_row_unlike(got.g, want.g, N, kept_unwritten), -1) << "kept g: the first row unlike";
+        EXPECT_EQ(first_row_unlike(got.u, want.u, N, kept_unwritten), -1) << "kept u: the first row unlike";
+      }
+      if (swiglu) {
+        EXPECT_EQ(first_row_unlike(got.codes, want.codes, N, row_unwritten), -1) << "h's codes: the first row unlike";
+        EXPECT_EQ(first_row_unlike(got.scales, want.scales, kbN, row_unwritten), -1)
+            << "h's scales: the first row unlike";
+      }
+      if (gathers) {
+        EXPECT_EQ(first_row_unlike(got.a, host_a.q, K, none), -1) << "A: the first row unlike the host's gather";
+        EXPECT_EQ(std::count(got.sync.begin(), got.sync.end(), 0), int64_t(got.sync.size()))
+            << "gather counters left set";
+      }
+    };
+    if (gathers) {
+      SCOPED_TRACE("plain tiles, gathering");
+      check(launch(d_pre, d_scales, from, false, 8, true), false, true);
+    }
+    for (int r = 0; r < runs; ++r) {
+      SCOPED_TRACE("wide tiles, launch " + std::to_string(r));
+      const bool all = !swiglu || r % 2 == 0;
+      check(launch(d_pre, d_scales, from, true, r % 2 == 0 ? 8 : 1, all), true, all);
+    }
+  }
+  LYNX_TEST_CUDA(cudaFreeHost(status));
+}
+
+// The experts of the wide-tile tests with several tiles a CTA: 181 row blocks, seven experts ending in a
+// half block (of 56, 52, 32, 64, 1, 1 and 30 rows), one in a block of 65 rows, one in a whole block, one
+// without rows.
+std::vector<int64_t> wide_tile_rows() { return {3000, 0, 2100, 4000, 64, 2945, 1, 3265, 2590, 4480}; }
+
+// The grouped form gathering its rows from this rank's token tiles in wide tiles, bit for bit the plain
+// tiles' (expect_wide_tiles_give_plain_bits), each wide launch four times: wide_tile_rows() from 2000
+// tokens, five column tiles (a half block's three wide tiles: two of two parts, then one of one part),
+// K = 2048 (16 K blocks), 891 tiles (~7 a CTA on 132 SMs); and experts of 77, 129, 0, 64, 1 and 300
+// rows (four half blocks) from 50 tokens, three column tiles, K = 2880 (23 K blocks, the last 64 wide:
+// rows of 180 16-byte pieces).
+TEST_F(Fp8Gemm, GroupedGathersItsRowsInWideTiles) {
+  expect_wide_tiles_give_plain_bits(wide_tile_rows(), 2000, 1280, 2048, false, {RowsFrom::kThisRank}, 4);
+  expect_wide_tiles_give_plain_bits({77, 129, 0, 64, 1, 300}, 50, 768, 2880, false, {RowsFrom::kThisRank}, 4);
+}
+
 // The gate/up form quantising h in its epilogue (QuantizedH): its codes and scales equal quantize_tiles'
 // of the bf16 h the same form writes, bit for bit, over the schedule's rows, and nothing past them is
 // written; h, g and u written beside the codes keep their bits. With `nan_weight` one gate weight code of
@@ -783,6 +1029,18 @@ TEST_F(Fp8Gemm, GroupedSwiGLUQuantisesH) {
   // 48 row blocks × 4 blocks of h: 192 tiles, more than the SMs, so CTAs take several (the code box
   // reused, the stages' phases carried across tiles).
   expect_quantised_h_matches_quantize_tiles({3000, 2000, 1000}, 512, 256);
+}
+// The gate/up form in wide tiles, h quantised in its epilogue, bit for bit the plain tiles' (h, kept g
+// and u, h's codes and scales; expect_wide_tiles_give_plain_bits), each wide launch four times, A in
+// place, gathered from this rank's token tiles and from two ranks' staged tiles: wide_tile_rows() from 2000
+// tokens, five column tiles of h (a half block's three wide tiles: two of two parts, then one of one
+// part), K = 2048 (16 K blocks), 891 tiles (~7 a CTA on 132 SMs); and experts of 77, 129, 0, 64, 1 and
+// 300 rows (four half blocks) from 50 tokens, three column tiles, K = 2880 (23 K blocks, the last 64
+// wide).
+TEST_F(Fp8Gemm, GroupedSwiGLUQuantisesHInWideTiles) {
+  const std::vector<RowsFrom> froms = {RowsFrom::kInPlace, RowsFrom::kThisRank, RowsFrom::kTwoRanks};
+  expect_wide_tiles_give_plain_bits(wide_tile_rows(), 2000, 640, 2048, true, froms, 4);
+  expect_wide_tiles_give_plain_bits({77, 129, 0, 64, 1, 300}, 50, 384, 2880, true, froms, 4);
 }
 TEST_F(Fp8Gemm, GroupedSwiGLUQuantisedHReportsNonFinite) {
   expect_quantised_h_matches_quantize_tiles({150, 60}, 256, 512, true);
