@@ -24,6 +24,29 @@
 namespace lynx::test {
 namespace {
 
+// A DeviceStatus in mapped host memory, cleared: the kernels write it through `device`, the host reads
+// `host` once they are done.
+struct MappedStatus {
+  DeviceStatus* host = nullptr;
+  DeviceStatus* device = nullptr;
+  MappedStatus() {
+    LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&host), sizeof(DeviceStatus), cudaHostAllocMapped));
+    *host = DeviceStatus{};
+    LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0));
+  }
+  ~MappedStatus() { cudaFreeHost(host); }
+  MappedStatus(const MappedStatus&) = delete;
+  MappedStatus& operator=(const MappedStatus&) = delete;
+};
+
+// The gate/up form's kept g and u rows (KeptGateUp): row r's to slot cap − 1 − r, none for every third
+// row (-1).
+std::vector<int32_t> kept_slots(int64_t cap) {
+  std::vector<int32_t> slot(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  return slot;
+}
+
 class Fp8Gemm : public GpuTest {};
 
 // NOTES: the tensor core's FP8 sums inside one wgmma are not exact fp32 sums (DeepSeek-V3's report:
@@ -59,16 +82,13 @@ void expect_matches_reference(int64_t M, int64_t N, int64_t K) {
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_b = to_device(qb.q), d_bs = to_device(qb.scales);
   DeviceBuffer d_out(size_t(M * N) * sizeof(float));
   d_out.fill_bytes(0xFF);
-  DeviceStatus* status = nullptr;
-  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
-  *status = DeviceStatus{};
-  DeviceStatus* status_device = nullptr;
-  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const MappedStatus mapped;
+  DeviceStatus* const status = mapped.host;
+  DeviceStatus* const status_device = mapped.device;
   fp8::gemm_block_scaled(d_a.as<uint8_t>(), d_as.as<float>(), M, K, d_b.as<uint8_t>(), d_bs.as<float>(), N,
                          d_out.as<float>(), status_device, nullptr);
   LYNX_TEST_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(status->code, 0) << "a wait stalled: " << status->a << " at K block " << status->b;
-  LYNX_TEST_CUDA(cudaFreeHost(status));
   const std::vector<float> got = to_host<float>(d_out, size_t(M * N));
   const std::vector<double> want = ref::fp8::fp8_gemm(qa, qb);
   double err = 0.0, norm = 0.0;
@@ -192,10 +212,8 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
   DeviceBuffer d_u = swiglu ? to_device(b_q[1]) : DeviceBuffer(16), d_us = swiglu ? to_device(b_scales[1]) : DeviceBuffer(16);
   DeviceBuffer d_out(size_t(cap * N) * 2);
   d_out.fill_bytes(0xFF);
-  // The gate/up form also keeps g and u (KeptGateUp): row r's to row slot[r] = cap − 1 − r, none for every
-  // third row (-1).
-  std::vector<int32_t> slot(static_cast<size_t>(cap));
-  for (int64_t r = 0; r < cap; ++r) slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  // The gate/up form also keeps g and u (kept_slots).
+  const std::vector<int32_t> slot = kept_slots(cap);
   DeviceBuffer d_slot = to_device(slot), d_kept_g(size_t(cap * N) * 2), d_kept_u(size_t(cap * N) * 2);
   d_kept_g.fill_bytes(0xFF);
   d_kept_u.fill_bytes(0xFF);
@@ -585,11 +603,9 @@ void expect_gathered_equals_pregathered(const std::vector<int64_t>& rows, int64_
   DeviceBuffer d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]);
   DeviceBuffer d_sync(size_t(gemm::gather_sync_ints(cap)) * sizeof(int32_t));
   d_sync.fill_bytes(0);
-  DeviceStatus* status = nullptr;
-  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
-  *status = DeviceStatus{};
-  DeviceStatus* status_device = nullptr;
-  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const MappedStatus mapped;
+  DeviceStatus* const status = mapped.host;
+  DeviceStatus* const status_device = mapped.device;
   // The form's output on `a_in` (gathered into it where `gather` is on), from a poisoned output.
   const auto run = [&](const DeviceBuffer& a_in, const fp8::TileGather& gather) {
     DeviceBuffer out(size_t(cap * N) * 2);
@@ -625,7 +641,6 @@ void expect_gathered_equals_pregathered(const std::vector<int64_t>& rows, int64_
   const std::vector<HostBf16> want = run(d_pregathered, {});
   const Gathered runs[] = {gathered(8), gathered(1)};
   const DeviceStatus st = *status;
-  LYNX_TEST_CUDA(cudaFreeHost(status));
   EXPECT_EQ(st.code, 0) << "a wait stalled: " << st.a << " at " << st.b;
   for (int64_t i = 0; i < total * N; ++i) ASSERT_TRUE(std::isfinite(to_double(want[size_t(i)]))) << "element " << i;
   for (const Gathered& g : runs) {
@@ -771,15 +786,13 @@ void expect_wide_tiles_give_plain_bits(const std::vector<int64_t>& rows, int64_t
   DeviceBuffer d_b = to_device(ops.b_q[0]), d_bs = to_device(ops.b_scales[0]);
   DeviceBuffer d_u = swiglu ? to_device(ops.b_q[1]) : DeviceBuffer(16);
   DeviceBuffer d_us = swiglu ? to_device(ops.b_scales[1]) : DeviceBuffer(16);
-  std::vector<int32_t> kept_slot(static_cast<size_t>(cap));
-  for (int64_t r = 0; r < cap; ++r) kept_slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  const std::vector<int32_t> kept_slot = kept_slots(cap);
   DeviceBuffer d_kept_slot = to_device(kept_slot);
   DeviceBuffer d_sync(size_t(gemm::gather_sync_ints(cap)) * sizeof(int32_t));
   d_sync.fill_bytes(0);
-  DeviceStatus* status = nullptr;
-  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
-  DeviceStatus* status_device = nullptr;
-  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const MappedStatus mapped;
+  DeviceStatus* const status = mapped.host;
+  DeviceStatus* const status_device = mapped.device;
   const int64_t what = int64_t(Fp8Tensor::kH);
   // A launch's outputs (out: the grouped form's, or h), and where it gathers, A and the counters after.
   struct Launch {
@@ -891,7 +904,6 @@ void expect_wide_tiles_give_plain_bits(const std::vector<int64_t>& rows, int64_t
       check(launch(d_pre, d_scales, from, true, r % 2 == 0 ? 8 : 1, all), true, all);
     }
   }
-  LYNX_TEST_CUDA(cudaFreeHost(status));
 }
 
 // The experts of the wide-tile tests with several tiles a CTA: 181 row blocks, seven experts ending in a
@@ -930,13 +942,11 @@ void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows,
   DeviceBuffer d_a = to_device(qa.q), d_as = to_device(qa.scales), d_offset = to_device(offset);
   DeviceBuffer d_g = to_device(b_q[0]), d_gs = to_device(b_scales[0]), d_u = to_device(b_q[1]),
                d_us = to_device(b_scales[1]);
-  std::vector<int32_t> slot(static_cast<size_t>(cap));
-  for (int64_t r = 0; r < cap; ++r) slot[size_t(r)] = r % 3 == 2 ? -1 : int32_t(cap - 1 - r);
+  const std::vector<int32_t> slot = kept_slots(cap);
   DeviceBuffer d_slot = to_device(slot);
-  DeviceStatus* status = nullptr;
-  LYNX_TEST_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&status), sizeof(DeviceStatus), cudaHostAllocMapped));
-  DeviceStatus* status_device = nullptr;
-  LYNX_TEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_device), status, 0));
+  const MappedStatus mapped;
+  DeviceStatus* const status = mapped.host;
+  DeviceStatus* const status_device = mapped.device;
   const int64_t what = int64_t(Fp8Tensor::kH);
   struct Run {
     std::vector<HostBf16> h, g, u;
@@ -975,7 +985,6 @@ void expect_quantised_h_matches_quantize_tiles(const std::vector<int64_t>& rows,
     return r;
   };
   const Run want = run(false, true), got = run(true, false), both = run(true, true);
-  LYNX_TEST_CUDA(cudaFreeHost(status));
   for (const Run* r : {&want, &got, &both}) {
     if (nan_weight) {
       EXPECT_EQ(r->status.code, int32_t(StatusCode::kNonFiniteInput));
