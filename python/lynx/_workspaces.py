@@ -77,7 +77,10 @@ def release(tag: int) -> None:
     _RELEASED.add(tag)
     # NOTES: no expert-parallel workspace has a layer's tag (their tags are ep_shared_tag's, never released):
     # other ranks read them, so they live while the process runs (lynx/_groups.py says why).
-    dropped = [_BY_SPEC.pop(s) for s in [s for s in _BY_SPEC if s[6].tag == tag]]
+    # NOTES: over a copy of the keys, each popped with a default: a finalizer may release another tag
+    # meanwhile (any allocation may run one).
+    dropped = [w for w in (_BY_SPEC.pop(s, None) for s in [s for s in list(_BY_SPEC) if s[6].tag == tag])
+               if w is not None]
     if _capturing():
         _PENDING.extend(dropped)
 
@@ -156,7 +159,7 @@ def _fp8_copies_owner(spec):
     caller's tag (lynx.moe's default 0) may run on several streams at once, where one's quantisation
     would rewrite copies another's queued pass reads."""
     tokens, hidden, intermediate, num_experts, _, _, config, index = spec
-    for other_spec, other in _BY_SPEC.items():
+    for other_spec, other in list(_BY_SPEC.items()):  # a release (a finalizer) may run meanwhile
         o_tokens, o_hidden, o_intermediate, o_experts, _, _, o_config, o_index = other_spec
         if (o_config.tag == config.tag and o_index == index and o_config.ep_group == 0 and
                 o_config.precision != _PRECISIONS["bf16"] and (o_hidden, o_intermediate, o_experts) ==

@@ -43,6 +43,9 @@ class Config:
                              f"got {self.precision!r}")
         if self.bf16_weight_grads and self.precision != "fp8_block":
             raise ValueError("lynx: config.bf16_weight_grads: only with precision=\"fp8_block\"")
+        if not 0 <= self.peer_timeout_ms <= 3_600_000:  # lynx::resolve_config's bound
+            raise ValueError(f"lynx: config.peer_timeout_ms: must be in [0, 3600000] (0: 30 s), got "
+                             f"{self.peer_timeout_ms}")
 
 
 class Gradients(NamedTuple):
@@ -133,6 +136,7 @@ class Workspace:
 
     def _args(self, x, topk_ids, w_gate, ws_gate, tensors):
         self._impl()
+        ops.check_ranks(x, topk_ids, w_gate, ws_gate)
         T, H = x.shape
         got = (T, H, w_gate.shape[1], w_gate.shape[0], topk_ids.shape[1], 0 if ws_gate is None else ws_gate.shape[0])
         if got != self.shape:
@@ -218,6 +222,9 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
     tensors = (w_gate, w_up, w_down, w_gate_scales, w_up_scales, w_down_scales)
     names = ("w_gate", "w_up", "w_down", "w_gate_scales", "w_up_scales", "w_down_scales")
     impl = ws._impl()
+    for t, n in zip(tensors, names):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"lynx: {n}: must be a tensor, got {type(t).__name__}")
     views = tuple(_views.view(t, n) for t, n in zip(tensors, names))
     for t, n in zip(tensors, names):
         if t.device != ws.device:
@@ -245,7 +252,8 @@ def fp8_weights_changed():
 def check(device=None):
     """Raises lynx.LynxError if a lynx kernel reported an error (an expert id out of range, a non-finite
     router weight, a schedule over capacity), after waiting for the current stream of each device whose
-    workspaces it checks: every device's, or `device`'s alone. The fused path never synchronises, so such
+    workspaces it checks (every device's, or `device`'s alone) and for each workspace's last call, on
+    whatever stream it was queued. The fused path never synchronises, so such
     errors surface only here (or as a CUDA error at the next sync). Until it is reported, an error stays
     set and every later call on the same workspace leaves y and dx unwritten and its other routed
     gradients unusable (see lynx::Workspace::check): call this once per training step, before the

@@ -70,6 +70,7 @@ api::ContextBytes used_bytes(const Workspace::Impl& w, const ForwardContext& ctx
 // context on a workspace that keeps none is lent what it uses of one (ContextLoan).
 template <class Pass>
 void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, cudaStream_t stream, Pass&& pass) {
+  w.wait_for_last_call(stream);
   enqueue_pass(w, [&] {
     const ScratchLease scratch(w, stream);
     if (ctx == nullptr && w.config.caller_context) {
@@ -81,6 +82,7 @@ void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, 
     pass();
     if (filled) lease.keep(*filled);
   });
+  w.record_call(stream);
 }
 
 void forward_call(Workspace& ws, const LayerInputs& in, const TensorView& y, ForwardContext* ctx,
@@ -177,7 +179,9 @@ void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t 
   }
   validate_weights(w.shape, weights);
   check_device(w);
+  w.wait_for_last_call(stream);
   enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, copies, stream); });
+  w.record_call(stream);
 }
 
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream) {
@@ -185,7 +189,9 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
   api::require_fp8(w, "set_quantized_weights");
   validate_fp8_weights(w.shape, weights);
   check_device(w);
+  w.wait_for_last_call(stream);
   enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
+  w.record_call(stream);
 }
 
 namespace {

@@ -70,47 +70,10 @@ void validate_rank(Validate&& validate, Workspace::Impl& w, size_t r, size_t ran
   }
 }
 
-// One pass of every rank, each on its rank's own stream forked from `stream` and joined back, so that
-// one rank's kernels fill the GPU beside another's tails and launch gaps: the ranks run at once, as
-// ranks on their own GPUs or in their own processes do.
-// NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
-// block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
-// blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
-// spinning blocks fit the GPU together.
-// `validate` checks each rank's arguments, then `across` all ranks' together, before anything is queued.
-template <class Validate, class Across, class Step>
-void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
-               Across&& across, Step&& step) {
-  if (ranks.empty() || args != ranks.size()) {
-    throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
-  }
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
-    Workspace::Impl& w = ranks[r]->impl();
-    if (w.shape.rank != int32_t(r) || int64_t(ranks.size()) != w.shape.num_ranks) {
-      throw Error("ranks", "[" + str(r) + "] is rank " + str(w.shape.rank) + " of " + str(w.shape.num_ranks) +
-                               ": give every rank of the group, in rank order");
-    }
-    api::check_device(w);
-    api::require_connected(w);
-    if (ranks.size() > 1 && !w.rank_stream) {
-      throw Error("ranks", "[" + str(r) + "] was not connected by connect_ranks on one device (virtual ranks)");
-    }
-    for (size_t s = 0; s < ranks.size() && ranks.size() > 1; ++s) {
-      if (!ranks[s] || w.peer_bases[s] != ranks[s]->impl().region) {
-        throw Error("ranks", "[" + str(r) + "] and [" + str(s) + "] were not connected to each other: give one group");
-      }
-    }
-    if (w.config.caller_context) {
-      throw Error("ranks", "[" + str(r) + "] keeps no forward context (Config::caller_context): call the one-rank "
-                           "forward and backward, with a ForwardContext (a forward given none keeps none)");
-    }
-    if (w.config.backend != Backend::kFused) {
-      throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");
-    }
-    validate_rank(validate, w, r, ranks.size());
-  }
-  across();
+// run_ranks' passes, once checked: each rank's steps on its own stream, forked from `stream` and joined
+// back to it (or, at one rank, on `stream`).
+template <class Step>
+void queue_ranks(const std::vector<Workspace*>& ranks, cudaStream_t stream, Step&& step) {
   const auto each = [&](fused::Step s, const auto& stream_of) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       Workspace::Impl& w = ranks[r]->impl();
@@ -159,6 +122,52 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     LYNX_CUDA(cudaEventRecord(ws->impl().join_event, ws->impl().rank_stream));
     LYNX_CUDA(cudaStreamWaitEvent(stream, ws->impl().join_event, 0));
   }
+}
+
+// One pass of every rank, each on its rank's own stream forked from `stream` and joined back, so that
+// one rank's kernels fill the GPU beside another's tails and launch gaps: the ranks run at once, as
+// ranks on their own GPUs or in their own processes do.
+// NOTES: a rank's barrier waits spin on the device for ranks running beside it, each in one small
+// block (bounded by peer_timeout_ms); the schedule kernels, the only launches that need all of their
+// blocks resident at once, are planned for 1/R of the SMs (Workspace::Impl::virtual_rank_plan), so R of them and the
+// spinning blocks fit the GPU together.
+// `validate` checks each rank's arguments, then `across` all ranks' together, before anything is queued.
+template <class Validate, class Across, class Step>
+void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t stream, Validate&& validate,
+               Across&& across, Step&& step) {
+  if (ranks.empty() || args != ranks.size()) {
+    throw Error("ranks", "needs one argument per rank: " + str(ranks.size()) + " ranks, " + str(args) + " arguments");
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r]) throw Error("ranks", "[" + str(r) + "] is null");
+    Workspace::Impl& w = ranks[r]->impl();
+    if (w.shape.rank != int32_t(r) || int64_t(ranks.size()) != w.shape.num_ranks) {
+      throw Error("ranks", "[" + str(r) + "] is rank " + str(w.shape.rank) + " of " + str(w.shape.num_ranks) +
+                               ": give every rank of the group, in rank order");
+    }
+    api::check_device(w);
+    api::require_connected(w);
+    if (ranks.size() > 1 && !w.rank_stream) {
+      throw Error("ranks", "[" + str(r) + "] was not connected by connect_ranks on one device (virtual ranks)");
+    }
+    for (size_t s = 0; s < ranks.size() && ranks.size() > 1; ++s) {
+      if (!ranks[s] || w.peer_bases[s] != ranks[s]->impl().region) {
+        throw Error("ranks", "[" + str(r) + "] and [" + str(s) + "] were not connected to each other: give one group");
+      }
+    }
+    if (w.config.caller_context) {
+      throw Error("ranks", "[" + str(r) + "] keeps no forward context (Config::caller_context): call the one-rank "
+                           "forward and backward, with a ForwardContext (a forward given none keeps none)");
+    }
+    if (w.config.backend != Backend::kFused) {
+      throw Error("ranks", "[" + str(r) + "] uses the unfused backend: the *_ranks calls run the fused passes");
+    }
+    validate_rank(validate, w, r, ranks.size());
+  }
+  across();
+  for (Workspace* ws : ranks) ws->impl().wait_for_last_call(stream);
+  queue_ranks(ranks, stream, step);
+  for (Workspace* ws : ranks) ws->impl().record_call(stream);
 }
 
 }  // namespace

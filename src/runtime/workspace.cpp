@@ -203,6 +203,7 @@ Workspace::Impl::Impl(const LayerShape& s, const Config& c, std::shared_ptr<Fp8W
     schedule.stall_report = stall_report_device;
     LYNX_CUDA(cudaMallocHost(reinterpret_cast<void**>(&counts_host), sizeof(int32_t) * (2 * E_loc + 1)));
     LYNX_CUDA(cudaEventCreateWithFlags(&counts_ready, cudaEventDisableTiming));
+    LYNX_CUDA(cudaEventCreateWithFlags(&last_call_done, cudaEventDisableTiming));
 
     // The context's order is plan/context_layout.h's: the shared expert's products before the rows.
     if (Is > 0) {
@@ -428,6 +429,7 @@ void Workspace::Impl::release() {
   grouped.reset();
   if (cublas) cublasDestroy(cublas);
   if (counts_ready) cudaEventDestroy(counts_ready);
+  if (last_call_done) cudaEventDestroy(last_call_done);
   if (counts_host) cudaFreeHost(counts_host);
   if (status_host) cudaFreeHost(status_host);
   if (stall_report) cudaFreeHost(stall_report);
@@ -438,6 +440,7 @@ void Workspace::Impl::release() {
   context_pool = nullptr;
   cublas = nullptr;
   counts_ready = nullptr;
+  last_call_done = nullptr;
   counts_host = nullptr;
   status_host = nullptr;
   allocations.clear();
@@ -488,8 +491,39 @@ Schedule Workspace::schedule() const {
   return s;
 }
 
+namespace {
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the legacy stream while another is captured, say
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+// NOTES: a workspace's calls share its device counters, schedule, status and buffers, so they must run
+// one after another. Each call queued outside a CUDA-graph capture records its end; a call, or a check,
+// on another stream first makes that stream wait for it. Not inside a capture: a captured stream cannot
+// wait for work outside it (cudaErrorStreamCaptureIsolation), and a captured call runs when its graph is
+// launched, which the caller orders.
+void Workspace::Impl::wait_for_last_call(cudaStream_t stream) const {
+  if (!last_call_recorded || last_call_stream == stream || capturing(stream)) return;
+  LYNX_CUDA(cudaStreamWaitEvent(stream, last_call_done, 0));
+}
+
+void Workspace::Impl::record_call(cudaStream_t stream) {
+  if (capturing(stream)) return;
+  LYNX_CUDA(cudaEventRecord(last_call_done, stream));
+  last_call_stream = stream;
+  last_call_recorded = true;
+}
+
 void Workspace::check(cudaStream_t stream) const {
   // A trapped kernel leaves the context unusable: its stall report is the useful error then.
+  impl_->wait_for_last_call(stream);
   const cudaError_t copy = cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus),
                                            cudaMemcpyDeviceToHost, stream);
   const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;

@@ -260,5 +260,47 @@ TEST_F(FusedForward, FirstFp8CallsDoNotWaitForTheGpu) {
               "host [0-9.]+ ms");
 }
 
+// A workspace's calls on two streams run in the order they were queued (lynx/moe.h): behind a kernel
+// that keeps stream a busy for 300 ms, a forward on a and its backward on stream b give the bits of the
+// two on one stream (without the order the backward would read a context not yet computed); a check on
+// b after a forward on a with an expert id out of range, queued behind the busy kernel, reports it (it
+// would read the status before the forward wrote it).
+TEST_F(FusedForward, CallsOnTwoStreamsRunInTheOrderQueued) {
+  const Case c{300, 128, 128, 4, 2, 64};
+  HostLayer L(c, fresh_seed());
+  Config config;
+  config.backend = Backend::kFused;
+  Workspace ws(L.shape, config);
+  const std::vector<HostBf16> dy = random_dy(c);
+  const Outputs want = run_layer(ws, L, dy);
+  cudaStream_t a, b;
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  OutputBuffers out(c);
+  out.poison();
+  const DeviceBuffer d_dy = to_device(dy);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  spin_on_stream(a, 300'000'000);
+  forward(ws, L.inputs(), out.y_view(), a);
+  backward(ws, L.inputs(), make_view(d_dy.get(), DType::kBF16, {c.T, c.H}), out.grads(), b);
+  ws.check(b);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(first_difference(out.to_host_outputs(), want), "");
+
+  L.ids[7 * c.k + 1] = int32_t(c.E);
+  L.d_ids = to_device(L.ids);
+  spin_on_stream(a, 300'000'000);
+  forward(ws, L.inputs(), out.y_view(), a);
+  try {
+    ws.check(b);
+    ADD_FAILURE() << "check on another stream than the forward's reported nothing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("topk_ids[7, 1] = 4 is out of range [0, 4)"), std::string::npos) << e.what();
+  }
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
 }  // namespace
 }  // namespace lynx::test

@@ -641,6 +641,56 @@ def test_bad_arguments_are_refused_before_a_workspace_is_made():
     assert len(lynx._workspaces.all_workspaces()) == made
 
 
+def test_explicit_calls_and_config_name_a_bad_argument():
+    T, H, I, E, k = 64, 128, 128, 4, 2
+    x, ids, tw, w, _ = make(T=T, H=H, I=I, E=E, k=k)
+    ws = lynx.Workspace(T, H, I, E, k)
+    with pytest.raises(ValueError, match=r"x: must be \[T, H\], got \[1, 64, 128\]"):
+        lynx.functional.forward(ws, x.unsqueeze(0), ids, tw, *w)
+    with pytest.raises(ValueError, match=r"topk_ids: must be \[T, k\], got \[128\]"):
+        lynx.functional.backward(ws, torch.zeros_like(x), x, ids.flatten(), tw, *w)
+    given = lynx.Workspace(T, H, I, E, k, config=FP8)
+    blocks = [e4m3_blocks(t) for t in w]
+    with pytest.raises(ValueError, match="w_up_scales: must be a tensor, got NoneType"):
+        lynx.functional.set_quantized_weights(given, *(b for b, _ in blocks), blocks[0][1], None, blocks[2][1])
+    for bad in (-1, 3_600_001):
+        with pytest.raises(ValueError, match=r"config.peer_timeout_ms: must be in \[0, 3600000\]"):
+            lynx.Config(peer_timeout_ms=bad)
+
+
+def test_a_workspaces_calls_on_two_streams_run_in_the_order_queued():
+    """Behind a long kernel on stream a, a forward on a and its backward on stream b give the bits of the
+    two on one stream (a call waits for the workspace's last call where that was on another stream:
+    include/lynx/moe.h), and Workspace.check() on the default stream reports the error of a forward
+    queued on a behind such a kernel."""
+    T, H, I, E, k = 200, 128, 64, 8, 2
+    x, ids, tw, w, _ = make(T=T, H=H, I=I, E=E, k=k)
+    ws = lynx.Workspace(T, H, I, E, k)
+    dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    want_y = lynx.functional.forward(ws, x, ids, tw, *w)
+    want = lynx.functional.backward(ws, dy, x, ids, tw, *w)
+    bad = ids.clone()
+    bad[3, 1] = E
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(1 << 29)  # cycles: a few tenths of a second
+        y = lynx.functional.forward(ws, x, ids, tw, *w)
+    with torch.cuda.stream(b):
+        got = lynx.functional.backward(ws, dy, x, ids, tw, *w)
+    torch.cuda.synchronize()
+    assert torch.equal(y, want_y)
+    for name, g, h in zip(want._fields, got, want):
+        assert (g is None and h is None) or torch.equal(g, h), name
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(1 << 29)
+        lynx.functional.forward(ws, x, bad, tw, *w)
+    with pytest.raises(ValueError, match=r"topk_ids\[3, 1\] = 8 is out of range"):
+        ws.check()
+    torch.cuda.synchronize()
+    ws.check()
+
+
 def test_module_checks_its_sizes_and_its_input():
     with pytest.raises(ValueError, match="shape.hidden"):
         lynx.nn.MoE(hidden=100, intermediate=64, num_experts=8, top_k=2, device="cuda")
