@@ -33,6 +33,10 @@ class Config:
     precision: str = "bf16"
     # fp8_block: the experts' weight gradients in bf16 (the recipe's option) instead of FP8.
     bf16_weight_grads: bool = False
+    # Python only (lynx.moe, lynx.nn.MoE): each call's tokens padded to a multiple of this (zero rows,
+    # not routed; the call gets back its own rows), so that calls at varying token counts share a few
+    # workspaces instead of making one per count (docs/python.md); 1: none. Not with ep_tokens.
+    token_multiple: int = 1
 
     def __post_init__(self):
         if self.backend not in _workspaces._BACKENDS:
@@ -43,6 +47,8 @@ class Config:
                              f"got {self.precision!r}")
         if self.bf16_weight_grads and self.precision != "fp8_block":
             raise ValueError("lynx: config.bf16_weight_grads: only with precision=\"fp8_block\"")
+        if not (isinstance(self.token_multiple, int) and self.token_multiple >= 1):
+            raise ValueError(f"lynx: config.token_multiple: must be an int >= 1, got {self.token_multiple!r}")
         if not 0 <= self.peer_timeout_ms <= 3_600_000:  # lynx::resolve_config's bound
             raise ValueError(f"lynx: config.peer_timeout_ms: must be in [0, 3600000] (0: 30 s), got "
                              f"{self.peer_timeout_ms}")
@@ -281,6 +287,20 @@ def _cuda_device(device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
 
 
+_NO_PADDING = Config()
+
+
+def padded_tokens(T: int, config: Config, ep_tokens: Optional[int] = None) -> int:
+    """The token count a call of T tokens runs at: ep_tokens if given, else T rounded up to a multiple of
+    config.token_multiple."""
+    if ep_tokens is not None:
+        if config.token_multiple != 1:
+            raise ValueError("lynx: ep_tokens: not with config.token_multiple (ep_tokens fixes the count)")
+        return ep_tokens
+    m = config.token_multiple
+    return -(-T // m) * m
+
+
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):
     """(x, topk_ids, topk_weights) padded to `tokens` rows, and the rows there were: zero rows of x,
     topk_ids of -1 (not routed: no expert computes them, their weights are not read), weights of 0."""
@@ -324,7 +344,10 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     every token (rank-major) and every expert. Every rank of the group must make the same sequence of
     lynx calls with the same shapes; see docs/python.md. Ranks whose token counts differ pass the
     group's largest as `ep_tokens`: a rank with fewer pads its tokens to it (zero rows, not routed) and
-    gets back only its own rows, with the bits of one rank holding every rank's real tokens."""
+    gets back only its own rows, with the bits of one rank holding every rank's real tokens.
+
+    config.token_multiple > 1 pads a call's tokens likewise, to a multiple of it, so that calls at varying
+    token counts share a few workspaces (docs/python.md)."""
     ops.check_ranks(x, topk_ids, w_gate, ws_gate)
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
@@ -332,12 +355,20 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
         raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights that require grad (autograd would cast "
                          "lynx's bf16 weight gradients to e4m3): pass them detached and take the weight "
                          "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
-    if ep_tokens is not None:
-        if ep_group is None:
-            raise ValueError("lynx: ep_tokens: only with an ep_group")
-        x, topk_ids, topk_weights, T = pad_tokens(ep_tokens, x, topk_ids, topk_weights)
-        return moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
-                   workspace, ep_group)[:T]
+    if ep_tokens is not None and ep_group is None:
+        raise ValueError("lynx: ep_tokens: only with an ep_group")
+    target = padded_tokens(x.shape[0], config if workspace is None else _NO_PADDING, ep_tokens)
+    if target != x.shape[0]:
+        x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
+        return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
+                    workspace, ep_group)[:T]
+    return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
+                workspace, ep_group)
+
+
+def _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag, workspace,
+         ep_group):
+    """moe on tokens already padded."""
     ep = _groups.group_id(ep_group, config.peer_timeout_ms)
     if workspace is not None and ep != 0:
         raise ValueError("lynx: workspace: an explicit Workspace is one rank's; pass ep_group without it")

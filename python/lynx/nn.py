@@ -31,7 +31,10 @@ class MoE(nn.Module):
     told to ignore w1, w2 and w3). Initialised with the same random state on every rank, each rank's
     experts are its share of the experts one rank's layer would draw. Ranks whose token counts differ
     give the group's largest as `ep_tokens` (lynx.functional.moe). See lynx.functional.moe and
-    docs/python.md."""
+    docs/python.md.
+
+    config.token_multiple > 1: each call's tokens are padded to a multiple of it (zero rows, not routed),
+    so that a layer called at varying token counts keeps a few workspaces, not one per count."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, shared_intermediate: int = 0,
                  *, renormalize: bool = True, config: functional.Config = functional.Config(),
@@ -45,6 +48,8 @@ class MoE(nn.Module):
         self._ep = _groups.group_id(ep_group, config.peer_timeout_ms)
         if ep_tokens is not None and ep_group is None:  # a group of one rank takes it, as lynx.moe does
             raise ValueError("lynx.nn.MoE: ep_tokens: only with an ep_group")
+        if ep_tokens is not None and config.token_multiple != 1:
+            raise ValueError("lynx.nn.MoE: ep_tokens: not with config.token_multiple (ep_tokens fixes the count)")
         self.ep_tokens = ep_tokens
         ranks, rank = _groups.ranks(self._ep)
         if num_experts % ranks != 0:
@@ -128,8 +133,9 @@ class MoE(nn.Module):
         tokens = _views.aligned(x.reshape(-1, self.hidden).contiguous())
         topk_ids, topk_weights = self.route(tokens)
         T = tokens.shape[0]
-        if self.ep_tokens is not None:
-            tokens, topk_ids, topk_weights, T = functional.pad_tokens(self.ep_tokens, tokens, topk_ids, topk_weights)
+        target = functional.padded_tokens(T, self.config, self.ep_tokens)
+        if target != T:
+            tokens, topk_ids, topk_weights, T = functional.pad_tokens(target, tokens, topk_ids, topk_weights)
         y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
                              self.shared_w3, self.shared_w2,
                              *functional._op_config(self.config, self.workspace_tag, self._ep))

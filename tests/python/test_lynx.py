@@ -691,6 +691,37 @@ def test_a_workspaces_calls_on_two_streams_run_in_the_order_queued():
     ws.check()
 
 
+def test_token_multiple_pads_calls_onto_a_few_workspaces():
+    """Config(token_multiple=64): a layer called at 40, 50 and 64 tokens keeps one workspace (T = 64) and
+    gives, for every call, the bits of a layer without padding (y, dx and every parameter's gradient: the
+    padding rows are not routed); lynx.moe likewise."""
+    torch.manual_seed(11)
+    padded = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda",
+                         config=lynx.Config(token_multiple=64))
+    torch.manual_seed(11)
+    plain = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    for T in (40, 50, 64):
+        x = torch.randn(T, 128, device="cuda", dtype=torch.bfloat16)
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        ys = [layer(xi) for layer, xi in zip((padded, plain), xs)]
+        assert ys[0].shape == (T, 128) and torch.equal(ys[0], ys[1]), T
+        dy = torch.randn_like(ys[0])
+        for y in ys:
+            y.backward(dy)
+        assert torch.equal(xs[0].grad, xs[1].grad), T
+        for (name, p), (_, q) in zip(padded.named_parameters(), plain.named_parameters()):
+            assert torch.equal(p.grad, q.grad), f"{name} at T = {T}"
+            p.grad = q.grad = None
+    kept = [s for s in lynx._workspaces._BY_SPEC if s[6].tag == padded.workspace_tag]
+    assert [s[0] for s in kept] == [64]
+    x, ids, tw, w, _ = make(T=50, H=64, I=64, E=4, k=2)
+    assert torch.equal(lynx.moe(x, ids, tw, *w, config=lynx.Config(token_multiple=32), workspace_tag=5),
+                       lynx.moe(x, ids, tw, *w, workspace_tag=5))
+    for bad in (0, 2.0):
+        with pytest.raises(ValueError, match="config.token_multiple: must be an int >= 1"):
+            lynx.Config(token_multiple=bad)
+
+
 def test_module_checks_its_sizes_and_its_input():
     with pytest.raises(ValueError, match="shape.hidden"):
         lynx.nn.MoE(hidden=100, intermediate=64, num_experts=8, top_k=2, device="cuda")
