@@ -357,8 +357,9 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
                          "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None and ep_group is None:
         raise ValueError("lynx: ep_tokens: only with an ep_group")
-    target = padded_tokens(x.shape[0], config if workspace is None else _NO_PADDING, ep_tokens)
-    if target != x.shape[0]:
+    # NOTES: the default path computes no token count: under torch.compile it adds no guard.
+    if ep_tokens is not None or (config.token_multiple != 1 and workspace is None):
+        target = padded_tokens(x.shape[0], config if workspace is None else _NO_PADDING, ep_tokens)
         x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
         return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
                     workspace, ep_group)[:T]
