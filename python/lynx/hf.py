@@ -11,7 +11,13 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lynx import _views, _workspaces, ops
-from lynx.functional import Config, _op_config
+from lynx.functional import Config, _op_config, pad_tokens
+
+# As lynx.Config(token_multiple=): each experts call's tokens padded to a multiple of this (zero rows, not
+# routed; the call gets back its own rows), so that a model called at varying token counts (dynamic
+# padding, prompts of many lengths) keeps a few workspaces an experts module, not one per count; 1: none.
+# Set it before the model runs (a compiled model keeps the value it was traced with).
+token_multiple = 1
 
 
 class _Experts(torch.autograd.Function):
@@ -81,6 +87,9 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     x = _views.aligned(hidden_states.contiguous())
     ids, tw = top_k_index.contiguous(), top_k_weights.float().contiguous()
     down = self.down_proj.contiguous()
+    T = x.shape[0]
+    if token_multiple != 1:
+        x, ids, tw, T = pad_tokens(-(-T // token_multiple) * token_multiple, x, ids, tw)
     tag = workspace_tag(self)
     if not ops.gradient_wanted(x, tw, self.gate_up_proj, down):  # generation, evaluation: no context kept
         backend, capacity, _, _, _, precision = _op_config(config, tag)
@@ -89,7 +98,7 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
                                          precision)
     else:
         y = _Experts.apply(x, ids, tw, self.gate_up_proj, down, tag, config)
-    return y.to(hidden_states.dtype)
+    return y[:T].to(hidden_states.dtype)
 
 
 _FP8 = Config(precision="fp8_block")

@@ -120,3 +120,24 @@ def test_fp8_experts_quantise_their_weights_again_only_when_they_change(monkeypa
     model(ids, labels=ids).loss.backward()
     lynx.check()
     assert calls == [ops.FORWARD_COPIES, ops.BACKWARD_COPIES, ops.BOTH_COPIES]
+
+
+def test_token_multiple_pads_the_experts_calls(monkeypatch):
+    """lynx.hf.token_multiple = 128: the experts' 192 tokens run as 256 (64 of them not routed) on one
+    workspace of 256 tokens, with the logits' and every gradient's bits of the unpadded calls."""
+    import lynx.hf
+
+    eager, ids = tiny_model()
+    plain, padded = copy.deepcopy(eager), copy.deepcopy(eager)
+    for model in (plain, padded):
+        model.set_experts_implementation("lynx")
+    want = plain(ids, labels=ids)
+    want.loss.backward()
+    monkeypatch.setattr(lynx.hf, "token_multiple", 128)
+    got = padded(ids, labels=ids)
+    got.loss.backward()
+    assert torch.equal(got.logits, want.logits)
+    for (name, p), (_, q) in zip(plain.named_parameters(), padded.named_parameters()):
+        assert torch.equal(q.grad, p.grad), name
+    tags = [lynx.hf._TAGS[m] for m in padded.modules() if hasattr(m, "gate_up_proj")]
+    assert sorted(s[0] for s in lynx._workspaces._BY_SPEC if s[6].tag in tags) == [256] * len(tags)
