@@ -133,7 +133,7 @@ class Workspace {
   // must call recompute_forward_context before backward.
   bool has_context_for(const LayerInputs& in) const;
 
-  // Waits for `stream` (after the workspace's last call, where that was queued on another stream) and
+  // Waits for `stream` (after the workspace's last call, wherever that was queued) and
   // throws lynx::Error if a kernel of an earlier call reported an error. An
   // error stays set until reported here (or by an unfused call, which reports it itself); until then
   // every later fused call on this workspace leaves y and dx unwritten. Its other routed outputs are
@@ -153,8 +153,8 @@ class Workspace {
 
 // A workspace's calls (forward, recompute_forward_context, backward, quantize_weights,
 // set_quantized_weights) share its device state (the schedule's counters, the GEMMs' tile tickets, the
-// status), so they run one after another: a call queued on another stream than the workspace's last
-// call first makes its stream wait for that call (an event recorded after each call), as check() does.
+// status), so they run one after another: each call first makes its stream wait for the workspace's
+// last call, wherever that was queued (an event recorded after each call), as check() does.
 // Calls captured into a CUDA graph are not ordered so (a graph's launches are the caller's to order), nor
 // are workspaces sharing FP8 weight copies against each other. For one layer's passes at once on two
 // streams, give each stream a workspace of its own.

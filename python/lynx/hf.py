@@ -16,7 +16,7 @@ from lynx.functional import Config, _op_config, pad_tokens
 # As lynx.Config(token_multiple=): each experts call's tokens padded to a multiple of this (zero rows, not
 # routed; the call gets back its own rows), so that a model called at varying token counts (dynamic
 # padding, prompts of many lengths) keeps a few workspaces an experts module, not one per count; 1: none.
-# Set it before the model runs (a compiled model keeps the value it was traced with).
+# An int >= 1, read at each call (torch.compile guards on it: a new value recompiles).
 token_multiple = 1
 
 
@@ -88,6 +88,8 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     ids, tw = top_k_index.contiguous(), top_k_weights.float().contiguous()
     down = self.down_proj.contiguous()
     T = x.shape[0]
+    if not (isinstance(token_multiple, int) and token_multiple >= 1):
+        raise ValueError(f"lynx.hf.token_multiple: must be an int >= 1, got {token_multiple!r}")
     if token_multiple != 1:
         x, ids, tw, T = pad_tokens(-(-T // token_multiple) * token_multiple, x, ids, tw)
     tag = workspace_tag(self)

@@ -44,4 +44,18 @@ void enqueue_pass(const Workspace::Impl& w, Enqueue&& enqueue) {
   }
 }
 
+// A call's enqueue between the wait for the workspace's last call and the record of its own end
+// (Workspace::Impl::wait_for_last_call); recorded when it throws too.
+template <class Enqueue>
+void ordered_call(Workspace::Impl& w, cudaStream_t stream, Enqueue&& enqueue) {
+  w.wait_for_last_call(stream);
+  try {
+    enqueue();
+  } catch (...) {
+    w.record_failed_call(stream);
+    throw;
+  }
+  w.record_call(stream);
+}
+
 }  // namespace lynx::api

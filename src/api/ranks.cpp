@@ -166,7 +166,12 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
   }
   across();
   for (Workspace* ws : ranks) ws->impl().wait_for_last_call(stream);
-  queue_ranks(ranks, stream, step);
+  try {
+    queue_ranks(ranks, stream, step);
+  } catch (...) {
+    for (Workspace* ws : ranks) ws->impl().record_failed_call(stream);
+    throw;
+  }
   for (Workspace* ws : ranks) ws->impl().record_call(stream);
 }
 

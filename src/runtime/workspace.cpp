@@ -505,20 +505,29 @@ bool capturing(cudaStream_t stream) {
 }  // namespace
 
 // NOTES: a workspace's calls share its device counters, schedule, status and buffers, so they must run
-// one after another. Each call queued outside a CUDA-graph capture records its end; a call, or a check,
-// on another stream first makes that stream wait for it. Not inside a capture: a captured stream cannot
-// wait for work outside it (cudaErrorStreamCaptureIsolation), and a captured call runs when its graph is
-// launched, which the caller orders.
+// one after another. Each call queued outside a CUDA-graph capture records its end (a call that threw
+// too: some of its work may be queued); a call, or a check, first makes its stream wait for it. On the
+// last call's own stream too: a handle does not name one stream (cudaStreamPerThread is each thread's
+// own; a destroyed stream's handle may come back for a new one), and the wait costs a microsecond of
+// host time. Not inside a capture: a captured stream cannot wait for work outside it
+// (cudaErrorStreamCaptureIsolation), and a captured call runs when its graph is launched, which the
+// caller orders.
 void Workspace::Impl::wait_for_last_call(cudaStream_t stream) const {
-  if (!last_call_recorded || last_call_stream == stream || capturing(stream)) return;
+  if (!last_call_recorded || capturing(stream)) return;
   LYNX_CUDA(cudaStreamWaitEvent(stream, last_call_done, 0));
 }
 
 void Workspace::Impl::record_call(cudaStream_t stream) {
   if (capturing(stream)) return;
   LYNX_CUDA(cudaEventRecord(last_call_done, stream));
-  last_call_stream = stream;
   last_call_recorded = true;
+}
+
+void Workspace::Impl::record_failed_call(cudaStream_t stream) noexcept {
+  try {
+    record_call(stream);
+  } catch (...) {  // the call's own error is the one to report
+  }
 }
 
 void Workspace::check(cudaStream_t stream) const {
@@ -531,7 +540,12 @@ void Workspace::check(cudaStream_t stream) const {
     throw Error("", describe_status(*impl_->stall_report, impl_->shape.top_k));
   }
   LYNX_CUDA(sync);
-  impl_->throw_if_status_error(stream);
+  try {
+    impl_->throw_if_status_error(stream);
+  } catch (...) {
+    impl_->record_failed_call(stream);  // the status' clearing, queued on `stream`
+    throw;
+  }
 }
 
 }  // namespace lynx

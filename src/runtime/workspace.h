@@ -186,13 +186,13 @@ struct Workspace::Impl {
   // Host-mapped (survives a trapped kernel): where a bounded device wait reports a stall.
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
-  // The end of the last call queued outside a CUDA-graph capture, and its stream: a call or check on
-  // another stream waits for it first (wait_for_last_call, record_call).
+  // The end of the last call queued outside a CUDA-graph capture: a call or check waits for it first
+  // (wait_for_last_call, record_call; ordered_call, api/call.h).
   cudaEvent_t last_call_done = nullptr;
-  cudaStream_t last_call_stream = nullptr;
   bool last_call_recorded = false;
   void wait_for_last_call(cudaStream_t stream) const;
   void record_call(cudaStream_t stream);
+  void record_failed_call(cudaStream_t stream) noexcept;  // record_call, its own errors dropped
   int64_t forward_calls = 0;                    // forward passes queued so far (stage omission, runtime/stages.h)
   int64_t backward_calls = 0;                   // backward passes queued so far
 #if LYNX_EXPERIMENTS

@@ -262,17 +262,25 @@ TEST_F(FusedForward, FirstFp8CallsDoNotWaitForTheGpu) {
 
 // A workspace's calls on two streams run in the order they were queued (lynx/moe.h): behind a kernel
 // that keeps stream a busy for 300 ms, a forward on a and its backward on stream b give the bits of the
-// two on one stream (without the order the backward would read a context not yet computed); a check on
-// b after a forward on a with an expert id out of range, queued behind the busy kernel, reports it (it
-// would read the status before the forward wrote it).
+// two on one stream (another workspace's), where the workspace held another layer's context before (the
+// backward, unordered, would read that one); a check on b after a forward on a with an expert id out of
+// range, queued behind the busy kernel, reports it (it would read the status before the forward wrote it).
 TEST_F(FusedForward, CallsOnTwoStreamsRunInTheOrderQueued) {
   const Case c{300, 128, 128, 4, 2, 64};
-  HostLayer L(c, fresh_seed());
+  const uint64_t seed = fresh_seed();
+  HostLayer L(c, seed);
+  const HostLayer other(c, seed + 1);
   Config config;
   config.backend = Backend::kFused;
-  Workspace ws(L.shape, config);
   const std::vector<HostBf16> dy = random_dy(c);
-  const Outputs want = run_layer(ws, L, dy);
+  Outputs want;
+  {
+    Workspace one_stream(L.shape, config);
+    want = run_layer(one_stream, L, dy);
+  }
+  Workspace ws(L.shape, config);
+  const Outputs stale = run_layer(ws, other, dy);
+  ASSERT_NE(first_difference(stale, want), "");
   cudaStream_t a, b;
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
   LYNX_TEST_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));

@@ -665,10 +665,13 @@ def test_a_workspaces_calls_on_two_streams_run_in_the_order_queued():
     queued on a behind such a kernel."""
     T, H, I, E, k = 200, 128, 64, 8, 2
     x, ids, tw, w, _ = make(T=T, H=H, I=I, E=E, k=k)
-    ws = lynx.Workspace(T, H, I, E, k)
     dy = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    want_y = lynx.functional.forward(ws, x, ids, tw, *w)
-    want = lynx.functional.backward(ws, dy, x, ids, tw, *w)
+    one_stream = lynx.Workspace(T, H, I, E, k)
+    want_y = lynx.functional.forward(one_stream, x, ids, tw, *w)
+    want = lynx.functional.backward(one_stream, dy, x, ids, tw, *w)
+    # The workspace holds another routing's context first: a backward run before its forward would read it.
+    ws = lynx.Workspace(T, H, I, E, k)
+    lynx.functional.forward(ws, x, ids.roll(1, dims=0), tw, *w)
     bad = ids.clone()
     bad[3, 1] = E
     torch.cuda.synchronize()
@@ -717,6 +720,7 @@ def test_token_multiple_pads_calls_onto_a_few_workspaces():
     x, ids, tw, w, _ = make(T=50, H=64, I=64, E=4, k=2)
     assert torch.equal(lynx.moe(x, ids, tw, *w, config=lynx.Config(token_multiple=32), workspace_tag=5),
                        lynx.moe(x, ids, tw, *w, workspace_tag=5))
+    assert sorted(s[0] for s in lynx._workspaces._BY_SPEC if s[6].tag == 5 and s[1:3] == (64, 64)) == [50, 64]
     for bad in (0, 2.0):
         with pytest.raises(ValueError, match="config.token_multiple: must be an int >= 1"):
             lynx.Config(token_multiple=bad)
