@@ -79,8 +79,8 @@ def release(tag: int) -> None:
     # other ranks read them, so they live while the process runs (lynx/_groups.py says why).
     # NOTES: over a copy of the keys, each popped with a default: a finalizer may release another tag
     # meanwhile (any allocation may run one).
-    dropped = [w for w in (_BY_SPEC.pop(s, None) for s in [s for s in list(_BY_SPEC) if s[6].tag == tag])
-               if w is not None]
+    keys = [s for s in list(_BY_SPEC) if s[6].tag == tag]
+    dropped = [w for w in (_BY_SPEC.pop(s, None) for s in keys) if w is not None]
     if _capturing():
         _PENDING.extend(dropped)
 

@@ -15,6 +15,12 @@ import torch
 from lynx import _C, _groups, _views, _workspaces, ops
 
 
+def check_token_multiple(value, name: str) -> None:
+    """Config.token_multiple's (and lynx.hf.token_multiple's) check: an int >= 1."""
+    if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Mirror of lynx::Config (include/lynx/config.h); 0 means "choose for me"."""
@@ -47,8 +53,7 @@ class Config:
                              f"got {self.precision!r}")
         if self.bf16_weight_grads and self.precision != "fp8_block":
             raise ValueError("lynx: config.bf16_weight_grads: only with precision=\"fp8_block\"")
-        if not (isinstance(self.token_multiple, int) and self.token_multiple >= 1):
-            raise ValueError(f"lynx: config.token_multiple: must be an int >= 1, got {self.token_multiple!r}")
+        check_token_multiple(self.token_multiple, "lynx: config.token_multiple")
         if not 0 <= self.peer_timeout_ms <= 3_600_000:  # lynx::resolve_config's bound
             raise ValueError(f"lynx: config.peer_timeout_ms: must be in [0, 3600000] (0: 30 s), got "
                              f"{self.peer_timeout_ms}")
@@ -287,18 +292,14 @@ def _cuda_device(device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device() if d.index is None else d.index)
 
 
-_NO_PADDING = Config()
-
-
-def padded_tokens(T: int, config: Config, ep_tokens: Optional[int] = None) -> int:
+def padded_tokens(T: int, token_multiple: int = 1, ep_tokens: Optional[int] = None) -> int:
     """The token count a call of T tokens runs at: ep_tokens if given, else T rounded up to a multiple of
-    config.token_multiple."""
+    token_multiple."""
     if ep_tokens is not None:
-        if config.token_multiple != 1:
+        if token_multiple != 1:
             raise ValueError("lynx: ep_tokens: not with config.token_multiple (ep_tokens fixes the count)")
         return ep_tokens
-    m = config.token_multiple
-    return -(-T // m) * m
+    return -(-T // token_multiple) * token_multiple
 
 
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):
@@ -359,7 +360,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
         raise ValueError("lynx: ep_tokens: only with an ep_group")
     # NOTES: the default path computes no token count: under torch.compile it adds no guard.
     if ep_tokens is not None or (config.token_multiple != 1 and workspace is None):
-        target = padded_tokens(x.shape[0], config if workspace is None else _NO_PADDING, ep_tokens)
+        target = padded_tokens(x.shape[0], config.token_multiple if workspace is None else 1, ep_tokens)
         x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
         return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
                     workspace, ep_group)[:T]

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <string>
 
 #include "lynx/error.h"
@@ -44,18 +45,26 @@ void enqueue_pass(const Workspace::Impl& w, Enqueue&& enqueue) {
   }
 }
 
-// A call's enqueue between the wait for the workspace's last call and the record of its own end
-// (Workspace::Impl::wait_for_last_call); recorded when it throws too.
-template <class Enqueue>
-void ordered_call(Workspace::Impl& w, cudaStream_t stream, Enqueue&& enqueue) {
-  w.wait_for_last_call(stream);
+// A call of `impls`' workspaces (one, or every rank of a *_ranks call) on `stream`: after each one's
+// last call, and recording its own end, where it threw too (Workspace::Impl::wait_for_last_call); as it
+// is where `stream` is being captured.
+template <class Impls, class Enqueue>
+void enqueue_calls(const Impls& impls, cudaStream_t stream, Enqueue&& enqueue) {
+  if (stream_capturing(stream)) return enqueue();
+  for (Workspace::Impl* w : impls) w->wait_for_last_call(stream);
   try {
     enqueue();
   } catch (...) {
-    w.record_failed_call(stream);
+    for (Workspace::Impl* w : impls) w->record_failed_call(stream);
     throw;
   }
-  w.record_call(stream);
+  for (Workspace::Impl* w : impls) w->record_call(stream);
+}
+
+// A call of one workspace: its pass's enqueue (enqueue_pass) in order (enqueue_calls).
+template <class Enqueue>
+void enqueue_call(Workspace::Impl& w, cudaStream_t stream, Enqueue&& enqueue) {
+  enqueue_calls(std::array<Workspace::Impl*, 1>{&w}, stream, [&] { enqueue_pass(w, enqueue); });
 }
 
 }  // namespace lynx::api

@@ -18,7 +18,6 @@
 namespace lynx {
 
 using api::check_device;
-using api::enqueue_pass;
 using api::require_connected;
 using api::require_quantized_weights;
 
@@ -70,18 +69,16 @@ api::ContextBytes used_bytes(const Workspace::Impl& w, const ForwardContext& ctx
 // context on a workspace that keeps none is lent what it uses of one (ContextLoan).
 template <class Pass>
 void run(Workspace::Impl& w, const ForwardContext* ctx, ForwardContext* filled, cudaStream_t stream, Pass&& pass) {
-  api::ordered_call(w, stream, [&] {
-    enqueue_pass(w, [&] {
-      const ScratchLease scratch(w, stream);
-      if (ctx == nullptr && w.config.caller_context) {
-        const ContextLoan loan(w, stream);
-        return pass();
-      }
-      if (ctx == nullptr) return pass();
-      const ContextLease lease(w, *ctx);
-      pass();
-      if (filled) lease.keep(*filled);
-    });
+  api::enqueue_call(w, stream, [&] {
+    const ScratchLease scratch(w, stream);
+    if (ctx == nullptr && w.config.caller_context) {
+      const ContextLoan loan(w, stream);
+      return pass();
+    }
+    if (ctx == nullptr) return pass();
+    const ContextLease lease(w, *ctx);
+    pass();
+    if (filled) lease.keep(*filled);
   });
 }
 
@@ -179,7 +176,7 @@ void quantize_weights(Workspace& ws, const ExpertWeights& weights, cudaStream_t 
   }
   validate_weights(w.shape, weights);
   check_device(w);
-  api::ordered_call(w, stream, [&] { enqueue_pass(w, [&] { fp8pass::quantize_weights(w, weights, copies, stream); }); });
+  api::enqueue_call(w, stream, [&] { fp8pass::quantize_weights(w, weights, copies, stream); });
 }
 
 void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaStream_t stream) {
@@ -187,7 +184,7 @@ void set_quantized_weights(Workspace& ws, const Fp8ExpertWeights& weights, cudaS
   api::require_fp8(w, "set_quantized_weights");
   validate_fp8_weights(w.shape, weights);
   check_device(w);
-  api::ordered_call(w, stream, [&] { enqueue_pass(w, [&] { fp8pass::set_quantized_weights(w, weights, stream); }); });
+  api::enqueue_call(w, stream, [&] { fp8pass::set_quantized_weights(w, weights, stream); });
 }
 
 namespace {

@@ -165,14 +165,9 @@ void run_ranks(const std::vector<Workspace*>& ranks, size_t args, cudaStream_t s
     validate_rank(validate, w, r, ranks.size());
   }
   across();
-  for (Workspace* ws : ranks) ws->impl().wait_for_last_call(stream);
-  try {
-    queue_ranks(ranks, stream, step);
-  } catch (...) {
-    for (Workspace* ws : ranks) ws->impl().record_failed_call(stream);
-    throw;
-  }
-  for (Workspace* ws : ranks) ws->impl().record_call(stream);
+  std::vector<Workspace::Impl*> impls;
+  for (Workspace* ws : ranks) impls.push_back(&ws->impl());
+  api::enqueue_calls(impls, stream, [&] { queue_ranks(ranks, stream, step); });
 }
 
 }  // namespace

@@ -491,9 +491,7 @@ Schedule Workspace::schedule() const {
   return s;
 }
 
-namespace {
-
-bool capturing(cudaStream_t stream) {
+bool stream_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: the legacy stream while another is captured, say
@@ -502,23 +500,19 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-}  // namespace
-
 // NOTES: a workspace's calls share its device counters, schedule, status and buffers, so they must run
 // one after another. Each call queued outside a CUDA-graph capture records its end (a call that threw
 // too: some of its work may be queued); a call, or a check, first makes its stream wait for it. On the
 // last call's own stream too: a handle does not name one stream (cudaStreamPerThread is each thread's
 // own; a destroyed stream's handle may come back for a new one), and the wait costs a microsecond of
-// host time. Not inside a capture: a captured stream cannot wait for work outside it
-// (cudaErrorStreamCaptureIsolation), and a captured call runs when its graph is launched, which the
-// caller orders.
+// host time. Not inside a capture (the callers ask: stream_capturing): a captured stream cannot wait for
+// work outside it (cudaErrorStreamCaptureIsolation), and a captured call runs when its graph is
+// launched, which the caller orders.
 void Workspace::Impl::wait_for_last_call(cudaStream_t stream) const {
-  if (!last_call_recorded || capturing(stream)) return;
-  LYNX_CUDA(cudaStreamWaitEvent(stream, last_call_done, 0));
+  if (last_call_recorded) LYNX_CUDA(cudaStreamWaitEvent(stream, last_call_done, 0));
 }
 
 void Workspace::Impl::record_call(cudaStream_t stream) {
-  if (capturing(stream)) return;
   LYNX_CUDA(cudaEventRecord(last_call_done, stream));
   last_call_recorded = true;
 }
@@ -532,7 +526,7 @@ void Workspace::Impl::record_failed_call(cudaStream_t stream) noexcept {
 
 void Workspace::check(cudaStream_t stream) const {
   // A trapped kernel leaves the context unusable: its stall report is the useful error then.
-  impl_->wait_for_last_call(stream);
+  if (!stream_capturing(stream)) impl_->wait_for_last_call(stream);
   const cudaError_t copy = cudaMemcpyAsync(impl_->status_host, impl_->status, sizeof(DeviceStatus),
                                            cudaMemcpyDeviceToHost, stream);
   const cudaError_t sync = copy == cudaSuccess ? cudaStreamSynchronize(stream) : copy;

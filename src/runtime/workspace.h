@@ -116,6 +116,9 @@ struct Fp8WeightStore {
   ~Fp8WeightStore();  // frees on its device; whoever drops the last reference has waited for it
 };
 
+// Whether `stream` is being captured into a CUDA graph (an error answering it counts as captured).
+bool stream_capturing(cudaStream_t stream);
+
 // Identifies the inputs a saved forward context belongs to (the tensors it was computed from).
 struct ContextKey {
   const void* x = nullptr;
@@ -187,7 +190,7 @@ struct Workspace::Impl {
   DeviceStatus* stall_report = nullptr;         // host pointer
   DeviceStatus* stall_report_device = nullptr;  // the same memory, as the device sees it
   // The end of the last call queued outside a CUDA-graph capture: a call or check waits for it first
-  // (wait_for_last_call, record_call; ordered_call, api/call.h).
+  // (api::enqueue_calls). Neither on a stream being captured (stream_capturing).
   cudaEvent_t last_call_done = nullptr;
   bool last_call_recorded = false;
   void wait_for_last_call(cudaStream_t stream) const;
