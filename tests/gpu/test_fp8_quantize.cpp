@@ -234,7 +234,8 @@ void expect_codes_and_scales(const std::vector<uint8_t>& q, const std::vector<fl
 
 // The layer's forms (docs/fp8.md, "The FP8 forward"): the experts' weights quantised in one launch, each
 // matrix as quantize_blocks alone; tiles over the rows below a row count on the device, a NaN past it
-// not read, one before it reported in the status word; the tiles gathered into schedule order.
+// not read, one before it reported in the status word; the tiles gathered into schedule order, and their
+// scales alone (gather_tile_scales: gather_tiles' bits, none for a schedule over capacity).
 TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -323,6 +324,22 @@ TEST_F(Fp8Quantize, LayerFormsEqualTheReference) {
       }
     }
   }
+  // The scales alone (a GEMM gathering the bytes itself): gather_tiles' scales, bit for bit, none past the
+  // schedule written; a schedule over capacity writes none.
+  DeviceBuffer d_gs2(size_t(cap * kb) * 4);
+  d_gs2.fill_bytes(0xFF);
+  fp8::gather_tile_scales(d_gs2.as<float>(), d_xs.as<float>(), d_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k,
+                          cols, nullptr);
+  DeviceBuffer d_over = to_device(std::vector<int32_t>{int32_t(cap + 128)}), d_gs3(size_t(cap * kb) * 4);
+  d_gs3.fill_bytes(0xFF);
+  fp8::gather_tile_scales(d_gs3.as<float>(), d_xs.as<float>(), d_slots.as<int32_t>(), d_over.as<int32_t>(), cap, k,
+                          cols, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> gs2 = to_host<float>(d_gs2, size_t(cap * kb)), gs3 = to_host<float>(d_gs3, size_t(cap * kb));
+  for (int64_t i = 0; i < cap * kb; ++i) {
+    ASSERT_EQ(bits(gs2[size_t(i)]), bits(gs[size_t(i)])) << "gather_tile_scales, scale " << i;
+    ASSERT_TRUE(std::isnan(gs3[size_t(i)])) << "a schedule over capacity gathered scale " << i;
+  }
 }
 
 // Two ranks' tokens (T each) quantised in 1×128 tiles, each rank's staged as at R > 1 (bytes [T, cols],
@@ -373,7 +390,8 @@ TwoRankTiles two_rank_tiles(int64_t T, int64_t cols, int64_t k, int64_t cap, int
 // At R > 1 the tiles travel: two ranks' staged tiles (bytes [T, cols], then scales) gathered into one
 // schedule by each row's source rank, as the same rows' tiles gathered from one rank holding all the
 // tokens; then dequantised to bf16 below a row limit, exact (value · power-of-two scale), the rows past
-// it untouched.
+// it untouched. The scales alone pulled likewise; a pulled tile whose scale is NaN reported by both
+// gathers, naming its source rank.
 TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -402,6 +420,14 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
       ASSERT_TRUE(std::isnan(gs[size_t(i)])) << "scale past the schedule written: " << i;
     }
   }
+  // The scales alone, pulled (the gate/up GEMM gathering the bytes itself at R > 1): the same bits.
+  DeviceBuffer d_ps(size_t(cap * kb) * 4);
+  d_ps.fill_bytes(0xFF);
+  fp8::gather_tile_scales(d_ps.as<float>(), nullptr, d_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k, cols, nullptr,
+                          two.sources(T));
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> ps = to_host<float>(d_ps, size_t(cap * kb));
+  for (int64_t i = 0; i < cap * kb; ++i) ASSERT_EQ(bits(ps[size_t(i)]), bits(gs[size_t(i)])) << "pulled scale " << i;
   // Dequantised below a limit of 100 rows, then with no limit over the first `total` rows (the padding
   // rows' zeros among them): every row below the limit exact, none past it written.
   DeviceBuffer d_out(size_t(cap * cols) * 2);
@@ -430,6 +456,29 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
   DeviceBuffer d_limit = to_device(std::vector<int32_t>{int32_t(limit)});
   expect_dequantized(cap, d_limit.as<int32_t>(), limit);
   expect_dequantized(total, nullptr, total);
+  // A tile its source found not finite (a NaN scale; row 3 pulls rank 1's token 7): reported by both
+  // gathers, naming the source rank.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  LYNX_TEST_CUDA(cudaMemcpy(static_cast<uint8_t*>(two.staged[1].get()) + T * cols + 4 * (7 * kb + 1), &nan, 4,
+                            cudaMemcpyHostToDevice));
+  for (const bool scales_alone : {false, true}) {
+    SCOPED_TRACE(scales_alone ? "gather_tile_scales" : "gather_tiles");
+    DeviceBuffer d_nq(size_t(cap * cols)), d_ns(size_t(cap * kb) * 4);
+    DeviceBuffer d_st = to_device(std::vector<DeviceStatus>{DeviceStatus{}});
+    const fp8::NonfiniteReport report{nullptr, d_st.as<DeviceStatus>(), int64_t(Fp8Tensor::kX)};
+    if (scales_alone) {
+      fp8::gather_tile_scales(d_ns.as<float>(), nullptr, d_slots.as<int32_t>(), d_total.as<int32_t>(), cap, k, cols,
+                              nullptr, two.sources(T), report);
+    } else {
+      fp8::gather_tiles(d_nq.as<uint8_t>(), d_ns.as<float>(), nullptr, nullptr, d_slots.as<int32_t>(),
+                        d_total.as<int32_t>(), cap, k, cols, nullptr, two.sources(T), report);
+    }
+    LYNX_TEST_CUDA(cudaDeviceSynchronize());
+    const DeviceStatus st = to_host<DeviceStatus>(d_st, 1)[0];
+    EXPECT_EQ(st.code, int32_t(StatusCode::kNonFiniteInput));
+    EXPECT_EQ(st.a, int64_t(Fp8Tensor::kX));
+    EXPECT_EQ(st.rank, 1);
+  }
 }
 
 // One rank's token tiles gathered into schedule order and dequantised in one pass
