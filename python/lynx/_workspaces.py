@@ -1,6 +1,7 @@
 """Workspaces cached per (shape, config, device), and their release."""
 
 import itertools
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -36,6 +37,9 @@ _RELEASED: set = set()
 # Released while a CUDA graph was being captured: freeing (which synchronises the device) would break
 # the capture, so they wait here until the next lookup outside a capture.
 _PENDING: list = []
+# A layer with workspaces at this many token counts is warned once (_warn_if_many_token_counts).
+MANY_TOKEN_COUNTS = 8
+_WARNED: set = set()
 
 
 # NOTES: every workspace takes its scratch (the per-row intermediates of a call) from PyTorch's caching
@@ -80,6 +84,7 @@ def release(tag: int) -> None:
     # NOTES: over a copy of the keys, each popped with a default: a finalizer may release another tag
     # meanwhile (any allocation may run one).
     keys = [s for s in list(_BY_SPEC) if s[6].tag == tag]
+    _WARNED.difference_update([k for k in list(_WARNED) if k[5].tag == tag])
     dropped = [w for w in (_BY_SPEC.pop(s, None) for s in keys) if w is not None]
     if _capturing():
         _PENDING.extend(dropped)
@@ -128,9 +133,30 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
         ws._device_index = index  # its device's stream is the one lynx.check() waits for
         if config.tag not in _RELEASED:
             _BY_SPEC[spec] = ws
+            _warn_if_many_token_counts(spec)
         else:
             ws._temporary = True  # made for this call alone (check_if_temporary)
     return ws
+
+
+def _warn_if_many_token_counts(spec) -> None:
+    """Warns once per layer (tag, sizes, configuration and device) whose cached workspaces reach
+    MANY_TOKEN_COUNTS token counts: each is kept for the layer's life (its small buffers, a cuBLAS handle,
+    pinned host memory, and in some configurations its context: docs/python.md), and making one waited
+    for the device."""
+    key = spec[1:]
+    if key in _WARNED:
+        return
+    counts = {s[0] for s in list(_BY_SPEC) if s[1:] == key}
+    if len(counts) < MANY_TOKEN_COUNTS:
+        return
+    _WARNED.add(key)
+    hidden, intermediate, num_experts, top_k = spec[1:5]
+    warnings.warn(f"lynx: a layer (H = {hidden}, I = {intermediate}, E = {num_experts}, k = {top_k}) now has "
+                  f"workspaces for {len(counts)} token counts, each kept for the layer's life (making one waits "
+                  "for the device); lynx.Config(token_multiple=256) (lynx.hf.token_multiple for a Hugging Face "
+                  "model) pads each call's tokens to a multiple, so that a few workspaces serve every count",
+                  stacklevel=2)
 
 
 class Fp8State:

@@ -2,6 +2,7 @@
 skipped elsewhere)."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -724,6 +725,24 @@ def test_token_multiple_pads_calls_onto_a_few_workspaces():
     for bad in (0, 2.0):
         with pytest.raises(ValueError, match="config.token_multiple: must be an int >= 1"):
             lynx.Config(token_multiple=bad)
+
+
+def test_a_layer_at_many_token_counts_is_warned_once():
+    """A layer called at MANY_TOKEN_COUNTS token counts (a workspace each) is told of token_multiple, once;
+    with token_multiple, the same calls make one workspace and no warning."""
+    many = lynx._workspaces.MANY_TOKEN_COUNTS
+    plain = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda")
+    padded = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda",
+                         config=lynx.Config(token_multiple=64))
+    for layer, want in ((plain, 1), (padded, 0)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for T in range(1, many + 3):
+                layer(torch.randn(T, 128, device="cuda", dtype=torch.bfloat16))
+        told = [str(w.message) for w in seen if "token counts" in str(w.message)]
+        assert len(told) == want, told
+        assert all(f"workspaces for {many} token counts" in m and "token_multiple" in m for m in told)
+    assert len([s for s in lynx._workspaces._BY_SPEC if s[6].tag == padded.workspace_tag]) == 1
 
 
 def test_module_checks_its_sizes_and_its_input():
