@@ -294,12 +294,13 @@ def _cuda_device(device) -> torch.device:
 
 def padded_tokens(T: int, token_multiple: int = 1, ep_tokens: Optional[int] = None) -> int:
     """The token count a call of T tokens runs at: ep_tokens if given, else T rounded up to a multiple of
-    token_multiple."""
+    token_multiple, at least one multiple (a call of no tokens runs on one padding row or more: lynx's
+    kernels take T >= 1)."""
     if ep_tokens is not None:
         if token_multiple != 1:
             raise ValueError("lynx: ep_tokens: not with config.token_multiple (ep_tokens fixes the count)")
         return ep_tokens
-    return -(-T // token_multiple) * token_multiple
+    return max(1, -(-T // token_multiple)) * token_multiple
 
 
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):
@@ -348,7 +349,8 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     gets back only its own rows, with the bits of one rank holding every rank's real tokens.
 
     config.token_multiple > 1 pads a call's tokens likewise, to a multiple of it, so that calls at varying
-    token counts share a few workspaces (docs/python.md)."""
+    token counts share a few workspaces (docs/python.md). A call of no tokens (T = 0) gives y [0, H], and
+    zero gradients for the weights, from a call of one padding row (token_multiple rows)."""
     ops.check_ranks(x, topk_ids, w_gate, ws_gate)
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
@@ -358,8 +360,10 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
                          "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None and ep_group is None:
         raise ValueError("lynx: ep_tokens: only with an ep_group")
-    # NOTES: the default path computes no token count: under torch.compile it adds no guard.
-    if ep_tokens is not None or (config.token_multiple != 1 and workspace is None):
+    # NOTES: the default path computes no token count but whether there are none: under torch.compile a
+    # dynamic size is taken to be 2 or more, so that test adds no guard.
+    if ep_tokens is not None or (config.token_multiple != 1 and workspace is None) or (x.shape[0] == 0 and
+                                                                                      workspace is None):
         target = padded_tokens(x.shape[0], config.token_multiple if workspace is None else 1, ep_tokens)
         x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
         return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,

@@ -89,7 +89,7 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     down = self.down_proj.contiguous()
     T = x.shape[0]
     check_token_multiple(token_multiple, "lynx.hf.token_multiple")
-    if token_multiple != 1:
+    if token_multiple != 1 or T == 0:
         x, ids, tw, T = pad_tokens(padded_tokens(T, token_multiple), x, ids, tw)
     tag = workspace_tag(self)
     if not ops.gradient_wanted(x, tw, self.gate_up_proj, down):  # generation, evaluation: no context kept

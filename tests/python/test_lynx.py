@@ -727,6 +727,34 @@ def test_token_multiple_pads_calls_onto_a_few_workspaces():
             lynx.Config(token_multiple=bad)
 
 
+def test_a_call_of_no_tokens_gives_empty_outputs_and_zero_gradients():
+    """No tokens (an empty batch): y [0, H] (the layer: x's own shape), dx empty, and zero gradients for
+    topk_weights and every weight, through lynx.nn.MoE (with a shared expert) and lynx.moe, with and
+    without token_multiple; lynx.moe's forward alone too."""
+    for config in (lynx.Config(), lynx.Config(token_multiple=64)):
+        layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, shared_intermediate=64,
+                            device="cuda", config=config)
+        for shape in ((0, 128), (3, 0, 128)):
+            x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            y = layer(x)
+            assert y.shape == x.shape
+            y.sum().backward()
+            assert x.grad.shape == x.shape
+            for name, p in layer.named_parameters():
+                assert p.grad is not None and not p.grad.any(), name
+                p.grad = None
+    x, ids, tw, w, _ = make(T=1, H=64, I=64, E=4, k=2)
+    x, ids, tw = x[:0].detach().requires_grad_(), ids[:0], tw[:0].detach().requires_grad_()
+    w = [t.detach().requires_grad_() for t in w]
+    y = lynx.moe(x, ids, tw, *w)
+    assert y.shape == (0, 64)
+    y.sum().backward()
+    assert x.grad.shape == (0, 64) and tw.grad.shape == (0, 2)
+    assert all(t.grad is not None and not t.grad.any() for t in w)
+    with torch.no_grad():
+        assert lynx.moe(x, ids, tw, *w).shape == (0, 64)
+
+
 def test_a_layer_at_many_token_counts_is_warned_once():
     """A layer called at MANY_TOKEN_COUNTS token counts (a workspace each) is told of token_multiple, once;
     with token_multiple, the same calls make one workspace and no warning."""
