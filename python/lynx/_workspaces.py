@@ -155,7 +155,8 @@ def _warn_if_many_token_counts(spec) -> None:
     warnings.warn(f"lynx: a layer (H = {hidden}, I = {intermediate}, E = {num_experts}, k = {top_k}) now has "
                   f"workspaces for {len(counts)} token counts, each kept for the layer's life (making one waits "
                   "for the device); lynx.Config(token_multiple=256) (lynx.hf.token_multiple for a Hugging Face "
-                  "model) pads each call's tokens to a multiple, so that a few workspaces serve every count",
+                  "model; a larger multiple where the layer already pads) pads each call's tokens to a "
+                  "multiple, so that a few workspaces serve every count",
                   stacklevel=2)
 
 

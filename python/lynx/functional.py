@@ -303,6 +303,17 @@ def padded_tokens(T: int, token_multiple: int = 1, ep_tokens: Optional[int] = No
     return max(1, -(-T // token_multiple)) * token_multiple
 
 
+def no_tokens(T) -> bool:
+    """Whether a call has no tokens (an empty batch: lynx.moe, lynx.nn.MoE and the HF experts then run it on
+    padding rows). NOTES: under torch.compile without adding a guard: a dynamic size is taken to be 2 or
+    more, and one known only from the data (x[mask]) is taken to be non-zero (lynx then refuses it if it is)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+    except ImportError:  # torch before 2.8
+        from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
+    return guard_or_false(T == 0)
+
+
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):
     """(x, topk_ids, topk_weights) padded to `tokens` rows, and the rows there were: zero rows of x,
     topk_ids of -1 (not routed: no expert computes them, their weights are not read), weights of 0."""
@@ -349,8 +360,9 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     gets back only its own rows, with the bits of one rank holding every rank's real tokens.
 
     config.token_multiple > 1 pads a call's tokens likewise, to a multiple of it, so that calls at varying
-    token counts share a few workspaces (docs/python.md). A call of no tokens (T = 0) gives y [0, H], and
-    zero gradients for the weights, from a call of one padding row (token_multiple rows)."""
+    token counts share a few workspaces (docs/python.md). Without ep_group and workspace, a call of no
+    tokens (T = 0) gives y [0, H] and zero weight gradients, from a call of one padding row (token_multiple
+    rows); with ep_group, ranks whose counts differ (none among them) pass ep_tokens."""
     ops.check_ranks(x, topk_ids, w_gate, ws_gate)
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
@@ -360,10 +372,11 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
                          "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None and ep_group is None:
         raise ValueError("lynx: ep_tokens: only with an ep_group")
-    # NOTES: the default path computes no token count but whether there are none: under torch.compile a
-    # dynamic size is taken to be 2 or more, so that test adds no guard.
-    if ep_tokens is not None or (config.token_multiple != 1 and workspace is None) or (x.shape[0] == 0 and
-                                                                                      workspace is None):
+    # NOTES: the default path computes no token count but whether there are none (no_tokens: no guard
+    # under torch.compile). In an expert-parallel group a rank alone with none would run a count the others
+    # do not (ep_tokens is what pads ranks to one count).
+    if ep_tokens is not None or (workspace is None and (config.token_multiple != 1 or
+                                                         (ep_group is None and no_tokens(x.shape[0])))):
         target = padded_tokens(x.shape[0], config.token_multiple if workspace is None else 1, ep_tokens)
         x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
         return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,

@@ -133,7 +133,8 @@ class MoE(nn.Module):
         tokens = _views.aligned(x.reshape(-1, self.hidden).contiguous())
         topk_ids, topk_weights = self.route(tokens)
         T = tokens.shape[0]
-        if self.ep_tokens is not None or self.config.token_multiple != 1 or T == 0:
+        if (self.ep_tokens is not None or self.config.token_multiple != 1 or
+                (self._ep == 0 and functional.no_tokens(T))):
             target = functional.padded_tokens(T, self.config.token_multiple, self.ep_tokens)
             tokens, topk_ids, topk_weights, T = functional.pad_tokens(target, tokens, topk_ids, topk_weights)
         y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,

@@ -481,6 +481,40 @@ TEST_F(Fp8Quantize, RemoteTilesAndTheirDequantisation) {
   }
 }
 
+// The scales alone over a schedule of more scales than gather_tile_scales has threads (4096 CTAs of 256:
+// each thread takes one or two), as a layer's at qwen3-30b-a3b (H = 2048, 16 scales a row): every row's
+// its token's, padding rows 1, none past the schedule written.
+TEST_F(Fp8Quantize, ScalesOfAScheduleLargerThanTheGridAreGathered) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t T = 8192, k = 8, cols = 2048, kb = fp8::blocks_of(cols), cap = 75000, total = 72960;
+  ASSERT_GT(total * kb, 4096 * 256);
+  std::mt19937_64 rng(seed);
+  std::vector<float> scales(size_t(T * kb));
+  for (float& v : scales) v = std::ldexp(1.0f, int(rng() % 40) - 20);
+  std::vector<int32_t> slots(static_cast<size_t>(cap));
+  for (int64_t r = 0; r < cap; ++r) slots[size_t(r)] = rng() % 9 == 0 ? -1 : int32_t(rng() % uint64_t(T * k));
+  DeviceBuffer d_scales = to_device(scales), d_slots = to_device(slots);
+  DeviceBuffer d_total = to_device(std::vector<int32_t>{int32_t(total)}), d_out(size_t(cap * kb) * 4);
+  d_out.fill_bytes(0xFF);
+  fp8::gather_tile_scales(d_out.as<float>(), d_scales.as<float>(), d_slots.as<int32_t>(), d_total.as<int32_t>(), cap,
+                          k, cols, nullptr);
+  LYNX_TEST_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> out = to_host<float>(d_out, size_t(cap * kb));
+  for (int64_t r = 0; r < cap; ++r) {
+    for (int64_t b = 0; b < kb; ++b) {
+      const float got = out[size_t(r * kb + b)];
+      if (r >= total) {
+        ASSERT_TRUE(std::isnan(got)) << "row " << r << " past the schedule written";
+        continue;
+      }
+      const int32_t slot = slots[size_t(r)];
+      const float want = slot < 0 ? 1.0f : scales[size_t((slot / k) * kb + b)];
+      ASSERT_EQ(bits(got), bits(want)) << "row " << r << " scale " << b;
+    }
+  }
+}
+
 // One rank's token tiles gathered into schedule order and dequantised in one pass
 // (gather_dequantized_tiles): the bits of dequantize_tiles on the tokens then glue::gather_rows, each
 // value exact; zeros in padding rows, nothing written from the schedule's total on, nor anywhere for a

@@ -728,9 +728,9 @@ def test_token_multiple_pads_calls_onto_a_few_workspaces():
 
 
 def test_a_call_of_no_tokens_gives_empty_outputs_and_zero_gradients():
-    """No tokens (an empty batch): y [0, H] (the layer: x's own shape), dx empty, and zero gradients for
-    topk_weights and every weight, through lynx.nn.MoE (with a shared expert) and lynx.moe, with and
-    without token_multiple; lynx.moe's forward alone too."""
+    """No tokens (an empty batch): y of x's shape, dx empty and zero gradients for every weight, through
+    lynx.nn.MoE (with a shared expert and the router) with and without token_multiple; through lynx.moe
+    (and its forward alone), an empty topk_weights gradient too."""
     for config in (lynx.Config(), lynx.Config(token_multiple=64)):
         layer = lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, shared_intermediate=64,
                             device="cuda", config=config)

@@ -78,6 +78,8 @@ __global__ void gather_tiles_kernel(uint8_t* __restrict__ dst, float* __restrict
   }
 }
 
+constexpr int64_t kGatherScaleCtas = 4096;  // of 256 threads: gather_tile_scales' grid at most
+
 // gather_tile_scales: a thread per scale (a row's blocks_of(cols) scales by consecutive threads, grid-
 // stride), so that a warp's loads and stores are contiguous and every row's loads are in flight at once.
 // NOTES: gather_tiles' warp per row, 16 of its lanes busy at H = 2048, took 13.7 µs of the FP8 forward at
@@ -229,9 +231,10 @@ void gather_tile_scales(float* dst_scales, const float* src_scales, const int32_
   if (capacity == 0 || cols == 0) return;
   check_sources(sources);
   constexpr int64_t kThreads = 256;
-  // NOTES: at most 64 k CTAs (a thread then takes several scales); every scale of a full schedule at once
-  // below that.
-  const int64_t grid = std::min<int64_t>((capacity * blocks_of(cols) + kThreads - 1) / kThreads, 65536);
+  // NOTES: at most kGatherScaleCtas CTAs, ~4 waves of an H100's resident threads; a larger schedule's
+  // threads take several scales each (qwen3-30b-a3b's full capacity: 1.3 M scales).
+  const int64_t grid =
+      std::min<int64_t>((capacity * blocks_of(cols) + kThreads - 1) / kThreads, kGatherScaleCtas);
   const auto kernel = sources.remote() ? gather_tile_scales_kernel<true> : gather_tile_scales_kernel<false>;
   kernel<<<grid_of(grid), kThreads, 0, stream>>>(dst_scales, src_scales, row_token_slot, total_rows, capacity, top_k,
                                                  cols, sources, report);
