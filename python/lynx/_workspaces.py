@@ -109,10 +109,16 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
     if ws is None and _capturing():
         # NOTES: making a workspace allocates and waits for the device, which a CUDA graph capture cannot
         # hold: the capture would end with a raw CUDA error.
+        # An expert-parallel group's workspaces belong to a stream (ep_shared_tag): one warmed up on another
+        # stream is not this one's.
+        where = ("on this stream: an expert-parallel group's workspace belongs to the stream its calls run on, so "
+                 "capture on the stream the warm-up ran on (torch.cuda.graph(g, stream=s), the warm-up inside "
+                 "torch.cuda.stream(s))" if config.ep_group != 0 else
+                 "first (a layer whose tag was released gets a new workspace at each call, so it cannot be "
+                 "captured)")
         raise RuntimeError(f"lynx: no workspace yet for this call's shape (T = {tokens}, H = {hidden}, I = "
                            f"{intermediate}, E = {num_experts}, k = {top_k}) and configuration, and none can be made "
-                           "while a CUDA graph is captured: run the call once outside the capture first (a layer "
-                           "whose tag was released gets a new workspace at each call, so it cannot be captured)")
+                           f"while a CUDA graph is captured: run the call once outside the capture {where}")
     if ws is None:
         R, rank = _groups.ranks(config.ep_group)
         copies_of = (_fp8_copies_owner(spec) if R == 1 and config.precision != _PRECISIONS["bf16"] and config.tag < 0
