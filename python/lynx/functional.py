@@ -14,6 +14,11 @@ import torch
 
 from lynx import _C, _groups, _views, _workspaces, ops
 
+try:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false as _guard_or_false
+except ImportError:  # torch before 2.8
+    from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as _guard_or_false
+
 
 def check_token_multiple(value, name: str) -> None:
     """Config.token_multiple's (and lynx.hf.token_multiple's) check: an int >= 1."""
@@ -304,14 +309,10 @@ def padded_tokens(T: int, token_multiple: int = 1, ep_tokens: Optional[int] = No
 
 
 def no_tokens(T) -> bool:
-    """Whether a call has no tokens (an empty batch: lynx.moe, lynx.nn.MoE and the HF experts then run it on
-    padding rows). NOTES: under torch.compile without adding a guard: a dynamic size is taken to be 2 or
-    more, and one known only from the data (x[mask]) is taken to be non-zero (lynx then refuses it if it is)."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import guard_or_false
-    except ImportError:  # torch before 2.8
-        from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
-    return guard_or_false(T == 0)
+    """Whether a call has no tokens (an empty batch: pad_for_call then runs it on padding rows). NOTES:
+    under torch.compile without adding a guard: a dynamic size is taken to be 2 or more, and one known only
+    from the data (x[mask]) is taken to be non-zero (lynx then refuses it if it is)."""
+    return _guard_or_false(T == 0)
 
 
 def pad_tokens(tokens: int, x, topk_ids, topk_weights):
@@ -326,6 +327,18 @@ def pad_tokens(tokens: int, x, topk_ids, topk_weights):
     return (torch.cat([x, x.new_zeros(pad, x.shape[1])]),
             torch.cat([topk_ids, topk_ids.new_full((pad, topk_ids.shape[1]), -1)]),
             torch.cat([topk_weights, topk_weights.new_zeros(pad, topk_weights.shape[1])]), T)
+
+
+def pad_for_call(x, topk_ids, topk_weights, token_multiple: int = 1, ep_tokens: Optional[int] = None,
+                 pad_empty: bool = True):
+    """(x, topk_ids, topk_weights, T) for a call of lynx.moe, lynx.nn.MoE or the HF experts: padded
+    (pad_tokens) to ep_tokens, or to a multiple of token_multiple, or, where pad_empty, an empty batch to
+    one padding row; T the rows the caller gets back (y[:T]), None where nothing was padded. NOTES: the
+    default path computes no token count but whether there are none (no_tokens: no guard under
+    torch.compile)."""
+    if ep_tokens is None and token_multiple == 1 and not (pad_empty and no_tokens(x.shape[0])):
+        return x, topk_ids, topk_weights, None
+    return pad_tokens(padded_tokens(x.shape[0], token_multiple, ep_tokens), x, topk_ids, topk_weights)
 
 
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate: torch.Tensor,
@@ -372,17 +385,15 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
                          "gradients from lynx.functional.backward (bf16), or give lynx bf16 weights to quantise")
     if ep_tokens is not None and ep_group is None:
         raise ValueError("lynx: ep_tokens: only with an ep_group")
-    # NOTES: the default path computes no token count but whether there are none (no_tokens: no guard
-    # under torch.compile). In an expert-parallel group a rank alone with none would run a count the others
-    # do not (ep_tokens is what pads ranks to one count).
-    if ep_tokens is not None or (workspace is None and (config.token_multiple != 1 or
-                                                         (ep_group is None and no_tokens(x.shape[0])))):
-        target = padded_tokens(x.shape[0], config.token_multiple if workspace is None else 1, ep_tokens)
-        x, topk_ids, topk_weights, T = pad_tokens(target, x, topk_ids, topk_weights)
-        return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
-                    workspace, ep_group)[:T]
-    return _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
-                workspace, ep_group)
+    # NOTES: an empty batch is padded only where no expert-parallel group (a rank alone with none would run
+    # a count the others do not: ep_tokens pads ranks to one count) nor explicit workspace (whose shape
+    # fixes T) is given.
+    x, topk_ids, topk_weights, T = pad_for_call(x, topk_ids, topk_weights,
+                                                config.token_multiple if workspace is None else 1, ep_tokens,
+                                                pad_empty=workspace is None and ep_group is None)
+    y = _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
+             workspace, ep_group)
+    return y if T is None else y[:T]
 
 
 def _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag, workspace,

@@ -11,7 +11,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lynx import _views, _workspaces, ops
-from lynx.functional import Config, _op_config, check_token_multiple, no_tokens, pad_tokens, padded_tokens
+from lynx.functional import Config, _op_config, check_token_multiple, pad_for_call
 
 # As lynx.Config(token_multiple=): each experts call's tokens padded to a multiple of this (zero rows, not
 # routed; the call gets back its own rows), so that a model called at varying token counts (dynamic
@@ -87,10 +87,8 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, config):
     x = _views.aligned(hidden_states.contiguous())
     ids, tw = top_k_index.contiguous(), top_k_weights.float().contiguous()
     down = self.down_proj.contiguous()
-    T = x.shape[0]
     check_token_multiple(token_multiple, "lynx.hf.token_multiple")
-    if token_multiple != 1 or no_tokens(T):
-        x, ids, tw, T = pad_tokens(padded_tokens(T, token_multiple), x, ids, tw)
+    x, ids, tw, T = pad_for_call(x, ids, tw, token_multiple)
     tag = workspace_tag(self)
     if not ops.gradient_wanted(x, tw, self.gate_up_proj, down):  # generation, evaluation: no context kept
         backend, capacity, _, _, _, precision = _op_config(config, tag)

@@ -132,11 +132,9 @@ class MoE(nn.Module):
         shape = x.shape
         tokens = _views.aligned(x.reshape(-1, self.hidden).contiguous())
         topk_ids, topk_weights = self.route(tokens)
-        T = tokens.shape[0]
-        if (self.ep_tokens is not None or self.config.token_multiple != 1 or
-                (self._ep == 0 and functional.no_tokens(T))):
-            target = functional.padded_tokens(T, self.config.token_multiple, self.ep_tokens)
-            tokens, topk_ids, topk_weights, T = functional.pad_tokens(target, tokens, topk_ids, topk_weights)
+        tokens, topk_ids, topk_weights, T = functional.pad_for_call(tokens, topk_ids, topk_weights,
+                                                                    self.config.token_multiple, self.ep_tokens,
+                                                                    pad_empty=self._ep == 0)
         y = ops.moe_autograd(tokens, topk_ids, topk_weights.contiguous(), self.w1, self.w3, self.w2, self.shared_w1,
                              self.shared_w3, self.shared_w2,
                              *functional._op_config(self.config, self.workspace_tag, self._ep))
