@@ -115,72 +115,8 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   }
 }
 
-// NOTES: kept g and u go out straight from the fragments, not staged in a piece: a row's 16-byte chunk of
-// eight columns lies in a quad's four lanes (two bf16 each), and a 4×4 transpose of 4-byte words within
-// the quad (two shfl_xor rounds) gives lane q the chunks 4m + q of its two rows, stored by slot. The
-// staged stores took two named barriers a piece and a shared-memory round trip; without kept g and u
-// the forward was 5.8% faster (299d468's probe, docs/fp8.md).
-
-// Words a[i] of quad lane i become a[0..3] of lane q: a[i] = lane i's a[q] (q = lane % 4).
-__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
-  const bool hi = (q & 2) != 0, lo = (q & 1) != 0;
-  // Off-diagonal 2×2 blocks: lanes 0, 1 trade their words 2, 3 for lanes 2, 3's words 0, 1.
-  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
-  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
-  if (hi) {
-    a[0] = r0;
-    a[1] = r1;
-  } else {
-    a[2] = r0;
-    a[3] = r1;
-  }
-  // Within each 2×2 block: even lanes trade their words 1, 3 for odd lanes' words 0, 2.
-  r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
-  r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
-  if (lo) {
-    a[0] = r0;
-    a[2] = r1;
-  } else {
-    a[1] = r0;
-    a[3] = r1;
-  }
-}
-
-// The slots of this thread's two fragment rows of warpgroup c's piece at schedule row `row`: rows
-// row + 16·warp + lane / 4 and 8 further.
-__device__ __forceinline__ int2 fragment_slots(const int32_t* slot, int32_t row) {
-  const int thread = int(threadIdx.x) % 128;
-  const int32_t r0 = row + 16 * (thread / 32) + (thread % 32) / 4;
-  return make_int2(__ldg(slot + r0), __ldg(slot + r0 + 8));
-}
-
-// One half's 128 columns (from n0) of this thread's two fragment rows, rounded to bf16, into rows
-// slots.x and slots.y of dst ([rows, N]; nowhere where a slot is -1); chunks at or past N are not stored.
-__device__ __forceinline__ void store_kept_rows(bf16_t* dst, int2 slots, int32_t N, int32_t n0,
-                                                const float (&acc)[64]) {
-  const int q = int(threadIdx.x) % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int32_t slot = r == 0 ? slots.x : slots.y;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      uint32_t a[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = 4 * (4 * m + i) + 2 * r;  // column group 4m + i, row half r
-        a[i] = gemm::impl::bf16x2_bits(make_float2(acc[e], acc[e + 1]));
-      }
-      quad_transpose(a, q);
-      const int32_t col = n0 + 8 * (4 * m + q);
-      if (slot >= 0 && col < N) {
-        *reinterpret_cast<uint4*>(dst + int64_t(slot) * N + col) = make_uint4(a[0], a[1], a[2], a[3]);
-      }
-    }
-  }
-}
-
-// kept_slots: the slots of the kept g and u rows this thread stores (fragment_slots), loaded at the
-// tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
+// kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::fragment_slots), loaded
+// at the tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
 // second half (the grouped form's pieces).
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
@@ -213,10 +149,13 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
         return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
       };
       if (p.store_h) gemm::impl::store_piece<false>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N, h);
-      if (p.kept.gate != nullptr) {  // row by row, by slot, from the fragments
-        const int2 slots = kept_slots ? *kept_slots : fragment_slots(p.kept.slot, row);
-        store_kept_rows(p.kept.gate, slots, N, n0, acc[0]);
-        store_kept_rows(p.kept.up, slots, N, n0, acc[1]);
+      // NOTES: from the fragments, not staged in the piece (store_fragment_rows says how): without kept g
+      // and u the forward was 5.8% faster (299d468's probe, docs/fp8.md).
+      if (p.kept.gate != nullptr) {  // row by row, by slot
+        using gemm::impl::SlotRows;
+        const int2 slots = kept_slots ? *kept_slots : gemm::impl::fragment_slots(p.kept.slot, row);
+        gemm::impl::store_fragment_rows(SlotRows{p.kept.gate, p.kept.slot, N}, slots, N, n0, acc[0]);
+        gemm::impl::store_fragment_rows(SlotRows{p.kept.up, p.kept.slot, N}, slots, N, n0, acc[1]);
       }
       // Last: the acc registers are dead once it has taken h's words.
       if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);

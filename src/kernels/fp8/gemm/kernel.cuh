@@ -139,7 +139,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // registers spilled.
     constexpr bool kPreloadSlots = kForm == Form::kSwiGLU && kGather != kGatherRemote;
     int2 kept_slots = make_int2(-1, -1);
-    if (kPreloadSlots && p.kept.gate != nullptr) kept_slots = fragment_slots(p.kept.slot, tile.m0 + 64 * c);
+    if (kPreloadSlots && p.kept.gate != nullptr) {
+      kept_slots = gemm::impl::fragment_slots(p.kept.slot, tile.m0 + 64 * c);
+    }
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc);
     it += tile.kb_end - tile.kb_begin;
