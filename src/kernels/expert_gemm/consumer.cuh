@@ -47,7 +47,10 @@ __device__ __forceinline__ int fold_slice(int c, int h) {
 // (measured 2026-12-02, commit 8062572).
 constexpr uint64_t kConsumersDoneNs = 2 * sm90::kMbarrierWaitNs;
 
-template <Mode kMode, bool kFold>
+// kRowsFromFragments: the kept gate and up rows stored straight from the fragments (store_fragment_rows);
+// else staged in pieces.
+// NOTES: not where the kernel pulls rows from other ranks: there ptxas serialised the wgmma (C7511).
+template <Mode kMode, bool kFold, bool kRowsFromFragments>
 __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, const CUtensorMap* tma_c0,
                                          const CUtensorMap* tma_c1, const CUtensorMap* tma_c2, const Params& p,
                                          int c, uint32_t rank) {
@@ -254,7 +257,10 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
           return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
         });
       }
-      if (p.out_gate_up) {
+      if (p.out_gate_up && kRowsFromFragments) {  // row by row, by slot
+        store_fragment_rows(p.gate_rows, fragment_slots(p.gate_rows.slot, row), p.n, t.b_row, acc);
+        store_fragment_rows(p.up_rows, fragment_slots(p.up_rows.slot, row), p.n, t.b_row, acc + 64);
+      } else if (p.out_gate_up) {
 #pragma unroll
         for (int q = 0; q < 16 / kGroups; ++q) {
           store_piece<false>(smem.c[c], p.gate_rows, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {

@@ -19,6 +19,70 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float2 v) {
   return *reinterpret_cast<const uint32_t*>(&packed);
 }
 
+// NOTES: rows by slot straight from the fragments (store_fragment_rows), not staged in a piece: a row's
+// 16-byte chunk of eight columns lies in a quad's four lanes (two bf16 each), and a 4×4 transpose of
+// 4-byte words within the quad (two shfl_xor rounds) gives lane q the chunks 4m + q of its two rows. The
+// staged stores (store_piece to SlotRows) take two named barriers a piece and a shared-memory round trip.
+
+// Words a[i] of quad lane i become a[0..3] of lane q: a[i] = lane i's a[q] (q = lane % 4).
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+  const bool hi = (q & 2) != 0, lo = (q & 1) != 0;
+  // Off-diagonal 2×2 blocks: lanes 0, 1 trade their words 2, 3 for lanes 2, 3's words 0, 1.
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? a[0] : a[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? a[1] : a[3], 2);
+  if (hi) {
+    a[0] = r0;
+    a[1] = r1;
+  } else {
+    a[2] = r0;
+    a[3] = r1;
+  }
+  // Within each 2×2 block: even lanes trade their words 1, 3 for odd lanes' words 0, 2.
+  r0 = __shfl_xor_sync(0xffffffffu, lo ? a[0] : a[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, lo ? a[2] : a[3], 1);
+  if (lo) {
+    a[0] = r0;
+    a[2] = r1;
+  } else {
+    a[1] = r0;
+    a[3] = r1;
+  }
+}
+
+// The slots of this thread's two fragment rows of its warpgroup's piece at schedule row `row`: rows
+// row + 16·warp + lane / 4 and 8 further.
+__device__ __forceinline__ int2 fragment_slots(const int32_t* slot, int32_t row) {
+  const int thread = int(threadIdx.x) % 128;
+  const int32_t r0 = row + 16 * (thread / 32) + (thread % 32) / 4;
+  return make_int2(__ldg(slot + r0), __ldg(slot + r0 + 8));
+}
+
+// 128 columns from col of this thread's two fragment rows (acc[4j + 2r], acc[4j + 2r + 1]: columns
+// 8j + 2(lane % 4) + {0, 1} of row half r), rounded to bf16, into rows slots.x and slots.y of to.dst
+// (fragment_slots; nowhere where a slot is -1); 16-byte chunks at or past n are not stored (n % 8 == 0).
+__device__ __forceinline__ void store_fragment_rows(const SlotRows& to, int2 slots, int32_t n, int32_t col,
+                                                    const float* acc) {
+  const int q = int(threadIdx.x) % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int32_t slot = r == 0 ? slots.x : slots.y;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      uint32_t a[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = 4 * (4 * m + i) + 2 * r;  // column group 4m + i, row half r
+        a[i] = bf16x2_bits(make_float2(acc[e], acc[e + 1]));
+      }
+      quad_transpose(a, q);
+      const int32_t c = col + 8 * (4 * m + q);
+      if (slot >= 0 && c < n) {
+        *reinterpret_cast<uint4*>(to.dst + int64_t(slot) * to.pitch + c) = make_uint4(a[0], a[1], a[2], a[3]);
+      }
+    }
+  }
+}
+
 // Stores the boxes of warpgroup `wg`'s epilogue piece at (col, row[, batch]) of `map`, once all of its
 // threads have written them; columns at or past n are not stored.
 struct NoSlots {};

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consumer(smem, &tma_c0, &tma_c1, &tma_c2, p, warpgroup - 1, rank);
+    consumer<kMode, kFold, !kRemote>(smem, &tma_c0, &tma_c1, &tma_c2, p, warpgroup - 1, rank);
   }
   // NOTES: no CTA of a cluster leaves while its partner may still arrive on its barriers or multicast
   // into its stages. This wait is not bounded itself, but each of the partner's waits is: a stalled

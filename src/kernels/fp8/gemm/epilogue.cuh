@@ -115,12 +115,12 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
   }
 }
 
-// kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::piece_slots), loaded at
-// the tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
+// kept_slots: the slots of the kept g and u rows this thread stores (gemm::impl::fragment_slots), loaded
+// at the tile's start; null: loaded here. previous_second: whether the warpgroup's previous tile stored a
 // second half (the grouped form's pieces).
 template <Form kForm, class Out>
 __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, const Tile& tile,
-                                         int c, const float (&acc)[kHalves<kForm>][64], const int4* kept_slots,
+                                         int c, const float (&acc)[kHalves<kForm>][64], const int2* kept_slots,
                                          bool previous_second) {
   constexpr bool kSwiGLU = kForm == Form::kSwiGLU;
   constexpr bool kWeightGrad = kForm == Form::kWeightGrad;
@@ -149,14 +149,13 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
         return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
       };
       if (p.store_h) gemm::impl::store_piece<false>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N, h);
+      // NOTES: from the fragments, not staged in the piece (store_fragment_rows says how): without kept g
+      // and u the forward was 5.8% faster (299d468's probe, docs/fp8.md).
       if (p.kept.gate != nullptr) {  // row by row, by slot
         using gemm::impl::SlotRows;
-        const int4 slots =
-            kept_slots ? *kept_slots : gemm::impl::piece_slots(SlotRows{p.kept.gate, p.kept.slot, N}, row);
-        gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.gate, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(0, 4 * j + 2 * r); }, slots);
-        gemm::impl::store_piece<false>(smem.piece[0][c], SlotRows{p.kept.up, p.kept.slot, N}, c, n0, row, 0, N,
-                                       [&](int j, int r) { return pair(1, 4 * j + 2 * r); }, slots);
+        const int2 slots = kept_slots ? *kept_slots : gemm::impl::fragment_slots(p.kept.slot, row);
+        gemm::impl::store_fragment_rows(SlotRows{p.kept.gate, p.kept.slot, N}, slots, N, n0, acc[0]);
+        gemm::impl::store_fragment_rows(SlotRows{p.kept.up, p.kept.slot, N}, slots, N, n0, acc[1]);
       }
       // Last: the acc registers are dead once it has taken h's words.
       if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);

@@ -138,9 +138,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // at the tile's start instead, but where the kernel pulls rows from other ranks: there the four more
     // registers spilled.
     constexpr bool kPreloadSlots = kForm == Form::kSwiGLU && kGather != kGatherRemote;
-    int4 kept_slots = make_int4(-1, -1, -1, -1);
+    int2 kept_slots = make_int2(-1, -1);
     if (kPreloadSlots && p.kept.gate != nullptr) {
-      kept_slots = gemm::impl::piece_slots(gemm::impl::SlotRows{p.kept.gate, p.kept.slot, p.N}, tile.m0 + 64 * c);
+      kept_slots = gemm::impl::fragment_slots(p.kept.slot, tile.m0 + 64 * c);
     }
     float acc[kHalves<kForm>][64];
     mainloop(smem, tiles, p, tile, t, it, c, acc);
