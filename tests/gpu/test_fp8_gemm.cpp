@@ -94,10 +94,20 @@ void expect_matches_reference(int64_t M, int64_t N, int64_t K) {
 // and one more block past the schedule's rows; each expert's rows against the reference's fp8_gemm of
 // its rows and its weights, the padding rows zeros (silu(0)·0 may be -0), the block past the rows not
 // written (still NaN).
-// NOTES: bf16 output: its rounding adds at most 2^-8 of each value, about 1.7e-3 of the norm over
-// random values (simulated), to the FP8 sums' error (kTolerance); 3e-3 covers both, where a wrong
-// expert, scale or row is off by order one.
-constexpr double kBf16OutTolerance = 3e-3;
+
+// A bf16 output's difference from the exact value beyond its rounding: zero where it lies within one
+// bf16 step (8 significant bits) of it, as a correct kernel's fp32 value rounded gives (a step, not
+// half of one, where the fp32 value and the exact one lie either side of a rounding boundary), else the
+// whole difference. Summed over a tensor against its norm, what is left is the FP8 sums' error where it
+// exceeds a step (values from cancelling terms, small against the norm) and any real fault, off by
+// order one (kTolerance).
+// NOTES: the outputs had been compared with the exact values under 3e-3, their rounding (at most 2^-8
+// of each value) included: over one expert's single row of h, whose norm a few products dominate, the
+// rounding alone reached 3.01e-3 (Fp8Gemm.GroupedPairedRowBlocks, 2026-12-07).
+double beyond_bf16_rounding(double got, double exact) {
+  const double step = exact == 0.0 ? 0.0 : std::ldexp(1.0, std::ilogb(exact) - 7);
+  return std::fabs(got - exact) <= step ? 0.0 : got - exact;
+}
 
 // The grouped forms' operands: experts of `rows` rows each in schedule order, each padded to whole
 // 128-row blocks (padding rows of A zeros), and one more block past the schedule's rows; A quantised in
@@ -207,12 +217,13 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
       for (int64_t c = 0; c < N; ++c) {
         const double g = to_double(kept[size_t(to * N + c)]), w = want[p * size_t(N) + size_t(c)];
         ASSERT_TRUE(std::isfinite(g)) << what << " row " << pick[p] << " column " << c;
-        err += (g - w) * (g - w);
+        const double d = beyond_bf16_rounding(g, w);
+        err += d * d;
         norm += w * w;
       }
     }
     if (norm > 0.0) {
-      EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance) << what;
+      EXPECT_LT(std::sqrt(err / norm), kTolerance) << what;
     }
   };
   for (int64_t e = 0; e < E; ++e) {
@@ -241,11 +252,12 @@ void expect_grouped_matches_reference(const std::vector<int64_t>& rows, int64_t 
       for (size_t p = 0; p < pick.size(); ++p) {
         for (int64_t c = 0; c < N; ++c) {
           const double g = to_double(got[size_t((first + pick[p]) * N + c)]), w = want[p * size_t(N) + size_t(c)];
-          err += (g - w) * (g - w);
+          const double d = beyond_bf16_rounding(g, w);
+          err += d * d;
           norm += w * w;
         }
       }
-      EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
+      EXPECT_LT(std::sqrt(err / norm), kTolerance);
       for (int64_t i = first * N; i < (first + n) * N; ++i) {
         ASSERT_TRUE(std::isfinite(to_double(got[size_t(i)]))) << "row " << i / N - first << " column " << i % N;
       }
@@ -385,11 +397,12 @@ void expect_weight_grad_matches_reference(const std::vector<int64_t>& rows, int6
       for (int64_t n = 0; n < N; ++n) {
         const double g = got(m, n), w = want[size_t(m * N + n)];
         ASSERT_TRUE(std::isfinite(g)) << "[" << m << ", " << n << "]";
-        err += (g - w) * (g - w);
+        const double d = beyond_bf16_rounding(g, w);
+        err += d * d;
         norm += w * w;
       }
     }
-    EXPECT_LT(std::sqrt(err / norm), kBf16OutTolerance);
+    EXPECT_LT(std::sqrt(err / norm), kTolerance);
   }
 }
 
