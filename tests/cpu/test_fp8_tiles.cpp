@@ -174,28 +174,5 @@ TEST(Fp8Tiles, DenseAndWeightGradientFormsCoverEveryOutputOnce) {
   }
 }
 
-// The quantising gate/up epilogue's code stores: each byte of the [64, 128] box written once, by the
-// thread whose fragment holds its row and column, where the TMA's 128-byte swizzle puts it.
-TEST(Fp8Tiles, CodeStoresFillTheSwizzledBoxOnce) {
-  std::vector<int> hits(64 * 128, 0);
-  for (int warp = 0; warp < 4; ++warp) {
-    for (int lane = 0; lane < 32; ++lane) {
-      for (int j = 0; j < 16; ++j) {
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t at = code_offset(warp, lane, j, r);
-          const int row = 16 * warp + lane / 4 + 8 * r, col = 8 * j + 2 * (lane % 4);
-          ASSERT_EQ(at % 2, 0u);  // one 16-bit store of the pair
-          ASSERT_EQ(int(at / 128), row);
-          ASSERT_EQ(int(at % 128 / 16), (col / 16) ^ (row % 8));
-          ASSERT_EQ(int(at % 16), col % 16);
-          ++hits[at];
-          ++hits[at + 1];
-        }
-      }
-    }
-  }
-  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "byte " << i;
-}
-
 }  // namespace
 }  // namespace lynx::fp8::impl

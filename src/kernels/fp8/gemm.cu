@@ -167,34 +167,32 @@ void grouped_swiglu_block_scaled(const uint8_t* a, const float* a_scales, int64_
       N, {{h, "h", 128}, {kept.gate, "kept.gate", 16}, {kept.up, "kept.up", 16}, {kept.slot, "kept.slot", 16}});
   SwiGLUOutputs outputs;
   outputs.store_h = h != nullptr;
-  CUtensorMap tma_codes{};
   if (hq.codes != nullptr) {
-    // The codes go out by TMA stores of [64, 128] byte boxes: rows of N bytes, 16-byte aligned.
+    // The codes go out in 16-byte chunks of a row: rows of N bytes, 16-byte aligned.
     if (N % 16 != 0) throw Error("N", "must be a multiple of 16 where h is quantised, got " + std::to_string(N));
     if (reinterpret_cast<uintptr_t>(hq.codes) % 16 != 0) throw Error("hq.codes", "must be 16-byte aligned");
     if (hq.scales == nullptr) throw Error("hq.scales", "is null");
-    outputs.quantize_h = true;
+    outputs.h_codes = hq.codes;
     outputs.h_scales = hq.scales;
     outputs.h_report = hq.report;
-    tma_codes = gemm::make_tma_2d_bytes(hq.codes, capacity, N, 64);
   }
   const CUtensorMap tma_h = h != nullptr ? gemm::make_tma_2d(h, capacity, N, 64, 64) : CUtensorMap{};
   const CUtensorMap tma_a = gemm::make_tma_2d_bytes(a, capacity, K, kTileM);
   const CUtensorMap tma_gate = gemm::make_tma_3d_bytes(gate, experts, N, K, kTileN);
   const CUtensorMap tma_up = gemm::make_tma_3d_bytes(up, experts, N, K, kTileN);
   if (!gather.on()) {
-    launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_codes, h, capacity, N,
+    launch<Form::kSwiGLU>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h, tma_h, h, capacity, N,
                           K, expert_offset, experts, status, stream, kept, 0, outputs, {}, {}, pair_rows);
     return;
   }
   const gemm::RowGather g = row_gather(gather, a, K);
   if (gather.sources.remote()) {
     launch<Form::kSwiGLU, bf16_t, kGatherRemote>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                 tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                 tma_h, h, capacity, N, K, expert_offset, experts, status, stream,
                                                  kept, 0, outputs, g, gather.sources, pair_rows);
   } else {
     launch<Form::kSwiGLU, bf16_t, kGatherLocal>(tma_a, tma_gate, tma_up, a_scales, gate_scales, up_scales, tma_h,
-                                                tma_codes, h, capacity, N, K, expert_offset, experts, status, stream,
+                                                tma_h, h, capacity, N, K, expert_offset, experts, status, stream,
                                                 kept, 0, outputs, g, {}, pair_rows);
   }
 }

@@ -78,15 +78,6 @@ LYNX_HD int64_t b_scale_row(const Tile& tile, int32_t N, int32_t k_blocks, int h
   return kForm == Form::kGrouped && h == 1 && second_half<kForm>(tile, N) ? first + k_blocks : first;
 }
 
-// The quantising gate/up epilogue's codes (gemm/epilogue.cuh, quantize_h_piece): the offset in its [64
-// rows, 128 bytes] box (the TMA's 128-byte swizzle: 16-byte chunk k of row R at chunk k ^ (R % 8)) of the
-// two codes of a consumer thread's fragment column group j, row half r: columns 8j + 2(lane % 4) + {0, 1}
-// of row 16·warp + lane / 4 + 8r.
-LYNX_HD uint32_t code_offset(int warp, int lane, int j, int r) {
-  const int b = 8 * j + 2 * (lane % 4);  // the byte column; the row's % 8 is lane / 4 for both halves
-  return uint32_t((16 * warp + lane / 4) * 128 + 8 * 128 * r + ((b / 16) ^ (lane / 4)) * 16 + b % 16);
-}
-
 // The grid's tiles, linear index t: columns fastest (the CTAs working at once share A's row block and,
 // grouped, its expert's B), then row blocks, then (kWeightGrad) experts. Grouped forms count only the
 // row blocks below the schedule's rows (none after an overflow), read once per CTA. A tile's columns:

@@ -30,8 +30,9 @@ __device__ __forceinline__ void store_pair(float* row, int32_t col, int32_t N, f
 
 // NOTES: the quantising gate/up epilogue. Each row of a warpgroup's piece is one 1×128 tile of h (n0 is
 // a multiple of 128): its largest magnitude (the thread's 32 values of each of its two rows, then the
-// four threads of the row: lanes l ^ 1, l ^ 2), its scale, the codes, out by a TMA store of a [64, 128]
-// byte box (128-byte swizzle) through the piece's first box, and the scales. The values are h rounded
+// four threads of the row: lanes l ^ 1, l ^ 2), its scale, the codes, stored from the fragments in 16-byte
+// chunks (no piece, no barrier: staged in a byte box and out by TMA they took two named barriers a tile),
+// and the scales. The values are h rounded
 // to bf16, as the bf16 output holds them, quantised with e4m3.cuh's helpers: the bits quantize_tiles
 // gives from that output.
 
@@ -43,9 +44,8 @@ __device__ __forceinline__ float2 bf16_pair(uint32_t w) {
 
 // Warpgroup c's rows [row, row + 64) of h, columns [n0, n0 + 128) (h(j, r): the fragment's values),
 // quantised.
-template <Form kForm, class Out, class Value>
-__device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, const KernelArgs<Out>& p, int c,
-                                                 int32_t n0, int32_t row, Value h) {
+template <class Out, class Value>
+__device__ __forceinline__ void quantize_h_piece(const KernelArgs<Out>& p, int32_t n0, int32_t row, Value h) {
   const int thread = int(threadIdx.x) % 128, warp = thread / 32, lane = thread % 32;
   const int32_t N = p.N;
   uint32_t words[32];
@@ -86,24 +86,32 @@ __device__ __forceinline__ void quantize_h_piece(SharedStorage<kForm>& smem, con
     scale[r] = e4m3::scale_or_nan(e, !bad[r]);
   }
   if ((bad[0] || bad[1]) && lane % 4 == 0) e4m3::report_nonfinite(p.h_report);
-  // The codes into box 0 as one [64, 128] byte box, 128-byte swizzle (code_offset, tiles.h), once the
-  // box's last store has read it and every thread is done with it.
-  const uint32_t box = sm90::smem_addr(smem.piece[0][c][0]);
-  if (thread == 0) sm90::bulk_wait_group_read<0>();
-  sm90::named_barrier_sync(1 + c, 128);
+  // The codes straight from the fragments, as store_fragment_rows stores bf16 rows: chunk m of a row (its
+  // 16 bytes from column 16m) is column groups 2m and 2m + 1 of the quad's four lanes, two codes each; a
+  // lane's word of chunk m (its codes of group 2m, then of 2m + 1) goes to lane m % 4 by quad_transpose,
+  // which orders the four lanes' words bytewise into the chunk.
+  const int q = lane % 4;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int r = 0; r < 2; ++r) {
+    const int32_t R = row + 16 * warp + lane / 4 + 8 * r;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float2 v = bf16_pair(words[2 * j + r]);
-      sm90::st_shared_u16(box + code_offset(warp, lane, j, r), e4m3::to_e4m3x2(v.x * inv[r], v.y * inv[r]));
+    for (int g = 0; g < 2; ++g) {
+      uint32_t a[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = 4 * g + i;
+        const float2 v0 = bf16_pair(words[2 * (2 * m) + r]), v1 = bf16_pair(words[2 * (2 * m + 1) + r]);
+        a[i] = uint32_t(e4m3::to_e4m3x2(v0.x * inv[r], v0.y * inv[r])) |
+               uint32_t(e4m3::to_e4m3x2(v1.x * inv[r], v1.y * inv[r])) << 16;
+      }
+      gemm::impl::quad_transpose(a, q);  // a[i]: lane i's word of chunk 4g + q
+      const int32_t col = n0 + 16 * (4 * g + q);
+      if (R < p.M && col < N) {
+        *reinterpret_cast<uint4*>(p.h_codes + int64_t(R) * N + col) =
+            make_uint4(__byte_perm(a[0], a[1], 0x5410), __byte_perm(a[2], a[3], 0x5410),
+                       __byte_perm(a[0], a[1], 0x7632), __byte_perm(a[2], a[3], 0x7632));
+      }
     }
-  }
-  sm90::fence_proxy_async_shared();
-  sm90::named_barrier_sync(1 + c, 128);
-  if (thread == 0) {
-    sm90::tma_store_2d(p.tma_out2, smem.piece[0][c][0], n0, row);
-    sm90::bulk_commit_group();
   }
   if (lane % 4 == 0) {
     const int64_t blocks = blocks_of(N);
@@ -158,7 +166,7 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
         gemm::impl::store_fragment_rows(SlotRows{p.kept.up, p.kept.slot, N}, slots, N, n0, acc[1]);
       }
       // Last: the acc registers are dead once it has taken h's words.
-      if (p.quantize_h) quantize_h_piece(smem, p, c, n0, row, h);
+      if (p.h_codes != nullptr) quantize_h_piece(p, n0, row, h);
     } else if constexpr (kWeightGrad) {  // the expert's rows [0, split) to out, the others to out2
       // Each half in its piece, as the grouped form's below (previous_second: the warpgroup's last stored
       // tile's).

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Smem = SharedStorage<kForm>;
   Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   const KernelArgs<Out> p{&tma_a, &tma_b, &tma_b2, &tma_out, &tma_out2, a_scales, b_scales, b2_scales, out, M, N,
-                          status, kept, split, swiglu.store_h, swiglu.quantize_h, swiglu.h_scales, swiglu.h_report,
+                          status, kept, split, swiglu.store_h, swiglu.h_codes, swiglu.h_scales, swiglu.h_report,
                           gather, sources};
   // NOTES: broadcast from lane 0, so that ptxas knows it is the same in every lane of a warp and keeps
   // what derives from it (the consumers' A descriptors) in uniform registers.

@@ -59,7 +59,8 @@ static_assert(kSmem<Form::kDense> <= 227 * 1024 && kSmem<Form::kGrouped> <= 227 
 
 // The gate/up form's outputs of h (KernelArgs says what each means).
 struct SwiGLUOutputs {
-  bool store_h = true, quantize_h = false;
+  bool store_h = true;
+  uint8_t* h_codes = nullptr;  // h quantised where not null
   float* h_scales = nullptr;
   NonfiniteReport h_report{};
 };
@@ -78,10 +79,11 @@ struct KernelArgs {
   // tma_out2 ([experts, M − split, N]); split % 64 == 0 unless split = M, so that no 64-row epilogue
   // piece straddles the two.
   int32_t split;
-  // kSwiGLU: h by tma_out (bf16) where store_h; quantised where quantize_h: its codes by tma_out2 ([M, N]
-  // bytes in [64, 128] boxes), its scales into h_scales [M, blocks_of(N)], a non-finite tile reported
+  // kSwiGLU: h by tma_out (bf16) where store_h; quantised where h_codes is given: its codes into h_codes ([M, N]
+  // bytes, N % 16 == 0, 16-byte aligned), its scales into h_scales [M, blocks_of(N)], a non-finite tile reported
   // through h_report.
-  bool store_h, quantize_h;
+  bool store_h;
+  uint8_t* h_codes;
   float* h_scales;
   NonfiniteReport h_report;
   gemm::RowGather gather;  // a grouped form gathering A itself (kGather)
