@@ -11,7 +11,7 @@
 // busy while the other promotes. The dense form alternates two temporaries over [128, 128] tiles. The bf16
 // outputs leave as the bf16 expert GEMM's do (expert_gemm/epilogue.cuh): each warpgroup's [64, n] piece
 // into shared memory with stmatrix, then out by TMA stores that drain while it goes on with its next
-// tile (kept g and u row by row, by slot). The gate/up form may instead quantise h itself, in the 1×128
+// tile (kept g and u by slot, straight from the fragments). The gate/up form may instead quantise h itself, in the 1×128
 // tiles the down GEMM reads: a tile's 128 columns of h are one such tile of each of its rows.
 // Its roles, a file each: storage.cuh (threads, registers, shared memory, arguments), producer.cuh,
 // mainloop.cuh (the consumers' K-block loop), epilogue.cuh; this file the kernel and the gather's end.
