@@ -218,7 +218,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
           store_swapped_piece(smem.c[c], tma_c0, c, t.b_row, row, p.n, [&](int b, int i) {
             const float* g = &acc[8 * b + i];
             const float* u = &acc[8 * (b + 2) + i];
-            return make_float2(silu(g[0]) * u[0], silu(g[1]) * u[1]);
+            return make_float2(epilogue_silu(g[0]) * u[0], epilogue_silu(g[1]) * u[1]);
           });
           if (p.out_gate_up) {
             store_swapped_piece(smem.c[c], p.gate_rows, c, t.b_row, row, p.n,
@@ -254,7 +254,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
       for (int q = 0; q < 16 / kGroups; ++q) {
         store_piece<false>(smem.c[c], tma_c0, c, t.b_row + 8 * kGroups * q, row, 0, p.n, [&](int j, int r) {
           const int i = 4 * (kGroups * q + j) + 2 * r;
-          return make_float2(silu(acc[i]) * acc[64 + i], silu(acc[i + 1]) * acc[64 + i + 1]);
+          return make_float2(epilogue_silu(acc[i]) * acc[64 + i], epilogue_silu(acc[i + 1]) * acc[64 + i + 1]);
         });
       }
       if (p.out_gate_up && kRowsFromFragments) {  // row by row, by slot
@@ -295,7 +295,7 @@ __device__ __forceinline__ void consumer(SharedStorage<kMode, kFold>& smem, cons
           const float* g = fold;
           const float* u = fold + kFoldAcc;
           store_fold_box(smem.c[c], tma_c0, c, col, tail_row, p.n, [&](int i) {
-            return make_float2(silu(g[i]) * u[i], silu(g[i + 1]) * u[i + 1]);
+            return make_float2(epilogue_silu(g[i]) * u[i], epilogue_silu(g[i + 1]) * u[i + 1]);
           });
           if (p.out_gate_up) {
             store_fold_box(smem.c[c], p.gate_rows, c, col, tail_row, p.n, [&](int i) { return make_float2(g[i], g[i + 1]); });

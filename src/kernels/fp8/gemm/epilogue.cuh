@@ -146,7 +146,7 @@ __device__ __forceinline__ void epilogue(SharedStorage<kForm>& smem, const Kerne
     if constexpr (kSwiGLU) {  // 128 columns: h = silu(g) ⊙ u from the gate's half and the up's
       const auto h = [&](int j, int r) {
         const int i = 4 * j + 2 * r;
-        return make_float2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
+        return make_float2(epilogue_silu(acc[0][i]) * acc[1][i], epilogue_silu(acc[0][i + 1]) * acc[1][i + 1]);
       };
       if (p.store_h) gemm::impl::store_piece<false>(smem.piece[0][c], p.tma_out, c, n0, row, 0, N, h);
       // NOTES: from the fragments, not staged in the piece (store_fragment_rows says how): without kept g
