@@ -147,15 +147,14 @@ __device__ __forceinline__ void store_piece_boxes(__nv_bfloat16 (&buf)[kPieceBox
 // One epilogue piece of consumer warpgroup `wg`: 64 rows × 64·kPieceBoxes columns, value(j, r) giving the two
 // fp32 values of fragment column group j (columns 8j + 2(lane % 4) + {0, 1}) in row half r, stored at
 // (col, row[, batch]) of `map` (a tensor map, or SlotRows: row by row). Columns at or past n are not stored
-// (SlotRows: 16-byte chunks, so n % 8 == 0).
-// `slots`: piece_slots(map, row), which a caller may load long before (its latency behind other work).
+// (SlotRows: 16-byte chunks, so n % 8 == 0; their slots loaded first, in flight while the piece is staged).
 // kLaterStores: how many of the warpgroup's newest store groups may still be reading when `buf` is
 // overwritten: at most the number committed since the last one that read `buf` (which staged other
 // buffers).
-template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value, class Slots>
+template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value>
 __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
-                                            int32_t col, int32_t row, int32_t batch, int32_t n, Value value,
-                                            Slots slots) {
+                                            int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
+  const auto slots = piece_slots(map, row);
   const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   // The previous piece's store must be done reading the buffer before it is overwritten.
   if (thread == 0) sm90::bulk_wait_group_read<kLaterStores>();
@@ -174,12 +173,6 @@ __device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64
     sm90::stmatrix_x4(at, pack(2 * q, 0), pack(2 * q, 1), pack(2 * q + 1, 0), pack(2 * q + 1, 1));
   }
   store_piece_boxes<k3d>(buf, map, wg, col, row, batch, n, slots);
-}
-
-template <bool k3d, int kLaterStores = 0, int kPieceBoxes, class Dst, class Value>
-__device__ __forceinline__ void store_piece(__nv_bfloat16 (&buf)[kPieceBoxes][64 * 64], const Dst& map, int wg,
-                                            int32_t col, int32_t row, int32_t batch, int32_t n, Value value) {
-  store_piece<k3d, kLaterStores>(buf, map, wg, col, row, batch, n, value, piece_slots(map, row));
 }
 
 // One epilogue piece of a warpgroup whose products were swapped (swapped_products): its [64, 64]
