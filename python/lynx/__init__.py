@@ -7,6 +7,7 @@
 
 from lynx import functional, nn
 from lynx._C import LynxError
+from lynx._workspaces import OutOfMemoryError
 from lynx.functional import Config, Workspace, check, moe
 
-__all__ = ["Config", "LynxError", "Workspace", "check", "functional", "moe", "nn"]
+__all__ = ["Config", "LynxError", "OutOfMemoryError", "Workspace", "check", "functional", "moe", "nn"]

@@ -59,6 +59,34 @@ def _scratch_free(ptr: int, nbytes: int, stream: int) -> None:
 _C.set_scratch_allocator(_scratch_alloc, _scratch_free)
 
 
+class OutOfMemoryError(torch.OutOfMemoryError, _C.LynxError):
+    """A workspace's device memory could not be allocated, even after torch.cuda.empty_cache(): a
+    torch.OutOfMemoryError (what PyTorch's out-of-memory handlers catch) and a lynx.LynxError."""
+
+
+def _out_of_memory(error: Exception) -> bool:
+    return "cannot allocate" in str(error) and "out of memory" in str(error)
+
+
+def _made(make):
+    """make() (a _C.Workspace's constructor). NOTES: a workspace's buffers come from cudaMalloc, not from
+    PyTorch's caching allocator, which may hold the free memory they need: where the device ran out, its
+    unused cached blocks are given back (torch.cuda.empty_cache(), as PyTorch's allocator does before it
+    gives up) and make() is tried once more; out again, lynx.OutOfMemoryError."""
+    try:
+        return make()
+    except _C.LynxError as e:
+        if not _out_of_memory(e):
+            raise
+    torch.cuda.empty_cache()
+    try:
+        return make()
+    except _C.LynxError as e:
+        if not _out_of_memory(e):
+            raise
+        raise OutOfMemoryError(f"{e} (after torch.cuda.empty_cache())") from None
+
+
 def new_tag() -> int:
     return next(_TAGS)
 
@@ -124,13 +152,13 @@ def workspace_for(tokens, hidden, intermediate, num_experts, top_k, shared_inter
         copies_of = (_fp8_copies_owner(spec) if R == 1 and config.precision != _PRECISIONS["bf16"] and config.tag < 0
                      and config.tag not in _RELEASED else None)
         with torch.cuda.device(index):
-            ws = _C.Workspace(tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts,
-                              top_k=top_k, shared_intermediate=shared_intermediate, backend=config.backend,
-                              schedule_capacity=config.schedule_capacity,
-                              save_forward_context=config.save_forward_context,
-                              scratch_from_allocator=True, caller_context=config.caller_context, num_ranks=R, rank=rank,
-                              peer_timeout_ms=_groups.peer_timeout_ms(config.ep_group),
-                              precision=config.precision, fp8_weights_of=copies_of)
+            ws = _made(lambda: _C.Workspace(
+                tokens=tokens, hidden=hidden, intermediate=intermediate, num_experts=num_experts, top_k=top_k,
+                shared_intermediate=shared_intermediate, backend=config.backend,
+                schedule_capacity=config.schedule_capacity, save_forward_context=config.save_forward_context,
+                scratch_from_allocator=True, caller_context=config.caller_context, num_ranks=R, rank=rank,
+                peer_timeout_ms=_groups.peer_timeout_ms(config.ep_group), precision=config.precision,
+                fp8_weights_of=copies_of))
             if R > 1:
                 _C.connect_process_group(ws, _groups.all_gather(config.ep_group))
                 _groups.connected(config.ep_group)
@@ -211,3 +239,9 @@ def check_if_temporary(ws, stream: int) -> None:
 
 def all_workspaces():
     return list(_BY_SPEC.values())
+
+
+def described_workspaces():
+    """(what the workspace is, as an error names it; the workspace) of every cached workspace."""
+    return [(f"the workspace of T = {spec[0]}, H = {spec[1]}, I = {spec[2]}, E = {spec[3]}, k = {spec[4]} on cuda:"
+             f"{spec[7]}", ws) for spec, ws in list(_BY_SPEC.items())]

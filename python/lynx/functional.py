@@ -259,8 +259,9 @@ def set_quantized_weights(ws: Workspace, w_gate, w_up, w_down, w_gate_scales, w_
 def fp8_weights_changed():
     """FP8 (Config(precision="fp8_block")): the next call of every lynx layer makes its weights' FP8
     copies again. lynx sees a change of the weight tensors through their version counters (any in-place
-    op, torch's optimizers); call this after changes no counter records: through `.data`, or by an
-    optimizer that writes through raw pointers."""
+    op, torch's optimizers); call this after changes no counter records: through `.data`, by an
+    optimizer that writes through raw pointers, or by replaying a CUDA graph that captured the optimizer's
+    step (torch.optim.Adam(capturable=True)) while lynx's calls run eagerly."""
     for ws in _workspaces.all_workspaces():
         _workspaces.fp8_state(ws).weights = None
 
@@ -273,11 +274,25 @@ def check(device=None):
     errors surface only here (or as a CUDA error at the next sync). Until it is reported, an error stays
     set and every later call on the same workspace leaves y and dx unwritten and its other routed
     gradients unusable (see lynx::Workspace::check): call this once per training step, before the
-    optimizer step (it synchronises with each workspace's stream: the first wait is the costly one)."""
+    optimizer step (it synchronises with each workspace's stream: the first wait is the costly one).
+    Every workspace is checked, and each error cleared, before one LynxError names all that had one (each
+    by its shape: T, H, I, E, k). Not inside a CUDA graph capture (it waits for the device): a
+    RuntimeError."""
+    if _workspaces._capturing():
+        raise RuntimeError("lynx.check: waits for the device, which a CUDA graph capture cannot hold: call it "
+                           "outside the capture (after a replay)")
     only = None if device is None else _cuda_device(device).index
-    for ws in _workspaces.all_workspaces():
+    errors = []
+    for what, ws in _workspaces.described_workspaces():
         if only is None or ws._device_index == only:
-            _check_on_its_device(ws, ws._device_index)
+            try:
+                _check_on_its_device(ws, ws._device_index)
+            except _C.LynxError as e:
+                errors.append(f"{e} ({what})")
+    if len(errors) == 1:
+        raise _C.LynxError(errors[0])
+    if errors:
+        raise _C.LynxError(f"lynx: {len(errors)} workspaces reported errors (each now cleared): " + "; ".join(errors))
 
 
 def _check_on_its_device(impl, device) -> None:
@@ -377,6 +392,21 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     tokens (T = 0) gives y [0, H] and zero weight gradients, from a call of one padding row (token_multiple
     rows); with ep_group, ranks whose counts differ (none among them) pass ep_tokens."""
     ops.check_ranks(x, topk_ids, w_gate, ws_gate)
+    # NOTES: checked here, not only by the C++ checks, because those come after padding (which would show
+    # the padded counts) or after the workspace is made.
+    if topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"lynx: topk_ids: shape must be [{x.shape[0]}, k] (a row for each of x's tokens), got "
+                         f"{list(topk_ids.shape)}")
+    if isinstance(topk_weights, torch.Tensor) and topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"lynx: topk_weights: shape must be {list(topk_ids.shape)}, got {list(topk_weights.shape)} "
+                         "(topk_ids')")
+    dtypes = (w_gate.dtype, w_up.dtype, w_down.dtype)
+    if len(set(dtypes)) != 1:
+        raise ValueError(f"lynx: w_gate, w_up, w_down: must have one dtype, got {', '.join(map(str, dtypes))}")
+    if w_gate.dtype == torch.float8_e4m3fn and workspace is None:
+        raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
+                         "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
+                         "lynx.nn.MoE take bf16 weights)")
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
         # reach the caller as e4m3.
@@ -388,9 +418,11 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     # NOTES: an empty batch is padded only where no expert-parallel group (a rank alone with none would run
     # a count the others do not: ep_tokens pads ranks to one count) nor explicit workspace (whose shape
     # fixes T) is given.
+    # A group of one rank is no group (its id 0), here as in lynx.nn.MoE.
+    alone = ep_group is None or _groups.group_id(ep_group, config.peer_timeout_ms) == 0
     x, topk_ids, topk_weights, T = pad_for_call(x, topk_ids, topk_weights,
                                                 config.token_multiple if workspace is None else 1, ep_tokens,
-                                                pad_empty=workspace is None and ep_group is None)
+                                                pad_empty=workspace is None and alone)
     y = _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
              workspace, ep_group)
     return y if T is None else y[:T]

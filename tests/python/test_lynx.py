@@ -622,6 +622,55 @@ def test_a_released_tags_call_raises_its_own_errors():
     lynx.check()  # nothing left over
 
 
+def test_check_reports_every_workspace_and_clears_each():
+    """Two workspaces with errors: one lynx.check() names both (by shape), and leaves neither set."""
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    bad = ids.clone()
+    bad[5, 0] = 17
+    lynx.moe(x, bad, tw, *w, workspace_tag=93)
+    lynx.moe(x[:40], bad[:40], tw[:40], *w, workspace_tag=93)
+    with pytest.raises(ValueError, match=r"2 workspaces reported errors.*"
+                                         r"topk_ids\[5, 0\] = 17 is out of range.*T = 64, H = 64.*"
+                                         r"topk_ids\[5, 0\] = 17 is out of range.*T = 40, H = 64"):
+        lynx.check()
+    lynx.check()  # both cleared
+    assert rel(lynx.moe(x, ids, tw, *w, workspace_tag=93), reference_moe(x, ids, tw, *w)) < TOL
+    lynx.check()
+
+
+def test_check_inside_a_capture_is_refused():
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    lynx.moe(x, ids, tw, *w)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="lynx.check: waits for the device"):
+        with torch.cuda.graph(graph):
+            lynx.check()
+    lynx.check()
+
+
+def test_a_workspace_larger_than_the_device_is_out_of_memory():
+    """FP8 copies of 4096 experts of 8192 × 8192 (1.6 TB): lynx.OutOfMemoryError, which PyTorch's
+    out-of-memory handlers catch, also a lynx.LynxError; nothing is left made."""
+    made = len(lynx._workspaces.all_workspaces())
+    with pytest.raises(lynx.OutOfMemoryError, match="cannot allocate") as caught:
+        lynx.Workspace(256, 8192, 8192, 4096, 2, config=FP8)
+    assert isinstance(caught.value, torch.OutOfMemoryError) and isinstance(caught.value, lynx.LynxError)
+    assert len(lynx._workspaces.all_workspaces()) == made
+    x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
+    assert rel(lynx.moe(x, ids, tw, *w), reference_moe(x, ids, tw, *w)) < TOL  # the device still works
+
+
+def test_mismatched_rows_are_named_with_the_counts_given():
+    """topk_ids or topk_weights of another token count than x: the error gives the counts the caller
+    passed, not those after padding to token_multiple."""
+    x, ids, tw, w, s = make(T=100, H=64, I=64, E=4, k=2)
+    config = lynx.Config(token_multiple=64)
+    with pytest.raises(ValueError, match=r"topk_ids: shape must be \[100, k\].*got \[99, 2\]"):
+        lynx.moe(x, ids[:99], tw[:99], *w, config=config)
+    with pytest.raises(ValueError, match=r"topk_weights: shape must be \[100, 2\], got \[100, 1\]"):
+        lynx.moe(x, ids, tw[:, :1], *w, config=config)
+
+
 def test_bad_arguments_are_refused_before_a_workspace_is_made():
     x, ids, tw, w, s = make(T=72, H=64, I=64, E=4, k=2)  # a shape no other test runs
     made = len(lynx._workspaces.all_workspaces())
@@ -802,6 +851,10 @@ def test_module_in_a_one_rank_group_takes_ep_tokens():
         with pytest.raises(ValueError, match="ep_tokens: 32 is below"):
             lynx.nn.MoE(hidden=128, intermediate=64, num_experts=8, top_k=2, device="cuda",
                         ep_group=dist.group.WORLD, ep_tokens=32)(x)
+        # An empty batch, as without a group: y [0, H] (lynx.moe and the module alike).
+        xs, ids, tw, w, _ = make(T=8, H=128, I=64, E=8, k=2)
+        assert lynx.moe(xs[:0], ids[:0], tw[:0], *w, ep_group=dist.group.WORLD).shape == (0, 128)
+        assert grouped(x[:0]).shape == (0, 128)
     finally:
         dist.destroy_process_group()
 
@@ -994,8 +1047,12 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
         lynx.functional.forward(given, x, ids, tw, *q)
     # bf16 weights after pre-quantised ones: quantised again (nothing kept from before)
     assert torch.equal(lynx.functional.forward(given, x, ids, tw, *w), y_ref)
+    made = len(lynx._workspaces.all_workspaces())
     with pytest.raises(ValueError, match="explicit lynx.Workspace"):  # lynx.moe's own workspaces: bf16 weights
-        lynx.moe(x, ids, tw, *q, config=FP8)
+        lynx.moe(x, ids, tw, *q, config=FP8, workspace_tag=71)
+    with pytest.raises(ValueError, match="w_gate, w_up, w_down: must have one dtype"):
+        lynx.moe(x, ids, tw, w[0], q[1], w[2], config=FP8, workspace_tag=71)
+    assert len(lynx._workspaces.all_workspaces()) == made  # refused before a workspace was made
     with torch.inference_mode():  # inference tensors keep no version counter: their identity is still checked
         made = [e4m3_blocks(t) for t in w]
         qi = [b for b, _ in made]
@@ -1007,13 +1064,23 @@ def test_fp8_prequantized_weights_give_quantize_weights_bits():
         lynx.moe(x, ids, tw, q[0].detach().requires_grad_(), q[1], q[2], workspace=given)
 
 
-def test_fp8_weights_changed_in_place_are_quantised_again():
+def test_fp8_weights_changed_in_place_are_quantised_again(monkeypatch):
+    # As in a process that never captured an FP8 call (after one, every call quantises: _fp8_weights), so
+    # that what is tested is the version counters.
+    monkeypatch.setattr(lynx.ops, "_FP8_CAPTURED", False)
+    made = []
+    quantize = lynx._C.quantize_weights
+    monkeypatch.setattr(lynx._C, "quantize_weights",
+                        lambda ws, inputs, stream, copies: (made.append(copies), quantize(ws, inputs, stream, copies)))
     x, topk_ids, topk_weights, w, _ = make(128, 256, 128, 4, 2)
     layer_ws = lynx.Workspace(128, 256, 128, 4, 2, config=FP8)
     y0 = lynx.functional.forward(layer_ws, x, topk_ids, topk_weights, *w)
+    assert torch.equal(lynx.functional.forward(layer_ws, x, topk_ids, topk_weights, *w), y0)
+    assert len(made) == 1  # the second call, weights unchanged, kept the copies
     with torch.no_grad():
         w[2].mul_(2)  # an optimizer step, in place: same tensor, new version
     y1 = lynx.functional.forward(layer_ws, x, topk_ids, topk_weights, *w)
+    assert len(made) == 2
     fresh = lynx.Workspace(128, 256, 128, 4, 2, config=FP8)
     assert torch.equal(y1, lynx.functional.forward(fresh, x, topk_ids, topk_weights, *w))
     assert not torch.equal(y0, y1)
