@@ -243,5 +243,5 @@ def all_workspaces():
 
 def described_workspaces():
     """(what the workspace is, as an error names it; the workspace) of every cached workspace."""
-    return [(f"the workspace of T = {spec[0]}, H = {spec[1]}, I = {spec[2]}, E = {spec[3]}, k = {spec[4]} on cuda:"
-             f"{spec[7]}", ws) for spec, ws in list(_BY_SPEC.items())]
+    return [(f"the workspace of T = {spec[0]}, H = {spec[1]}, I = {spec[2]}, E = {spec[3]}, k = {spec[4]}, I_s = "
+             f"{spec[5]}, tag {spec[6].tag} on cuda:{spec[7]}", ws) for spec, ws in list(_BY_SPEC.items())]

@@ -275,9 +275,9 @@ def check(device=None):
     set and every later call on the same workspace leaves y and dx unwritten and its other routed
     gradients unusable (see lynx::Workspace::check): call this once per training step, before the
     optimizer step (it synchronises with each workspace's stream: the first wait is the costly one).
-    Every workspace is checked, and each error cleared, before one LynxError names all that had one (each
-    by its shape: T, H, I, E, k). Not inside a CUDA graph capture (it waits for the device): a
-    RuntimeError."""
+    Every workspace is checked, each one's error reported and cleared, before one LynxError names all that
+    had one (each by its shape, T, H, I, E, k, I_s, and tag: lynx.nn.MoE's are negative, a layer's own).
+    Not inside a CUDA graph capture (it waits for the device): a RuntimeError."""
     if _workspaces._capturing():
         raise RuntimeError("lynx.check: waits for the device, which a CUDA graph capture cannot hold: call it "
                            "outside the capture (after a replay)")
@@ -292,7 +292,7 @@ def check(device=None):
     if len(errors) == 1:
         raise _C.LynxError(errors[0])
     if errors:
-        raise _C.LynxError(f"lynx: {len(errors)} workspaces reported errors (each now cleared): " + "; ".join(errors))
+        raise _C.LynxError(f"lynx: {len(errors)} workspaces reported errors: " + "; ".join(errors))
 
 
 def _check_on_its_device(impl, device) -> None:
@@ -393,11 +393,14 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     rows); with ep_group, ranks whose counts differ (none among them) pass ep_tokens."""
     ops.check_ranks(x, topk_ids, w_gate, ws_gate)
     # NOTES: checked here, not only by the C++ checks, because those come after padding (which would show
-    # the padded counts) or after the workspace is made.
-    if topk_ids.shape[0] != x.shape[0]:
+    # the padded counts) or after the workspace is made. Under torch.compile with sizes known only from the
+    # data no guard is added (_guard_or_false): the C++ checks still see them.
+    if _guard_or_false(topk_ids.shape[0] != x.shape[0]):
         raise ValueError(f"lynx: topk_ids: shape must be [{x.shape[0]}, k] (a row for each of x's tokens), got "
                          f"{list(topk_ids.shape)}")
-    if isinstance(topk_weights, torch.Tensor) and topk_weights.shape != topk_ids.shape:
+    if isinstance(topk_weights, torch.Tensor) and (topk_weights.dim() != 2 or  # topk_ids is [T, k]
+                                                   _guard_or_false(topk_weights.shape[0] != topk_ids.shape[0]) or
+                                                   _guard_or_false(topk_weights.shape[1] != topk_ids.shape[1])):
         raise ValueError(f"lynx: topk_weights: shape must be {list(topk_ids.shape)}, got {list(topk_weights.shape)} "
                          "(topk_ids')")
     dtypes = (w_gate.dtype, w_up.dtype, w_down.dtype)

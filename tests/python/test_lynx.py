@@ -649,11 +649,11 @@ def test_check_inside_a_capture_is_refused():
 
 
 def test_a_workspace_larger_than_the_device_is_out_of_memory():
-    """FP8 copies of 4096 experts of 8192 × 8192 (1.6 TB): lynx.OutOfMemoryError, which PyTorch's
+    """FP8 copies of 2048 experts of 16384 × 16384 (3.3 TB): lynx.OutOfMemoryError, which PyTorch's
     out-of-memory handlers catch, also a lynx.LynxError; nothing is left made."""
     made = len(lynx._workspaces.all_workspaces())
     with pytest.raises(lynx.OutOfMemoryError, match="cannot allocate") as caught:
-        lynx.Workspace(256, 8192, 8192, 4096, 2, config=FP8)
+        lynx.Workspace(256, 16384, 16384, 2048, 2, config=FP8)
     assert isinstance(caught.value, torch.OutOfMemoryError) and isinstance(caught.value, lynx.LynxError)
     assert len(lynx._workspaces.all_workspaces()) == made
     x, ids, tw, w, s = make(T=64, H=64, I=64, E=4, k=2)
