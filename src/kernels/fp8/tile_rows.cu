@@ -201,10 +201,6 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __
   }
 }
 
-}  // namespace
-
-namespace {
-
 void check_sources(const TileSources& sources) {
   if (sources.remote() && (sources.row_src_rank == nullptr || sources.tokens <= 0)) {
     throw Error("sources", "internal: remote tiles need the rows' source ranks and the ranks' token count");
