@@ -144,7 +144,7 @@ RoutedGradients routed_backward(const RoutedLayer& L, const float* dy) {
         xr[r * H + c] = float(x[size_t(t * H + c)]);
         dyr[r * H + c] = float(dyq[size_t(t * H + c)]);
       }
-      double dot = 0.0;
+      std::vector<float> gr(static_cast<size_t>(I)), ur(static_cast<size_t>(I)), dar(static_cast<size_t>(I));
       for (int64_t i = 0; i < I; ++i) {
         double g = 0.0, u = 0.0, da = 0.0;
         for (int64_t c = 0; c < H; ++c) {
@@ -152,7 +152,15 @@ RoutedGradients routed_backward(const RoutedLayer& L, const float* dy) {
           u += wu[size_t((e * I + i) * H + c)] * x[size_t(t * H + c)];
           da += wd_t[size_t((e * I + i) * H + c)] * dyq[size_t(t * H + c)];
         }
-        g = round_bf16(g), u = round_bf16(u), da = round_bf16(da);
+        gr[size_t(i)] = round_bf16(g), ur[size_t(i)] = round_bf16(u), dar[size_t(i)] = round_bf16(da);
+      }
+      if (L.gate_up_e4m3) {
+        const std::vector<double> gq = dequantised_tiles(gr.data(), 1, I), uq = dequantised_tiles(ur.data(), 1, I);
+        for (int64_t i = 0; i < I; ++i) gr[size_t(i)] = float(gq[size_t(i)]), ur[size_t(i)] = float(uq[size_t(i)]);
+      }
+      double dot = 0.0;
+      for (int64_t i = 0; i < I; ++i) {
+        const double g = gr[size_t(i)], u = ur[size_t(i)], da = dar[size_t(i)];
         const double sig = 1.0 / (1.0 + std::exp(-g)), silg = g * sig;
         dot += da * silg * u;
         dgu[r * 2 * I + i] = round_bf16(w * da * u * sig * (1.0 + g * (1.0 - sig)));

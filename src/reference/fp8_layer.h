@@ -24,6 +24,9 @@ struct RoutedLayer {
   // may pick the scale twice or half this one's: that slot's row of y may then differ from this
   // emulation by E4M3 steps of the whole tile, not by the fp32 sums alone.
   uint8_t* near_scale_boundary = nullptr;
+  // routed_backward: g and u as DeepSeek-V3's recipe keeps the SwiGLU's inputs, E4M3 in 1×128 tiles
+  // along I (each row's bf16 g and u quantised, then dequantised), not as lynx keeps them (bf16).
+  bool gate_up_e4m3 = false;
 };
 
 // y without the shared expert: [T, H]. Throws std::invalid_argument for a non-finite input (the GPU
