@@ -407,9 +407,7 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     if len(set(dtypes)) != 1:
         raise ValueError(f"lynx: w_gate, w_up, w_down: must have one dtype, got {', '.join(map(str, dtypes))}")
     if w_gate.dtype == torch.float8_e4m3fn and workspace is None:
-        raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
-                         "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
-                         "lynx.nn.MoE take bf16 weights)")
+        raise ValueError(ops.E4M3_WEIGHTS_NEED_A_WORKSPACE)
     if w_gate.dtype == torch.float8_e4m3fn and any(t.requires_grad for t in (w_gate, w_up, w_down)):
         # NOTES: autograd casts a gradient to its input's dtype: lynx's bf16 weight gradients would
         # reach the caller as e4m3.
@@ -422,19 +420,18 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_g
     # a count the others do not: ep_tokens pads ranks to one count) nor explicit workspace (whose shape
     # fixes T) is given.
     # A group of one rank is no group (its id 0), here as in lynx.nn.MoE.
-    alone = ep_group is None or _groups.group_id(ep_group, config.peer_timeout_ms) == 0
+    ep = _groups.group_id(ep_group, config.peer_timeout_ms)
     x, topk_ids, topk_weights, T = pad_for_call(x, topk_ids, topk_weights,
                                                 config.token_multiple if workspace is None else 1, ep_tokens,
-                                                pad_empty=workspace is None and alone)
+                                                pad_empty=workspace is None and ep == 0)
     y = _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag,
-             workspace, ep_group)
+             workspace, ep)
     return y if T is None else y[:T]
 
 
 def _moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, config, workspace_tag, workspace,
-         ep_group):
-    """moe on tokens already padded."""
-    ep = _groups.group_id(ep_group, config.peer_timeout_ms)
+         ep):
+    """moe on tokens already padded; ep the group's id (_groups.group_id)."""
     if workspace is not None and ep != 0:
         raise ValueError("lynx: workspace: an explicit Workspace is one rank's; pass ep_group without it")
     if workspace is not None:

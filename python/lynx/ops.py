@@ -84,6 +84,11 @@ def _context_workspace(x, topk_ids, w_gate, ws_gate, backend, schedule_capacity,
     return _workspaces.workspace_for(*_shape(x, topk_ids, w_gate, ws_gate, R), config, x.device)
 
 
+# The error for e4m3 weights on a workspace that set_quantized_weights did not give them (functional.moe
+# raises it before making one).
+E4M3_WEIGHTS_NEED_A_WORKSPACE = ("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
+                                 "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
+                                 "lynx.nn.MoE take bf16 weights)")
 # Whether an FP8 call has been captured in a CUDA graph in this process: see _fp8_weights.
 _FP8_CAPTURED = False
 # lynx::Fp8Copies: the weights' E4M3 copies a pass reads, the forward's or the backward's (transposed),
@@ -129,9 +134,7 @@ def _fp8_weights(ws, precision, inputs, w_gate, w_up, w_down, stream, copies):
     state = _workspaces.fp8_state(ws)
     if w_gate.dtype == torch.float8_e4m3fn:  # given by functional.set_quantized_weights: never quantised here
         if not state.prequantized:
-            raise ValueError("lynx: w_gate, w_up, w_down: e4m3 weights go to an explicit lynx.Workspace that "
-                             "lynx.functional.set_quantized_weights gave them (lynx.moe without workspace= and "
-                             "lynx.nn.MoE take bf16 weights)")
+            raise ValueError(E4M3_WEIGHTS_NEED_A_WORKSPACE)
         given = state.given  # the six tensors given (values, scales): weak refs, versions (None: inference)
         if not (all(ref() is t for (ref, _), t in zip(given, now)) and
                 all(ref() is not None and (v is None or ref()._version == v) for ref, v in given)):
